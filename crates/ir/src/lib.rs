@@ -1,0 +1,32 @@
+//! kairos-ir: tensors, the graph IR, the ONNX front door, the model zoo, lowering and kernel plans.
+
+pub mod graph;
+pub mod interp;
+pub mod onnx;
+pub mod tensor;
+pub mod zoo;
+
+pub use tensor::{DType, Tensor, TensorData};
+
+/// Errors of the IR layer: loading, importing and lowering models.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown model '{0}': not a zoo name and not an .onnx file")]
+    UnknownModel(String),
+    #[error("model '{model}': cannot read ONNX: {reason}")]
+    Malformed { model: String, reason: String },
+    #[error("model '{model}': unsupported op {op} at node '{node}'{detail}")]
+    Unsupported {
+        model: String,
+        op: String,
+        node: String,
+        detail: String,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}

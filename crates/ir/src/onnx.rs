@@ -1,0 +1,1018 @@
+//! The ONNX front door: tract-onnx parses and types the model and runs its constant- and
+//! mask-folding declutter passes; this module then maps tract's typed ops onto the graph IR.
+//!
+//! We keep tract's op-rewriting declutter passes out on purpose: they target tract's own CPU
+//! runtime (1x1 convolutions become einsums, unit batch axes disappear, layer norms become RMS
+//! norms) and would hide the structure our fusion passes look for.
+
+use crate::Error;
+use crate::graph::*;
+use crate::tensor::{DType, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tract_onnx::pb;
+use tract_onnx::prelude::{
+    DatumType, Framework, InferenceFact, InferenceModelExt, IntoRunnable, IntoTensor, OutletId,
+    TDim, TValue, TVec, Tensor as TractTensor, TypedModel, TypedNode, tract_ndarray,
+};
+use tract_onnx::tract_core;
+use tract_onnx::tract_core::ops;
+
+/// How to give fixed values to the dynamic dimensions of a model's inputs.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Value for a dynamic first (batch) dimension; 1 when unset.
+    pub batch: Option<usize>,
+    /// Value for other dynamic dimensions (sequence length); an error when unset and needed.
+    pub seq_len: Option<usize>,
+}
+
+/// Reads and imports an .onnx file.
+pub fn load_path(path: &std::path::Path, opts: &LoadOptions) -> Result<Graph, Error> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Io {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "model".into());
+    load_bytes(&name, &bytes, opts)
+}
+
+fn malformed(model: &str, reason: impl std::fmt::Display) -> Error {
+    Error::Malformed {
+        model: model.to_string(),
+        reason: format!("{reason:#}"),
+    }
+}
+
+/// Imports serialized ONNX bytes. Never panics on bad input: a malformed file is an error.
+pub fn load_bytes(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph, Error> {
+    // tract is defensive but not panic-free on hostile input; keep a panic from taking the server down.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        load_bytes_inner(name, bytes, opts)
+    }));
+    match result {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "parser panicked".into());
+            Err(malformed(name, msg))
+        }
+    }
+}
+
+fn load_bytes_inner(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph, Error> {
+    let onnx = tract_onnx::onnx();
+    let proto = onnx
+        .proto_model_for_read(&mut &bytes[..])
+        .map_err(|e| malformed(name, e))?;
+    let graph_proto = proto
+        .graph
+        .as_ref()
+        .ok_or_else(|| malformed(name, "the file holds no graph"))?;
+    let model_name = if graph_proto.name.is_empty() {
+        name.to_string()
+    } else {
+        graph_proto.name.clone()
+    };
+    // ONNX node name -> op type, for error messages that name the model's own nodes.
+    let node_ops: HashMap<String, String> = graph_proto
+        .node
+        .iter()
+        .map(|n| (n.name.clone(), n.op_type.clone()))
+        .collect();
+    check_ops_known(&model_name, graph_proto)?;
+    let input_shapes = fixed_input_shapes(&model_name, graph_proto, opts)?;
+
+    let mut model = onnx
+        .model_for_proto_model(&proto)
+        .map_err(|e| malformed(&model_name, e))?;
+    for (i, (dt, shape)) in input_shapes.iter().enumerate() {
+        let fact = InferenceFact::dt_shape(*dt, shape.clone());
+        model
+            .set_input_fact(i, fact)
+            .map_err(|e| malformed(&model_name, e))?;
+    }
+    let mut typed = model
+        .into_typed()
+        .map_err(|e| malformed(&model_name, format!("typing failed: {e:#}")))?;
+    let mut folding = tract_core::optim::Optimizer::declutter();
+    folding.passes.retain(|p| {
+        let n = format!("{p:?}");
+        n.starts_with("PropConst")
+            || n.starts_with("PropagateUniformTdim")
+            || n.starts_with("FoldUniformMask")
+    });
+    folding
+        .optimize(&mut typed)
+        .map_err(|e| malformed(&model_name, format!("constant folding failed: {e:#}")))?;
+    let mut g = Importer {
+        model: &typed,
+        name: &model_name,
+        node_ops: &node_ops,
+        graph: Graph::new(&model_name),
+        map: HashMap::new(),
+    }
+    .run()?;
+    g.prune();
+    g.assert_valid();
+    Ok(g)
+}
+
+/// ONNX ops tract has no parser for show up as "unimplemented" much later; catch them here with the node's name.
+fn check_ops_known(model: &str, graph: &pb::GraphProto) -> Result<(), Error> {
+    let onnx = tract_onnx::onnx();
+    for n in &graph.node {
+        let domain_ok = n.domain.is_empty() || n.domain == "ai.onnx" || n.domain == "com.microsoft";
+        if !domain_ok || !onnx.op_register.0.contains_key(&n.op_type) {
+            return Err(Error::Unsupported {
+                model: model.to_string(),
+                op: if n.domain.is_empty() {
+                    n.op_type.clone()
+                } else {
+                    format!("{}::{}", n.domain, n.op_type)
+                },
+                node: n.name.clone(),
+                detail: String::new(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn elem_type_to_datum(t: i32) -> Option<DatumType> {
+    Some(match t {
+        1 => DatumType::F32,
+        10 => DatumType::F16,
+        7 => DatumType::I64,
+        6 => DatumType::I32,
+        9 => DatumType::Bool,
+        _ => return None,
+    })
+}
+
+fn fixed_input_shapes(
+    model: &str,
+    graph: &pb::GraphProto,
+    opts: &LoadOptions,
+) -> Result<Vec<(DatumType, Vec<usize>)>, Error> {
+    let initializers: std::collections::HashSet<&str> =
+        graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let mut out = Vec::new();
+    for input in graph
+        .input
+        .iter()
+        .filter(|i| !initializers.contains(i.name.as_str()))
+    {
+        let tensor_type = match input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(pb::type_proto::Value::TensorType(t)) => t,
+            _ => {
+                return Err(malformed(
+                    model,
+                    format!("input '{}' is not a tensor", input.name),
+                ));
+            }
+        };
+        let dt = elem_type_to_datum(tensor_type.elem_type).ok_or_else(|| Error::Unsupported {
+            model: model.to_string(),
+            op: format!("input element type {}", tensor_type.elem_type),
+            node: input.name.clone(),
+            detail: " (kairos takes float32, float16, int64, int32 and bool inputs)".into(),
+        })?;
+        let dims = tensor_type
+            .shape
+            .as_ref()
+            .map(|s| s.dim.as_slice())
+            .unwrap_or(&[]);
+        let mut shape = Vec::with_capacity(dims.len());
+        for (axis, d) in dims.iter().enumerate() {
+            use pb::tensor_shape_proto::dimension::Value;
+            let v = match &d.value {
+                Some(Value::DimValue(v)) if *v > 0 => *v as usize,
+                _ if axis == 0 => opts.batch.unwrap_or(1),
+                other => {
+                    let sym = match other {
+                        Some(Value::DimParam(p)) => p.clone(),
+                        _ => "?".into(),
+                    };
+                    opts.seq_len.ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "model '{model}': input '{}' has a dynamic dimension '{sym}' at axis {axis}; give it a value (--seq-len)",
+                            input.name
+                        ))
+                    })?
+                }
+            };
+            shape.push(v);
+        }
+        out.push((dt, shape));
+    }
+    Ok(out)
+}
+
+struct Importer<'a> {
+    model: &'a TypedModel,
+    name: &'a str,
+    node_ops: &'a HashMap<String, String>,
+    graph: Graph,
+    map: HashMap<OutletId, NodeId>,
+}
+
+fn dtype_of(model: &str, node: &str, dt: DatumType) -> Result<DType, Error> {
+    Ok(match dt {
+        DatumType::F32 | DatumType::Bool => DType::F32,
+        DatumType::F16 => DType::F16,
+        DatumType::I64 | DatumType::I32 | DatumType::TDim => DType::I64,
+        other => {
+            return Err(Error::Unsupported {
+                model: model.to_string(),
+                op: format!("tensor of {other:?}"),
+                node: node.to_string(),
+                detail: String::new(),
+            });
+        }
+    })
+}
+
+/// Converts a tract tensor to ours: bools become 0/1 floats, i32 and TDim become i64.
+fn tensor_of(model: &str, node: &str, t: &TractTensor) -> Result<Tensor, Error> {
+    let shape = t.shape().to_vec();
+    let err = |e: anyhow::Error| malformed(model, format!("constant at node '{node}': {e:#}"));
+    Ok(match t.datum_type() {
+        DatumType::F32 => Tensor::f32(
+            shape,
+            t.to_plain_array_view::<f32>()
+                .map_err(err)?
+                .iter()
+                .copied()
+                .collect(),
+        ),
+        DatumType::F16 => {
+            let v: Vec<half::f16> = t
+                .to_plain_array_view::<tract_onnx::prelude::f16>()
+                .map_err(err)?
+                .iter()
+                .map(|x| half::f16::from_f32(x.to_f32()))
+                .collect();
+            Tensor::f16(shape, v)
+        }
+        DatumType::Bool => Tensor::f32(
+            shape,
+            t.to_plain_array_view::<bool>()
+                .map_err(err)?
+                .iter()
+                .map(|&b| b as u8 as f32)
+                .collect(),
+        ),
+        DatumType::I64 => Tensor::i64(
+            shape,
+            t.to_plain_array_view::<i64>()
+                .map_err(err)?
+                .iter()
+                .copied()
+                .collect(),
+        ),
+        DatumType::I32 => Tensor::i64(
+            shape,
+            t.to_plain_array_view::<i32>()
+                .map_err(err)?
+                .iter()
+                .map(|&x| x as i64)
+                .collect(),
+        ),
+        DatumType::TDim => {
+            let v: Result<Vec<i64>, _> = t
+                .to_plain_array_view::<TDim>()
+                .map_err(err)?
+                .iter()
+                .map(|d| d.to_i64())
+                .collect();
+            Tensor::i64(
+                shape,
+                v.map_err(|e| malformed(model, format!("constant at node '{node}': {e:?}")))?,
+            )
+        }
+        other => {
+            return Err(Error::Unsupported {
+                model: model.to_string(),
+                op: format!("constant of {other:?}"),
+                node: node.to_string(),
+                detail: String::new(),
+            });
+        }
+    })
+}
+
+fn window_of(spec: &ops::cnn::PoolSpec, input_hw: [usize; 2]) -> Result<(Window, bool), String> {
+    if spec.kernel_shape.len() != 2 {
+        return Err(format!(
+            "{}-D windows (kairos handles 2-D)",
+            spec.kernel_shape.len()
+        ));
+    }
+    let kernel = [spec.kernel_shape[0], spec.kernel_shape[1]];
+    let stride = spec
+        .strides
+        .as_ref()
+        .map(|s| [s[0], s[1]])
+        .unwrap_or([1, 1]);
+    let dilation = spec
+        .dilations
+        .as_ref()
+        .map(|s| [s[0], s[1]])
+        .unwrap_or([1, 1]);
+    use ops::cnn::PaddingSpec::*;
+    let (pad_begin, pad_end, ceil) = match &spec.padding {
+        Explicit(b, a) => ([b[0], b[1]], [a[0], a[1]], false),
+        ExplicitOnnxPool(b, a, ceil) => ([b[0], b[1]], [a[0], a[1]], *ceil),
+        Valid => ([0, 0], [0, 0], false),
+        SameUpper | SameLower => {
+            let mut pb = [0; 2];
+            let mut pa = [0; 2];
+            for d in 0..2 {
+                let out = input_hw[d].div_ceil(stride[d]);
+                let span = dilation[d] * (kernel[d] - 1) + 1;
+                let total = ((out - 1) * stride[d] + span).saturating_sub(input_hw[d]);
+                let (small, big) = (total / 2, total - total / 2);
+                if matches!(spec.padding, SameUpper) {
+                    pb[d] = small;
+                    pa[d] = big;
+                } else {
+                    pb[d] = big;
+                    pa[d] = small;
+                }
+            }
+            (pb, pa, false)
+        }
+    };
+    Ok((
+        Window {
+            kernel,
+            stride,
+            dilation,
+            pad_begin,
+            pad_end,
+        },
+        ceil,
+    ))
+}
+
+impl Importer<'_> {
+    fn unsupported(&self, node: &TypedNode, detail: impl Into<String>) -> Error {
+        // Name the model's own node and op when tract's node comes from one (expansions add suffixes).
+        let mut onnx_name = node.name.clone();
+        let mut op = node.op.name().to_string();
+        let mut prefix = node.name.as_str();
+        loop {
+            if let Some(o) = self.node_ops.get(prefix) {
+                onnx_name = prefix.to_string();
+                op = format!("{o} (as tract {})", node.op.name());
+                break;
+            }
+            match prefix.rfind('.') {
+                Some(i) => prefix = &prefix[..i],
+                None => break,
+            }
+        }
+        let d = detail.into();
+        Error::Unsupported {
+            model: self.name.to_string(),
+            op,
+            node: onnx_name,
+            detail: if d.is_empty() { d } else { format!(": {d}") },
+        }
+    }
+
+    fn shape(&self, node: &TypedNode, slot: usize) -> Result<Vec<usize>, Error> {
+        let fact = &node.outputs[slot].fact;
+        fact.shape
+            .as_concrete()
+            .map(|s| s.to_vec())
+            .ok_or_else(|| self.unsupported(node, format!("dynamic shape {:?}", fact.shape)))
+    }
+
+    fn input(&self, node: &TypedNode, i: usize) -> Result<NodeId, Error> {
+        let outlet = node.inputs[i];
+        self.map.get(&outlet).copied().ok_or_else(|| {
+            self.unsupported(node, format!("input {i} comes from an unsupported output"))
+        })
+    }
+
+    fn add(
+        &mut self,
+        name: &str,
+        op: Op,
+        inputs: Vec<NodeId>,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> NodeId {
+        self.graph.add(name, op, inputs, shape, dtype)
+    }
+
+    fn transpose(&mut self, name: &str, x: NodeId, perm: &[usize]) -> NodeId {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return x;
+        }
+        let src = &self.graph.nodes[x];
+        let shape = perm.iter().map(|&p| src.shape[p]).collect();
+        let dtype = src.dtype;
+        self.add(
+            name,
+            Op::Transpose {
+                perm: perm.to_vec(),
+            },
+            vec![x],
+            shape,
+            dtype,
+        )
+    }
+
+    fn reshape(&mut self, name: &str, x: NodeId, shape: Vec<usize>) -> NodeId {
+        if self.graph.nodes[x].shape == shape {
+            return x;
+        }
+        let dtype = self.graph.nodes[x].dtype;
+        self.add(name, Op::Reshape, vec![x], shape, dtype)
+    }
+
+    fn run(mut self) -> Result<Graph, Error> {
+        let model = self.model;
+        let order = model.eval_order().map_err(|e| malformed(self.name, e))?;
+        let input_outlets = model
+            .input_outlets()
+            .map_err(|e| malformed(self.name, e))?
+            .to_vec();
+        for id in order {
+            let node = &model.nodes[id];
+            for slot in 0..node.outputs.len() {
+                // Multi-output nodes are only acceptable when the extra outputs are unused.
+                if slot > 0 && !node.outputs[slot].successors.is_empty() {
+                    return Err(self.unsupported(node, "a second output is used"));
+                }
+            }
+            let out = self.convert(node, &input_outlets)?;
+            if let Some(out) = out {
+                self.map.insert(OutletId::new(id, 0), out);
+            }
+        }
+        for (i, outlet) in input_outlets.iter().enumerate() {
+            let node = self.map[outlet];
+            self.graph.inputs.push(GraphInput {
+                name: model.nodes[outlet.node].name.clone(),
+                node,
+            });
+            debug_assert!(matches!(self.graph.nodes[node].op, Op::Input { index } if index == i));
+        }
+        for outlet in model
+            .output_outlets()
+            .map_err(|e| malformed(self.name, e))?
+        {
+            let name = model
+                .outlet_label(*outlet)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| model.nodes[outlet.node].name.clone());
+            let node = *self
+                .map
+                .get(outlet)
+                .ok_or_else(|| malformed(self.name, format!("output '{name}' has no producer")))?;
+            self.graph.outputs.push(GraphOutput { name, node });
+        }
+        Ok(self.graph)
+    }
+
+    fn convert(
+        &mut self,
+        node: &TypedNode,
+        input_outlets: &[OutletId],
+    ) -> Result<Option<NodeId>, Error> {
+        let name = node.name.as_str();
+        let fact = &node.outputs[0].fact;
+        let dtype = dtype_of(self.name, name, fact.datum_type)?;
+        let shape = self.shape(node, 0)?;
+        // Anything tract knows to be constant becomes a constant, whatever op computed it.
+        if let Some(k) = &fact.konst {
+            let t = tensor_of(self.name, name, k)?;
+            return Ok(Some(self.graph.add_const(name, t)));
+        }
+        let op: &dyn tract_onnx::tract_core::ops::TypedOp = node.op.as_ref();
+        if op.downcast_ref::<ops::source::TypedSource>().is_some() {
+            let index = input_outlets
+                .iter()
+                .position(|o| o.node == node.id)
+                .expect("source is a model input");
+            return Ok(Some(self.add(
+                name,
+                Op::Input { index },
+                vec![],
+                shape,
+                dtype,
+            )));
+        }
+        if op.downcast_ref::<ops::identity::Identity>().is_some() {
+            return Ok(Some(self.input(node, 0)?));
+        }
+        if let Some(c) = op.downcast_ref::<ops::cast::Cast>() {
+            let x = self.input(node, 0)?;
+            let to = dtype_of(self.name, name, c.to)?;
+            if to == self.graph.nodes[x].dtype {
+                return Ok(Some(x));
+            }
+            return Ok(Some(self.add(name, Op::Cast, vec![x], shape, to)));
+        }
+        if let Some(conv) = op.downcast_ref::<ops::cnn::Conv>() {
+            return self.conv(node, conv, shape, dtype).map(Some);
+        }
+        if let Some(p) = op.downcast_ref::<ops::cnn::MaxPool>() {
+            return self
+                .pool(node, &p.pool_spec, PoolKind::Max, shape, dtype)
+                .map(Some);
+        }
+        if let Some(p) = op.downcast_ref::<ops::cnn::SumPool>() {
+            if !p.normalize {
+                return Err(self.unsupported(node, "sum pooling without normalization"));
+            }
+            return self
+                .pool(
+                    node,
+                    &p.pool_spec,
+                    PoolKind::Avg {
+                        count_include_pad: p.count_include_pad,
+                    },
+                    shape,
+                    dtype,
+                )
+                .map(Some);
+        }
+        if let Some(e) = op.downcast_ref::<ops::einsum::EinSum>() {
+            if e.q_params.is_some() {
+                return Err(self.unsupported(node, "quantized einsum"));
+            }
+            return self
+                .einsum(node, &e.axes.to_string(), shape, dtype)
+                .map(Some);
+        }
+        if let Some(b) = op.downcast_ref::<ops::binary::TypedBinOp>() {
+            let bop = match b.0.name() {
+                "Add" => BinaryOp::Add,
+                "Sub" => BinaryOp::Sub,
+                "Mul" => BinaryOp::Mul,
+                "Div" => BinaryOp::Div,
+                "Pow" => BinaryOp::Pow,
+                "Max" => BinaryOp::Max,
+                "Min" => BinaryOp::Min,
+                _ => return Err(self.unsupported(node, "")),
+            };
+            let (a, c) = (self.input(node, 0)?, self.input(node, 1)?);
+            return Ok(Some(self.add(
+                name,
+                Op::Binary(bop),
+                vec![a, c],
+                shape,
+                dtype,
+            )));
+        }
+        if let Some(ew) = op.downcast_ref::<ops::element_wise::ElementWiseOp>() {
+            let u = match ew.0.name().as_str() {
+                "Sigmoid" => UnaryOp::Act(Act::Sigmoid),
+                "Tanh" => UnaryOp::Act(Act::Tanh),
+                "HardSwish" => UnaryOp::Act(Act::HardSwish),
+                "GeluExact" => UnaryOp::Act(Act::Gelu),
+                "GeluApproximate" => UnaryOp::Act(Act::GeluTanh),
+                "Erf" => UnaryOp::Erf,
+                "Sqrt" => UnaryOp::Sqrt,
+                "Rsqrt" => UnaryOp::Rsqrt,
+                "Recip" => UnaryOp::Recip,
+                "Exp" => UnaryOp::Exp,
+                "Neg" => UnaryOp::Neg,
+                "Abs" => UnaryOp::Abs,
+                "Square" => UnaryOp::Square,
+                _ => return Err(self.unsupported(node, "")),
+            };
+            let x = self.input(node, 0)?;
+            return Ok(Some(self.add(name, Op::Unary(u), vec![x], shape, dtype)));
+        }
+        if let Some(r) = op.downcast_ref::<ops::nn::Reduce>() {
+            use ops::nn::Reducer;
+            let x = self.input(node, 0)?;
+            let axes: Vec<usize> = r.axes.to_vec();
+            let rop = match r.reducer {
+                Reducer::Sum => ReduceOp::Sum,
+                Reducer::Max => ReduceOp::Max,
+                Reducer::Min => ReduceOp::Min,
+                Reducer::MeanOfSquares => {
+                    let in_shape = self.graph.nodes[x].shape.clone();
+                    let sq = self.add(
+                        &format!("{name}.square"),
+                        Op::Unary(UnaryOp::Square),
+                        vec![x],
+                        in_shape,
+                        dtype,
+                    );
+                    return Ok(Some(self.add(
+                        name,
+                        Op::Reduce {
+                            op: ReduceOp::Mean,
+                            axes,
+                        },
+                        vec![sq],
+                        shape,
+                        dtype,
+                    )));
+                }
+                _ => return Err(self.unsupported(node, format!("reducer {:?}", r.reducer))),
+            };
+            return Ok(Some(self.add(
+                name,
+                Op::Reduce { op: rop, axes },
+                vec![x],
+                shape,
+                dtype,
+            )));
+        }
+        if let Some(a) = op.downcast_ref::<ops::change_axes::AxisOp>() {
+            let x = self.input(node, 0)?;
+            let rank = self.graph.nodes[x].shape.len();
+            return Ok(Some(match a {
+                &ops::change_axes::AxisOp::Move(from, to) => {
+                    let mut perm: Vec<usize> = (0..rank).collect();
+                    let ax = perm.remove(from);
+                    perm.insert(to, ax);
+                    self.transpose(name, x, &perm)
+                }
+                _ => self.reshape(name, x, shape),
+            }));
+        }
+        if let Some(c) = op.downcast_ref::<ops::array::TypedConcat>() {
+            let inputs: Result<Vec<_>, _> = (0..node.inputs.len())
+                .map(|i| self.input(node, i))
+                .collect();
+            return Ok(Some(self.add(
+                name,
+                Op::Concat { axis: c.axis },
+                inputs?,
+                shape,
+                dtype,
+            )));
+        }
+        if let Some(s) = op.downcast_ref::<ops::array::Slice>() {
+            let x = self.input(node, 0)?;
+            let (start, end) = match (s.start.to_i64(), s.end.to_i64()) {
+                (Ok(a), Ok(b)) if a >= 0 && b >= a => (a as usize, b as usize),
+                _ => return Err(self.unsupported(node, "symbolic slice bounds")),
+            };
+            return Ok(Some(self.add(
+                name,
+                Op::Slice {
+                    axis: s.axis,
+                    start,
+                    end,
+                },
+                vec![x],
+                shape,
+                dtype,
+            )));
+        }
+        if let Some(g) = op.downcast_ref::<ops::array::Gather>() {
+            let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
+            return Ok(Some(self.add(
+                name,
+                Op::Gather { axis: g.axis },
+                vec![d, i],
+                shape,
+                dtype,
+            )));
+        }
+        if let Some(s) = op.downcast_ref::<ops::nn::Softmax>() {
+            if s.axes.len() != 1 || !matches!(s.kind, ops::nn::SoftmaxKind::Softmax) {
+                return Err(self.unsupported(node, format!("{:?} over axes {:?}", s.kind, s.axes)));
+            }
+            let x = self.input(node, 0)?;
+            return Ok(Some(self.add(
+                name,
+                Op::Softmax {
+                    axis: s.axes[0],
+                    scale: 1.0,
+                    causal: false,
+                },
+                vec![x],
+                shape,
+                dtype,
+            )));
+        }
+        if op.downcast_ref::<ops::logic::Iff>().is_some() {
+            let (c, a, b) = (
+                self.input(node, 0)?,
+                self.input(node, 1)?,
+                self.input(node, 2)?,
+            );
+            return Ok(Some(self.add(name, Op::Where, vec![c, a, b], shape, dtype)));
+        }
+        if op.downcast_ref::<ops::array::MultiBroadcastTo>().is_some() {
+            let x = self.input(node, 0)?;
+            return Ok(Some(self.add(name, Op::Expand, vec![x], shape, dtype)));
+        }
+        Err(self.unsupported(node, ""))
+    }
+
+    fn conv(
+        &mut self,
+        node: &TypedNode,
+        conv: &ops::cnn::Conv,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        if conv.q_params.is_some() {
+            return Err(self.unsupported(node, "quantized convolution"));
+        }
+        if conv.pool_spec.data_format != ops::nn::DataFormat::NCHW {
+            return Err(self.unsupported(
+                node,
+                format!("data format {:?}", conv.pool_spec.data_format),
+            ));
+        }
+        let x = self.input(node, 0)?;
+        let xs = self.graph.nodes[x].shape.clone();
+        if xs.len() != 4 {
+            return Err(self.unsupported(
+                node,
+                format!("{}-D input (kairos handles 2-D convolutions)", xs.len()),
+            ));
+        }
+        let (window, _) =
+            window_of(&conv.pool_spec, [xs[2], xs[3]]).map_err(|d| self.unsupported(node, d))?;
+        let mut w = self.input(node, 1)?;
+        let perm = match conv.kernel_fmt {
+            ops::cnn::KernelFormat::OIHW => None,
+            ops::cnn::KernelFormat::HWIO => Some([3, 2, 0, 1]),
+            ops::cnn::KernelFormat::OHWI => Some([0, 3, 1, 2]),
+        };
+        if let Some(p) = perm {
+            w = self.transpose(&format!("{name}.kernel_oihw"), w, &p);
+        }
+        let mut inputs = vec![x, w];
+        let mut epilogue = Epilogue::default();
+        if node.inputs.len() > 2 {
+            let b = self.input(node, 2)?;
+            let bias_is_zero = self
+                .graph
+                .konst(b)
+                .map(|t| t.to_f32_vec().iter().all(|&v| v == 0.0))
+                .unwrap_or(false);
+            if !bias_is_zero {
+                let bshape = self.graph.nodes[b].shape.clone();
+                let o = shape[1];
+                let b = if bshape != [o] {
+                    let e = self.add(
+                        &format!("{name}.bias_expand"),
+                        Op::Expand,
+                        vec![b],
+                        vec![o],
+                        dtype,
+                    );
+                    self.reshape(&format!("{name}.bias"), e, vec![o])
+                } else {
+                    b
+                };
+                inputs.push(b);
+                epilogue.bias = true;
+            }
+        }
+        Ok(self.add(
+            name,
+            Op::Conv {
+                window,
+                groups: conv.group,
+                epilogue,
+            },
+            inputs,
+            shape,
+            dtype,
+        ))
+    }
+
+    fn pool(
+        &mut self,
+        node: &TypedNode,
+        spec: &ops::cnn::PoolSpec,
+        kind: PoolKind,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<NodeId, Error> {
+        if spec.data_format != ops::nn::DataFormat::NCHW {
+            return Err(self.unsupported(node, format!("data format {:?}", spec.data_format)));
+        }
+        let x = self.input(node, 0)?;
+        let xs = self.graph.nodes[x].shape.clone();
+        if xs.len() != 4 {
+            return Err(self.unsupported(node, format!("{}-D input", xs.len())));
+        }
+        let (window, _) = window_of(spec, [xs[2], xs[3]]).map_err(|d| self.unsupported(node, d))?;
+        Ok(self.add(&node.name, Op::Pool { kind, window }, vec![x], shape, dtype))
+    }
+
+    /// Two-input einsum as transposes, reshapes and a batched matmul:
+    /// A -> [batch, m, k], B -> [batch, k, n], C = A B -> [batch, m, n] -> output order.
+    fn einsum(
+        &mut self,
+        node: &TypedNode,
+        expr: &str,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<NodeId, Error> {
+        let name = node.name.clone();
+        let (lhs, out) = expr
+            .split_once("->")
+            .ok_or_else(|| self.unsupported(node, format!("einsum '{expr}'")))?;
+        let ins: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+        let out: Vec<char> = out.chars().collect();
+        if ins.len() != 2 {
+            return Err(
+                self.unsupported(node, format!("einsum '{expr}' with {} inputs", ins.len()))
+            );
+        }
+        let mut a = self.input(node, 0)?;
+        let mut b = self.input(node, 1)?;
+        let (mut ia, mut ib) = (ins[0].clone(), ins[1].clone());
+        // Sum away axes that appear in one input only.
+        for (x, axes, other) in [(&mut a, &mut ia, &ins[1]), (&mut b, &mut ib, &ins[0])] {
+            let lone: Vec<usize> = axes
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| !other.contains(c) && !out.contains(c))
+                .map(|(i, _)| i)
+                .collect();
+            if !lone.is_empty() {
+                let mut s = self.graph.nodes[*x].shape.clone();
+                for &i in &lone {
+                    s[i] = 1;
+                }
+                let r = self.add(
+                    &format!("{name}.sum"),
+                    Op::Reduce {
+                        op: ReduceOp::Sum,
+                        axes: lone.clone(),
+                    },
+                    vec![*x],
+                    s.clone(),
+                    dtype,
+                );
+                let kept: Vec<usize> = s
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !lone.contains(i))
+                    .map(|(_, &d)| d)
+                    .collect();
+                *x = self.reshape(&format!("{name}.squeeze"), r, kept);
+                let mut i = 0;
+                axes.retain(|_| {
+                    i += 1;
+                    !lone.contains(&(i - 1))
+                });
+            }
+        }
+        let size_of = |g: &Graph, x: NodeId, axes: &[char], c: char| {
+            g.nodes[x].shape[axes.iter().position(|&a| a == c).unwrap()]
+        };
+        let batch: Vec<char> = out
+            .iter()
+            .copied()
+            .filter(|c| ia.contains(c) && ib.contains(c))
+            .collect();
+        let m: Vec<char> = out
+            .iter()
+            .copied()
+            .filter(|c| ia.contains(c) && !ib.contains(c))
+            .collect();
+        let n: Vec<char> = out
+            .iter()
+            .copied()
+            .filter(|c| ib.contains(c) && !ia.contains(c))
+            .collect();
+        let k: Vec<char> = ia
+            .iter()
+            .copied()
+            .filter(|c| ib.contains(c) && !out.contains(c))
+            .collect();
+        for c in &out {
+            if !ia.contains(c) && !ib.contains(c) {
+                return Err(self.unsupported(node, format!("einsum '{expr}' creates axis '{c}'")));
+            }
+        }
+        for c in batch.iter().chain(&k) {
+            if size_of(&self.graph, a, &ia, *c) != size_of(&self.graph, b, &ib, *c) {
+                return Err(
+                    self.unsupported(node, format!("einsum '{expr}' broadcasts axis '{c}'"))
+                );
+            }
+        }
+        let pos = |axes: &[char], c: char| axes.iter().position(|&x| x == c).unwrap();
+        let perm_a: Vec<usize> = batch
+            .iter()
+            .chain(&m)
+            .chain(&k)
+            .map(|&c| pos(&ia, c))
+            .collect();
+        let perm_b: Vec<usize> = batch
+            .iter()
+            .chain(&k)
+            .chain(&n)
+            .map(|&c| pos(&ib, c))
+            .collect();
+        let prod = |g: &Graph, x: NodeId, axes: &[char], cs: &[char]| {
+            cs.iter()
+                .map(|&c| size_of(g, x, axes, c))
+                .product::<usize>()
+        };
+        let (bt, mm, kk, nn) = (
+            prod(&self.graph, a, &ia, &batch),
+            prod(&self.graph, a, &ia, &m),
+            prod(&self.graph, a, &ia, &k),
+            prod(&self.graph, b, &ib, &n),
+        );
+        let at = self.transpose(&format!("{name}.a_t"), a, &perm_a);
+        let bt_node = self.transpose(&format!("{name}.b_t"), b, &perm_b);
+        let (a3, b3, mm_shape) = if bt == 1 {
+            (vec![mm, kk], vec![kk, nn], vec![mm, nn])
+        } else {
+            (vec![bt, mm, kk], vec![bt, kk, nn], vec![bt, mm, nn])
+        };
+        let ar = self.reshape(&format!("{name}.a_r"), at, a3);
+        let br = self.reshape(&format!("{name}.b_r"), bt_node, b3);
+        let prod_node = self.add(
+            &name,
+            Op::MatMul {
+                epilogue: Epilogue::default(),
+            },
+            vec![ar, br],
+            mm_shape,
+            dtype,
+        );
+        // [batch.., m.., n..] in the output's axis sizes, then into the output order.
+        let natural: Vec<char> = batch.iter().chain(&m).chain(&n).copied().collect();
+        let natural_shape: Vec<usize> = natural.iter().map(|&c| shape[pos(&out, c)]).collect();
+        let r = self.reshape(&format!("{name}.c_r"), prod_node, natural_shape);
+        let perm_c: Vec<usize> = out.iter().map(|&c| pos(&natural, c)).collect();
+        let y = self.transpose(&format!("{name}.c_t"), r, &perm_c);
+        debug_assert_eq!(self.graph.nodes[y].shape, shape);
+        Ok(y)
+    }
+}
+
+/// Runs the model with tract on the given inputs: the independent oracle for tests.
+pub fn tract_reference(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
+    let onnx = tract_onnx::onnx();
+    let mut model = onnx
+        .model_for_read(&mut &bytes[..])
+        .map_err(|e| malformed("reference", e))?;
+    for (i, t) in inputs.iter().enumerate() {
+        let dt = match t.dtype() {
+            DType::F32 => DatumType::F32,
+            DType::F16 => DatumType::F16,
+            DType::I64 => DatumType::I64,
+        };
+        model
+            .set_input_fact(i, InferenceFact::dt_shape(dt, t.shape.clone()))
+            .map_err(|e| malformed("reference", e))?;
+    }
+    let runnable = model
+        .into_optimized()
+        .and_then(|m| m.into_runnable())
+        .map_err(|e| malformed("reference", e))?;
+    let tv: TVec<TValue> = inputs
+        .iter()
+        .map(|t| {
+            let tt = match &t.data {
+                crate::TensorData::F32(v) => {
+                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v.clone())
+                        .unwrap()
+                        .into_tensor()
+                }
+                crate::TensorData::I64(v) => {
+                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v.clone())
+                        .unwrap()
+                        .into_tensor()
+                }
+                crate::TensorData::F16(v) => {
+                    let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), f)
+                        .unwrap()
+                        .into_tensor()
+                }
+            };
+            tt.into()
+        })
+        .collect();
+    let out = runnable.run(tv).map_err(|e| malformed("reference", e))?;
+    out.iter()
+        .map(|t| tensor_of("reference", "output", t))
+        .collect()
+}
+
+/// Keeps `Arc` in scope for callers matching on constants.
+pub type ConstTensor = Arc<Tensor>;
