@@ -190,16 +190,9 @@ impl Window {
     pub fn output_extent(&self, d: usize, input: usize, ceil: bool) -> usize {
         let span = self.dilation[d] * (self.kernel[d] - 1) + 1;
         let padded = input + self.pad_begin[d] + self.pad_end[d];
-        assert!(
-            padded >= span,
-            "window {span} larger than padded input {padded}"
-        );
+        assert!(padded >= span, "window {span} larger than padded input {padded}");
         let num = padded - span;
-        let mut out = if ceil {
-            num.div_ceil(self.stride[d]) + 1
-        } else {
-            num / self.stride[d] + 1
-        };
+        let mut out = if ceil { num.div_ceil(self.stride[d]) + 1 } else { num / self.stride[d] + 1 };
         if ceil && (out - 1) * self.stride[d] >= input + self.pad_begin[d] {
             out -= 1;
         }
@@ -316,10 +309,7 @@ impl Op {
                 UnaryOp::Abs => "Abs",
                 UnaryOp::Square => "Square",
             },
-            Op::Pool {
-                kind: PoolKind::Max,
-                ..
-            } => "MaxPool",
+            Op::Pool { kind: PoolKind::Max, .. } => "MaxPool",
             Op::Pool { .. } => "AveragePool",
             Op::Reduce { .. } => "Reduce",
             Op::Softmax { .. } => "Softmax",
@@ -367,33 +357,14 @@ pub struct Graph {
 
 impl Graph {
     pub fn new(name: &str) -> Graph {
-        Graph {
-            name: name.to_string(),
-            ..Default::default()
-        }
+        Graph { name: name.to_string(), ..Default::default() }
     }
 
-    pub fn add(
-        &mut self,
-        name: impl Into<String>,
-        op: Op,
-        inputs: Vec<NodeId>,
-        shape: Vec<usize>,
-        dtype: DType,
-    ) -> NodeId {
+    pub fn add(&mut self, name: impl Into<String>, op: Op, inputs: Vec<NodeId>, shape: Vec<usize>, dtype: DType) -> NodeId {
         for &i in &inputs {
-            assert!(
-                i < self.nodes.len(),
-                "node input {i} does not precede the node"
-            );
+            assert!(i < self.nodes.len(), "node input {i} does not precede the node");
         }
-        self.nodes.push(Node {
-            name: name.into(),
-            op,
-            inputs,
-            shape,
-            dtype,
-        });
+        self.nodes.push(Node { name: name.into(), op, inputs, shape, dtype });
         self.nodes.len() - 1
     }
 
@@ -508,10 +479,7 @@ impl Graph {
                     if state[node] == 2 {
                         continue;
                     }
-                    assert!(
-                        state[node] != 1 || child > 0,
-                        "graph has a cycle at node {node}"
-                    );
+                    assert!(state[node] != 1 || child > 0, "graph has a cycle at node {node}");
                     state[node] = 1;
                 }
                 if child < g.nodes[node].inputs.len() {
@@ -540,14 +508,8 @@ impl Graph {
         for (new, &old) in order.iter().enumerate() {
             remap[old] = new;
         }
-        let mut old_nodes: Vec<Option<Node>> = std::mem::take(&mut self.nodes)
-            .into_iter()
-            .map(Some)
-            .collect();
-        self.nodes = order
-            .iter()
-            .map(|&o| old_nodes[o].take().unwrap())
-            .collect();
+        let mut old_nodes: Vec<Option<Node>> = std::mem::take(&mut self.nodes).into_iter().map(Some).collect();
+        self.nodes = order.iter().map(|&o| old_nodes[o].take().unwrap()).collect();
         for node in &mut self.nodes {
             for i in &mut node.inputs {
                 *i = remap[*i];
@@ -565,19 +527,11 @@ impl Graph {
     pub fn assert_valid(&self) {
         for (id, n) in self.nodes.iter().enumerate() {
             for &i in &n.inputs {
-                assert!(
-                    i < id,
-                    "node {id} ({}) reads node {i} that does not precede it",
-                    n.name
-                );
+                assert!(i < id, "node {id} ({}) reads node {i} that does not precede it", n.name);
             }
         }
         for o in &self.outputs {
-            assert!(
-                o.node < self.nodes.len(),
-                "output {} points past the graph",
-                o.name
-            );
+            assert!(o.node < self.nodes.len(), "output {} points past the graph", o.name);
         }
     }
 
@@ -598,16 +552,8 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i + a.len() >= rank {
-            a[i + a.len() - rank]
-        } else {
-            1
-        };
-        let db = if i + b.len() >= rank {
-            b[i + b.len() - rank]
-        } else {
-            1
-        };
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -632,13 +578,5 @@ pub fn strides_of(shape: &[usize]) -> Vec<usize> {
 pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let s = strides_of(shape);
     let off = out.len() - shape.len();
-    (0..out.len())
-        .map(|i| {
-            if i < off || shape[i - off] == 1 {
-                0
-            } else {
-                s[i - off]
-            }
-        })
-        .collect()
+    (0..out.len()).map(|i| if i < off || shape[i - off] == 1 { 0 } else { s[i - off] }).collect()
 }

@@ -42,18 +42,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
     let out = match op {
         Op::Input { .. } => panic!("inputs are not evaluated"),
         Op::Const(t) => (**t).clone(),
-        Op::Conv {
-            window,
-            groups,
-            epilogue,
-        } => conv(inputs, shape, window, *groups, epilogue),
+        Op::Conv { window, groups, epilogue } => conv(inputs, shape, window, *groups, epilogue),
         Op::MatMul { epilogue } => matmul(inputs, shape, epilogue),
         Op::Binary(b) => {
             let (a, c) = (f32s(inputs[0]), f32s(inputs[1]));
-            let (ma, mc) = (
-                broadcast_map(shape, &inputs[0].shape),
-                broadcast_map(shape, &inputs[1].shape),
-            );
+            let (ma, mc) = (broadcast_map(shape, &inputs[0].shape), broadcast_map(shape, &inputs[1].shape));
             if inputs[0].dtype() == DType::I64 && inputs[1].dtype() == DType::I64 {
                 let (a, c) = (i64s(inputs[0]), i64s(inputs[1]));
                 let v = (0..ma.len())
@@ -72,23 +65,13 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
                     .collect();
                 Tensor::i64(shape.to_vec(), v)
             } else {
-                Tensor::f32(
-                    shape.to_vec(),
-                    (0..ma.len()).map(|i| b.apply(a[ma[i]], c[mc[i]])).collect(),
-                )
+                Tensor::f32(shape.to_vec(), (0..ma.len()).map(|i| b.apply(a[ma[i]], c[mc[i]])).collect())
             }
         }
-        Op::Unary(u) => Tensor::f32(
-            shape.to_vec(),
-            f32s(inputs[0]).into_iter().map(|x| u.apply(x)).collect(),
-        ),
+        Op::Unary(u) => Tensor::f32(shape.to_vec(), f32s(inputs[0]).into_iter().map(|x| u.apply(x)).collect()),
         Op::Pool { kind, window } => pool(inputs[0], shape, *kind, window),
         Op::Reduce { op, axes } => reduce(inputs[0], shape, *op, axes),
-        Op::Softmax {
-            axis,
-            scale,
-            causal,
-        } => softmax(inputs[0], *axis, *scale, *causal),
+        Op::Softmax { axis, scale, causal } => softmax(inputs[0], *axis, *scale, *causal),
         Op::LayerNorm { eps } => layer_norm(inputs, *eps),
         Op::Concat { axis } => concat(inputs, shape, *axis),
         Op::Reshape => {
@@ -108,28 +91,16 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
             );
             if inputs[1].dtype() == DType::I64 {
                 let (a, b) = (i64s(inputs[1]), i64s(inputs[2]));
-                Tensor::i64(
-                    shape.to_vec(),
-                    (0..mc.len())
-                        .map(|i| if c[mc[i]] != 0.0 { a[ma[i]] } else { b[mb[i]] })
-                        .collect(),
-                )
+                Tensor::i64(shape.to_vec(), (0..mc.len()).map(|i| if c[mc[i]] != 0.0 { a[ma[i]] } else { b[mb[i]] }).collect())
             } else {
                 let (a, b) = (f32s(inputs[1]), f32s(inputs[2]));
-                Tensor::f32(
-                    shape.to_vec(),
-                    (0..mc.len())
-                        .map(|i| if c[mc[i]] != 0.0 { a[ma[i]] } else { b[mb[i]] })
-                        .collect(),
-                )
+                Tensor::f32(shape.to_vec(), (0..mc.len()).map(|i| if c[mc[i]] != 0.0 { a[ma[i]] } else { b[mb[i]] }).collect())
             }
         }
         Op::Expand => {
             let m = broadcast_map(shape, &inputs[0].shape);
             match &inputs[0].data {
-                TensorData::I64(v) => {
-                    Tensor::i64(shape.to_vec(), m.iter().map(|&i| v[i]).collect())
-                }
+                TensorData::I64(v) => Tensor::i64(shape.to_vec(), m.iter().map(|&i| v[i]).collect()),
                 _ => {
                     let v = f32s(inputs[0]);
                     Tensor::f32(shape.to_vec(), m.iter().map(|&i| v[i]).collect())
@@ -138,31 +109,15 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
         }
         Op::Cast => inputs[0].cast(dtype),
     };
-    let out = if out.dtype() != dtype {
-        out.cast(dtype)
-    } else {
-        out
-    };
-    assert_eq!(
-        out.shape,
-        shape,
-        "{} produced shape {:?}, node declares {:?}",
-        op.name(),
-        out.shape,
-        shape
-    );
+    let out = if out.dtype() != dtype { out.cast(dtype) } else { out };
+    assert_eq!(out.shape, shape, "{} produced shape {:?}, node declares {:?}", op.name(), out.shape, shape);
     out
 }
 
 fn conv(inputs: &[&Tensor], shape: &[usize], w: &Window, groups: usize, ep: &Epilogue) -> Tensor {
     let x = f32s(inputs[0]);
     let k = f32s(inputs[1]);
-    let (n, c, h, wd) = (
-        inputs[0].shape[0],
-        inputs[0].shape[1],
-        inputs[0].shape[2],
-        inputs[0].shape[3],
-    );
+    let (n, c, h, wd) = (inputs[0].shape[0], inputs[0].shape[1], inputs[0].shape[2], inputs[0].shape[3]);
     let (o, oh, ow) = (shape[1], shape[2], shape[3]);
     let cg = c / groups;
     let og = o / groups;
@@ -173,11 +128,7 @@ fn conv(inputs: &[&Tensor], shape: &[usize], w: &Window, groups: usize, ep: &Epi
     } else {
         None
     };
-    let res = if ep.residual {
-        Some(f32s(inputs[next]))
-    } else {
-        None
-    };
+    let res = if ep.residual { Some(f32s(inputs[next])) } else { None };
     let mut y = vec![0f32; n * o * oh * ow];
     for b in 0..n {
         for oc in 0..o {
@@ -187,19 +138,16 @@ fn conv(inputs: &[&Tensor], shape: &[usize], w: &Window, groups: usize, ep: &Epi
                     let mut acc = 0f64;
                     for ic in 0..cg {
                         for ky in 0..w.kernel[0] {
-                            let iy = (oy * w.stride[0] + ky * w.dilation[0]) as isize
-                                - w.pad_begin[0] as isize;
+                            let iy = (oy * w.stride[0] + ky * w.dilation[0]) as isize - w.pad_begin[0] as isize;
                             if iy < 0 || iy >= h as isize {
                                 continue;
                             }
                             for kx in 0..w.kernel[1] {
-                                let ix = (ox * w.stride[1] + kx * w.dilation[1]) as isize
-                                    - w.pad_begin[1] as isize;
+                                let ix = (ox * w.stride[1] + kx * w.dilation[1]) as isize - w.pad_begin[1] as isize;
                                 if ix < 0 || ix >= wd as isize {
                                     continue;
                                 }
-                                let xv =
-                                    x[((b * c + g * cg + ic) * h + iy as usize) * wd + ix as usize];
+                                let xv = x[((b * c + g * cg + ic) * h + iy as usize) * wd + ix as usize];
                                 let kv = k[((oc * cg + ic) * w.kernel[0] + ky) * w.kernel[1] + kx];
                                 acc += xv as f64 * kv as f64;
                             }
@@ -238,11 +186,7 @@ fn matmul(inputs: &[&Tensor], shape: &[usize], ep: &Epilogue) -> Tensor {
     } else {
         None
     };
-    let res = if ep.residual {
-        Some(f32s(inputs[next]))
-    } else {
-        None
-    };
+    let res = if ep.residual { Some(f32s(inputs[next])) } else { None };
     let mut out = vec![0f32; batches * m * n];
     let mut coord = vec![0; batch_shape.len()];
     for bi in 0..batches {
@@ -281,38 +225,25 @@ fn pool(x: &Tensor, shape: &[usize], kind: PoolKind, w: &Window) -> Tensor {
                 for ox in 0..ow {
                     let y0 = (oy * w.stride[0]) as isize - w.pad_begin[0] as isize;
                     let x0 = (ox * w.stride[1]) as isize - w.pad_begin[1] as isize;
-                    let mut acc = if kind == PoolKind::Max {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    };
+                    let mut acc = if kind == PoolKind::Max { f32::NEG_INFINITY } else { 0.0 };
                     let mut count = 0usize;
                     for ky in 0..w.kernel[0] {
                         for kx in 0..w.kernel[1] {
-                            let (iy, ix) = (
-                                y0 + (ky * w.dilation[0]) as isize,
-                                x0 + (kx * w.dilation[1]) as isize,
-                            );
+                            let (iy, ix) = (y0 + (ky * w.dilation[0]) as isize, x0 + (kx * w.dilation[1]) as isize);
                             if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
                                 continue;
                             }
                             let val = v[((b * c + ch) * h + iy as usize) * wd + ix as usize];
                             count += 1;
-                            acc = if kind == PoolKind::Max {
-                                acc.max(val)
-                            } else {
-                                acc + val
-                            };
+                            acc = if kind == PoolKind::Max { acc.max(val) } else { acc + val };
                         }
                     }
                     let out = match kind {
                         PoolKind::Max => acc,
                         PoolKind::Avg { count_include_pad } => {
                             let div = if count_include_pad {
-                                let ey =
-                                    (y0 + w.kernel[0] as isize).min((h + w.pad_end[0]) as isize);
-                                let ex =
-                                    (x0 + w.kernel[1] as isize).min((wd + w.pad_end[1]) as isize);
+                                let ey = (y0 + w.kernel[0] as isize).min((h + w.pad_end[0]) as isize);
+                                let ex = (x0 + w.kernel[1] as isize).min((wd + w.pad_end[1]) as isize);
                                 ((ey - y0) * (ex - x0)) as usize
                             } else {
                                 count
@@ -344,17 +275,7 @@ fn reduce(x: &Tensor, shape: &[usize], op: ReduceOp, axes: &[usize]) -> Tensor {
     let count: usize = axes.iter().map(|&a| x.shape[a]).product();
     for (i, &val) in v.iter().enumerate() {
         unravel(i, &x.shape, &mut coord);
-        let o: usize = coord
-            .iter()
-            .enumerate()
-            .map(|(d, &c)| {
-                if axes.contains(&d) {
-                    0
-                } else {
-                    c * out_strides[d]
-                }
-            })
-            .sum();
+        let o: usize = coord.iter().enumerate().map(|(d, &c)| if axes.contains(&d) { 0 } else { c * out_strides[d] }).sum();
         acc[o] = match op {
             ReduceOp::Sum | ReduceOp::Mean => acc[o] + val,
             ReduceOp::Max => acc[o].max(val),
@@ -396,11 +317,7 @@ fn softmax(x: &Tensor, axis: usize, scale: f32, causal: bool) -> Tensor {
             }
             for j in 0..len {
                 let idx = (o * len + j) * inner + i;
-                y[idx] = if allowed(j) {
-                    (((scale * v[idx]) - mx).exp() as f64 / sum) as f32
-                } else {
-                    0.0
-                };
+                y[idx] = if allowed(j) { (((scale * v[idx]) - mx).exp() as f64 / sum) as f32 } else { 0.0 };
             }
         }
     }
@@ -439,11 +356,7 @@ fn concat(inputs: &[&Tensor], shape: &[usize], axis: usize) -> Tensor {
             }
         }
     }
-    if is_i64 {
-        Tensor::i64(shape.to_vec(), l)
-    } else {
-        Tensor::f32(shape.to_vec(), f)
-    }
+    if is_i64 { Tensor::i64(shape.to_vec(), l) } else { Tensor::f32(shape.to_vec(), f) }
 }
 
 pub fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
@@ -454,11 +367,7 @@ pub fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
     let map: Vec<usize> = (0..n)
         .map(|i| {
             unravel(i, &shape, &mut coord);
-            coord
-                .iter()
-                .enumerate()
-                .map(|(d, &c)| c * in_strides[perm[d]])
-                .sum()
+            coord.iter().enumerate().map(|(d, &c)| c * in_strides[perm[d]]).sum()
         })
         .collect();
     match &x.data {
@@ -474,11 +383,8 @@ fn slice(x: &Tensor, axis: usize, start: usize, end: usize) -> Tensor {
     let outer: usize = x.shape[..axis].iter().product();
     let inner: usize = x.shape[axis + 1..].iter().product();
     let len = x.shape[axis];
-    let idx: Vec<usize> = (0..outer)
-        .flat_map(|o| {
-            (start..end).flat_map(move |a| (0..inner).map(move |i| (o * len + a) * inner + i))
-        })
-        .collect();
+    let idx: Vec<usize> =
+        (0..outer).flat_map(|o| (start..end).flat_map(move |a| (0..inner).map(move |i| (o * len + a) * inner + i))).collect();
     match &x.data {
         TensorData::F32(v) => Tensor::f32(shape, idx.iter().map(|&i| v[i]).collect()),
         TensorData::F16(v) => Tensor::f16(shape, idx.iter().map(|&i| v[i]).collect()),
@@ -495,10 +401,7 @@ fn gather(data: &Tensor, indices: &Tensor, axis: usize, shape: &[usize]) -> Tens
     for o in 0..outer {
         for &k in &ind {
             let k = if k < 0 { k + len as i64 } else { k };
-            assert!(
-                k >= 0 && (k as usize) < len,
-                "gather index {k} out of range 0..{len}"
-            );
+            assert!(k >= 0 && (k as usize) < len, "gather index {k} out of range 0..{len}");
             for i in 0..inner {
                 idx.push((o * len + k as usize) * inner + i);
             }
@@ -515,13 +418,7 @@ fn gather(data: &Tensor, indices: &Tensor, axis: usize, shape: &[usize]) -> Tens
 
 /// Runs a whole graph on the given inputs (in graph input order) and returns its outputs.
 pub fn run(graph: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
-    assert_eq!(
-        inputs.len(),
-        graph.inputs.len(),
-        "graph {} takes {} inputs",
-        graph.name,
-        graph.inputs.len()
-    );
+    assert_eq!(inputs.len(), graph.inputs.len(), "graph {} takes {} inputs", graph.name, graph.inputs.len());
     let mut values: Vec<Option<Tensor>> = vec![None; graph.nodes.len()];
     let uses = graph.use_counts();
     let mut remaining = uses.clone();
@@ -529,11 +426,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
         let v = match &node.op {
             Op::Input { index } => inputs[*index].clone(),
             _ => {
-                let ins: Vec<&Tensor> = node
-                    .inputs
-                    .iter()
-                    .map(|&i| values[i].as_ref().expect("value freed too early"))
-                    .collect();
+                let ins: Vec<&Tensor> = node.inputs.iter().map(|&i| values[i].as_ref().expect("value freed too early")).collect();
                 eval(&node.op, &ins, &node.shape, node.dtype)
             }
         };
@@ -545,9 +438,5 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
             }
         }
     }
-    graph
-        .outputs
-        .iter()
-        .map(|o| values[o.node].clone().expect("output computed"))
-        .collect()
+    graph.outputs.iter().map(|o| values[o.node].clone().expect("output computed")).collect()
 }

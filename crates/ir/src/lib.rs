@@ -16,17 +16,9 @@ pub enum Error {
     #[error("model '{model}': cannot read ONNX: {reason}")]
     Malformed { model: String, reason: String },
     #[error("model '{model}': unsupported op {op} at node '{node}'{detail}")]
-    Unsupported {
-        model: String,
-        op: String,
-        node: String,
-        detail: String,
-    },
+    Unsupported { model: String, op: String, node: String, detail: String },
     #[error("{0}")]
     Invalid(String),
     #[error("io error on {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
 }

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tract_onnx::pb;
 use tract_onnx::prelude::{
-    DatumType, Framework, InferenceFact, InferenceModelExt, IntoRunnable, IntoTensor, OutletId,
-    TDim, TValue, TVec, Tensor as TractTensor, TypedModel, TypedNode, tract_ndarray,
+    DatumType, Framework, InferenceFact, InferenceModelExt, IntoRunnable, IntoTensor, OutletId, TDim, TValue, TVec,
+    Tensor as TractTensor, TypedModel, TypedNode, tract_ndarray,
 };
 use tract_onnx::tract_core;
 use tract_onnx::tract_core::ops;
@@ -29,30 +29,19 @@ pub struct LoadOptions {
 
 /// Reads and imports an .onnx file.
 pub fn load_path(path: &std::path::Path, opts: &LoadOptions) -> Result<Graph, Error> {
-    let bytes = std::fs::read(path).map_err(|e| Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    })?;
-    let name = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().to_string())
-        .unwrap_or_else(|| "model".into());
+    let bytes = std::fs::read(path).map_err(|e| Error::Io { path: path.display().to_string(), source: e })?;
+    let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
     load_bytes(&name, &bytes, opts)
 }
 
 fn malformed(model: &str, reason: impl std::fmt::Display) -> Error {
-    Error::Malformed {
-        model: model.to_string(),
-        reason: format!("{reason:#}"),
-    }
+    Error::Malformed { model: model.to_string(), reason: format!("{reason:#}") }
 }
 
 /// Imports serialized ONNX bytes. Never panics on bad input: a malformed file is an error.
 pub fn load_bytes(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph, Error> {
     // tract is defensive but not panic-free on hostile input; keep a panic from taking the server down.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        load_bytes_inner(name, bytes, opts)
-    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_bytes_inner(name, bytes, opts)));
     match result {
         Ok(r) => r,
         Err(p) => {
@@ -68,57 +57,29 @@ pub fn load_bytes(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph,
 
 fn load_bytes_inner(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph, Error> {
     let onnx = tract_onnx::onnx();
-    let proto = onnx
-        .proto_model_for_read(&mut &bytes[..])
-        .map_err(|e| malformed(name, e))?;
-    let graph_proto = proto
-        .graph
-        .as_ref()
-        .ok_or_else(|| malformed(name, "the file holds no graph"))?;
-    let model_name = if graph_proto.name.is_empty() {
-        name.to_string()
-    } else {
-        graph_proto.name.clone()
-    };
+    let proto = onnx.proto_model_for_read(&mut &bytes[..]).map_err(|e| malformed(name, e))?;
+    let graph_proto = proto.graph.as_ref().ok_or_else(|| malformed(name, "the file holds no graph"))?;
+    let model_name = if graph_proto.name.is_empty() { name.to_string() } else { graph_proto.name.clone() };
     // ONNX node name -> op type, for error messages that name the model's own nodes.
-    let node_ops: HashMap<String, String> = graph_proto
-        .node
-        .iter()
-        .map(|n| (n.name.clone(), n.op_type.clone()))
-        .collect();
+    let node_ops: HashMap<String, String> = graph_proto.node.iter().map(|n| (n.name.clone(), n.op_type.clone())).collect();
     check_ops_known(&model_name, graph_proto)?;
     let input_shapes = fixed_input_shapes(&model_name, graph_proto, opts)?;
 
-    let mut model = onnx
-        .model_for_proto_model(&proto)
-        .map_err(|e| malformed(&model_name, e))?;
+    let mut model = onnx.model_for_proto_model(&proto).map_err(|e| malformed(&model_name, e))?;
     for (i, (dt, shape)) in input_shapes.iter().enumerate() {
         let fact = InferenceFact::dt_shape(*dt, shape.clone());
-        model
-            .set_input_fact(i, fact)
-            .map_err(|e| malformed(&model_name, e))?;
+        model.set_input_fact(i, fact).map_err(|e| malformed(&model_name, e))?;
     }
-    let mut typed = model
-        .into_typed()
-        .map_err(|e| malformed(&model_name, format!("typing failed: {e:#}")))?;
+    let mut typed = model.into_typed().map_err(|e| malformed(&model_name, format!("typing failed: {e:#}")))?;
     let mut folding = tract_core::optim::Optimizer::declutter();
     folding.passes.retain(|p| {
         let n = format!("{p:?}");
-        n.starts_with("PropConst")
-            || n.starts_with("PropagateUniformTdim")
-            || n.starts_with("FoldUniformMask")
+        n.starts_with("PropConst") || n.starts_with("PropagateUniformTdim") || n.starts_with("FoldUniformMask")
     });
-    folding
-        .optimize(&mut typed)
-        .map_err(|e| malformed(&model_name, format!("constant folding failed: {e:#}")))?;
-    let mut g = Importer {
-        model: &typed,
-        name: &model_name,
-        node_ops: &node_ops,
-        graph: Graph::new(&model_name),
-        map: HashMap::new(),
-    }
-    .run()?;
+    folding.optimize(&mut typed).map_err(|e| malformed(&model_name, format!("constant folding failed: {e:#}")))?;
+    let mut g =
+        Importer { model: &typed, name: &model_name, node_ops: &node_ops, graph: Graph::new(&model_name), map: HashMap::new() }
+            .run()?;
     g.prune();
     g.assert_valid();
     Ok(g)
@@ -132,11 +93,7 @@ fn check_ops_known(model: &str, graph: &pb::GraphProto) -> Result<(), Error> {
         if !domain_ok || !onnx.op_register.0.contains_key(&n.op_type) {
             return Err(Error::Unsupported {
                 model: model.to_string(),
-                op: if n.domain.is_empty() {
-                    n.op_type.clone()
-                } else {
-                    format!("{}::{}", n.domain, n.op_type)
-                },
+                op: if n.domain.is_empty() { n.op_type.clone() } else { format!("{}::{}", n.domain, n.op_type) },
                 node: n.name.clone(),
                 detail: String::new(),
             });
@@ -156,26 +113,14 @@ fn elem_type_to_datum(t: i32) -> Option<DatumType> {
     })
 }
 
-fn fixed_input_shapes(
-    model: &str,
-    graph: &pb::GraphProto,
-    opts: &LoadOptions,
-) -> Result<Vec<(DatumType, Vec<usize>)>, Error> {
-    let initializers: std::collections::HashSet<&str> =
-        graph.initializer.iter().map(|t| t.name.as_str()).collect();
+fn fixed_input_shapes(model: &str, graph: &pb::GraphProto, opts: &LoadOptions) -> Result<Vec<(DatumType, Vec<usize>)>, Error> {
+    let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
     let mut out = Vec::new();
-    for input in graph
-        .input
-        .iter()
-        .filter(|i| !initializers.contains(i.name.as_str()))
-    {
+    for input in graph.input.iter().filter(|i| !initializers.contains(i.name.as_str())) {
         let tensor_type = match input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
             Some(pb::type_proto::Value::TensorType(t)) => t,
             _ => {
-                return Err(malformed(
-                    model,
-                    format!("input '{}' is not a tensor", input.name),
-                ));
+                return Err(malformed(model, format!("input '{}' is not a tensor", input.name)));
             }
         };
         let dt = elem_type_to_datum(tensor_type.elem_type).ok_or_else(|| Error::Unsupported {
@@ -184,11 +129,7 @@ fn fixed_input_shapes(
             node: input.name.clone(),
             detail: " (kairos takes float32, float16, int64, int32 and bool inputs)".into(),
         })?;
-        let dims = tensor_type
-            .shape
-            .as_ref()
-            .map(|s| s.dim.as_slice())
-            .unwrap_or(&[]);
+        let dims = tensor_type.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
         let mut shape = Vec::with_capacity(dims.len());
         for (axis, d) in dims.iter().enumerate() {
             use pb::tensor_shape_proto::dimension::Value;
@@ -244,14 +185,7 @@ fn tensor_of(model: &str, node: &str, t: &TractTensor) -> Result<Tensor, Error> 
     let shape = t.shape().to_vec();
     let err = |e: anyhow::Error| malformed(model, format!("constant at node '{node}': {e:#}"));
     Ok(match t.datum_type() {
-        DatumType::F32 => Tensor::f32(
-            shape,
-            t.to_plain_array_view::<f32>()
-                .map_err(err)?
-                .iter()
-                .copied()
-                .collect(),
-        ),
+        DatumType::F32 => Tensor::f32(shape, t.to_plain_array_view::<f32>().map_err(err)?.iter().copied().collect()),
         DatumType::F16 => {
             let v: Vec<half::f16> = t
                 .to_plain_array_view::<tract_onnx::prelude::f16>()
@@ -261,41 +195,14 @@ fn tensor_of(model: &str, node: &str, t: &TractTensor) -> Result<Tensor, Error> 
                 .collect();
             Tensor::f16(shape, v)
         }
-        DatumType::Bool => Tensor::f32(
-            shape,
-            t.to_plain_array_view::<bool>()
-                .map_err(err)?
-                .iter()
-                .map(|&b| b as u8 as f32)
-                .collect(),
-        ),
-        DatumType::I64 => Tensor::i64(
-            shape,
-            t.to_plain_array_view::<i64>()
-                .map_err(err)?
-                .iter()
-                .copied()
-                .collect(),
-        ),
-        DatumType::I32 => Tensor::i64(
-            shape,
-            t.to_plain_array_view::<i32>()
-                .map_err(err)?
-                .iter()
-                .map(|&x| x as i64)
-                .collect(),
-        ),
+        DatumType::Bool => {
+            Tensor::f32(shape, t.to_plain_array_view::<bool>().map_err(err)?.iter().map(|&b| b as u8 as f32).collect())
+        }
+        DatumType::I64 => Tensor::i64(shape, t.to_plain_array_view::<i64>().map_err(err)?.iter().copied().collect()),
+        DatumType::I32 => Tensor::i64(shape, t.to_plain_array_view::<i32>().map_err(err)?.iter().map(|&x| x as i64).collect()),
         DatumType::TDim => {
-            let v: Result<Vec<i64>, _> = t
-                .to_plain_array_view::<TDim>()
-                .map_err(err)?
-                .iter()
-                .map(|d| d.to_i64())
-                .collect();
-            Tensor::i64(
-                shape,
-                v.map_err(|e| malformed(model, format!("constant at node '{node}': {e:?}")))?,
-            )
+            let v: Result<Vec<i64>, _> = t.to_plain_array_view::<TDim>().map_err(err)?.iter().map(|d| d.to_i64()).collect();
+            Tensor::i64(shape, v.map_err(|e| malformed(model, format!("constant at node '{node}': {e:?}")))?)
         }
         other => {
             return Err(Error::Unsupported {
@@ -310,22 +217,11 @@ fn tensor_of(model: &str, node: &str, t: &TractTensor) -> Result<Tensor, Error> 
 
 fn window_of(spec: &ops::cnn::PoolSpec, input_hw: [usize; 2]) -> Result<(Window, bool), String> {
     if spec.kernel_shape.len() != 2 {
-        return Err(format!(
-            "{}-D windows (kairos handles 2-D)",
-            spec.kernel_shape.len()
-        ));
+        return Err(format!("{}-D windows (kairos handles 2-D)", spec.kernel_shape.len()));
     }
     let kernel = [spec.kernel_shape[0], spec.kernel_shape[1]];
-    let stride = spec
-        .strides
-        .as_ref()
-        .map(|s| [s[0], s[1]])
-        .unwrap_or([1, 1]);
-    let dilation = spec
-        .dilations
-        .as_ref()
-        .map(|s| [s[0], s[1]])
-        .unwrap_or([1, 1]);
+    let stride = spec.strides.as_ref().map(|s| [s[0], s[1]]).unwrap_or([1, 1]);
+    let dilation = spec.dilations.as_ref().map(|s| [s[0], s[1]]).unwrap_or([1, 1]);
     use ops::cnn::PaddingSpec::*;
     let (pad_begin, pad_end, ceil) = match &spec.padding {
         Explicit(b, a) => ([b[0], b[1]], [a[0], a[1]], false),
@@ -350,16 +246,7 @@ fn window_of(spec: &ops::cnn::PoolSpec, input_hw: [usize; 2]) -> Result<(Window,
             (pb, pa, false)
         }
     };
-    Ok((
-        Window {
-            kernel,
-            stride,
-            dilation,
-            pad_begin,
-            pad_end,
-        },
-        ceil,
-    ))
+    Ok((Window { kernel, stride, dilation, pad_begin, pad_end }, ceil))
 }
 
 impl Importer<'_> {
@@ -398,19 +285,13 @@ impl Importer<'_> {
 
     fn input(&self, node: &TypedNode, i: usize) -> Result<NodeId, Error> {
         let outlet = node.inputs[i];
-        self.map.get(&outlet).copied().ok_or_else(|| {
-            self.unsupported(node, format!("input {i} comes from an unsupported output"))
-        })
+        self.map
+            .get(&outlet)
+            .copied()
+            .ok_or_else(|| self.unsupported(node, format!("input {i} comes from an unsupported output")))
     }
 
-    fn add(
-        &mut self,
-        name: &str,
-        op: Op,
-        inputs: Vec<NodeId>,
-        shape: Vec<usize>,
-        dtype: DType,
-    ) -> NodeId {
+    fn add(&mut self, name: &str, op: Op, inputs: Vec<NodeId>, shape: Vec<usize>, dtype: DType) -> NodeId {
         self.graph.add(name, op, inputs, shape, dtype)
     }
 
@@ -421,15 +302,7 @@ impl Importer<'_> {
         let src = &self.graph.nodes[x];
         let shape = perm.iter().map(|&p| src.shape[p]).collect();
         let dtype = src.dtype;
-        self.add(
-            name,
-            Op::Transpose {
-                perm: perm.to_vec(),
-            },
-            vec![x],
-            shape,
-            dtype,
-        )
+        self.add(name, Op::Transpose { perm: perm.to_vec() }, vec![x], shape, dtype)
     }
 
     fn reshape(&mut self, name: &str, x: NodeId, shape: Vec<usize>) -> NodeId {
@@ -443,10 +316,7 @@ impl Importer<'_> {
     fn run(mut self) -> Result<Graph, Error> {
         let model = self.model;
         let order = model.eval_order().map_err(|e| malformed(self.name, e))?;
-        let input_outlets = model
-            .input_outlets()
-            .map_err(|e| malformed(self.name, e))?
-            .to_vec();
+        let input_outlets = model.input_outlets().map_err(|e| malformed(self.name, e))?.to_vec();
         for id in order {
             let node = &model.nodes[id];
             for slot in 0..node.outputs.len() {
@@ -462,34 +332,19 @@ impl Importer<'_> {
         }
         for (i, outlet) in input_outlets.iter().enumerate() {
             let node = self.map[outlet];
-            self.graph.inputs.push(GraphInput {
-                name: model.nodes[outlet.node].name.clone(),
-                node,
-            });
+            self.graph.inputs.push(GraphInput { name: model.nodes[outlet.node].name.clone(), node });
             debug_assert!(matches!(self.graph.nodes[node].op, Op::Input { index } if index == i));
         }
-        for outlet in model
-            .output_outlets()
-            .map_err(|e| malformed(self.name, e))?
-        {
-            let name = model
-                .outlet_label(*outlet)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| model.nodes[outlet.node].name.clone());
-            let node = *self
-                .map
-                .get(outlet)
-                .ok_or_else(|| malformed(self.name, format!("output '{name}' has no producer")))?;
+        for outlet in model.output_outlets().map_err(|e| malformed(self.name, e))? {
+            let name =
+                model.outlet_label(*outlet).map(|s| s.to_string()).unwrap_or_else(|| model.nodes[outlet.node].name.clone());
+            let node = *self.map.get(outlet).ok_or_else(|| malformed(self.name, format!("output '{name}' has no producer")))?;
             self.graph.outputs.push(GraphOutput { name, node });
         }
         Ok(self.graph)
     }
 
-    fn convert(
-        &mut self,
-        node: &TypedNode,
-        input_outlets: &[OutletId],
-    ) -> Result<Option<NodeId>, Error> {
+    fn convert(&mut self, node: &TypedNode, input_outlets: &[OutletId]) -> Result<Option<NodeId>, Error> {
         let name = node.name.as_str();
         let fact = &node.outputs[0].fact;
         let dtype = dtype_of(self.name, name, fact.datum_type)?;
@@ -501,17 +356,8 @@ impl Importer<'_> {
         }
         let op: &dyn tract_onnx::tract_core::ops::TypedOp = node.op.as_ref();
         if op.downcast_ref::<ops::source::TypedSource>().is_some() {
-            let index = input_outlets
-                .iter()
-                .position(|o| o.node == node.id)
-                .expect("source is a model input");
-            return Ok(Some(self.add(
-                name,
-                Op::Input { index },
-                vec![],
-                shape,
-                dtype,
-            )));
+            let index = input_outlets.iter().position(|o| o.node == node.id).expect("source is a model input");
+            return Ok(Some(self.add(name, Op::Input { index }, vec![], shape, dtype)));
         }
         if op.downcast_ref::<ops::identity::Identity>().is_some() {
             return Ok(Some(self.input(node, 0)?));
@@ -528,33 +374,21 @@ impl Importer<'_> {
             return self.conv(node, conv, shape, dtype).map(Some);
         }
         if let Some(p) = op.downcast_ref::<ops::cnn::MaxPool>() {
-            return self
-                .pool(node, &p.pool_spec, PoolKind::Max, shape, dtype)
-                .map(Some);
+            return self.pool(node, &p.pool_spec, PoolKind::Max, shape, dtype).map(Some);
         }
         if let Some(p) = op.downcast_ref::<ops::cnn::SumPool>() {
             if !p.normalize {
                 return Err(self.unsupported(node, "sum pooling without normalization"));
             }
             return self
-                .pool(
-                    node,
-                    &p.pool_spec,
-                    PoolKind::Avg {
-                        count_include_pad: p.count_include_pad,
-                    },
-                    shape,
-                    dtype,
-                )
+                .pool(node, &p.pool_spec, PoolKind::Avg { count_include_pad: p.count_include_pad }, shape, dtype)
                 .map(Some);
         }
         if let Some(e) = op.downcast_ref::<ops::einsum::EinSum>() {
             if e.q_params.is_some() {
                 return Err(self.unsupported(node, "quantized einsum"));
             }
-            return self
-                .einsum(node, &e.axes.to_string(), shape, dtype)
-                .map(Some);
+            return self.einsum(node, &e.axes.to_string(), shape, dtype).map(Some);
         }
         if let Some(b) = op.downcast_ref::<ops::binary::TypedBinOp>() {
             let bop = match b.0.name() {
@@ -568,13 +402,7 @@ impl Importer<'_> {
                 _ => return Err(self.unsupported(node, "")),
             };
             let (a, c) = (self.input(node, 0)?, self.input(node, 1)?);
-            return Ok(Some(self.add(
-                name,
-                Op::Binary(bop),
-                vec![a, c],
-                shape,
-                dtype,
-            )));
+            return Ok(Some(self.add(name, Op::Binary(bop), vec![a, c], shape, dtype)));
         }
         if let Some(ew) = op.downcast_ref::<ops::element_wise::ElementWiseOp>() {
             let u = match ew.0.name().as_str() {
@@ -606,33 +434,12 @@ impl Importer<'_> {
                 Reducer::Min => ReduceOp::Min,
                 Reducer::MeanOfSquares => {
                     let in_shape = self.graph.nodes[x].shape.clone();
-                    let sq = self.add(
-                        &format!("{name}.square"),
-                        Op::Unary(UnaryOp::Square),
-                        vec![x],
-                        in_shape,
-                        dtype,
-                    );
-                    return Ok(Some(self.add(
-                        name,
-                        Op::Reduce {
-                            op: ReduceOp::Mean,
-                            axes,
-                        },
-                        vec![sq],
-                        shape,
-                        dtype,
-                    )));
+                    let sq = self.add(&format!("{name}.square"), Op::Unary(UnaryOp::Square), vec![x], in_shape, dtype);
+                    return Ok(Some(self.add(name, Op::Reduce { op: ReduceOp::Mean, axes }, vec![sq], shape, dtype)));
                 }
                 _ => return Err(self.unsupported(node, format!("reducer {:?}", r.reducer))),
             };
-            return Ok(Some(self.add(
-                name,
-                Op::Reduce { op: rop, axes },
-                vec![x],
-                shape,
-                dtype,
-            )));
+            return Ok(Some(self.add(name, Op::Reduce { op: rop, axes }, vec![x], shape, dtype)));
         }
         if let Some(a) = op.downcast_ref::<ops::change_axes::AxisOp>() {
             let x = self.input(node, 0)?;
@@ -648,16 +455,8 @@ impl Importer<'_> {
             }));
         }
         if let Some(c) = op.downcast_ref::<ops::array::TypedConcat>() {
-            let inputs: Result<Vec<_>, _> = (0..node.inputs.len())
-                .map(|i| self.input(node, i))
-                .collect();
-            return Ok(Some(self.add(
-                name,
-                Op::Concat { axis: c.axis },
-                inputs?,
-                shape,
-                dtype,
-            )));
+            let inputs: Result<Vec<_>, _> = (0..node.inputs.len()).map(|i| self.input(node, i)).collect();
+            return Ok(Some(self.add(name, Op::Concat { axis: c.axis }, inputs?, shape, dtype)));
         }
         if let Some(s) = op.downcast_ref::<ops::array::Slice>() {
             let x = self.input(node, 0)?;
@@ -665,51 +464,21 @@ impl Importer<'_> {
                 (Ok(a), Ok(b)) if a >= 0 && b >= a => (a as usize, b as usize),
                 _ => return Err(self.unsupported(node, "symbolic slice bounds")),
             };
-            return Ok(Some(self.add(
-                name,
-                Op::Slice {
-                    axis: s.axis,
-                    start,
-                    end,
-                },
-                vec![x],
-                shape,
-                dtype,
-            )));
+            return Ok(Some(self.add(name, Op::Slice { axis: s.axis, start, end }, vec![x], shape, dtype)));
         }
         if let Some(g) = op.downcast_ref::<ops::array::Gather>() {
             let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
-            return Ok(Some(self.add(
-                name,
-                Op::Gather { axis: g.axis },
-                vec![d, i],
-                shape,
-                dtype,
-            )));
+            return Ok(Some(self.add(name, Op::Gather { axis: g.axis }, vec![d, i], shape, dtype)));
         }
         if let Some(s) = op.downcast_ref::<ops::nn::Softmax>() {
             if s.axes.len() != 1 || !matches!(s.kind, ops::nn::SoftmaxKind::Softmax) {
                 return Err(self.unsupported(node, format!("{:?} over axes {:?}", s.kind, s.axes)));
             }
             let x = self.input(node, 0)?;
-            return Ok(Some(self.add(
-                name,
-                Op::Softmax {
-                    axis: s.axes[0],
-                    scale: 1.0,
-                    causal: false,
-                },
-                vec![x],
-                shape,
-                dtype,
-            )));
+            return Ok(Some(self.add(name, Op::Softmax { axis: s.axes[0], scale: 1.0, causal: false }, vec![x], shape, dtype)));
         }
         if op.downcast_ref::<ops::logic::Iff>().is_some() {
-            let (c, a, b) = (
-                self.input(node, 0)?,
-                self.input(node, 1)?,
-                self.input(node, 2)?,
-            );
+            let (c, a, b) = (self.input(node, 0)?, self.input(node, 1)?, self.input(node, 2)?);
             return Ok(Some(self.add(name, Op::Where, vec![c, a, b], shape, dtype)));
         }
         if op.downcast_ref::<ops::array::MultiBroadcastTo>().is_some() {
@@ -719,33 +488,20 @@ impl Importer<'_> {
         Err(self.unsupported(node, ""))
     }
 
-    fn conv(
-        &mut self,
-        node: &TypedNode,
-        conv: &ops::cnn::Conv,
-        shape: Vec<usize>,
-        dtype: DType,
-    ) -> Result<NodeId, Error> {
+    fn conv(&mut self, node: &TypedNode, conv: &ops::cnn::Conv, shape: Vec<usize>, dtype: DType) -> Result<NodeId, Error> {
         let name = node.name.as_str();
         if conv.q_params.is_some() {
             return Err(self.unsupported(node, "quantized convolution"));
         }
         if conv.pool_spec.data_format != ops::nn::DataFormat::NCHW {
-            return Err(self.unsupported(
-                node,
-                format!("data format {:?}", conv.pool_spec.data_format),
-            ));
+            return Err(self.unsupported(node, format!("data format {:?}", conv.pool_spec.data_format)));
         }
         let x = self.input(node, 0)?;
         let xs = self.graph.nodes[x].shape.clone();
         if xs.len() != 4 {
-            return Err(self.unsupported(
-                node,
-                format!("{}-D input (kairos handles 2-D convolutions)", xs.len()),
-            ));
+            return Err(self.unsupported(node, format!("{}-D input (kairos handles 2-D convolutions)", xs.len())));
         }
-        let (window, _) =
-            window_of(&conv.pool_spec, [xs[2], xs[3]]).map_err(|d| self.unsupported(node, d))?;
+        let (window, _) = window_of(&conv.pool_spec, [xs[2], xs[3]]).map_err(|d| self.unsupported(node, d))?;
         let mut w = self.input(node, 1)?;
         let perm = match conv.kernel_fmt {
             ops::cnn::KernelFormat::OIHW => None,
@@ -759,22 +515,12 @@ impl Importer<'_> {
         let mut epilogue = Epilogue::default();
         if node.inputs.len() > 2 {
             let b = self.input(node, 2)?;
-            let bias_is_zero = self
-                .graph
-                .konst(b)
-                .map(|t| t.to_f32_vec().iter().all(|&v| v == 0.0))
-                .unwrap_or(false);
+            let bias_is_zero = self.graph.konst(b).map(|t| t.to_f32_vec().iter().all(|&v| v == 0.0)).unwrap_or(false);
             if !bias_is_zero {
                 let bshape = self.graph.nodes[b].shape.clone();
                 let o = shape[1];
                 let b = if bshape != [o] {
-                    let e = self.add(
-                        &format!("{name}.bias_expand"),
-                        Op::Expand,
-                        vec![b],
-                        vec![o],
-                        dtype,
-                    );
+                    let e = self.add(&format!("{name}.bias_expand"), Op::Expand, vec![b], vec![o], dtype);
                     self.reshape(&format!("{name}.bias"), e, vec![o])
                 } else {
                     b
@@ -783,17 +529,7 @@ impl Importer<'_> {
                 epilogue.bias = true;
             }
         }
-        Ok(self.add(
-            name,
-            Op::Conv {
-                window,
-                groups: conv.group,
-                epilogue,
-            },
-            inputs,
-            shape,
-            dtype,
-        ))
+        Ok(self.add(name, Op::Conv { window, groups: conv.group, epilogue }, inputs, shape, dtype))
     }
 
     fn pool(
@@ -818,35 +554,21 @@ impl Importer<'_> {
 
     /// Two-input einsum as transposes, reshapes and a batched matmul:
     /// A -> [batch, m, k], B -> [batch, k, n], C = A B -> [batch, m, n] -> output order.
-    fn einsum(
-        &mut self,
-        node: &TypedNode,
-        expr: &str,
-        shape: Vec<usize>,
-        dtype: DType,
-    ) -> Result<NodeId, Error> {
+    fn einsum(&mut self, node: &TypedNode, expr: &str, shape: Vec<usize>, dtype: DType) -> Result<NodeId, Error> {
         let name = node.name.clone();
-        let (lhs, out) = expr
-            .split_once("->")
-            .ok_or_else(|| self.unsupported(node, format!("einsum '{expr}'")))?;
+        let (lhs, out) = expr.split_once("->").ok_or_else(|| self.unsupported(node, format!("einsum '{expr}'")))?;
         let ins: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
         let out: Vec<char> = out.chars().collect();
         if ins.len() != 2 {
-            return Err(
-                self.unsupported(node, format!("einsum '{expr}' with {} inputs", ins.len()))
-            );
+            return Err(self.unsupported(node, format!("einsum '{expr}' with {} inputs", ins.len())));
         }
         let mut a = self.input(node, 0)?;
         let mut b = self.input(node, 1)?;
         let (mut ia, mut ib) = (ins[0].clone(), ins[1].clone());
         // Sum away axes that appear in one input only.
         for (x, axes, other) in [(&mut a, &mut ia, &ins[1]), (&mut b, &mut ib, &ins[0])] {
-            let lone: Vec<usize> = axes
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| !other.contains(c) && !out.contains(c))
-                .map(|(i, _)| i)
-                .collect();
+            let lone: Vec<usize> =
+                axes.iter().enumerate().filter(|(_, c)| !other.contains(c) && !out.contains(c)).map(|(i, _)| i).collect();
             if !lone.is_empty() {
                 let mut s = self.graph.nodes[*x].shape.clone();
                 for &i in &lone {
@@ -854,20 +576,12 @@ impl Importer<'_> {
                 }
                 let r = self.add(
                     &format!("{name}.sum"),
-                    Op::Reduce {
-                        op: ReduceOp::Sum,
-                        axes: lone.clone(),
-                    },
+                    Op::Reduce { op: ReduceOp::Sum, axes: lone.clone() },
                     vec![*x],
                     s.clone(),
                     dtype,
                 );
-                let kept: Vec<usize> = s
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| !lone.contains(i))
-                    .map(|(_, &d)| d)
-                    .collect();
+                let kept: Vec<usize> = s.iter().enumerate().filter(|(i, _)| !lone.contains(i)).map(|(_, &d)| d).collect();
                 *x = self.reshape(&format!("{name}.squeeze"), r, kept);
                 let mut i = 0;
                 axes.retain(|_| {
@@ -876,29 +590,11 @@ impl Importer<'_> {
                 });
             }
         }
-        let size_of = |g: &Graph, x: NodeId, axes: &[char], c: char| {
-            g.nodes[x].shape[axes.iter().position(|&a| a == c).unwrap()]
-        };
-        let batch: Vec<char> = out
-            .iter()
-            .copied()
-            .filter(|c| ia.contains(c) && ib.contains(c))
-            .collect();
-        let m: Vec<char> = out
-            .iter()
-            .copied()
-            .filter(|c| ia.contains(c) && !ib.contains(c))
-            .collect();
-        let n: Vec<char> = out
-            .iter()
-            .copied()
-            .filter(|c| ib.contains(c) && !ia.contains(c))
-            .collect();
-        let k: Vec<char> = ia
-            .iter()
-            .copied()
-            .filter(|c| ib.contains(c) && !out.contains(c))
-            .collect();
+        let size_of = |g: &Graph, x: NodeId, axes: &[char], c: char| g.nodes[x].shape[axes.iter().position(|&a| a == c).unwrap()];
+        let batch: Vec<char> = out.iter().copied().filter(|c| ia.contains(c) && ib.contains(c)).collect();
+        let m: Vec<char> = out.iter().copied().filter(|c| ia.contains(c) && !ib.contains(c)).collect();
+        let n: Vec<char> = out.iter().copied().filter(|c| ib.contains(c) && !ia.contains(c)).collect();
+        let k: Vec<char> = ia.iter().copied().filter(|c| ib.contains(c) && !out.contains(c)).collect();
         for c in &out {
             if !ia.contains(c) && !ib.contains(c) {
                 return Err(self.unsupported(node, format!("einsum '{expr}' creates axis '{c}'")));
@@ -906,29 +602,14 @@ impl Importer<'_> {
         }
         for c in batch.iter().chain(&k) {
             if size_of(&self.graph, a, &ia, *c) != size_of(&self.graph, b, &ib, *c) {
-                return Err(
-                    self.unsupported(node, format!("einsum '{expr}' broadcasts axis '{c}'"))
-                );
+                return Err(self.unsupported(node, format!("einsum '{expr}' broadcasts axis '{c}'")));
             }
         }
         let pos = |axes: &[char], c: char| axes.iter().position(|&x| x == c).unwrap();
-        let perm_a: Vec<usize> = batch
-            .iter()
-            .chain(&m)
-            .chain(&k)
-            .map(|&c| pos(&ia, c))
-            .collect();
-        let perm_b: Vec<usize> = batch
-            .iter()
-            .chain(&k)
-            .chain(&n)
-            .map(|&c| pos(&ib, c))
-            .collect();
-        let prod = |g: &Graph, x: NodeId, axes: &[char], cs: &[char]| {
-            cs.iter()
-                .map(|&c| size_of(g, x, axes, c))
-                .product::<usize>()
-        };
+        let perm_a: Vec<usize> = batch.iter().chain(&m).chain(&k).map(|&c| pos(&ia, c)).collect();
+        let perm_b: Vec<usize> = batch.iter().chain(&k).chain(&n).map(|&c| pos(&ib, c)).collect();
+        let prod =
+            |g: &Graph, x: NodeId, axes: &[char], cs: &[char]| cs.iter().map(|&c| size_of(g, x, axes, c)).product::<usize>();
         let (bt, mm, kk, nn) = (
             prod(&self.graph, a, &ia, &batch),
             prod(&self.graph, a, &ia, &m),
@@ -944,15 +625,7 @@ impl Importer<'_> {
         };
         let ar = self.reshape(&format!("{name}.a_r"), at, a3);
         let br = self.reshape(&format!("{name}.b_r"), bt_node, b3);
-        let prod_node = self.add(
-            &name,
-            Op::MatMul {
-                epilogue: Epilogue::default(),
-            },
-            vec![ar, br],
-            mm_shape,
-            dtype,
-        );
+        let prod_node = self.add(&name, Op::MatMul { epilogue: Epilogue::default() }, vec![ar, br], mm_shape, dtype);
         // [batch.., m.., n..] in the output's axis sizes, then into the output order.
         let natural: Vec<char> = batch.iter().chain(&m).chain(&n).copied().collect();
         let natural_shape: Vec<usize> = natural.iter().map(|&c| shape[pos(&out, c)]).collect();
@@ -967,51 +640,36 @@ impl Importer<'_> {
 /// Runs the model with tract on the given inputs: the independent oracle for tests.
 pub fn tract_reference(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, Error> {
     let onnx = tract_onnx::onnx();
-    let mut model = onnx
-        .model_for_read(&mut &bytes[..])
-        .map_err(|e| malformed("reference", e))?;
+    let mut model = onnx.model_for_read(&mut &bytes[..]).map_err(|e| malformed("reference", e))?;
     for (i, t) in inputs.iter().enumerate() {
         let dt = match t.dtype() {
             DType::F32 => DatumType::F32,
             DType::F16 => DatumType::F16,
             DType::I64 => DatumType::I64,
         };
-        model
-            .set_input_fact(i, InferenceFact::dt_shape(dt, t.shape.clone()))
-            .map_err(|e| malformed("reference", e))?;
+        model.set_input_fact(i, InferenceFact::dt_shape(dt, t.shape.clone())).map_err(|e| malformed("reference", e))?;
     }
-    let runnable = model
-        .into_optimized()
-        .and_then(|m| m.into_runnable())
-        .map_err(|e| malformed("reference", e))?;
+    let runnable = model.into_optimized().and_then(|m| m.into_runnable()).map_err(|e| malformed("reference", e))?;
     let tv: TVec<TValue> = inputs
         .iter()
         .map(|t| {
             let tt = match &t.data {
                 crate::TensorData::F32(v) => {
-                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v.clone())
-                        .unwrap()
-                        .into_tensor()
+                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v.clone()).unwrap().into_tensor()
                 }
                 crate::TensorData::I64(v) => {
-                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v.clone())
-                        .unwrap()
-                        .into_tensor()
+                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), v.clone()).unwrap().into_tensor()
                 }
                 crate::TensorData::F16(v) => {
                     let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
-                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), f)
-                        .unwrap()
-                        .into_tensor()
+                    tract_ndarray::ArrayD::from_shape_vec(t.shape.clone(), f).unwrap().into_tensor()
                 }
             };
             tt.into()
         })
         .collect();
     let out = runnable.run(tv).map_err(|e| malformed("reference", e))?;
-    out.iter()
-        .map(|t| tensor_of("reference", "output", t))
-        .collect()
+    out.iter().map(|t| tensor_of("reference", "output", t)).collect()
 }
 
 /// Keeps `Arc` in scope for callers matching on constants.

@@ -75,42 +75,18 @@ pub fn element_count(shape: &[usize]) -> usize {
 
 impl Tensor {
     pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
-        assert_eq!(
-            element_count(&shape),
-            data.len(),
-            "shape {shape:?} does not match {} elements",
-            data.len()
-        );
-        Tensor {
-            shape,
-            data: TensorData::F32(data),
-        }
+        assert_eq!(element_count(&shape), data.len(), "shape {shape:?} does not match {} elements", data.len());
+        Tensor { shape, data: TensorData::F32(data) }
     }
 
     pub fn f16(shape: Vec<usize>, data: Vec<f16>) -> Tensor {
-        assert_eq!(
-            element_count(&shape),
-            data.len(),
-            "shape {shape:?} does not match {} elements",
-            data.len()
-        );
-        Tensor {
-            shape,
-            data: TensorData::F16(data),
-        }
+        assert_eq!(element_count(&shape), data.len(), "shape {shape:?} does not match {} elements", data.len());
+        Tensor { shape, data: TensorData::F16(data) }
     }
 
     pub fn i64(shape: Vec<usize>, data: Vec<i64>) -> Tensor {
-        assert_eq!(
-            element_count(&shape),
-            data.len(),
-            "shape {shape:?} does not match {} elements",
-            data.len()
-        );
-        Tensor {
-            shape,
-            data: TensorData::I64(data),
-        }
+        assert_eq!(element_count(&shape), data.len(), "shape {shape:?} does not match {} elements", data.len());
+        Tensor { shape, data: TensorData::I64(data) }
     }
 
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Tensor {
@@ -171,21 +147,11 @@ impl Tensor {
         let shape = self.shape.clone();
         match (&self.data, dtype) {
             (_, d) if d == self.dtype() => self.clone(),
-            (TensorData::I64(v), DType::F32) => {
-                Tensor::f32(shape, v.iter().map(|&x| x as f32).collect())
-            }
-            (TensorData::I64(v), DType::F16) => {
-                Tensor::f16(shape, v.iter().map(|&x| f16::from_f32(x as f32)).collect())
-            }
+            (TensorData::I64(v), DType::F32) => Tensor::f32(shape, v.iter().map(|&x| x as f32).collect()),
+            (TensorData::I64(v), DType::F16) => Tensor::f16(shape, v.iter().map(|&x| f16::from_f32(x as f32)).collect()),
             (_, DType::F32) => Tensor::f32(shape, self.to_f32_vec()),
-            (_, DType::F16) => Tensor::f16(
-                shape,
-                self.to_f32_vec().into_iter().map(f16::from_f32).collect(),
-            ),
-            (_, DType::I64) => Tensor::i64(
-                shape,
-                self.to_f32_vec().into_iter().map(|x| x as i64).collect(),
-            ),
+            (_, DType::F16) => Tensor::f16(shape, self.to_f32_vec().into_iter().map(f16::from_f32).collect()),
+            (_, DType::I64) => Tensor::i64(shape, self.to_f32_vec().into_iter().map(|x| x as i64).collect()),
         }
     }
 
@@ -209,24 +175,9 @@ impl Tensor {
             ));
         }
         let data = match dtype {
-            DType::F32 => TensorData::F32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::F16 => TensorData::F16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            DType::I64 => TensorData::I64(
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
+            DType::F32 => TensorData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::F16 => TensorData::F16(bytes.chunks_exact(2).map(|c| f16::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::I64 => TensorData::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
         };
         Ok(Tensor { shape, data })
     }
@@ -234,11 +185,7 @@ impl Tensor {
 
 /// Relative L2 error ||a - b|| / ||b|| (b is the reference). NaN in either gives infinity.
 pub fn relative_l2_error(actual: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(
-        actual.len(),
-        reference.len(),
-        "compared tensors differ in length"
-    );
+    assert_eq!(actual.len(), reference.len(), "compared tensors differ in length");
     let mut diff = 0.0f64;
     let mut norm = 0.0f64;
     for (&a, &r) in actual.iter().zip(reference) {
@@ -248,11 +195,7 @@ pub fn relative_l2_error(actual: &[f32], reference: &[f32]) -> f64 {
         diff += (a as f64 - r as f64).powi(2);
         norm += (r as f64).powi(2);
     }
-    if norm == 0.0 {
-        if diff == 0.0 { 0.0 } else { f64::INFINITY }
-    } else {
-        (diff / norm).sqrt()
-    }
+    if norm == 0.0 { if diff == 0.0 { 0.0 } else { f64::INFINITY } } else { (diff / norm).sqrt() }
 }
 
 /// Root mean square of the elements: tests use it to check outputs are not near zero.

@@ -41,17 +41,8 @@ pub struct OnnxBuilder {
 
 impl OnnxBuilder {
     pub fn new(name: &str, opset: i64, seed: u64) -> OnnxBuilder {
-        let graph = pb::GraphProto {
-            name: name.to_string(),
-            ..Default::default()
-        };
-        OnnxBuilder {
-            graph,
-            opset,
-            rng: SmallRng::seed_from_u64(seed),
-            next_id: 0,
-            weight_count: 0,
-        }
+        let graph = pb::GraphProto { name: name.to_string(), ..Default::default() };
+        OnnxBuilder { graph, opset, rng: SmallRng::seed_from_u64(seed), next_id: 0, weight_count: 0 }
     }
 
     fn fresh(&mut self, prefix: &str) -> String {
@@ -61,13 +52,7 @@ impl OnnxBuilder {
 
     fn value_info(name: &str, dtype_onnx: i32, shape: &[usize]) -> pb::ValueInfoProto {
         use pb::tensor_shape_proto::{Dimension, dimension::Value};
-        let dims = shape
-            .iter()
-            .map(|&d| Dimension {
-                value: Some(Value::DimValue(d as i64)),
-                ..Default::default()
-            })
-            .collect();
+        let dims = shape.iter().map(|&d| Dimension { value: Some(Value::DimValue(d as i64)), ..Default::default() }).collect();
         pb::ValueInfoProto {
             name: name.to_string(),
             r#type: Some(pb::TypeProto {
@@ -82,9 +67,7 @@ impl OnnxBuilder {
     }
 
     pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> String {
-        self.graph
-            .input
-            .push(Self::value_info(name, onnx_elem_type(dtype), shape));
+        self.graph.input.push(Self::value_info(name, onnx_elem_type(dtype), shape));
         name.to_string()
     }
 
@@ -102,9 +85,7 @@ impl OnnxBuilder {
             });
             name.to_string()
         };
-        self.graph
-            .output
-            .push(Self::value_info(&v, onnx_elem_type(dtype), shape));
+        self.graph.output.push(Self::value_info(&v, onnx_elem_type(dtype), shape));
     }
 
     pub fn init(&mut self, name: &str, t: &Tensor) -> String {
@@ -147,9 +128,7 @@ impl OnnxBuilder {
     /// Uniform values in [-bound, bound].
     pub fn uniform(&mut self, name: &str, shape: &[usize], bound: f32) -> String {
         let n: usize = shape.iter().product();
-        let data = (0..n)
-            .map(|_| self.rng.random_range(-bound..=bound))
-            .collect();
+        let data = (0..n).map(|_| self.rng.random_range(-bound..=bound)).collect();
         self.init(name, &Tensor::f32(shape.to_vec(), data))
     }
 
@@ -160,37 +139,17 @@ impl OnnxBuilder {
         self.init(name, &Tensor::f32(shape.to_vec(), data))
     }
 
-    pub fn node(
-        &mut self,
-        op_type: &str,
-        name: &str,
-        inputs: &[&str],
-        attrs: Vec<(&str, Attr)>,
-    ) -> String {
-        let out = if name.is_empty() {
-            self.fresh(op_type)
-        } else {
-            format!("{name}_out")
-        };
+    pub fn node(&mut self, op_type: &str, name: &str, inputs: &[&str], attrs: Vec<(&str, Attr)>) -> String {
+        let out = if name.is_empty() { self.fresh(op_type) } else { format!("{name}_out") };
         self.node_multi(op_type, name, inputs, &[&out], attrs);
         out
     }
 
-    pub fn node_multi(
-        &mut self,
-        op_type: &str,
-        name: &str,
-        inputs: &[&str],
-        outputs: &[&str],
-        attrs: Vec<(&str, Attr)>,
-    ) {
+    pub fn node_multi(&mut self, op_type: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<(&str, Attr)>) {
         let attribute = attrs
             .into_iter()
             .map(|(n, a)| {
-                let mut p = pb::AttributeProto {
-                    name: n.to_string(),
-                    ..Default::default()
-                };
+                let mut p = pb::AttributeProto { name: n.to_string(), ..Default::default() };
                 match a {
                     Attr::Int(i) => {
                         p.i = i;
@@ -221,11 +180,7 @@ impl OnnxBuilder {
                 p
             })
             .collect();
-        let node_name = if name.is_empty() {
-            self.fresh(op_type)
-        } else {
-            name.to_string()
-        };
+        let node_name = if name.is_empty() { self.fresh(op_type) } else { name.to_string() };
         self.graph.node.push(pb::NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
             output: outputs.iter().map(|s| s.to_string()).collect(),
@@ -239,10 +194,7 @@ impl OnnxBuilder {
     pub fn finish(self) -> pb::ModelProto {
         pb::ModelProto {
             ir_version: 8,
-            opset_import: vec![pb::OperatorSetIdProto {
-                domain: String::new(),
-                version: self.opset,
-            }],
+            opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: self.opset }],
             producer_name: "kairos-zoo".into(),
             producer_version: env!("CARGO_PKG_VERSION").into(),
             graph: Some(self.graph),
@@ -270,18 +222,7 @@ impl OnnxBuilder {
         groups: usize,
         bias: bool,
     ) -> String {
-        self.conv_full(
-            x,
-            name,
-            cin,
-            cout,
-            kernel,
-            (stride, stride),
-            pad,
-            (1, 1),
-            groups,
-            bias,
-        )
+        self.conv_full(x, name, cin, cout, kernel, (stride, stride), pad, (1, 1), groups, bias)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -300,11 +241,7 @@ impl OnnxBuilder {
     ) -> String {
         let fan_in = cin / groups * kernel.0 * kernel.1;
         let bound = (6.0 / fan_in as f32).sqrt();
-        let w = self.uniform(
-            &format!("{name}.weight"),
-            &[cout, cin / groups, kernel.0, kernel.1],
-            bound,
-        );
+        let w = self.uniform(&format!("{name}.weight"), &[cout, cin / groups, kernel.0, kernel.1], bound);
         let mut inputs = vec![x.to_string(), w];
         if bias {
             let b = self.uniform(&format!("{name}.bias"), &[cout], 0.1);
@@ -316,22 +253,10 @@ impl OnnxBuilder {
             name,
             &refs,
             vec![
-                (
-                    "kernel_shape",
-                    Attr::Ints(vec![kernel.0 as i64, kernel.1 as i64]),
-                ),
-                (
-                    "strides",
-                    Attr::Ints(vec![stride.0 as i64, stride.1 as i64]),
-                ),
-                (
-                    "pads",
-                    Attr::Ints(vec![pad.0 as i64, pad.1 as i64, pad.0 as i64, pad.1 as i64]),
-                ),
-                (
-                    "dilations",
-                    Attr::Ints(vec![dilation.0 as i64, dilation.1 as i64]),
-                ),
+                ("kernel_shape", Attr::Ints(vec![kernel.0 as i64, kernel.1 as i64])),
+                ("strides", Attr::Ints(vec![stride.0 as i64, stride.1 as i64])),
+                ("pads", Attr::Ints(vec![pad.0 as i64, pad.1 as i64, pad.0 as i64, pad.1 as i64])),
+                ("dilations", Attr::Ints(vec![dilation.0 as i64, dilation.1 as i64])),
                 ("group", Attr::Int(groups as i64)),
             ],
         )
@@ -344,12 +269,7 @@ impl OnnxBuilder {
         let b = self.uniform(&format!("{name}.bias"), &[c], 0.1);
         let m = self.uniform(&format!("{name}.running_mean"), &[c], 0.1);
         let v = self.uniform_range(&format!("{name}.running_var"), &[c], 0.5, 1.5);
-        self.node(
-            "BatchNormalization",
-            name,
-            &[x, &s, &b, &m, &v],
-            vec![("epsilon", Attr::Float(eps))],
-        )
+        self.node("BatchNormalization", name, &[x, &s, &b, &m, &v], vec![("epsilon", Attr::Float(eps))])
     }
 
     pub fn relu(&mut self, x: &str) -> String {
@@ -384,14 +304,7 @@ impl OnnxBuilder {
         )
     }
 
-    pub fn avgpool(
-        &mut self,
-        x: &str,
-        k: usize,
-        stride: usize,
-        pad: usize,
-        count_include_pad: bool,
-    ) -> String {
+    pub fn avgpool(&mut self, x: &str, k: usize, stride: usize, pad: usize, count_include_pad: bool) -> String {
         self.node(
             "AveragePool",
             "",
@@ -426,23 +339,12 @@ impl OnnxBuilder {
             "Gemm",
             name,
             &[x, &w, &b],
-            vec![
-                ("transB", Attr::Int(1)),
-                ("alpha", Attr::Float(1.0)),
-                ("beta", Attr::Float(1.0)),
-            ],
+            vec![("transB", Attr::Int(1)), ("alpha", Attr::Float(1.0)), ("beta", Attr::Float(1.0))],
         )
     }
 
     /// Linear layer on N-D inputs as MatMul with a [in, out] weight plus Add, as exporters write nn.Linear on 3-D inputs.
-    pub fn matmul_linear(
-        &mut self,
-        x: &str,
-        name: &str,
-        fin: usize,
-        fout: usize,
-        std: f32,
-    ) -> String {
+    pub fn matmul_linear(&mut self, x: &str, name: &str, fin: usize, fout: usize, std: f32) -> String {
         let bound = std * 3f32.sqrt();
         let w = self.uniform(&format!("{name}.weight"), &[fin, fout], bound);
         let b = self.uniform(&format!("{name}.bias"), &[fout], 0.02);
@@ -456,24 +358,14 @@ impl OnnxBuilder {
     }
 
     pub fn transpose(&mut self, x: &str, perm: &[i64]) -> String {
-        self.node(
-            "Transpose",
-            "",
-            &[x],
-            vec![("perm", Attr::Ints(perm.to_vec()))],
-        )
+        self.node("Transpose", "", &[x], vec![("perm", Attr::Ints(perm.to_vec()))])
     }
 
     /// LayerNormalization over the last axis (opset 17).
     pub fn layer_norm_op(&mut self, x: &str, name: &str, c: usize, eps: f32) -> String {
         let g = self.uniform_range(&format!("{name}.weight"), &[c], 0.8, 1.2);
         let b = self.uniform(&format!("{name}.bias"), &[c], 0.1);
-        self.node(
-            "LayerNormalization",
-            name,
-            &[x, &g, &b],
-            vec![("axis", Attr::Int(-1)), ("epsilon", Attr::Float(eps))],
-        )
+        self.node("LayerNormalization", name, &[x, &g, &b], vec![("axis", Attr::Int(-1)), ("epsilon", Attr::Float(eps))])
     }
 
     /// LayerNorm spelled out as the TorchScript exporter writes it before opset 17:
@@ -486,12 +378,7 @@ impl OnnxBuilder {
         let mean = if self.opset >= 18 {
             self.node("ReduceMean", "", &[x, &axes], mean_attrs())
         } else {
-            self.node(
-                "ReduceMean",
-                "",
-                &[x],
-                vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::Int(1))],
-            )
+            self.node("ReduceMean", "", &[x], vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::Int(1))])
         };
         let d = self.node("Sub", "", &[x, &mean], vec![]);
         let two = self.const_f32_scalar(2.0);
@@ -499,12 +386,7 @@ impl OnnxBuilder {
         let var = if self.opset >= 18 {
             self.node("ReduceMean", "", &[&sq, &axes], mean_attrs())
         } else {
-            self.node(
-                "ReduceMean",
-                "",
-                &[&sq],
-                vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::Int(1))],
-            )
+            self.node("ReduceMean", "", &[&sq], vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::Int(1))])
         };
         let e = self.const_f32_scalar(eps);
         let ve = self.node("Add", "", &[&var, &e], vec![]);

@@ -26,51 +26,19 @@ pub struct ZooEntry {
 }
 
 pub const ZOO: &[ZooEntry] = &[
-    ZooEntry {
-        name: "resnet18",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "ResNet-18, basic blocks [2,2,2,2]",
-    },
-    ZooEntry {
-        name: "resnet34",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "ResNet-34, basic blocks [3,4,6,3]",
-    },
-    ZooEntry {
-        name: "resnet50",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "ResNet-50, bottlenecks [3,4,6,3]",
-    },
-    ZooEntry {
-        name: "resnet152",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "ResNet-152, bottlenecks [3,8,36,3]",
-    },
+    ZooEntry { name: "resnet18", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-18, basic blocks [2,2,2,2]" },
+    ZooEntry { name: "resnet34", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-34, basic blocks [3,4,6,3]" },
+    ZooEntry { name: "resnet50", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-50, bottlenecks [3,4,6,3]" },
+    ZooEntry { name: "resnet152", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-152, bottlenecks [3,8,36,3]" },
     ZooEntry {
         name: "mobilenet_v2",
         kind: ZooKind::Vision { resolution: 224 },
         description: "MobileNetV2, inverted residuals with depthwise convolutions, ReLU6",
     },
-    ZooEntry {
-        name: "squeezenet1_1",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "SqueezeNet 1.1, fire modules",
-    },
-    ZooEntry {
-        name: "vgg19",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "VGG-19 without batch norm",
-    },
-    ZooEntry {
-        name: "densenet121",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "DenseNet-121, growth 32",
-    },
-    ZooEntry {
-        name: "densenet201",
-        kind: ZooKind::Vision { resolution: 224 },
-        description: "DenseNet-201, growth 32",
-    },
+    ZooEntry { name: "squeezenet1_1", kind: ZooKind::Vision { resolution: 224 }, description: "SqueezeNet 1.1, fire modules" },
+    ZooEntry { name: "vgg19", kind: ZooKind::Vision { resolution: 224 }, description: "VGG-19 without batch norm" },
+    ZooEntry { name: "densenet121", kind: ZooKind::Vision { resolution: 224 }, description: "DenseNet-121, growth 32" },
+    ZooEntry { name: "densenet201", kind: ZooKind::Vision { resolution: 224 }, description: "DenseNet-201, growth 32" },
     ZooEntry {
         name: "googlenet",
         kind: ZooKind::Vision { resolution: 224 },
@@ -107,11 +75,7 @@ pub struct ZooOptions {
 
 impl Default for ZooOptions {
     fn default() -> Self {
-        ZooOptions {
-            batch: 1,
-            seq_len: DEFAULT_SEQ_LEN,
-            seed: DEFAULT_SEED,
-        }
+        ZooOptions { batch: 1, seq_len: DEFAULT_SEQ_LEN, seed: DEFAULT_SEED }
     }
 }
 
@@ -122,15 +86,11 @@ pub fn find(name: &str) -> Option<&'static ZooEntry> {
 /// Builds a zoo model as serialized ONNX bytes.
 pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
     if opts.batch == 0 {
-        return Err(crate::Error::Invalid(
-            "batch size must be at least 1".into(),
-        ));
+        return Err(crate::Error::Invalid("batch size must be at least 1".into()));
     }
     let entry = find(name).ok_or_else(|| crate::Error::UnknownModel(name.to_string()))?;
     if entry.kind == ZooKind::Transformer && opts.seq_len == 0 {
-        return Err(crate::Error::Invalid(
-            "sequence length must be at least 1".into(),
-        ));
+        return Err(crate::Error::Invalid("sequence length must be at least 1".into()));
     }
     let (b, s, seed) = (opts.batch, opts.seq_len, opts.seed);
     let max_positions = match name {
@@ -138,9 +98,7 @@ pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
         _ => transformer::BERT_BASE.max_positions,
     };
     if entry.kind == ZooKind::Transformer && s > max_positions {
-        return Err(crate::Error::Invalid(format!(
-            "{name} supports sequences of at most {max_positions} tokens, not {s}"
-        )));
+        return Err(crate::Error::Invalid(format!("{name} supports sequences of at most {max_positions} tokens, not {s}")));
     }
     Ok(match name {
         "resnet18" => vision::resnet(18, b, seed),

@@ -17,33 +17,12 @@ pub struct TransformerConfig {
     pub max_positions: usize,
 }
 
-pub const BERT_BASE: TransformerConfig = TransformerConfig {
-    name: "bert_base",
-    layers: 12,
-    hidden: 768,
-    heads: 12,
-    ffn: 3072,
-    vocab: 30522,
-    max_positions: 512,
-};
-pub const DISTILBERT: TransformerConfig = TransformerConfig {
-    name: "distilbert",
-    layers: 6,
-    hidden: 768,
-    heads: 12,
-    ffn: 3072,
-    vocab: 30522,
-    max_positions: 512,
-};
-pub const GPT2: TransformerConfig = TransformerConfig {
-    name: "gpt2",
-    layers: 12,
-    hidden: 768,
-    heads: 12,
-    ffn: 3072,
-    vocab: 50257,
-    max_positions: 1024,
-};
+pub const BERT_BASE: TransformerConfig =
+    TransformerConfig { name: "bert_base", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, max_positions: 512 };
+pub const DISTILBERT: TransformerConfig =
+    TransformerConfig { name: "distilbert", layers: 6, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, max_positions: 512 };
+pub const GPT2: TransformerConfig =
+    TransformerConfig { name: "gpt2", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 50257, max_positions: 1024 };
 
 fn embedding(b: &mut OnnxBuilder, name: &str, rows: usize, cols: usize) -> String {
     b.uniform(name, &[rows, cols], STD * 3f32.sqrt())
@@ -64,14 +43,7 @@ fn position_ids(b: &mut OnnxBuilder, ids: &str) -> String {
 }
 
 /// Splits heads: [B, S, H*D] -> [B, H, S, D].
-fn split_heads(
-    b: &mut OnnxBuilder,
-    x: &str,
-    batch: usize,
-    seq: usize,
-    heads: usize,
-    dim: usize,
-) -> String {
+fn split_heads(b: &mut OnnxBuilder, x: &str, batch: usize, seq: usize, heads: usize, dim: usize) -> String {
     let r = b.reshape(x, &[batch as i64, seq as i64, heads as i64, dim as i64]);
     b.transpose(&r, &[0, 2, 1, 3])
 }
@@ -86,12 +58,8 @@ fn merge_heads(b: &mut OnnxBuilder, x: &str, batch: usize, seq: usize, hidden: u
 /// Where(Equal(mask, 0), -10000, 0) unsqueezed to [B, 1, 1, S]. It folds to a constant.
 fn bert_mask(b: &mut OnnxBuilder, ids: &str) -> String {
     let shape = b.node("Shape", "", &[ids], vec![]);
-    let ones = b.node(
-        "ConstantOfShape",
-        "attention_mask",
-        &[&shape],
-        vec![("value", Attr::Tensor(Tensor::i64(vec![1], vec![1])))],
-    );
+    let ones =
+        b.node("ConstantOfShape", "attention_mask", &[&shape], vec![("value", Attr::Tensor(Tensor::i64(vec![1], vec![1])))]);
     let zero = b.init("mask_zero", &Tensor::i64(vec![], vec![0]));
     let one_f = b.init("mask_one_f", &Tensor::f32(vec![], vec![1.0]));
     let is_pad = b.node("Equal", "", &[&ones, &zero], vec![]);
@@ -105,12 +73,7 @@ fn bert_mask(b: &mut OnnxBuilder, ids: &str) -> String {
 }
 
 pub fn bert(cfg: &TransformerConfig, batch: usize, seq: usize, seed: u64) -> Vec<u8> {
-    assert!(
-        seq <= cfg.max_positions,
-        "sequence length {seq} exceeds {}'s {} positions",
-        cfg.name,
-        cfg.max_positions
-    );
+    assert!(seq <= cfg.max_positions, "sequence length {seq} exceeds {}'s {} positions", cfg.name, cfg.max_positions);
     let distil = cfg.name == "distilbert";
     // DistilBERT: opset 20 (Gelu op, decomposed LayerNorm, Einsum); BERT: opset 17 (LayerNormalization op, erf GELU).
     let opset = if distil { 20 } else { 17 };
@@ -119,57 +82,23 @@ pub fn bert(cfg: &TransformerConfig, batch: usize, seq: usize, seed: u64) -> Vec
     let dim = h / heads;
     let ids = b.input("input_ids", DType::I64, &[batch, seq]);
     let wte = embedding(&mut b, "embeddings.word_embeddings.weight", cfg.vocab, h);
-    let wpe = embedding(
-        &mut b,
-        "embeddings.position_embeddings.weight",
-        cfg.max_positions,
-        h,
-    );
-    let we = b.node(
-        "Gather",
-        "embeddings.word",
-        &[&wte, &ids],
-        vec![("axis", Attr::Int(0))],
-    );
+    let wpe = embedding(&mut b, "embeddings.position_embeddings.weight", cfg.max_positions, h);
+    let we = b.node("Gather", "embeddings.word", &[&wte, &ids], vec![("axis", Attr::Int(0))]);
     let pos = position_ids(&mut b, &ids);
-    let pe = b.node(
-        "Gather",
-        "embeddings.position",
-        &[&wpe, &pos],
-        vec![("axis", Attr::Int(0))],
-    );
+    let pe = b.node("Gather", "embeddings.position", &[&wpe, &pos], vec![("axis", Attr::Int(0))]);
     let mut x = b.add(&we, &pe);
     if !distil {
         let tte = embedding(&mut b, "embeddings.token_type_embeddings.weight", 2, h);
-        let tt = b.init(
-            "token_type_ids",
-            &Tensor::i64(vec![batch, seq], vec![0; batch * seq]),
-        );
-        let te = b.node(
-            "Gather",
-            "embeddings.token_type",
-            &[&tte, &tt],
-            vec![("axis", Attr::Int(0))],
-        );
+        let tt = b.init("token_type_ids", &Tensor::i64(vec![batch, seq], vec![0; batch * seq]));
+        let te = b.node("Gather", "embeddings.token_type", &[&tte, &tt], vec![("axis", Attr::Int(0))]);
         x = b.add(&x, &te);
     }
     let ln = |b: &mut OnnxBuilder, x: &str, name: &str| {
-        if distil {
-            b.layer_norm_decomposed(x, name, h, 1e-12)
-        } else {
-            b.layer_norm_op(x, name, h, 1e-12)
-        }
+        if distil { b.layer_norm_decomposed(x, name, h, 1e-12) } else { b.layer_norm_op(x, name, h, 1e-12) }
     };
     x = ln(&mut b, &x, "embeddings.LayerNorm");
-    let mask = if distil {
-        None
-    } else {
-        Some(bert_mask(&mut b, &ids))
-    };
-    let scale = b.init(
-        "attention_scale",
-        &Tensor::f32(vec![], vec![(dim as f32).sqrt()]),
-    );
+    let mask = if distil { None } else { Some(bert_mask(&mut b, &ids)) };
+    let scale = b.init("attention_scale", &Tensor::f32(vec![], vec![(dim as f32).sqrt()]));
     for l in 0..cfg.layers {
         let p = format!("encoder.layer.{l}");
         let q = b.matmul_linear(&x, &format!("{p}.attention.query"), h, h, STD);
@@ -179,42 +108,23 @@ pub fn bert(cfg: &TransformerConfig, batch: usize, seq: usize, seed: u64) -> Vec
         let k = split_heads(&mut b, &k, batch, seq, heads, dim);
         let v = split_heads(&mut b, &v, batch, seq, heads, dim);
         let scores = if distil {
-            b.node(
-                "Einsum",
-                &format!("{p}.attention.scores"),
-                &[&q, &k],
-                vec![("equation", Attr::Str("bhqd,bhkd->bhqk"))],
-            )
+            b.node("Einsum", &format!("{p}.attention.scores"), &[&q, &k], vec![("equation", Attr::Str("bhqd,bhkd->bhqk"))])
         } else {
             let kt = b.transpose(&k, &[0, 1, 3, 2]);
-            b.node(
-                "MatMul",
-                &format!("{p}.attention.scores"),
-                &[&q, &kt],
-                vec![],
-            )
+            b.node("MatMul", &format!("{p}.attention.scores"), &[&q, &kt], vec![])
         };
         let mut scores = b.node("Div", "", &[&scores, &scale], vec![]);
         if let Some(m) = &mask {
             scores = b.add(&scores, m);
         }
         let probs = b.softmax(&scores, -1);
-        let ctx = b.node(
-            "MatMul",
-            &format!("{p}.attention.context"),
-            &[&probs, &v],
-            vec![],
-        );
+        let ctx = b.node("MatMul", &format!("{p}.attention.context"), &[&probs, &v], vec![]);
         let ctx = merge_heads(&mut b, &ctx, batch, seq, h);
         let o = b.matmul_linear(&ctx, &format!("{p}.attention.output.dense"), h, h, STD);
         let r = b.add(&o, &x);
         let a = ln(&mut b, &r, &format!("{p}.attention.output.LayerNorm"));
         let f = b.matmul_linear(&a, &format!("{p}.intermediate.dense"), h, cfg.ffn, STD);
-        let g = if distil {
-            b.node("Gelu", "", &[&f], vec![])
-        } else {
-            b.gelu_erf(&f)
-        };
+        let g = if distil { b.node("Gelu", "", &[&f], vec![]) } else { b.gelu_erf(&f) };
         let o = b.matmul_linear(&g, &format!("{p}.output.dense"), cfg.ffn, h, STD);
         let r = b.add(&o, &a);
         x = ln(&mut b, &r, &format!("{p}.output.LayerNorm"));
@@ -225,11 +135,7 @@ pub fn bert(cfg: &TransformerConfig, batch: usize, seq: usize, seed: u64) -> Vec
 
 pub fn gpt2(batch: usize, seq: usize, seed: u64) -> Vec<u8> {
     let cfg = &GPT2;
-    assert!(
-        seq <= cfg.max_positions,
-        "sequence length {seq} exceeds gpt2's {} positions",
-        cfg.max_positions
-    );
+    assert!(seq <= cfg.max_positions, "sequence length {seq} exceeds gpt2's {} positions", cfg.max_positions);
     let mut b = OnnxBuilder::new("gpt2", 17, seed);
     let (h, heads) = (cfg.hidden, cfg.heads);
     let dim = h / heads;
@@ -244,23 +150,14 @@ pub fn gpt2(batch: usize, seq: usize, seed: u64) -> Vec<u8> {
     let tri: Vec<bool> = (0..seq * seq).map(|i| i % seq <= i / seq).collect();
     let causal = b.init_bool("causal_mask", &[1, 1, seq, seq], &tri);
     let neg = b.init("mask_value", &Tensor::f32(vec![], vec![f32::MIN]));
-    let scale = b.init(
-        "attention_scale",
-        &Tensor::f32(vec![], vec![(dim as f32).sqrt()]),
-    );
+    let scale = b.init("attention_scale", &Tensor::f32(vec![], vec![(dim as f32).sqrt()]));
     let split_sizes = b.const_i64(&[h as i64, h as i64, h as i64]);
     for l in 0..cfg.layers {
         let p = format!("h.{l}");
         let a = b.layer_norm_op(&x, &format!("{p}.ln_1"), h, 1e-5);
         let qkv = b.matmul_linear(&a, &format!("{p}.attn.c_attn"), h, 3 * h, STD);
         let (q, k, v) = (format!("{p}.q"), format!("{p}.k"), format!("{p}.v"));
-        b.node_multi(
-            "Split",
-            &format!("{p}.attn.split"),
-            &[&qkv, &split_sizes],
-            &[&q, &k, &v],
-            vec![("axis", Attr::Int(2))],
-        );
+        b.node_multi("Split", &format!("{p}.attn.split"), &[&qkv, &split_sizes], &[&q, &k, &v], vec![("axis", Attr::Int(2))]);
         let q = split_heads(&mut b, &q, batch, seq, heads, dim);
         let k = split_heads(&mut b, &k, batch, seq, heads, dim);
         let v = split_heads(&mut b, &v, batch, seq, heads, dim);

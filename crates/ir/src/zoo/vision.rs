@@ -19,17 +19,7 @@ fn conv_bn(
     stride: usize,
     gamma: (f32, f32),
 ) -> String {
-    let c = b.conv(
-        x,
-        &format!("{name}.conv"),
-        cin,
-        cout,
-        (k, k),
-        stride,
-        (k / 2, k / 2),
-        1,
-        false,
-    );
+    let c = b.conv(x, &format!("{name}.conv"), cin, cout, (k, k), stride, (k / 2, k / 2), 1, false);
     b.bn(&c, &format!("{name}.bn"), cout, BN_EPS, gamma)
 }
 
@@ -73,91 +63,25 @@ pub fn resnet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
             let name = format!("layer{}.{i}", stage + 1);
             let cout = width * expansion;
             let identity = if stride != 1 || cin != cout {
-                let c = b.conv(
-                    &x,
-                    &format!("{name}.downsample.0"),
-                    cin,
-                    cout,
-                    (1, 1),
-                    stride,
-                    (0, 0),
-                    1,
-                    false,
-                );
-                b.bn(
-                    &c,
-                    &format!("{name}.downsample.1"),
-                    cout,
-                    BN_EPS,
-                    GAMMA_RESIDUAL,
-                )
+                let c = b.conv(&x, &format!("{name}.downsample.0"), cin, cout, (1, 1), stride, (0, 0), 1, false);
+                b.bn(&c, &format!("{name}.downsample.1"), cout, BN_EPS, GAMMA_RESIDUAL)
             } else {
                 x.clone()
             };
             let y = if bottleneck {
-                let c1 = b.conv(
-                    &x,
-                    &format!("{name}.conv1"),
-                    cin,
-                    width,
-                    (1, 1),
-                    1,
-                    (0, 0),
-                    1,
-                    false,
-                );
+                let c1 = b.conv(&x, &format!("{name}.conv1"), cin, width, (1, 1), 1, (0, 0), 1, false);
                 let n1 = b.bn(&c1, &format!("{name}.bn1"), width, BN_EPS, GAMMA);
                 let r1 = b.relu(&n1);
-                let c2 = b.conv(
-                    &r1,
-                    &format!("{name}.conv2"),
-                    width,
-                    width,
-                    (3, 3),
-                    stride,
-                    (1, 1),
-                    1,
-                    false,
-                );
+                let c2 = b.conv(&r1, &format!("{name}.conv2"), width, width, (3, 3), stride, (1, 1), 1, false);
                 let n2 = b.bn(&c2, &format!("{name}.bn2"), width, BN_EPS, GAMMA);
                 let r2 = b.relu(&n2);
-                let c3 = b.conv(
-                    &r2,
-                    &format!("{name}.conv3"),
-                    width,
-                    cout,
-                    (1, 1),
-                    1,
-                    (0, 0),
-                    1,
-                    false,
-                );
+                let c3 = b.conv(&r2, &format!("{name}.conv3"), width, cout, (1, 1), 1, (0, 0), 1, false);
                 b.bn(&c3, &format!("{name}.bn3"), cout, BN_EPS, GAMMA_RESIDUAL)
             } else {
-                let c1 = b.conv(
-                    &x,
-                    &format!("{name}.conv1"),
-                    cin,
-                    width,
-                    (3, 3),
-                    stride,
-                    (1, 1),
-                    1,
-                    false,
-                );
+                let c1 = b.conv(&x, &format!("{name}.conv1"), cin, width, (3, 3), stride, (1, 1), 1, false);
                 let n1 = b.bn(&c1, &format!("{name}.bn1"), width, BN_EPS, GAMMA);
                 let r1 = b.relu(&n1);
-                let c2 = b.conv(
-                    &r1,
-                    &format!("{name}.conv2"),
-                    width,
-                    width,
-                    (3, 3),
-                    1,
-                    (1, 1),
-                    1,
-                    false,
-                );
+                let c2 = b.conv(&r1, &format!("{name}.conv2"), width, width, (3, 3), 1, (1, 1), 1, false);
                 b.bn(&c2, &format!("{name}.bn2"), width, BN_EPS, GAMMA_RESIDUAL)
             };
             let s = b.add(&y, &identity);
@@ -173,15 +97,8 @@ pub fn mobilenet_v2(batch: usize, seed: u64) -> Vec<u8> {
     let x0 = classifier_input(&mut b, batch, 224);
     let c = conv_bn(&mut b, &x0, "features.0", 3, 32, 3, 2, GAMMA);
     let mut x = b.relu6(&c);
-    let settings: [(usize, usize, usize, usize); 7] = [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ];
+    let settings: [(usize, usize, usize, usize); 7] =
+        [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)];
     let mut cin = 32;
     let mut idx = 1;
     for (t, c, n, s) in settings {
@@ -191,58 +108,21 @@ pub fn mobilenet_v2(batch: usize, seed: u64) -> Vec<u8> {
             let name = format!("features.{idx}.conv");
             let mut h = x.clone();
             if t != 1 {
-                let e = conv_bn(
-                    &mut b,
-                    &h,
-                    &format!("{name}.expand"),
-                    cin,
-                    hidden,
-                    1,
-                    1,
-                    GAMMA,
-                );
+                let e = conv_bn(&mut b, &h, &format!("{name}.expand"), cin, hidden, 1, 1, GAMMA);
                 h = b.relu6(&e);
             }
-            let d = b.conv(
-                &h,
-                &format!("{name}.dw.conv"),
-                hidden,
-                hidden,
-                (3, 3),
-                stride,
-                (1, 1),
-                hidden,
-                false,
-            );
+            let d = b.conv(&h, &format!("{name}.dw.conv"), hidden, hidden, (3, 3), stride, (1, 1), hidden, false);
             let dn = b.bn(&d, &format!("{name}.dw.bn"), hidden, BN_EPS, GAMMA);
             let dr = b.relu6(&dn);
             let residual = stride == 1 && cin == c;
             let gamma = if residual { GAMMA_RESIDUAL } else { GAMMA };
-            let p = conv_bn(
-                &mut b,
-                &dr,
-                &format!("{name}.project"),
-                hidden,
-                c,
-                1,
-                1,
-                gamma,
-            );
+            let p = conv_bn(&mut b, &dr, &format!("{name}.project"), hidden, c, 1, 1, gamma);
             x = if residual { b.add(&x, &p) } else { p };
             cin = c;
             idx += 1;
         }
     }
-    let c = conv_bn(
-        &mut b,
-        &x,
-        &format!("features.{idx}"),
-        cin,
-        1280,
-        1,
-        1,
-        GAMMA,
-    );
+    let c = conv_bn(&mut b, &x, &format!("features.{idx}"), cin, 1280, 1, 1, GAMMA);
     let x = b.relu6(&c);
     finish_classifier(b, &x, batch, 1280)
 }
@@ -253,47 +133,16 @@ pub fn squeezenet1_1(batch: usize, seed: u64) -> Vec<u8> {
     let c = b.conv(&x0, "features.0", 3, 64, (3, 3), 2, (0, 0), 1, true);
     let r = b.relu(&c);
     let mut x = b.maxpool(&r, 3, 2, 0, true);
-    let fire =
-        |b: &mut OnnxBuilder, x: &str, idx: usize, cin: usize, s: usize, e: usize| -> String {
-            let name = format!("features.{idx}");
-            let sq = b.conv(
-                x,
-                &format!("{name}.squeeze"),
-                cin,
-                s,
-                (1, 1),
-                1,
-                (0, 0),
-                1,
-                true,
-            );
-            let sq = b.relu(&sq);
-            let e1 = b.conv(
-                &sq,
-                &format!("{name}.expand1x1"),
-                s,
-                e,
-                (1, 1),
-                1,
-                (0, 0),
-                1,
-                true,
-            );
-            let e1 = b.relu(&e1);
-            let e3 = b.conv(
-                &sq,
-                &format!("{name}.expand3x3"),
-                s,
-                e,
-                (3, 3),
-                1,
-                (1, 1),
-                1,
-                true,
-            );
-            let e3 = b.relu(&e3);
-            b.concat(&[&e1, &e3], 1)
-        };
+    let fire = |b: &mut OnnxBuilder, x: &str, idx: usize, cin: usize, s: usize, e: usize| -> String {
+        let name = format!("features.{idx}");
+        let sq = b.conv(x, &format!("{name}.squeeze"), cin, s, (1, 1), 1, (0, 0), 1, true);
+        let sq = b.relu(&sq);
+        let e1 = b.conv(&sq, &format!("{name}.expand1x1"), s, e, (1, 1), 1, (0, 0), 1, true);
+        let e1 = b.relu(&e1);
+        let e3 = b.conv(&sq, &format!("{name}.expand3x3"), s, e, (3, 3), 1, (1, 1), 1, true);
+        let e3 = b.relu(&e3);
+        b.concat(&[&e1, &e3], 1)
+    };
     x = fire(&mut b, &x, 3, 64, 16, 64);
     x = fire(&mut b, &x, 4, 128, 16, 64);
     x = b.maxpool(&x, 3, 2, 0, true);
@@ -315,25 +164,13 @@ pub fn squeezenet1_1(batch: usize, seed: u64) -> Vec<u8> {
 pub fn vgg19(batch: usize, seed: u64) -> Vec<u8> {
     let mut b = OnnxBuilder::new("vgg19", 13, seed);
     let mut x = classifier_input(&mut b, batch, 224);
-    let cfg: [usize; 21] = [
-        64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0, 512, 512, 512, 512, 0, 512, 512, 512, 512, 0,
-    ];
+    let cfg: [usize; 21] = [64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0, 512, 512, 512, 512, 0, 512, 512, 512, 512, 0];
     let mut cin = 3;
     for (i, &c) in cfg.iter().enumerate() {
         if c == 0 {
             x = b.maxpool(&x, 2, 2, 0, false);
         } else {
-            let y = b.conv(
-                &x,
-                &format!("features.{i}"),
-                cin,
-                c,
-                (3, 3),
-                1,
-                (1, 1),
-                1,
-                true,
-            );
+            let y = b.conv(&x, &format!("features.{i}"), cin, c, (3, 3), 1, (1, 1), 1, true);
             x = b.relu(&y);
             cin = c;
         }
@@ -377,36 +214,10 @@ pub fn densenet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
             let cin = c_in + li * growth;
             let n1 = b.bn(&cat, &format!("{name}.norm1"), cin, BN_EPS, GAMMA);
             let r1 = b.relu(&n1);
-            let c1 = b.conv(
-                &r1,
-                &format!("{name}.conv1"),
-                cin,
-                bn_size * growth,
-                (1, 1),
-                1,
-                (0, 0),
-                1,
-                false,
-            );
-            let n2 = b.bn(
-                &c1,
-                &format!("{name}.norm2"),
-                bn_size * growth,
-                BN_EPS,
-                GAMMA,
-            );
+            let c1 = b.conv(&r1, &format!("{name}.conv1"), cin, bn_size * growth, (1, 1), 1, (0, 0), 1, false);
+            let n2 = b.bn(&c1, &format!("{name}.norm2"), bn_size * growth, BN_EPS, GAMMA);
             let r2 = b.relu(&n2);
-            let c2 = b.conv(
-                &r2,
-                &format!("{name}.conv2"),
-                bn_size * growth,
-                growth,
-                (3, 3),
-                1,
-                (1, 1),
-                1,
-                false,
-            );
+            let c2 = b.conv(&r2, &format!("{name}.conv2"), bn_size * growth, growth, (3, 3), 1, (1, 1), 1, false);
             features.push(c2);
         }
         let refs: Vec<&str> = features.iter().map(|s| s.as_str()).collect();
@@ -416,17 +227,7 @@ pub fn densenet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
             let name = format!("features.transition{}", bi + 1);
             let n = b.bn(&x, &format!("{name}.norm"), c_in, BN_EPS, GAMMA);
             let r = b.relu(&n);
-            let c = b.conv(
-                &r,
-                &format!("{name}.conv"),
-                c_in,
-                c_in / 2,
-                (1, 1),
-                1,
-                (0, 0),
-                1,
-                false,
-            );
+            let c = b.conv(&r, &format!("{name}.conv"), c_in, c_in / 2, (1, 1), 1, (0, 0), 1, false);
             x = b.avgpool(&c, 2, 2, 0, true);
             c_in /= 2;
         }
@@ -448,17 +249,7 @@ fn basic_conv(
     stride: usize,
     pad: (usize, usize),
 ) -> String {
-    let c = b.conv(
-        x,
-        &format!("{name}.conv"),
-        cin,
-        cout,
-        k,
-        stride,
-        pad,
-        1,
-        false,
-    );
+    let c = b.conv(x, &format!("{name}.conv"), cin, cout, k, stride, pad, 1, false);
     let n = b.bn(&c, &format!("{name}.bn"), cout, 1e-3, GAMMA);
     b.relu(&n)
 }
@@ -485,57 +276,12 @@ pub fn googlenet(batch: usize, seed: u64) -> Vec<u8> {
         pp: usize,
     ) -> String {
         let b1 = basic_conv(b, x, &format!("{name}.branch1"), cin, c1, (1, 1), 1, (0, 0));
-        let b2 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch2.0"),
-            cin,
-            c3r,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let b2 = basic_conv(
-            b,
-            &b2,
-            &format!("{name}.branch2.1"),
-            c3r,
-            c3,
-            (3, 3),
-            1,
-            (1, 1),
-        );
-        let b3 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch3.0"),
-            cin,
-            c5r,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let b3 = basic_conv(
-            b,
-            &b3,
-            &format!("{name}.branch3.1"),
-            c5r,
-            c5,
-            (3, 3),
-            1,
-            (1, 1),
-        );
+        let b2 = basic_conv(b, x, &format!("{name}.branch2.0"), cin, c3r, (1, 1), 1, (0, 0));
+        let b2 = basic_conv(b, &b2, &format!("{name}.branch2.1"), c3r, c3, (3, 3), 1, (1, 1));
+        let b3 = basic_conv(b, x, &format!("{name}.branch3.0"), cin, c5r, (1, 1), 1, (0, 0));
+        let b3 = basic_conv(b, &b3, &format!("{name}.branch3.1"), c5r, c5, (3, 3), 1, (1, 1));
         let p = b.maxpool(x, 3, 1, 1, true);
-        let b4 = basic_conv(
-            b,
-            &p,
-            &format!("{name}.branch4.1"),
-            cin,
-            pp,
-            (1, 1),
-            1,
-            (0, 0),
-        );
+        let b4 = basic_conv(b, &p, &format!("{name}.branch4.1"), cin, pp, (1, 1), 1, (0, 0));
         b.concat(&[&b1, &b2, &b3, &b4], 1)
     }
     x = inception(&mut b, &x, "inception3a", 192, 64, 96, 128, 16, 32, 32);
@@ -564,77 +310,14 @@ pub fn inception_v3(batch: usize, seed: u64) -> Vec<u8> {
     x = b.maxpool(&x, 3, 2, 0, false);
 
     let incep_a = |b: &mut OnnxBuilder, x: &str, name: &str, cin: usize, pf: usize| -> String {
-        let b1 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch1x1"),
-            cin,
-            64,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let b5 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch5x5_1"),
-            cin,
-            48,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let b5 = basic_conv(
-            b,
-            &b5,
-            &format!("{name}.branch5x5_2"),
-            48,
-            64,
-            (5, 5),
-            1,
-            (2, 2),
-        );
-        let b3 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch3x3dbl_1"),
-            cin,
-            64,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let b3 = basic_conv(
-            b,
-            &b3,
-            &format!("{name}.branch3x3dbl_2"),
-            64,
-            96,
-            (3, 3),
-            1,
-            (1, 1),
-        );
-        let b3 = basic_conv(
-            b,
-            &b3,
-            &format!("{name}.branch3x3dbl_3"),
-            96,
-            96,
-            (3, 3),
-            1,
-            (1, 1),
-        );
+        let b1 = basic_conv(b, x, &format!("{name}.branch1x1"), cin, 64, (1, 1), 1, (0, 0));
+        let b5 = basic_conv(b, x, &format!("{name}.branch5x5_1"), cin, 48, (1, 1), 1, (0, 0));
+        let b5 = basic_conv(b, &b5, &format!("{name}.branch5x5_2"), 48, 64, (5, 5), 1, (2, 2));
+        let b3 = basic_conv(b, x, &format!("{name}.branch3x3dbl_1"), cin, 64, (1, 1), 1, (0, 0));
+        let b3 = basic_conv(b, &b3, &format!("{name}.branch3x3dbl_2"), 64, 96, (3, 3), 1, (1, 1));
+        let b3 = basic_conv(b, &b3, &format!("{name}.branch3x3dbl_3"), 96, 96, (3, 3), 1, (1, 1));
         let p = b.avgpool(x, 3, 1, 1, true);
-        let bp = basic_conv(
-            b,
-            &p,
-            &format!("{name}.branch_pool"),
-            cin,
-            pf,
-            (1, 1),
-            1,
-            (0, 0),
-        );
+        let bp = basic_conv(b, &p, &format!("{name}.branch_pool"), cin, pf, (1, 1), 1, (0, 0));
         b.concat(&[&b1, &b5, &b3, &bp], 1)
     };
     x = incep_a(&mut b, &x, "Mixed_5b", 192, 32);
@@ -644,152 +327,26 @@ pub fn inception_v3(batch: usize, seed: u64) -> Vec<u8> {
     // InceptionB
     {
         let name = "Mixed_6a";
-        let b3 = basic_conv(
-            &mut b,
-            &x,
-            &format!("{name}.branch3x3"),
-            288,
-            384,
-            (3, 3),
-            2,
-            (0, 0),
-        );
-        let d = basic_conv(
-            &mut b,
-            &x,
-            &format!("{name}.branch3x3dbl_1"),
-            288,
-            64,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let d = basic_conv(
-            &mut b,
-            &d,
-            &format!("{name}.branch3x3dbl_2"),
-            64,
-            96,
-            (3, 3),
-            1,
-            (1, 1),
-        );
-        let d = basic_conv(
-            &mut b,
-            &d,
-            &format!("{name}.branch3x3dbl_3"),
-            96,
-            96,
-            (3, 3),
-            2,
-            (0, 0),
-        );
+        let b3 = basic_conv(&mut b, &x, &format!("{name}.branch3x3"), 288, 384, (3, 3), 2, (0, 0));
+        let d = basic_conv(&mut b, &x, &format!("{name}.branch3x3dbl_1"), 288, 64, (1, 1), 1, (0, 0));
+        let d = basic_conv(&mut b, &d, &format!("{name}.branch3x3dbl_2"), 64, 96, (3, 3), 1, (1, 1));
+        let d = basic_conv(&mut b, &d, &format!("{name}.branch3x3dbl_3"), 96, 96, (3, 3), 2, (0, 0));
         let p = b.maxpool(&x, 3, 2, 0, false);
         x = b.concat(&[&b3, &d, &p], 1);
     }
 
     let incep_c = |b: &mut OnnxBuilder, x: &str, name: &str, c7: usize| -> String {
-        let b1 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch1x1"),
-            768,
-            192,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let s = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch7x7_1"),
-            768,
-            c7,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let s = basic_conv(
-            b,
-            &s,
-            &format!("{name}.branch7x7_2"),
-            c7,
-            c7,
-            (1, 7),
-            1,
-            (0, 3),
-        );
-        let s = basic_conv(
-            b,
-            &s,
-            &format!("{name}.branch7x7_3"),
-            c7,
-            192,
-            (7, 1),
-            1,
-            (3, 0),
-        );
-        let d = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch7x7dbl_1"),
-            768,
-            c7,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let d = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch7x7dbl_2"),
-            c7,
-            c7,
-            (7, 1),
-            1,
-            (3, 0),
-        );
-        let d = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch7x7dbl_3"),
-            c7,
-            c7,
-            (1, 7),
-            1,
-            (0, 3),
-        );
-        let d = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch7x7dbl_4"),
-            c7,
-            c7,
-            (7, 1),
-            1,
-            (3, 0),
-        );
-        let d = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch7x7dbl_5"),
-            c7,
-            192,
-            (1, 7),
-            1,
-            (0, 3),
-        );
+        let b1 = basic_conv(b, x, &format!("{name}.branch1x1"), 768, 192, (1, 1), 1, (0, 0));
+        let s = basic_conv(b, x, &format!("{name}.branch7x7_1"), 768, c7, (1, 1), 1, (0, 0));
+        let s = basic_conv(b, &s, &format!("{name}.branch7x7_2"), c7, c7, (1, 7), 1, (0, 3));
+        let s = basic_conv(b, &s, &format!("{name}.branch7x7_3"), c7, 192, (7, 1), 1, (3, 0));
+        let d = basic_conv(b, x, &format!("{name}.branch7x7dbl_1"), 768, c7, (1, 1), 1, (0, 0));
+        let d = basic_conv(b, &d, &format!("{name}.branch7x7dbl_2"), c7, c7, (7, 1), 1, (3, 0));
+        let d = basic_conv(b, &d, &format!("{name}.branch7x7dbl_3"), c7, c7, (1, 7), 1, (0, 3));
+        let d = basic_conv(b, &d, &format!("{name}.branch7x7dbl_4"), c7, c7, (7, 1), 1, (3, 0));
+        let d = basic_conv(b, &d, &format!("{name}.branch7x7dbl_5"), c7, 192, (1, 7), 1, (0, 3));
         let p = b.avgpool(x, 3, 1, 1, true);
-        let bp = basic_conv(
-            b,
-            &p,
-            &format!("{name}.branch_pool"),
-            768,
-            192,
-            (1, 1),
-            1,
-            (0, 0),
-        );
+        let bp = basic_conv(b, &p, &format!("{name}.branch_pool"), 768, 192, (1, 1), 1, (0, 0));
         b.concat(&[&b1, &s, &d, &bp], 1)
     };
     x = incep_c(&mut b, &x, "Mixed_6b", 128);
@@ -800,164 +357,29 @@ pub fn inception_v3(batch: usize, seed: u64) -> Vec<u8> {
     // InceptionD
     {
         let name = "Mixed_7a";
-        let b3 = basic_conv(
-            &mut b,
-            &x,
-            &format!("{name}.branch3x3_1"),
-            768,
-            192,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let b3 = basic_conv(
-            &mut b,
-            &b3,
-            &format!("{name}.branch3x3_2"),
-            192,
-            320,
-            (3, 3),
-            2,
-            (0, 0),
-        );
-        let s = basic_conv(
-            &mut b,
-            &x,
-            &format!("{name}.branch7x7x3_1"),
-            768,
-            192,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let s = basic_conv(
-            &mut b,
-            &s,
-            &format!("{name}.branch7x7x3_2"),
-            192,
-            192,
-            (1, 7),
-            1,
-            (0, 3),
-        );
-        let s = basic_conv(
-            &mut b,
-            &s,
-            &format!("{name}.branch7x7x3_3"),
-            192,
-            192,
-            (7, 1),
-            1,
-            (3, 0),
-        );
-        let s = basic_conv(
-            &mut b,
-            &s,
-            &format!("{name}.branch7x7x3_4"),
-            192,
-            192,
-            (3, 3),
-            2,
-            (0, 0),
-        );
+        let b3 = basic_conv(&mut b, &x, &format!("{name}.branch3x3_1"), 768, 192, (1, 1), 1, (0, 0));
+        let b3 = basic_conv(&mut b, &b3, &format!("{name}.branch3x3_2"), 192, 320, (3, 3), 2, (0, 0));
+        let s = basic_conv(&mut b, &x, &format!("{name}.branch7x7x3_1"), 768, 192, (1, 1), 1, (0, 0));
+        let s = basic_conv(&mut b, &s, &format!("{name}.branch7x7x3_2"), 192, 192, (1, 7), 1, (0, 3));
+        let s = basic_conv(&mut b, &s, &format!("{name}.branch7x7x3_3"), 192, 192, (7, 1), 1, (3, 0));
+        let s = basic_conv(&mut b, &s, &format!("{name}.branch7x7x3_4"), 192, 192, (3, 3), 2, (0, 0));
         let p = b.maxpool(&x, 3, 2, 0, false);
         x = b.concat(&[&b3, &s, &p], 1);
     }
 
     let incep_e = |b: &mut OnnxBuilder, x: &str, name: &str, cin: usize| -> String {
-        let b1 = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch1x1"),
-            cin,
-            320,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let t = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch3x3_1"),
-            cin,
-            384,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let ta = basic_conv(
-            b,
-            &t,
-            &format!("{name}.branch3x3_2a"),
-            384,
-            384,
-            (1, 3),
-            1,
-            (0, 1),
-        );
-        let tb = basic_conv(
-            b,
-            &t,
-            &format!("{name}.branch3x3_2b"),
-            384,
-            384,
-            (3, 1),
-            1,
-            (1, 0),
-        );
+        let b1 = basic_conv(b, x, &format!("{name}.branch1x1"), cin, 320, (1, 1), 1, (0, 0));
+        let t = basic_conv(b, x, &format!("{name}.branch3x3_1"), cin, 384, (1, 1), 1, (0, 0));
+        let ta = basic_conv(b, &t, &format!("{name}.branch3x3_2a"), 384, 384, (1, 3), 1, (0, 1));
+        let tb = basic_conv(b, &t, &format!("{name}.branch3x3_2b"), 384, 384, (3, 1), 1, (1, 0));
         let t = b.concat(&[&ta, &tb], 1);
-        let d = basic_conv(
-            b,
-            x,
-            &format!("{name}.branch3x3dbl_1"),
-            cin,
-            448,
-            (1, 1),
-            1,
-            (0, 0),
-        );
-        let d = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch3x3dbl_2"),
-            448,
-            384,
-            (3, 3),
-            1,
-            (1, 1),
-        );
-        let da = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch3x3dbl_3a"),
-            384,
-            384,
-            (1, 3),
-            1,
-            (0, 1),
-        );
-        let db = basic_conv(
-            b,
-            &d,
-            &format!("{name}.branch3x3dbl_3b"),
-            384,
-            384,
-            (3, 1),
-            1,
-            (1, 0),
-        );
+        let d = basic_conv(b, x, &format!("{name}.branch3x3dbl_1"), cin, 448, (1, 1), 1, (0, 0));
+        let d = basic_conv(b, &d, &format!("{name}.branch3x3dbl_2"), 448, 384, (3, 3), 1, (1, 1));
+        let da = basic_conv(b, &d, &format!("{name}.branch3x3dbl_3a"), 384, 384, (1, 3), 1, (0, 1));
+        let db = basic_conv(b, &d, &format!("{name}.branch3x3dbl_3b"), 384, 384, (3, 1), 1, (1, 0));
         let d = b.concat(&[&da, &db], 1);
         let p = b.avgpool(x, 3, 1, 1, true);
-        let bp = basic_conv(
-            b,
-            &p,
-            &format!("{name}.branch_pool"),
-            cin,
-            192,
-            (1, 1),
-            1,
-            (0, 0),
-        );
+        let bp = basic_conv(b, &p, &format!("{name}.branch_pool"), cin, 192, (1, 1), 1, (0, 0));
         b.concat(&[&b1, &t, &d, &bp], 1)
     };
     x = incep_e(&mut b, &x, "Mixed_7b", 1280);
