@@ -3,6 +3,7 @@
 pub mod graph;
 pub mod interp;
 pub mod onnx;
+pub mod plan;
 pub mod tensor;
 pub mod zoo;
 

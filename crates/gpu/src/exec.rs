@@ -1,0 +1,158 @@
+//! Running a whole plan on any [`Gpu`], launch after launch: the simple path behind
+//! `kairos run --backend cuda|sim` and the end-to-end tests. The dispatcher does the same work
+//! kernel by kernel for many requests at once; this runner keeps one request and one stream.
+
+use crate::*;
+use kairos_ir::Tensor;
+use kairos_ir::plan::{BufRef, Plan, Space};
+
+/// Where each memory space of a plan lives on the device.
+#[derive(Clone, Debug)]
+pub struct SpaceBases {
+    pub arena: DevicePtr,
+    pub weights: DevicePtr,
+    pub inputs: Vec<DevicePtr>,
+    pub outputs: Vec<DevicePtr>,
+}
+
+impl SpaceBases {
+    pub fn resolve(&self, r: &BufRef) -> DevicePtr {
+        let base = match r.space {
+            Space::Arena => self.arena,
+            Space::Weights => self.weights,
+            Space::Input(i) => self.inputs[i as usize],
+            Space::Output(i) => self.outputs[i as usize],
+        };
+        base.offset(r.offset_bytes)
+    }
+
+    pub fn resolve_all(&self, args: &[BufRef], out: &mut Vec<DevicePtr>) {
+        out.clear();
+        out.extend(args.iter().map(|a| self.resolve(a)));
+    }
+}
+
+/// Uploads a plan's weight blob into a new allocation of the given kind.
+pub fn upload_weights<G: Gpu + ?Sized>(gpu: &mut G, plan: &Plan, kind: MemKind) -> Result<Allocation> {
+    let a = gpu.alloc(plan.weight_bytes.max(1), kind)?;
+    if plan.weight_bytes > 0 {
+        gpu.write(a.ptr, plan.weights.as_slice())?;
+    }
+    Ok(a)
+}
+
+/// Converts a request input to the plan's declared dtype and checks its shape.
+pub fn input_bytes(plan: &Plan, index: usize, t: &Tensor) -> Result<Vec<u8>> {
+    let decl = plan.inputs.get(index).ok_or_else(|| GpuError::Invalid(format!("plan has no input {index}")))?;
+    if t.shape != decl.shape {
+        return Err(GpuError::Invalid(format!("input '{}' has shape {:?}, the model takes {:?}", decl.name, t.shape, decl.shape)));
+    }
+    Ok(t.cast(decl.dtype).to_bytes())
+}
+
+/// Timing of one launch as the runner saw it (backend clock).
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchTiming {
+    pub issued_ns: u64,
+    pub done_ns: u64,
+}
+
+pub struct RunResult {
+    pub outputs: Vec<Tensor>,
+    pub timings: Vec<LaunchTiming>,
+    pub total_ns: u64,
+}
+
+/// Runs one request through a plan whose weights are already on the device at `weights`.
+/// Launches go in plan order on one stream, with up to `queue_depth` of them in flight.
+pub fn execute_plan<G: Gpu + ?Sized>(
+    gpu: &mut G,
+    plan: &Plan,
+    weights: DevicePtr,
+    inputs: &[Tensor],
+    queue_depth: usize,
+) -> Result<RunResult> {
+    if inputs.len() != plan.inputs.len() {
+        return Err(GpuError::Invalid(format!("model '{}' takes {} inputs, got {}", plan.model, plan.inputs.len(), inputs.len())));
+    }
+    let queue_depth = queue_depth.max(1);
+    let mut allocations = Vec::new();
+    let result = (|| {
+        let arena = gpu.alloc(plan.arena_bytes.max(1), MemKind::Device)?;
+        allocations.push(arena);
+        let mut bases = SpaceBases { arena: arena.ptr, weights, inputs: Vec::new(), outputs: Vec::new() };
+        for (i, t) in inputs.iter().enumerate() {
+            let bytes = input_bytes(plan, i, t)?;
+            let a = gpu.alloc(bytes.len().max(1) as u64, MemKind::Device)?;
+            allocations.push(a);
+            gpu.write(a.ptr, &bytes)?;
+            bases.inputs.push(a.ptr);
+        }
+        for o in &plan.outputs {
+            let a = gpu.alloc(o.len_bytes().max(1), MemKind::Device)?;
+            allocations.push(a);
+            bases.outputs.push(a.ptr);
+        }
+        let stream = gpu.create_stream(0)?;
+        let start_ns = gpu.now_ns();
+        let mut timings = vec![LaunchTiming { issued_ns: 0, done_ns: 0 }; plan.launches.len()];
+        let mut ids = std::collections::HashMap::new();
+        let mut args = Vec::new();
+        let mut events = Vec::new();
+        let mut next = 0;
+        let mut done = 0;
+        let whole = gpu.info().partitions[0].sms;
+        while done < plan.launches.len() {
+            while next < plan.launches.len() && next - done < queue_depth {
+                let l = &plan.launches[next];
+                gpu.kernel_resources(&l.kernel, l.dtype, &l.shape)?;
+                bases.resolve_all(&l.args, &mut args);
+                let req = LaunchRequest {
+                    kernel: &l.kernel,
+                    dtype: l.dtype,
+                    shape: l.shape,
+                    args: &args,
+                    first_block: 0,
+                    ctas: 0,
+                    sm_mask: whole,
+                    partition: PartitionId::WHOLE,
+                    stream,
+                };
+                let id = gpu.launch(&req)?;
+                timings[next].issued_ns = gpu.now_ns();
+                ids.insert(id, next);
+                next += 1;
+            }
+            events.clear();
+            gpu.poll(&mut events)?;
+            if events.is_empty() {
+                let now = gpu.now_ns();
+                gpu.wait(now + 1_000_000_000)?;
+                continue;
+            }
+            for e in &events {
+                if let GpuEvent::LaunchDone { launch, next_block, preempted, at_ns } = *e
+                    && let Some(&i) = ids.get(&launch)
+                {
+                    if preempted || next_block != plan.launches[i].shape.logical_blocks {
+                        return Err(GpuError::Driver(format!("launch {i} stopped at block {next_block} without being preempted")));
+                    }
+                    timings[i].done_ns = at_ns;
+                    done += 1;
+                }
+            }
+        }
+        let total_ns = gpu.now_ns() - start_ns;
+        let mut outputs = Vec::new();
+        for (o, ptr) in plan.outputs.iter().zip(&bases.outputs) {
+            let mut bytes = vec![0u8; o.len_bytes() as usize];
+            gpu.read(*ptr, &mut bytes)?;
+            outputs.push(Tensor::from_bytes(o.dtype, o.shape.clone(), &bytes).map_err(GpuError::Invalid)?);
+        }
+        Ok(RunResult { outputs, timings, total_ns })
+    })();
+    for a in allocations {
+        gpu.free(a)?;
+    }
+    result
+}

@@ -1,0 +1,293 @@
+//! kairos-gpu: the `Gpu` trait, the one interface between the dispatcher and a GPU.
+//!
+//! It is small, synchronous and made of plain data: no CUDA, tokio or simulator types cross it.
+//! Two implementations exist: `kairos-cuda` (a real NVIDIA GPU through the driver API) and
+//! `kairos-sim` (a discrete-event GPU in virtual time). The dispatcher (`kairos-sched`) is generic
+//! over it, and so is [`exec::execute_plan`], the simple plan runner used by `kairos run` and tests.
+//!
+//! # The kernel protocol, as seen from here
+//! A launch has N logical blocks (see `kairos_ir::plan`). Physical CTAs take logical blocks from a
+//! counter until none are left or the launch's preempt flag is set; a stopped launch reports the
+//! first block never taken, and a new launch with that `first_block` resumes it exactly. CTAs outside
+//! the launch's SM mask exit at once. CTAs report placement and completion per SM, which the
+//! dispatcher uses to account occupancy.
+
+pub mod exec;
+pub mod profile;
+
+use kairos_ir::DType;
+use kairos_ir::plan::{Kernel, LaunchShape};
+use serde::{Deserialize, Serialize};
+
+/// The most SMs a mask can name.
+pub const SM_COUNT_MAX: usize = 256;
+
+/// A set of SM ids.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SmMask(pub [u64; SM_COUNT_MAX / 64]);
+
+impl SmMask {
+    pub const EMPTY: SmMask = SmMask([0; SM_COUNT_MAX / 64]);
+
+    /// SMs [0, count).
+    pub fn first(count: u32) -> SmMask {
+        Self::range(0, count)
+    }
+
+    /// SMs [start, start + count).
+    pub fn range(start: u32, count: u32) -> SmMask {
+        assert!((start + count) as usize <= SM_COUNT_MAX, "SM range {start}+{count} exceeds {SM_COUNT_MAX}");
+        let mut m = SmMask::EMPTY;
+        for sm in start..start + count {
+            m.insert(sm);
+        }
+        m
+    }
+
+    pub fn insert(&mut self, sm: u32) {
+        self.0[sm as usize / 64] |= 1 << (sm % 64);
+    }
+
+    pub fn remove(&mut self, sm: u32) {
+        self.0[sm as usize / 64] &= !(1 << (sm % 64));
+    }
+
+    pub fn contains(&self, sm: u32) -> bool {
+        (sm as usize) < SM_COUNT_MAX && self.0[sm as usize / 64] & (1 << (sm % 64)) != 0
+    }
+
+    pub fn count(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count() == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..SM_COUNT_MAX as u32).filter(|&s| self.contains(s))
+    }
+
+    pub fn intersect(&self, other: &SmMask) -> SmMask {
+        let mut m = *self;
+        for (a, b) in m.0.iter_mut().zip(other.0.iter()) {
+            *a &= *b;
+        }
+        m
+    }
+
+    pub fn union(&self, other: &SmMask) -> SmMask {
+        let mut m = *self;
+        for (a, b) in m.0.iter_mut().zip(other.0.iter()) {
+            *a |= *b;
+        }
+        m
+    }
+}
+
+impl std::fmt::Debug for SmMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Ranges read better than 256 bits: {0-7,16-23}.
+        let mut parts = Vec::new();
+        let mut it = self.iter().peekable();
+        while let Some(start) = it.next() {
+            let mut end = start;
+            while it.peek() == Some(&(end + 1)) {
+                end = it.next().unwrap();
+            }
+            parts.push(if start == end { format!("{start}") } else { format!("{start}-{end}") });
+        }
+        write!(f, "SmMask{{{}}}", parts.join(","))
+    }
+}
+
+/// Per-SM hardware limits that bound how many CTAs fit on one SM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmLimits {
+    pub threads_max: u32,
+    pub registers_max: u32,
+    pub shared_mem_bytes_max: u32,
+    pub ctas_max: u32,
+}
+
+/// A hardware SM partition (a green context on CUDA). Partition 0 is always the whole device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub id: PartitionId,
+    pub sms: SmMask,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PartitionId(pub u32);
+
+impl PartitionId {
+    pub const WHOLE: PartitionId = PartitionId(0);
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub name: String,
+    /// e.g. "sm_90".
+    pub arch: String,
+    pub sm_count: u32,
+    pub sm_limits: SmLimits,
+    pub memory_bytes: u64,
+    /// Hardware partitions available to launches; [0] is the whole device.
+    pub partitions: Vec<Partition>,
+    /// Smallest hardware partition, in SMs (8 on H100/H200).
+    pub partition_granularity_sms: u32,
+    /// Hardware work queues served in FIFO order at their heads.
+    pub hardware_queues: u32,
+    pub h2d_bytes_per_s: f64,
+    pub d2h_bytes_per_s: f64,
+    pub device_mem_bytes_per_s: f64,
+    /// Rate at which kernels read mapped pinned host memory (direct host access).
+    pub host_mapped_read_bytes_per_s: f64,
+}
+
+/// An address in the device's address space (on the simulator, a synthetic one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemKind {
+    /// Device memory.
+    Device,
+    /// Pinned host memory mapped into the device's address space: kernels read it over PCIe
+    /// (DeepPlan's direct host access), and copies from it run at full PCIe bandwidth.
+    HostMapped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Allocation {
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+    pub kind: MemKind,
+}
+
+/// What the hardware needs per CTA of a kernel, and what it allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelResources {
+    pub threads_per_cta: u32,
+    pub registers_per_thread: u32,
+    /// Static plus dynamic shared memory per CTA.
+    pub shared_mem_bytes: u32,
+    /// CTAs of this kernel that fit on one idle SM.
+    pub ctas_per_sm_max: u32,
+}
+
+impl KernelResources {
+    /// CTAs that fit on one SM given its limits (the occupancy calculation).
+    pub fn occupancy(threads_per_cta: u32, registers_per_thread: u32, shared_mem_bytes: u32, limits: &SmLimits) -> u32 {
+        let by_threads = limits.threads_max / threads_per_cta.max(1);
+        let regs_per_cta = (registers_per_thread.max(1) * threads_per_cta).next_multiple_of(256);
+        let by_regs = limits.registers_max / regs_per_cta.max(1);
+        let by_smem = if shared_mem_bytes == 0 { u32::MAX } else { limits.shared_mem_bytes_max / shared_mem_bytes };
+        by_threads.min(by_regs).min(by_smem).min(limits.ctas_max)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StreamId(pub u32);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LaunchId(pub u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CopyId(pub u64);
+
+/// A kernel launch as the dispatcher issues it.
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchRequest<'a> {
+    pub kernel: &'a Kernel,
+    pub dtype: DType,
+    pub shape: LaunchShape,
+    /// Device addresses of the kernel's arguments, in the kernel's argument order.
+    pub args: &'a [DevicePtr],
+    /// First logical block to run: 0 for a fresh launch, the reported resume point after a preemption.
+    pub first_block: u32,
+    /// Physical CTAs to start (persistent CTAs loop over logical blocks); 0 lets the backend pick
+    /// enough to fill the allowed SMs.
+    pub ctas: u32,
+    /// Software SM mask: CTAs placed elsewhere exit at once.
+    pub sm_mask: SmMask,
+    /// Hardware partition to launch into.
+    pub partition: PartitionId,
+    pub stream: StreamId,
+}
+
+/// What a GPU reports. Times are the backend's clock ([`Gpu::now_ns`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuEvent {
+    /// `ctas` CTAs of a launch started on SM `sm`.
+    CtasPlaced { launch: LaunchId, sm: u32, ctas: u32, at_ns: u64 },
+    /// `ctas` CTAs of a launch left SM `sm` after running `blocks` logical blocks between them.
+    CtasFinished { launch: LaunchId, sm: u32, ctas: u32, blocks: u32, at_ns: u64 },
+    /// The launch ended. `next_block` is the first logical block never taken: the launch's
+    /// `logical_blocks` when it completed, less when the preempt flag stopped it.
+    LaunchDone { launch: LaunchId, next_block: u32, preempted: bool, at_ns: u64 },
+    CopyDone { copy: CopyId, at_ns: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU: {0}")]
+    NoDevice(String),
+    #[error("out of GPU memory: asked for {requested_bytes} bytes, {free_bytes} free")]
+    OutOfMemory { requested_bytes: u64, free_bytes: u64 },
+    #[error("kernel {kernel} failed to compile: {log}")]
+    Compile { kernel: String, log: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("{limit} exhausted (limit {max})")]
+    Exhausted { limit: &'static str, max: u64 },
+    #[error("driver error: {0}")]
+    Driver(String),
+}
+
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// A GPU as the dispatcher sees it.
+pub trait Gpu {
+    fn info(&self) -> &DeviceInfo;
+
+    /// The backend's clock: monotonic nanoseconds (virtual time on the simulator).
+    fn now_ns(&self) -> u64;
+
+    fn alloc(&mut self, bytes: u64, kind: MemKind) -> Result<Allocation>;
+    fn free(&mut self, allocation: Allocation) -> Result<()>;
+
+    /// Synchronous copy from the host into an allocation (setup, inputs).
+    fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()>;
+    /// Synchronous copy out of an allocation (outputs, checks).
+    fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()>;
+
+    /// Asynchronous copy between two allocations on a copy engine (host-mapped to device is
+    /// how cold starts move layers); completion is reported as [`GpuEvent::CopyDone`].
+    fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId>;
+
+    /// Streams: FIFO queues of launches and copies. `priority` 0 is normal, higher is more urgent.
+    fn create_stream(&mut self, priority: i32) -> Result<StreamId>;
+
+    /// Resources of a kernel at a launch shape, compiling and loading it on first use.
+    fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources>;
+
+    fn launch(&mut self, request: &LaunchRequest<'_>) -> Result<LaunchId>;
+
+    /// Sets the launch's preempt flag: its CTAs take no further logical blocks, and its
+    /// [`GpuEvent::LaunchDone`] reports where to resume. Preempting a finished launch is a no-op.
+    fn preempt(&mut self, launch: LaunchId) -> Result<()>;
+
+    /// Appends the events that happened so far; never blocks.
+    fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()>;
+
+    /// Waits until an event is available or the clock reaches `until_ns`, whichever is first.
+    /// On the simulator this advances virtual time.
+    fn wait(&mut self, until_ns: u64) -> Result<()>;
+}

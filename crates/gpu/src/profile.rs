@@ -1,0 +1,89 @@
+//! Kernel profiles: what `kairos profile` measures on a real GPU, and what the dispatcher (SRPT
+//! estimates, right-sizing) and the simulator (kernel durations) read.
+
+use kairos_ir::DType;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// One launch of a plan, as measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelProfile {
+    /// Index of the launch in the plan.
+    pub launch: u32,
+    pub name: String,
+    pub kernel: String,
+    /// Median duration on the whole GPU.
+    pub duration_ns: u64,
+    pub logical_blocks: u32,
+    pub ctas: u32,
+    pub threads_per_cta: u32,
+    pub registers_per_thread: u32,
+    pub shared_mem_bytes: u32,
+    pub ctas_per_sm_max: u32,
+    /// Fraction of the SM's thread slots one resident CTA set fills (0..1).
+    pub occupancy: f64,
+    /// KRISP's right size: the fewest SMs (in partition steps) at which the duration stays within
+    /// 5% of the whole GPU's.
+    pub min_sms: u32,
+    /// Durations measured at each SM count tried, as (sm_count, duration_ns).
+    #[serde(default)]
+    pub duration_by_sms: Vec<(u32, u64)>,
+}
+
+/// Profile of one model's plan on one GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelProfile {
+    pub model: String,
+    pub dtype: DType,
+    pub batch: usize,
+    pub device: String,
+    pub sm_count: u32,
+    /// Median end-to-end latency of the plan issued launch by launch.
+    pub latency_ns: u64,
+    pub kernels: Vec<KernelProfile>,
+}
+
+impl ModelProfile {
+    pub fn load(path: &Path) -> Result<ModelProfile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read profile {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("profile {} is not valid: {e}", path.display()))
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write profile {}: {e}", path.display()))
+    }
+
+    /// Sum of kernel durations: the GPU time of one request on an otherwise idle GPU.
+    pub fn kernel_time_ns(&self) -> u64 {
+        self.kernels.iter().map(|k| k.duration_ns).sum()
+    }
+}
+
+/// A set of model profiles for one device, as committed under data/profiles/<device>/.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProfileSet {
+    pub models: Vec<ModelProfile>,
+}
+
+impl ProfileSet {
+    /// Loads every *.json profile in a folder; a missing folder is an empty set.
+    pub fn load_dir(dir: &Path) -> Result<ProfileSet, String> {
+        let mut models = Vec::new();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProfileSet::default()),
+            Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
+        };
+        let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+        paths.sort();
+        for p in paths {
+            models.push(ModelProfile::load(&p)?);
+        }
+        Ok(ProfileSet { models })
+    }
+
+    pub fn find(&self, model: &str, dtype: DType, batch: usize) -> Option<&ModelProfile> {
+        self.models.iter().find(|m| m.model == model && m.dtype == dtype && m.batch == batch)
+    }
+}

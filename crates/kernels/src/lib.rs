@@ -1,0 +1,10 @@
+//! kairos-kernels: the kernel library.
+//!
+//! - [`cpu`]: Rust reference implementations of every kernel a plan can name, block by block with
+//!   the same logical-block decomposition as the CUDA kernels. They are the oracle for the CUDA
+//!   kernels and the functional half of the simulator.
+//! - [`source`]: the CUDA C sources (one protocol header, one file per kernel family), embedded
+//!   with `include_str!`, and the mapping from a plan's kernel to its CUDA function and parameter block.
+
+pub mod cpu;
+pub mod source;
