@@ -452,6 +452,50 @@ impl Kernel {
         }
     }
 
+    /// Bytes a kernel must move through device memory at least once (each input read once, each
+    /// output written once), for rooflines and the simulator. `dtype` is the launch's float type.
+    pub fn bytes_moved(&self, dtype: DType) -> u64 {
+        let e = dtype.size_bytes() as u64;
+        match self {
+            Kernel::Conv2d(p) | Kernel::DepthwiseConv2d(p) => {
+                let input = p.batch as u64 * p.in_h as u64 * p.in_w as u64 * p.in_c as u64;
+                let weights = p.out_c as u64 * (p.kernel_h * p.kernel_w * p.in_c / p.groups) as u64;
+                let out = p.gemm_m() as u64 * p.out_c as u64;
+                let extra = if p.epilogue.residual { out } else { 0 } + if p.epilogue.bias { p.out_c as u64 } else { 0 };
+                (input + weights + out + extra) * e
+            }
+            Kernel::Gemm(p) => {
+                let batch = (p.batch0 * p.batch1) as u64;
+                // Weights shared across the batch (stride 0) are read once.
+                let a = if p.a_stride0 == 0 && p.a_stride1 == 0 { 1 } else { batch } * p.m as u64 * p.k as u64;
+                let b = if p.b_stride0 == 0 && p.b_stride1 == 0 { 1 } else { batch } * p.k as u64 * p.n as u64;
+                let c = batch * p.m as u64 * p.n as u64;
+                let extra = if p.epilogue.residual { c } else { 0 } + if p.epilogue.bias { p.n as u64 } else { 0 };
+                (a + b + c + extra) * e
+            }
+            Kernel::Pool2d(p) => (p.batch as u64 * p.in_h as u64 * p.in_w as u64 * p.channels as u64 + p.out_elems()) * e,
+            Kernel::Softmax(p) => 2 * p.rows as u64 * p.cols as u64 * e,
+            Kernel::LayerNorm(p) => (2 * p.rows as u64 * p.cols as u64 + 2 * p.cols as u64) * e,
+            Kernel::Reduce(p) => (p.outer as u64 * p.reduce as u64 * p.inner as u64 + p.outer as u64 * p.inner as u64) * e,
+            Kernel::Gather(p) => p.count as u64 * (8 + 2 * p.cols as u64 * e),
+            Kernel::Eltwise(p) => {
+                let n = p.elems();
+                let ins: u64 = (0..p.inputs as usize)
+                    .map(|j| {
+                        // A broadcast input (some stride 0) is read about once per distinct element; count the
+                        // product of the dims it does not broadcast over.
+                        let distinct: u64 = (0..ELTWISE_RANK_MAX)
+                            .filter(|&d| p.in_strides[j][d] != 0)
+                            .map(|d| p.shape[d] as u64)
+                            .product();
+                        distinct * p.in_dtypes[j].size_bytes() as u64
+                    })
+                    .sum();
+                ins + n * p.out_dtype.size_bytes() as u64
+            }
+        }
+    }
+
     /// Floating-point operations (multiply-adds count 2), for rooflines and reports.
     pub fn flops(&self) -> u64 {
         match self {
