@@ -1,0 +1,203 @@
+//! Convolutions on NHWC tensors: implicit GEMM (im2col per tile) and depthwise.
+
+use super::gemm::{epilogue_store, sgemm};
+use super::{Elems, ElemsMut, KernelMemory};
+use kairos_ir::DType;
+use kairos_ir::plan::Conv2dParams;
+use std::ops::Range;
+
+fn arg_positions(p: &Conv2dParams) -> (Option<usize>, Option<usize>, usize) {
+    let mut next = 2;
+    let bias = p.epilogue.bias.then(|| {
+        next += 1;
+        next - 1
+    });
+    let res = p.epilogue.residual.then(|| {
+        next += 1;
+        next - 1
+    });
+    (bias, res, next)
+}
+
+/// Output pixel index -> (batch, oh, ow).
+#[inline]
+fn pixel(p: &Conv2dParams, m: usize) -> (usize, usize, usize) {
+    let (oh, ow) = (p.out_h as usize, p.out_w as usize);
+    (m / (oh * ow), (m / ow) % oh, m % ow)
+}
+
+/// Reads the bias values and residual tile a block needs.
+fn epilogue_inputs(
+    p: &Conv2dParams,
+    dtype: DType,
+    mem: &dyn KernelMemory,
+    (bias_arg, res_arg): (Option<usize>, Option<usize>),
+    (m0, m1, n0, n1): (usize, usize, usize, usize),
+    bias_vals: &mut Vec<f32>,
+    res_tile: &mut Vec<f32>,
+) {
+    if let Some(ba) = bias_arg {
+        let bv = Elems::new(mem.arg(ba), dtype);
+        bias_vals.clear();
+        bias_vals.extend((n0..n1).map(|j| bv.get(j)));
+    }
+    if let Some(ra) = res_arg {
+        let rv = Elems::new(mem.arg(ra), dtype);
+        let rs = p.res_pixel_stride as usize;
+        res_tile.clear();
+        res_tile.extend((m0..m1).flat_map(|m| (n0..n1).map(move |j| m * rs + j)).map(|i| rv.get(i)));
+    }
+}
+
+pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let (bias_arg, res_arg, out_arg) = arg_positions(p);
+    let groups = p.groups as usize;
+    let cin_g = p.in_c as usize / groups;
+    let cout_g = p.out_c as usize / groups;
+    let (kh, kw) = (p.kernel_h as usize, p.kernel_w as usize);
+    let kdim = kh * kw * cin_g;
+    let (h, w) = (p.in_h as usize, p.in_w as usize);
+    let ips = p.in_pixel_stride as usize;
+    let nt = p.n_tiles();
+    let gm = p.gemm_m() as usize;
+    let mut a_tile: Vec<f32> = Vec::new();
+    let mut b_tile: Vec<f32> = Vec::new();
+    let mut c_tile: Vec<f32> = Vec::new();
+    let mut part: Vec<f32> = Vec::new();
+    let mut bias_vals = Vec::new();
+    let mut res_tile = Vec::new();
+    for block in blocks {
+        let (bm, bn) = (block / nt, block % nt);
+        let m0 = (bm * p.tile_m) as usize;
+        let m1 = (m0 + p.tile_m as usize).min(gm);
+        let n0 = (bn * p.tile_n) as usize;
+        let n1 = (n0 + p.tile_n as usize).min(p.out_c as usize);
+        let (rows, cols) = (m1 - m0, n1 - n0);
+        c_tile.clear();
+        c_tile.resize(rows * cols, 0.0);
+        {
+            let x = Elems::new(mem.arg(0), dtype);
+            let wt = Elems::new(mem.arg(1), dtype);
+            // Columns of one group at a time: they share the group's input channels.
+            let mut j = n0;
+            while j < n1 {
+                let g = j / cout_g;
+                let jg1 = ((g + 1) * cout_g).min(n1);
+                let gcols = jg1 - j;
+                // im2col of this tile for group g: row r = pixel, col = (ky, kx, c).
+                a_tile.clear();
+                a_tile.resize(rows * kdim, 0.0);
+                for r in 0..rows {
+                    let (b, oy, ox) = pixel(p, m0 + r);
+                    for ky in 0..kh {
+                        let iy = (oy * p.stride_h as usize + ky * p.dilation_h as usize) as isize - p.pad_h as isize;
+                        if iy < 0 || iy >= h as isize {
+                            continue;
+                        }
+                        for kx in 0..kw {
+                            let ix = (ox * p.stride_w as usize + kx * p.dilation_w as usize) as isize - p.pad_w as isize;
+                            if ix < 0 || ix >= w as isize {
+                                continue;
+                            }
+                            let src = ((b * h + iy as usize) * w + ix as usize) * ips + g * cin_g;
+                            let dst = r * kdim + (ky * kw + kx) * cin_g;
+                            x.read_into(src, &mut a_tile[dst..dst + cin_g]);
+                        }
+                    }
+                }
+                part.clear();
+                part.resize(rows * gcols, 0.0);
+                match wt {
+                    // Weights [out_c][kdim]: B[q][jj] = w[(j + jj) * kdim + q].
+                    Elems::F32(wv) => sgemm(rows, kdim, gcols, &a_tile, kdim, 1, &wv[j * kdim..], 1, kdim, &mut part, gcols),
+                    _ => {
+                        b_tile.clear();
+                        b_tile.resize(gcols * kdim, 0.0);
+                        wt.read_into(j * kdim, &mut b_tile);
+                        sgemm(rows, kdim, gcols, &a_tile, kdim, 1, &b_tile, 1, kdim, &mut part, gcols);
+                    }
+                }
+                for r in 0..rows {
+                    c_tile[r * cols + (j - n0)..r * cols + (jg1 - n0)].copy_from_slice(&part[r * gcols..(r + 1) * gcols]);
+                }
+                j = jg1;
+            }
+            epilogue_inputs(p, dtype, mem, (bias_arg, res_arg), (m0, m1, n0, n1), &mut bias_vals, &mut res_tile);
+        }
+        let ops = p.out_pixel_stride as usize;
+        let mut out = ElemsMut::new(mem.arg_mut(out_arg), dtype);
+        epilogue_store(
+            &mut c_tile,
+            cols,
+            &p.epilogue,
+            1.0,
+            bias_arg.map(|_| bias_vals.as_slice()),
+            res_arg.map(|_| res_tile.as_slice()),
+            |r, row| out.write_from((m0 + r) * ops + n0, row),
+        );
+    }
+}
+
+/// Depthwise convolution: one filter per channel; weights [kernel_h][kernel_w][channels].
+pub(crate) fn depthwise(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let (bias_arg, res_arg, out_arg) = arg_positions(p);
+    let (kh, kw) = (p.kernel_h as usize, p.kernel_w as usize);
+    let (h, w, c) = (p.in_h as usize, p.in_w as usize, p.in_c as usize);
+    let ips = p.in_pixel_stride as usize;
+    let nt = p.n_tiles();
+    let gm = p.gemm_m() as usize;
+    let mut c_tile: Vec<f32> = Vec::new();
+    let mut xs: Vec<f32> = Vec::new();
+    let mut ws: Vec<f32> = Vec::new();
+    let mut bias_vals = Vec::new();
+    let mut res_tile = Vec::new();
+    for block in blocks {
+        let (bm, bn) = (block / nt, block % nt);
+        let m0 = (bm * p.tile_m) as usize;
+        let m1 = (m0 + p.tile_m as usize).min(gm);
+        let n0 = (bn * p.tile_n) as usize;
+        let n1 = (n0 + p.tile_n as usize).min(c);
+        let (rows, cols) = (m1 - m0, n1 - n0);
+        c_tile.clear();
+        c_tile.resize(rows * cols, 0.0);
+        {
+            let x = Elems::new(mem.arg(0), dtype);
+            let wt = Elems::new(mem.arg(1), dtype);
+            ws.resize(cols, 0.0);
+            xs.resize(cols, 0.0);
+            for r in 0..rows {
+                let (b, oy, ox) = pixel(p, m0 + r);
+                let acc = &mut c_tile[r * cols..(r + 1) * cols];
+                for ky in 0..kh {
+                    let iy = (oy * p.stride_h as usize + ky * p.dilation_h as usize) as isize - p.pad_h as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    for kx in 0..kw {
+                        let ix = (ox * p.stride_w as usize + kx * p.dilation_w as usize) as isize - p.pad_w as isize;
+                        if ix < 0 || ix >= w as isize {
+                            continue;
+                        }
+                        x.read_into(((b * h + iy as usize) * w + ix as usize) * ips + n0, &mut xs);
+                        wt.read_into((ky * kw + kx) * c + n0, &mut ws);
+                        for ((a, xv), wv) in acc.iter_mut().zip(&xs).zip(&ws) {
+                            *a += xv * wv;
+                        }
+                    }
+                }
+            }
+            epilogue_inputs(p, dtype, mem, (bias_arg, res_arg), (m0, m1, n0, n1), &mut bias_vals, &mut res_tile);
+        }
+        let ops = p.out_pixel_stride as usize;
+        let mut out = ElemsMut::new(mem.arg_mut(out_arg), dtype);
+        epilogue_store(
+            &mut c_tile,
+            cols,
+            &p.epilogue,
+            1.0,
+            bias_arg.map(|_| bias_vals.as_slice()),
+            res_arg.map(|_| res_tile.as_slice()),
+            |r, row| out.write_from((m0 + r) * ops + n0, row),
+        );
+    }
+}

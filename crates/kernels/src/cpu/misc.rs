@@ -1,0 +1,176 @@
+//! Pooling, softmax, layer norm, reductions and gathers.
+
+use super::{Elems, ElemsMut, KernelMemory};
+use kairos_ir::DType;
+use kairos_ir::plan::{GatherParams, LayerNormParams, Pool2dParams, PoolKindParam, ReduceKind, ReduceParams, SoftmaxParams};
+use std::ops::Range;
+
+pub(crate) fn pool2d(p: &Pool2dParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let total = p.out_elems() as usize;
+    let (c, oh, ow) = (p.channels as usize, p.out_h as usize, p.out_w as usize);
+    let (h, w) = (p.in_h as isize, p.in_w as isize);
+    let mut vals = Vec::new();
+    for block in blocks {
+        let e0 = block as usize * p.elems_per_block as usize;
+        let e1 = (e0 + p.elems_per_block as usize).min(total);
+        vals.clear();
+        {
+            let x = Elems::new(mem.arg(0), dtype);
+            for e in e0..e1 {
+                let ch = e % c;
+                let pix = e / c;
+                let (b, oy, ox) = (pix / (oh * ow), (pix / ow) % oh, pix % ow);
+                let y0 = (oy * p.stride_h as usize) as isize - p.pad_top as isize;
+                let x0 = (ox * p.stride_w as usize) as isize - p.pad_left as isize;
+                let mut acc = if p.kind == PoolKindParam::Max { f32::NEG_INFINITY } else { 0.0 };
+                let mut count = 0usize;
+                for ky in 0..p.kernel_h as isize {
+                    let iy = y0 + ky;
+                    if iy < 0 || iy >= h {
+                        continue;
+                    }
+                    for kx in 0..p.kernel_w as isize {
+                        let ix = x0 + kx;
+                        if ix < 0 || ix >= w {
+                            continue;
+                        }
+                        let v =
+                            x.get(((b * h as usize + iy as usize) * w as usize + ix as usize) * p.in_pixel_stride as usize + ch);
+                        acc = if p.kind == PoolKindParam::Max { acc.max(v) } else { acc + v };
+                        count += 1;
+                    }
+                }
+                let v = match p.kind {
+                    PoolKindParam::Max => acc,
+                    PoolKindParam::AvgExcludePad => acc / count.max(1) as f32,
+                    PoolKindParam::AvgIncludePad => {
+                        // The divisor counts declared padding but not the ceil-mode overhang.
+                        let ey = (y0 + p.kernel_h as isize).min(h + p.pad_bottom as isize);
+                        let ex = (x0 + p.kernel_w as isize).min(w + p.pad_right as isize);
+                        acc / ((ey - y0) * (ex - x0)).max(1) as f32
+                    }
+                };
+                vals.push(v);
+            }
+        }
+        let mut out = ElemsMut::new(mem.arg_mut(1), dtype);
+        for (k, e) in (e0..e1).enumerate() {
+            out.set((e / c) * p.out_pixel_stride as usize + e % c, vals[k]);
+        }
+    }
+}
+
+pub(crate) fn softmax(p: &SoftmaxParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let cols = p.cols as usize;
+    let mut row = vec![0f32; cols];
+    for block in blocks {
+        let r0 = block as usize * p.rows_per_block as usize;
+        let r1 = (r0 + p.rows_per_block as usize).min(p.rows as usize);
+        for r in r0..r1 {
+            Elems::new(mem.arg(0), dtype).read_into(r * cols, &mut row);
+            let limit = if p.causal {
+                let q = r % p.causal_rows as usize;
+                (q + cols - p.causal_rows as usize + 1).min(cols)
+            } else {
+                cols
+            };
+            let mut mx = f32::NEG_INFINITY;
+            for v in &row[..limit] {
+                mx = mx.max(p.scale * v);
+            }
+            let mut sum = 0f32;
+            for v in &mut row[..limit] {
+                *v = (p.scale * *v - mx).exp();
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            for v in &mut row[..limit] {
+                *v *= inv;
+            }
+            row[limit..].fill(0.0);
+            ElemsMut::new(mem.arg_mut(1), dtype).write_from(r * cols, &row);
+        }
+    }
+}
+
+pub(crate) fn layer_norm(p: &LayerNormParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let cols = p.cols as usize;
+    let mut row = vec![0f32; cols];
+    let mut gamma = vec![0f32; cols];
+    let mut beta = vec![0f32; cols];
+    Elems::new(mem.arg(1), dtype).read_into(0, &mut gamma);
+    Elems::new(mem.arg(2), dtype).read_into(0, &mut beta);
+    for block in blocks {
+        let r0 = block as usize * p.rows_per_block as usize;
+        let r1 = (r0 + p.rows_per_block as usize).min(p.rows as usize);
+        for r in r0..r1 {
+            Elems::new(mem.arg(0), dtype).read_into(r * cols, &mut row);
+            let mean = row.iter().sum::<f32>() / cols as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+            let inv = 1.0 / (var + p.eps).sqrt();
+            for j in 0..cols {
+                row[j] = (row[j] - mean) * inv * gamma[j] + beta[j];
+            }
+            ElemsMut::new(mem.arg_mut(3), dtype).write_from(r * cols, &row);
+        }
+    }
+}
+
+pub(crate) fn reduce(p: &ReduceParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let (red, inner) = (p.reduce as usize, p.inner as usize);
+    let total = p.outer as usize * inner;
+    let mut vals = Vec::new();
+    for block in blocks {
+        let e0 = block as usize * p.elems_per_block as usize;
+        let e1 = (e0 + p.elems_per_block as usize).min(total);
+        vals.clear();
+        {
+            let x = Elems::new(mem.arg(0), dtype);
+            for e in e0..e1 {
+                let (o, i) = (e / inner, e % inner);
+                let base = o * red * inner + i;
+                let mut acc = match p.kind {
+                    ReduceKind::Max => f32::NEG_INFINITY,
+                    ReduceKind::Min => f32::INFINITY,
+                    _ => 0.0,
+                };
+                for r in 0..red {
+                    let v = x.get(base + r * inner);
+                    acc = match p.kind {
+                        ReduceKind::Sum | ReduceKind::Mean => acc + v,
+                        ReduceKind::Max => acc.max(v),
+                        ReduceKind::Min => acc.min(v),
+                    };
+                }
+                if p.kind == ReduceKind::Mean {
+                    acc /= red as f32;
+                }
+                vals.push(acc);
+            }
+        }
+        ElemsMut::new(mem.arg_mut(1), dtype).write_from(e0, &vals);
+    }
+}
+
+pub(crate) fn gather(p: &GatherParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let cols = p.cols as usize;
+    let mut row = vec![0f32; cols];
+    for block in blocks {
+        let r0 = block as usize * p.rows_per_block as usize;
+        let r1 = (r0 + p.rows_per_block as usize).min(p.count as usize);
+        for r in r0..r1 {
+            let idx = match Elems::new(mem.arg(1), DType::I64) {
+                Elems::I64(v) => v[r],
+                _ => unreachable!(),
+            };
+            let rows = p.table_rows as i64;
+            let idx = if idx < 0 { idx + rows } else { idx };
+            if (0..rows).contains(&idx) {
+                Elems::new(mem.arg(0), dtype).read_into(idx as usize * cols, &mut row);
+            } else {
+                row.fill(0.0);
+            }
+            ElemsMut::new(mem.arg_mut(2), dtype).write_from(r * cols, &row);
+        }
+    }
+}
