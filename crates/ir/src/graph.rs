@@ -236,7 +236,16 @@ pub enum Op {
         epilogue: Epilogue,
     },
     Binary(BinaryOp),
+    /// `act(a op b)`, produced by fusion.
+    BinaryAct {
+        op: BinaryOp,
+        act: Act,
+    },
     Unary(UnaryOp),
+    /// `act(x * scale + shift)` with broadcasting (inference batch norm), produced by fusion.
+    Affine {
+        act: Act,
+    },
     /// NCHW pooling. The output shape (in the node) records floor or ceil rounding.
     Pool {
         kind: PoolKind,
@@ -298,6 +307,8 @@ impl Op {
                 BinaryOp::Max => "Max",
                 BinaryOp::Min => "Min",
             },
+            Op::BinaryAct { .. } => "BinaryAct",
+            Op::Affine { .. } => "Affine",
             Op::Unary(u) => match u {
                 UnaryOp::Act(_) => "Activation",
                 UnaryOp::Sqrt => "Sqrt",

@@ -68,6 +68,19 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
                 Tensor::f32(shape.to_vec(), (0..ma.len()).map(|i| b.apply(a[ma[i]], c[mc[i]])).collect())
             }
         }
+        Op::BinaryAct { op, act } => {
+            let t = eval(&Op::Binary(*op), inputs, shape, DType::F32);
+            Tensor::f32(shape.to_vec(), f32s(&t).into_iter().map(|x| act.apply(x)).collect())
+        }
+        Op::Affine { act } => {
+            let (x, s, b) = (f32s(inputs[0]), f32s(inputs[1]), f32s(inputs[2]));
+            let (mx, ms, mb) = (
+                broadcast_map(shape, &inputs[0].shape),
+                broadcast_map(shape, &inputs[1].shape),
+                broadcast_map(shape, &inputs[2].shape),
+            );
+            Tensor::f32(shape.to_vec(), (0..mx.len()).map(|i| act.apply(x[mx[i]] * s[ms[i]] + b[mb[i]])).collect())
+        }
         Op::Unary(u) => Tensor::f32(shape.to_vec(), f32s(inputs[0]).into_iter().map(|x| u.apply(x)).collect()),
         Op::Pool { kind, window } => pool(inputs[0], shape, *kind, window),
         Op::Reduce { op, axes } => reduce(inputs[0], shape, *op, axes),

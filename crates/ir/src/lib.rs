@@ -2,6 +2,7 @@
 
 pub mod graph;
 pub mod interp;
+pub mod lower;
 pub mod onnx;
 pub mod plan;
 pub mod tensor;

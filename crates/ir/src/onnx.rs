@@ -608,23 +608,23 @@ impl Importer<'_> {
         let pos = |axes: &[char], c: char| axes.iter().position(|&x| x == c).unwrap();
         let perm_a: Vec<usize> = batch.iter().chain(&m).chain(&k).map(|&c| pos(&ia, c)).collect();
         let perm_b: Vec<usize> = batch.iter().chain(&k).chain(&n).map(|&c| pos(&ib, c)).collect();
-        let prod =
-            |g: &Graph, x: NodeId, axes: &[char], cs: &[char]| cs.iter().map(|&c| size_of(g, x, axes, c)).product::<usize>();
-        let (bt, mm, kk, nn) = (
-            prod(&self.graph, a, &ia, &batch),
-            prod(&self.graph, a, &ia, &m),
-            prod(&self.graph, a, &ia, &k),
-            prod(&self.graph, b, &ib, &n),
-        );
+        let sizes =
+            |g: &Graph, x: NodeId, axes: &[char], cs: &[char]| cs.iter().map(|&c| size_of(g, x, axes, c)).collect::<Vec<_>>();
+        let batch_sizes = sizes(&self.graph, a, &ia, &batch);
+        let m_sizes = sizes(&self.graph, a, &ia, &m);
+        let kk: usize = sizes(&self.graph, a, &ia, &k).iter().product();
+        let nn: usize = sizes(&self.graph, b, &ib, &n).iter().product();
+        // numpy matmul: A [batch.., m_1.., M, K] x B [batch.., 1.., K, N]. Leading m axes act as
+        // batch dims broadcast against B, so no reshape separates the product from its bias.
+        let m_dims: Vec<usize> = if m_sizes.is_empty() { vec![1] } else { m_sizes.clone() };
         let at = self.transpose(&format!("{name}.a_t"), a, &perm_a);
+        let a_shape: Vec<usize> = batch_sizes.iter().chain(&m_dims).copied().chain([kk]).collect();
+        let ar = self.reshape(&format!("{name}.a_r"), at, a_shape);
         let bt_node = self.transpose(&format!("{name}.b_t"), b, &perm_b);
-        let (a3, b3, mm_shape) = if bt == 1 {
-            (vec![mm, kk], vec![kk, nn], vec![mm, nn])
-        } else {
-            (vec![bt, mm, kk], vec![bt, kk, nn], vec![bt, mm, nn])
-        };
-        let ar = self.reshape(&format!("{name}.a_r"), at, a3);
-        let br = self.reshape(&format!("{name}.b_r"), bt_node, b3);
+        let b_shape: Vec<usize> =
+            batch_sizes.iter().copied().chain(std::iter::repeat_n(1, m_dims.len() - 1)).chain([kk, nn]).collect();
+        let br = self.reshape(&format!("{name}.b_r"), bt_node, b_shape);
+        let mm_shape: Vec<usize> = batch_sizes.iter().chain(&m_dims).copied().chain([nn]).collect();
         let prod_node = self.add(&name, Op::MatMul { epilogue: Epilogue::default() }, vec![ar, br], mm_shape, dtype);
         // [batch.., m.., n..] in the output's axis sizes, then into the output order.
         let natural: Vec<char> = batch.iter().chain(&m).chain(&n).copied().collect();

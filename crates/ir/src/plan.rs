@@ -484,10 +484,8 @@ impl Kernel {
                     .map(|j| {
                         // A broadcast input (some stride 0) is read about once per distinct element; count the
                         // product of the dims it does not broadcast over.
-                        let distinct: u64 = (0..ELTWISE_RANK_MAX)
-                            .filter(|&d| p.in_strides[j][d] != 0)
-                            .map(|d| p.shape[d] as u64)
-                            .product();
+                        let distinct: u64 =
+                            (0..ELTWISE_RANK_MAX).filter(|&d| p.in_strides[j][d] != 0).map(|d| p.shape[d] as u64).product();
                         distinct * p.in_dtypes[j].size_bytes() as u64
                     })
                     .sum();
@@ -625,7 +623,12 @@ impl Plan {
     pub fn validate(&self) -> Result<(), String> {
         for (i, l) in self.launches.iter().enumerate() {
             if l.shape.logical_blocks != l.kernel.logical_blocks() {
-                return Err(format!("launch {i} ({}) has {} logical blocks, its kernel needs {}", l.name, l.shape.logical_blocks, l.kernel.logical_blocks()));
+                return Err(format!(
+                    "launch {i} ({}) has {} logical blocks, its kernel needs {}",
+                    l.name,
+                    l.shape.logical_blocks,
+                    l.kernel.logical_blocks()
+                ));
             }
             if l.shape.logical_blocks == 0 {
                 return Err(format!("launch {i} ({}) has no work", l.name));
@@ -639,8 +642,12 @@ impl Plan {
                 let limit = match a.space {
                     Space::Arena => self.arena_bytes,
                     Space::Weights => self.weight_bytes,
-                    Space::Input(k) => self.inputs.get(k as usize).map(|t| t.len_bytes()).ok_or(format!("launch {i} reads input {k}"))?,
-                    Space::Output(k) => self.outputs.get(k as usize).map(|t| t.len_bytes()).ok_or(format!("launch {i} writes output {k}"))?,
+                    Space::Input(k) => {
+                        self.inputs.get(k as usize).map(|t| t.len_bytes()).ok_or(format!("launch {i} reads input {k}"))?
+                    }
+                    Space::Output(k) => {
+                        self.outputs.get(k as usize).map(|t| t.len_bytes()).ok_or(format!("launch {i} writes output {k}"))?
+                    }
                 };
                 if a.end_bytes() > limit {
                     return Err(format!("launch {i} ({}) argument {a:?} exceeds its space of {limit} bytes", l.name));

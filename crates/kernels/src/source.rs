@@ -1,1 +1,558 @@
-//! CUDA sources of the kernel library. (Filled in by the CUDA backend work.)
+//! CUDA sources of the kernel library and the host side of their calling convention.
+//!
+//! Every kernel is `extern "C" __global__ void <name>_<f32|f16>(KairosProto P, <Args> A)`: the
+//! protocol parameters of `cuda/protocol.cuh` (launch slot, preempt flag, notification ring, SM
+//! mask, logical-block range), then the kernel's own parameter struct (argument pointers, then
+//! its parameters), both passed by value. The sources are embedded here with `include_str!`;
+//! the runtime (`kairos-cuda`) compiles one module per family with NVRTC, handing it the headers
+//! by name, so no CUDA include path is needed at all (fp16 is converted with PTX `cvt`).
+//!
+//! The structs below mirror the C structs byte for byte: every field is aligned to its own size
+//! and the struct is padded to 8 bytes, as C lays them out; each C struct has a `static_assert` on
+//! its size and [`pack_args`] checks the same size here.
+
+use kairos_ir::DType;
+use kairos_ir::graph::Act;
+use kairos_ir::plan::{BinaryOpParam, EltFunc, Kernel, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam};
+
+/// The headers every module may include, by the name the sources include them under.
+pub const HEADERS: [(&str, &str); 3] = [
+    ("kairos/protocol.cuh", include_str!("../cuda/protocol.cuh")),
+    ("kairos/common.cuh", include_str!("../cuda/common.cuh")),
+    ("kairos/tile.cuh", include_str!("../cuda/tile.cuh")),
+];
+
+/// The compilation units of the library: one NVRTC module each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    Conv,
+    Gemm,
+    Pool,
+    Norm,
+    Reduce,
+    Gather,
+    Eltwise,
+    /// Runtime helpers and measurement kernels (spin, noop, empty, SM map, clock).
+    Util,
+}
+
+impl Module {
+    pub const ALL: [Module; 8] =
+        [Module::Conv, Module::Gemm, Module::Pool, Module::Norm, Module::Reduce, Module::Gather, Module::Eltwise, Module::Util];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Conv => "conv",
+            Module::Gemm => "gemm",
+            Module::Pool => "pool",
+            Module::Norm => "norm",
+            Module::Reduce => "reduce",
+            Module::Gather => "gather",
+            Module::Eltwise => "eltwise",
+            Module::Util => "util",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Module::Conv => include_str!("../cuda/conv.cu"),
+            Module::Gemm => include_str!("../cuda/gemm.cu"),
+            Module::Pool => include_str!("../cuda/pool.cu"),
+            Module::Norm => include_str!("../cuda/norm.cu"),
+            Module::Reduce => include_str!("../cuda/reduce.cu"),
+            Module::Gather => include_str!("../cuda/gather.cu"),
+            Module::Eltwise => include_str!("../cuda/eltwise.cu"),
+            Module::Util => include_str!("../cuda/util.cu"),
+        }
+    }
+
+    /// The `extern "C"` functions the module defines.
+    pub fn functions(self) -> Vec<String> {
+        let kernels: &[&str] = match self {
+            Module::Conv => &["conv2d", "dwconv2d"],
+            Module::Gemm => &["gemm"],
+            Module::Pool => &["pool2d"],
+            Module::Norm => &["softmax", "layernorm"],
+            Module::Reduce => &["reduce"],
+            Module::Gather => &["gather"],
+            Module::Eltwise => &["eltwise"],
+            Module::Util => return UTIL_FUNCTIONS.iter().map(|s| s.to_string()).collect(),
+        };
+        kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect()
+    }
+}
+
+/// Functions of [`Module::Util`].
+pub const UTIL_FUNCTIONS: [&str; 5] = ["kairos_spin", "kairos_noop", "kairos_empty", "kairos_smmap", "kairos_clock"];
+
+/// The module that holds a plan kernel.
+pub fn module_of(kernel: &Kernel) -> Module {
+    match kernel {
+        Kernel::Conv2d(_) | Kernel::DepthwiseConv2d(_) => Module::Conv,
+        Kernel::Gemm(_) => Module::Gemm,
+        Kernel::Pool2d(_) => Module::Pool,
+        Kernel::Softmax(_) | Kernel::LayerNorm(_) => Module::Norm,
+        Kernel::Reduce(_) => Module::Reduce,
+        Kernel::Gather(_) => Module::Gather,
+        Kernel::Eltwise(_) => Module::Eltwise,
+    }
+}
+
+/// The CUDA function of a kernel at a launch dtype: `<name>_<f32|f16>`.
+pub fn function_name(kernel: &Kernel, dtype: DType) -> Result<String, String> {
+    match dtype {
+        DType::F32 | DType::F16 => Ok(format!("{}_{}", kernel.name(), dtype.name())),
+        DType::I64 => Err(format!("kernel {} has no i64 variant (launch dtype must be f32 or f16)", kernel.name())),
+    }
+}
+
+/// The most threads per CTA a kernel is compiled for (its `__launch_bounds__`): 256 for every
+/// kernel (ptxas caps some kernels at 32 registers, and spills, under a bound of 512).
+pub fn threads_max(kernel: &Kernel) -> u32 {
+    let _ = kernel;
+    256
+}
+
+/// Checks that a launch shape suits the kernel's CUDA code: whole warps, within its launch bounds.
+pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), String> {
+    let t = shape.threads_per_block;
+    if t == 0 || t % 32 != 0 || t > threads_max(kernel) {
+        return Err(format!(
+            "kernel {} takes 32..={} threads per block in whole warps, the launch asks for {t}",
+            kernel.name(),
+            threads_max(kernel)
+        ));
+    }
+    if shape.logical_blocks != kernel.logical_blocks() {
+        return Err(format!(
+            "kernel {} has {} logical blocks, the launch says {}",
+            kernel.name(),
+            kernel.logical_blocks(),
+            shape.logical_blocks
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of `KairosProto`.
+pub const PROTO_BYTES: usize = 112;
+/// Bytes of one `KairosRecord`.
+pub const RECORD_BYTES: usize = 32;
+/// Bytes of one `KairosSlot` (per-launch device state).
+pub const SLOT_BYTES: usize = 8 + 4 * SM_COUNT_MAX + 8 * SM_COUNT_MAX;
+/// Bytes of `KairosRingHost` and `KairosRingDev`.
+pub const RING_HOST_BYTES: usize = 16;
+pub const RING_DEV_BYTES: usize = 16;
+/// `KAIROS_SM_COUNT_MAX`.
+pub const SM_COUNT_MAX: usize = 256;
+
+/// `KairosRecord.kind` values.
+pub const REC_PLACED: u32 = 1;
+pub const REC_FINISHED: u32 = 2;
+pub const REC_DONE: u32 = 3;
+
+/// `KairosProto.flags` bits.
+pub const FLAG_NOTIFY: u32 = 1;
+pub const FLAG_SM_BITMAP: u32 = 2;
+
+/// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProtoParams {
+    pub slot_state: u64,
+    pub preempt_flag: u64,
+    pub ring_records: u64,
+    pub ring_host: u64,
+    pub ring_dev: u64,
+    pub sm_mask: [u64; SM_COUNT_MAX / 64],
+    pub sm_bitmap: u64,
+    pub ring_timeout_ns: u64,
+    pub slot: u32,
+    pub first_block: u32,
+    pub total_blocks: u32,
+    pub ring_capacity: u32,
+    pub flags: u32,
+}
+
+impl ProtoParams {
+    pub fn to_block(&self) -> ParamBlock {
+        let mut w = ParamBlock::default();
+        for v in [self.slot_state, self.preempt_flag, self.ring_records, self.ring_host, self.ring_dev] {
+            w.u64(v);
+        }
+        for v in self.sm_mask {
+            w.u64(v);
+        }
+        w.u64(self.sm_bitmap);
+        w.u64(self.ring_timeout_ns);
+        for v in [self.slot, self.first_block, self.total_blocks, self.ring_capacity, self.flags, 0] {
+            w.u32(v);
+        }
+        w.finish();
+        assert_eq!(w.len(), PROTO_BYTES, "ProtoParams layout drifted from KairosProto");
+        w
+    }
+}
+
+/// A kernel parameter struct as bytes, 8-byte aligned (what `cuLaunchKernel` copies).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParamBlock {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl ParamBlock {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+    /// Pointer to the first byte, for `cuLaunchKernel`'s parameter array (valid while `self` lives).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.words.as_ptr() as *const u8
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        let size = bytes.len();
+        self.len = self.len.next_multiple_of(size);
+        let end = self.len + size;
+        self.words.resize(end.div_ceil(8), 0);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[self.len..end].copy_from_slice(bytes);
+        self.len = end;
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.put(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.put(&v.to_le_bytes());
+    }
+    pub fn f32(&mut self, v: f32) {
+        self.put(&v.to_le_bytes());
+    }
+    /// Pads to the struct's alignment (8).
+    pub fn finish(&mut self) {
+        self.len = self.len.next_multiple_of(8);
+        self.words.resize(self.len / 8, 0);
+    }
+}
+
+fn act_code(a: Act) -> u32 {
+    match a {
+        Act::None => 0,
+        Act::Relu => 1,
+        Act::Relu6 => 2,
+        Act::Sigmoid => 3,
+        Act::Tanh => 4,
+        Act::HardSwish => 5,
+        Act::Gelu => 6,
+        Act::GeluTanh => 7,
+    }
+}
+
+fn dtype_code(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::I64 => 2,
+    }
+}
+
+fn unary_code(u: UnaryOpParam) -> u32 {
+    match u {
+        UnaryOpParam::Sqrt => 0,
+        UnaryOpParam::Rsqrt => 1,
+        UnaryOpParam::Recip => 2,
+        UnaryOpParam::Exp => 3,
+        UnaryOpParam::Erf => 4,
+        UnaryOpParam::Neg => 5,
+        UnaryOpParam::Abs => 6,
+        UnaryOpParam::Square => 7,
+    }
+}
+
+fn binary_code(b: BinaryOpParam) -> u32 {
+    match b {
+        BinaryOpParam::Add => 0,
+        BinaryOpParam::Sub => 1,
+        BinaryOpParam::Mul => 2,
+        BinaryOpParam::Div => 3,
+        BinaryOpParam::Pow => 4,
+        BinaryOpParam::Max => 5,
+        BinaryOpParam::Min => 6,
+    }
+}
+
+/// The number of buffer arguments a kernel takes, in the order the plan binds them.
+pub fn arg_count(kernel: &Kernel) -> usize {
+    match kernel {
+        Kernel::Conv2d(p) | Kernel::DepthwiseConv2d(p) => 3 + p.epilogue.bias as usize + p.epilogue.residual as usize,
+        Kernel::Gemm(p) => 3 + p.epilogue.bias as usize + p.epilogue.residual as usize,
+        Kernel::Pool2d(_) | Kernel::Softmax(_) | Kernel::Reduce(_) => 2,
+        Kernel::LayerNorm(_) => 4,
+        Kernel::Gather(_) => 3,
+        Kernel::Eltwise(p) => p.inputs as usize + 1,
+    }
+}
+
+/// Packs a kernel's own parameter struct from the device addresses of its arguments (in the
+/// plan's argument order).
+pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
+    if args.len() != arg_count(kernel) {
+        return Err(format!("kernel {} takes {} arguments, got {}", kernel.name(), arg_count(kernel), args.len()));
+    }
+    let mut w = ParamBlock::default();
+    let expected = match kernel {
+        Kernel::Conv2d(p) | Kernel::DepthwiseConv2d(p) => {
+            let mut it = args.iter().copied();
+            let input = it.next().unwrap();
+            let weights = it.next().unwrap();
+            let bias = if p.epilogue.bias { it.next().unwrap() } else { 0 };
+            let res = if p.epilogue.residual { it.next().unwrap() } else { 0 };
+            let out = it.next().unwrap();
+            for v in [input, weights, bias, res, out] {
+                w.u64(v);
+            }
+            for v in [
+                p.batch,
+                p.in_h,
+                p.in_w,
+                p.in_c,
+                p.out_h,
+                p.out_w,
+                p.out_c,
+                p.kernel_h,
+                p.kernel_w,
+                p.stride_h,
+                p.stride_w,
+                p.pad_h,
+                p.pad_w,
+                p.dilation_h,
+                p.dilation_w,
+                p.groups,
+                p.in_pixel_stride,
+                p.out_pixel_stride,
+                p.res_pixel_stride,
+            ] {
+                w.u32(v);
+            }
+            w.u32(act_code(p.epilogue.act));
+            w.u32(p.tile_m);
+            w.u32(p.tile_n);
+            128
+        }
+        Kernel::Gemm(p) => {
+            let mut it = args.iter().copied();
+            let a = it.next().unwrap();
+            let b = it.next().unwrap();
+            let bias = if p.epilogue.bias { it.next().unwrap() } else { 0 };
+            let res = if p.epilogue.residual { it.next().unwrap() } else { 0 };
+            let c = it.next().unwrap();
+            for v in [a, b, bias, res, c] {
+                w.u64(v);
+            }
+            for v in [
+                p.a_stride0,
+                p.a_stride1,
+                p.a_stride_m,
+                p.a_stride_k,
+                p.b_stride0,
+                p.b_stride1,
+                p.b_stride_k,
+                p.b_stride_n,
+                p.c_stride0,
+                p.c_stride1,
+                p.c_stride_m,
+                p.r_stride0,
+                p.r_stride1,
+                p.r_stride_m,
+            ] {
+                w.u64(v);
+            }
+            for v in [p.batch0, p.batch1, p.m, p.n, p.k] {
+                w.u32(v);
+            }
+            w.f32(p.alpha);
+            for v in [act_code(p.epilogue.act), p.tile_m, p.tile_n, 0] {
+                w.u32(v);
+            }
+            192
+        }
+        Kernel::Pool2d(p) => {
+            w.u64(args[0]);
+            w.u64(args[1]);
+            let kind = match p.kind {
+                PoolKindParam::Max => 0,
+                PoolKindParam::AvgIncludePad => 1,
+                PoolKindParam::AvgExcludePad => 2,
+            };
+            for v in [
+                kind,
+                p.batch,
+                p.in_h,
+                p.in_w,
+                p.channels,
+                p.out_h,
+                p.out_w,
+                p.kernel_h,
+                p.kernel_w,
+                p.stride_h,
+                p.stride_w,
+                p.pad_top,
+                p.pad_left,
+                p.pad_bottom,
+                p.pad_right,
+                p.in_pixel_stride,
+                p.out_pixel_stride,
+                p.elems_per_block,
+            ] {
+                w.u32(v);
+            }
+            88
+        }
+        Kernel::Softmax(p) => {
+            w.u64(args[0]);
+            w.u64(args[1]);
+            w.u32(p.rows);
+            w.u32(p.cols);
+            w.f32(p.scale);
+            w.u32(p.causal as u32);
+            w.u32(p.causal_rows.max(1));
+            w.u32(p.rows_per_block);
+            40
+        }
+        Kernel::LayerNorm(p) => {
+            for &a in args {
+                w.u64(a);
+            }
+            w.u32(p.rows);
+            w.u32(p.cols);
+            w.f32(p.eps);
+            w.u32(p.rows_per_block);
+            48
+        }
+        Kernel::Reduce(p) => {
+            w.u64(args[0]);
+            w.u64(args[1]);
+            let kind = match p.kind {
+                ReduceKind::Sum => 0,
+                ReduceKind::Mean => 1,
+                ReduceKind::Max => 2,
+                ReduceKind::Min => 3,
+            };
+            for v in [kind, p.outer, p.reduce, p.inner, p.elems_per_block, 0] {
+                w.u32(v);
+            }
+            40
+        }
+        Kernel::Gather(p) => {
+            for &a in args {
+                w.u64(a);
+            }
+            for v in [p.count, p.table_rows, p.cols, p.rows_per_block] {
+                w.u32(v);
+            }
+            40
+        }
+        Kernel::Eltwise(p) => {
+            let inputs = p.inputs as usize;
+            if inputs > 3 {
+                return Err(format!("eltwise takes at most 3 inputs, the plan gives {inputs}"));
+            }
+            for j in 0..3 {
+                w.u64(if j < inputs { args[j] } else { 0 });
+            }
+            w.u64(args[inputs]);
+            for v in p.out_strides {
+                w.u64(v);
+            }
+            for s in p.in_strides {
+                for v in s {
+                    w.u64(v);
+                }
+            }
+            for v in p.shape {
+                w.u32(v);
+            }
+            for d in p.in_dtypes {
+                w.u32(dtype_code(d));
+            }
+            w.u32(dtype_code(p.out_dtype));
+            let (func, op) = match p.func {
+                EltFunc::Copy => (0, 0),
+                EltFunc::Unary(u) => (1, unary_code(u)),
+                EltFunc::Binary(b) => (2, binary_code(b)),
+                EltFunc::BinaryScalar(b) => (3, binary_code(b)),
+                EltFunc::Affine => (4, 0),
+                EltFunc::Where => (5, 0),
+            };
+            for v in [func, op, act_code(p.act), p.inputs, p.elems_per_block] {
+                w.u32(v);
+            }
+            w.f32(p.scalars[0]);
+            w.f32(p.scalars[1]);
+            w.u32(0);
+            296
+        }
+    };
+    w.finish();
+    if w.len() != expected {
+        return Err(format!("parameter block of {} is {} bytes, the CUDA struct has {expected}", kernel.name(), w.len()));
+    }
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn param_block_aligns_fields_like_c() {
+        let mut w = ParamBlock::default();
+        w.u32(1);
+        w.u64(2);
+        w.u32(3);
+        w.finish();
+        assert_eq!(w.len(), 24);
+        assert_eq!(&w.as_bytes()[..4], &1u32.to_le_bytes());
+        assert_eq!(&w.as_bytes()[8..16], &2u64.to_le_bytes());
+        assert_eq!(&w.as_bytes()[16..20], &3u32.to_le_bytes());
+    }
+
+    #[test]
+    fn proto_block_has_the_c_size() {
+        let p = ProtoParams { slot: 7, total_blocks: 9, ..Default::default() };
+        let b = p.to_block();
+        assert_eq!(b.len(), PROTO_BYTES);
+        assert_eq!(&b.as_bytes()[88..92], &7u32.to_le_bytes());
+        assert_eq!(&b.as_bytes()[96..100], &9u32.to_le_bytes());
+    }
+
+    #[test]
+    fn every_module_declares_its_functions_in_its_source() {
+        for m in Module::ALL {
+            for f in m.functions() {
+                let (kernel, suffix) = match f.rsplit_once('_') {
+                    Some((k, s)) if s == "f32" || s == "f16" => (k.to_string(), true),
+                    _ => (f.clone(), false),
+                };
+                let needle = if suffix { format!("KAIROS_KERNELS({kernel},") } else { format!("void {f}(") };
+                assert!(m.source().contains(&needle), "module {} does not define {f}", m.name());
+            }
+        }
+    }
+
+    #[test]
+    fn sources_include_only_known_headers() {
+        let known: Vec<&str> = HEADERS.iter().map(|h| h.0).collect();
+        let sources = Module::ALL.iter().map(|m| m.source()).chain(HEADERS.iter().map(|h| h.1));
+        for s in sources {
+            for line in s.lines().filter(|l| l.trim_start().starts_with("#include")) {
+                let name = line.split('"').nth(1).expect("quoted include");
+                assert!(known.contains(&name), "unknown header {name}");
+            }
+        }
+    }
+}

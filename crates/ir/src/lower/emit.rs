@@ -1,0 +1,1267 @@
+//! From an optimized graph to a kernel plan.
+//!
+//! Every value of the graph becomes a *view*: a buffer, an element offset, a logical shape and
+//! strides. Reshapes, transposes, slices and broadcasts are views of their input (no kernel);
+//! concatenations are views of one buffer whose producers write their slices in place; kernels
+//! state which views they can read and write, and a copy kernel bridges the rest. The physical
+//! layout of a buffer is a choice per tensor: NHWC for images, row-major for the rest, or the
+//! order its only transposing consumer wants (attention heads).
+//!
+//! After emission the weight blob is laid out in launch order (one layer per launch), arena
+//! buffers get offsets by interval packing over their live ranges, and each launch records the
+//! launches it waits for: producers of what it reads, and every earlier user of arena memory it
+//! reuses.
+
+use crate::Error;
+use crate::graph::*;
+use crate::plan::*;
+use crate::tensor::{DType, Tensor, element_count};
+use std::collections::{BTreeSet, HashMap};
+
+/// Tile of the implicit-GEMM convolution and the matrix product (rows, columns).
+const CONV_TILE: (u32, u32) = (64, 64);
+const DWCONV_TILE: (u32, u32) = (32, 64);
+const GEMM_TILE: (u32, u32) = (64, 64);
+const ELTWISE_ELEMS_PER_BLOCK: u32 = 1024;
+const POOL_ELEMS_PER_BLOCK: u32 = 256;
+const REDUCE_ELEMS_PER_BLOCK: u32 = 256;
+const THREADS: u32 = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum BufKind {
+    Arena,
+    Weights(usize),
+    Input(u32),
+    Output(u32),
+}
+
+#[derive(Clone, Debug)]
+struct Buf {
+    kind: BufKind,
+    elems: usize,
+    dtype: DType,
+    first_write: Option<u32>,
+    last_access: Option<u32>,
+    accessors: Vec<u32>,
+}
+
+/// A strided window onto a buffer, in elements.
+#[derive(Clone, Debug, PartialEq)]
+struct View {
+    buf: usize,
+    offset: usize,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    dtype: DType,
+    /// Launches that wrote the elements this view covers.
+    writers: Vec<u32>,
+}
+
+impl View {
+    fn same_place(&self, other: &View) -> bool {
+        self.buf == other.buf && self.offset == other.offset && self.shape == other.shape && self.strides == other.strides
+    }
+
+    /// One past the last element it touches.
+    fn extent(&self) -> usize {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        1 + self.shape.iter().zip(&self.strides).map(|(d, s)| (d - 1) * s).sum::<usize>()
+    }
+
+    fn is_contiguous(&self) -> bool {
+        let c = strides_of(&self.shape);
+        self.shape.iter().zip(self.strides.iter().zip(&c)).all(|(&d, (s, c))| d == 1 || s == c)
+    }
+
+    /// Pixel stride of a 4-D NCHW-logical view laid out NHWC with contiguous channels.
+    fn nhwc_pixel_stride(&self) -> Option<usize> {
+        if self.shape.len() != 4 {
+            return None;
+        }
+        let (n, c, h, w) = (self.shape[0], self.shape[1], self.shape[2], self.shape[3]);
+        let s = &self.strides;
+        if c > 1 && s[1] != 1 {
+            return None;
+        }
+        let ps = if w > 1 {
+            s[3]
+        } else if h > 1 {
+            s[2]
+        } else if n > 1 {
+            s[0]
+        } else {
+            c
+        };
+        let ok = ps >= c && (w == 1 || s[3] == ps) && (h == 1 || s[2] == w * ps) && (n == 1 || s[0] == h * w * ps);
+        ok.then_some(ps)
+    }
+
+    fn permute(&self, perm: &[usize]) -> View {
+        View {
+            shape: perm.iter().map(|&p| self.shape[p]).collect(),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            ..self.clone()
+        }
+    }
+
+    /// The view restricted to [start, start + len) along `axis`.
+    fn narrow(&self, axis: usize, start: usize, len: usize) -> View {
+        let mut v = self.clone();
+        v.offset += start * self.strides[axis];
+        v.shape[axis] = len;
+        v
+    }
+
+    /// The view broadcast to `shape` (numpy rules; broadcast dims get stride 0).
+    fn broadcast_to(&self, shape: &[usize]) -> View {
+        let off = shape.len() - self.shape.len();
+        let strides = (0..shape.len())
+            .map(|i| if i < off || (self.shape[i - off] == 1 && shape[i] != 1) { 0 } else { self.strides[i - off] })
+            .collect();
+        View { shape: shape.to_vec(), strides, ..self.clone() }
+    }
+
+    /// The same elements under a new shape, when the layout allows it without a copy.
+    fn reshape(&self, new_shape: &[usize]) -> Option<View> {
+        // Drop size-1 dims, then match groups of old dims to groups of new dims.
+        let old: Vec<(usize, usize)> =
+            self.shape.iter().copied().zip(self.strides.iter().copied()).filter(|(d, _)| *d != 1).collect();
+        let new: Vec<usize> = new_shape.to_vec();
+        let mut new_strides = vec![0usize; new.len()];
+        let (mut i, mut j) = (0, 0);
+        let new_nz: Vec<usize> = (0..new.len()).filter(|&k| new[k] != 1).collect();
+        while i < old.len() || j < new_nz.len() {
+            if i >= old.len() || j >= new_nz.len() {
+                return None;
+            }
+            // Grow both groups until their element counts match.
+            let (i0, j0) = (i, j);
+            let (mut po, mut pn) = (old[i].0, new[new_nz[j]]);
+            i += 1;
+            j += 1;
+            while po != pn {
+                if po < pn {
+                    if i >= old.len() {
+                        return None;
+                    }
+                    po *= old[i].0;
+                    i += 1;
+                } else {
+                    if j >= new_nz.len() {
+                        return None;
+                    }
+                    pn *= new[new_nz[j]];
+                    j += 1;
+                }
+            }
+            // The old group must be contiguous among itself.
+            for k in i0..i - 1 {
+                if old[k].1 != old[k + 1].1 * old[k + 1].0 {
+                    return None;
+                }
+            }
+            let mut s = old[i - 1].1;
+            for k in (j0..j).rev() {
+                new_strides[new_nz[k]] = s;
+                s *= new[new_nz[k]];
+            }
+        }
+        // Size-1 dims take any stride; give them the next inner one for tidiness.
+        for k in (0..new.len()).rev() {
+            if new[k] == 1 {
+                new_strides[k] = if k + 1 < new.len() { new_strides[k + 1] * new[k + 1] } else { 1 };
+            }
+        }
+        Some(View { shape: new, strides: new_strides, ..self.clone() })
+    }
+}
+
+/// Row-major strides for a buffer laid out in physical axis order `order`, viewed in logical order.
+fn strides_for_order(shape: &[usize], order: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut s = 1;
+    for &ax in order.iter().rev() {
+        strides[ax] = s;
+        s *= shape[ax];
+    }
+    strides
+}
+
+const NHWC: [usize; 4] = [0, 2, 3, 1];
+
+fn identity(rank: usize) -> Vec<usize> {
+    (0..rank).collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Transform {
+    AsIs,
+    /// OIHW -> [O][KH][KW][I] for the implicit-GEMM convolution.
+    ConvOhwi,
+    /// [C][1][KH][KW] -> [KH][KW][C] for the depthwise convolution.
+    DepthwiseHwc,
+}
+
+struct Entry {
+    bytes: Vec<u8>,
+    first_use: Option<u32>,
+}
+
+struct Pending {
+    name: String,
+    kernel: Kernel,
+    dtype: DType,
+    args: Vec<View>,
+    deps: BTreeSet<u32>,
+}
+
+struct Emitter<'g> {
+    g: &'g Graph,
+    dtype: DType,
+    bufs: Vec<Buf>,
+    entries: Vec<Entry>,
+    entry_of: HashMap<(usize, Transform, DType), usize>,
+    views: Vec<Option<View>>,
+    /// Where a node's output must go, when a consumer (a concatenation, a graph output) decided it.
+    placed: HashMap<NodeId, (NodeId, usize, usize)>,
+    out_views: HashMap<NodeId, View>,
+    consumers: Vec<Vec<NodeId>>,
+    launches: Vec<Pending>,
+}
+
+fn unsupported(g: &Graph, id: NodeId, detail: impl Into<String>) -> Error {
+    let n = &g.nodes[id];
+    Error::Unsupported {
+        model: g.name.clone(),
+        op: n.op.name().to_string(),
+        node: n.name.clone(),
+        detail: format!(": {}", detail.into()),
+    }
+}
+
+pub fn emit(g: &Graph, dtype: DType) -> Result<Plan, Error> {
+    let mut e = Emitter {
+        g,
+        dtype,
+        bufs: Vec::new(),
+        entries: Vec::new(),
+        entry_of: HashMap::new(),
+        views: vec![None; g.nodes.len()],
+        placed: HashMap::new(),
+        out_views: HashMap::new(),
+        consumers: g.consumers(),
+        launches: Vec::new(),
+    };
+    e.plan_concats();
+    for id in 0..g.nodes.len() {
+        e.emit_node(id)?;
+    }
+    e.finish_outputs()?;
+    e.assemble()
+}
+
+impl Emitter<'_> {
+    fn float(&self, dt: DType) -> DType {
+        if dt == DType::I64 { DType::I64 } else { self.dtype }
+    }
+
+    fn new_buf(&mut self, kind: BufKind, elems: usize, dtype: DType) -> usize {
+        self.bufs.push(Buf { kind, elems, dtype, first_write: None, last_access: None, accessors: Vec::new() });
+        self.bufs.len() - 1
+    }
+
+    /// A fresh arena buffer for `shape` laid out in physical order `order`.
+    fn fresh(&mut self, shape: &[usize], order: &[usize], dtype: DType) -> View {
+        let buf = self.new_buf(BufKind::Arena, element_count(shape).max(1), dtype);
+        View { buf, offset: 0, shape: shape.to_vec(), strides: strides_for_order(shape, order), dtype, writers: Vec::new() }
+    }
+
+    fn default_order(&self, shape: &[usize]) -> Vec<usize> {
+        if shape.len() == 4 { NHWC.to_vec() } else { identity(shape.len()) }
+    }
+
+    // ---- placement -------------------------------------------------------------------------
+
+    /// Decides which concatenation inputs write straight into the concatenation's buffer.
+    /// Later concatenations go first, so DenseNet's growing concatenations become prefixes of the
+    /// last one of each block and cost no copies.
+    fn plan_concats(&mut self) {
+        let g = self.g;
+        for id in (0..g.nodes.len()).rev() {
+            let Op::Concat { axis } = g.nodes[id].op else { continue };
+            let inputs = &g.nodes[id].inputs;
+            // Already placed together, in order, inside one parent? Then this concat is a view of it.
+            if !self.placed.contains_key(&id)
+                && let Some(&(parent, paxis, start)) = self.placed.get(&inputs[0])
+                && paxis == axis
+            {
+                let mut off = start;
+                let mut contiguous = true;
+                for &i in inputs {
+                    match self.placed.get(&i) {
+                        Some(&(p, a, o)) if p == parent && a == axis && o == off => off += g.nodes[i].shape[axis],
+                        _ => {
+                            contiguous = false;
+                            break;
+                        }
+                    }
+                }
+                if contiguous {
+                    self.placed.insert(id, (parent, axis, start));
+                    continue;
+                }
+            }
+            let mut off = 0;
+            for &i in inputs {
+                let len = g.nodes[i].shape[axis];
+                let placeable = !self.placed.contains_key(&i)
+                    && !g.is_output(i)
+                    && inputs.iter().filter(|&&x| x == i).count() == 1
+                    && matches!(
+                        g.nodes[i].op,
+                        Op::Conv { .. }
+                            | Op::Pool { .. }
+                            | Op::MatMul { .. }
+                            | Op::Binary(_)
+                            | Op::BinaryAct { .. }
+                            | Op::Unary(_)
+                            | Op::Affine { .. }
+                            | Op::Concat { .. }
+                            | Op::Where
+                            | Op::Cast
+                    );
+                if placeable {
+                    self.placed.insert(i, (id, axis, off));
+                }
+                off += len;
+            }
+        }
+    }
+
+    /// Where node `id` should write its output (the view a concatenation or graph output wants).
+    fn out_view(&mut self, id: NodeId, order: &[usize]) -> View {
+        if let Some(v) = self.out_views.get(&id) {
+            return v.clone();
+        }
+        let node = &self.g.nodes[id];
+        let dtype = self.float(node.dtype);
+        let v = if let Some(&(parent, axis, off)) = self.placed.get(&id) {
+            let porder = self.default_order(&self.g.nodes[parent].shape);
+            let pv = self.out_view(parent, &porder);
+            pv.narrow(axis, off, node.shape[axis])
+        } else if let Some(k) = self.g.outputs.iter().position(|o| o.node == id)
+            && node.dtype == dtype
+            && dtype != DType::I64
+        {
+            // A graph output whose natural layout is row-major: write it in place.
+            let buf = self.new_buf(BufKind::Output(k as u32), element_count(&node.shape).max(1), dtype);
+            View { buf, offset: 0, shape: node.shape.clone(), strides: strides_of(&node.shape), dtype, writers: Vec::new() }
+        } else {
+            self.fresh(&node.shape, order, dtype)
+        };
+        self.out_views.insert(id, v.clone());
+        v
+    }
+
+    // ---- values ------------------------------------------------------------------------------
+
+    fn entry(&mut self, id: NodeId, t: &Tensor, transform: Transform, dtype: DType) -> Result<usize, Error> {
+        let key_ptr = match &self.g.nodes[id].op {
+            Op::Const(a) => std::sync::Arc::as_ptr(a) as usize,
+            _ => unreachable!(),
+        };
+        let key = (key_ptr, transform, dtype);
+        if let Some(&e) = self.entry_of.get(&key) {
+            return Ok(e);
+        }
+        let data = match transform {
+            Transform::AsIs => t.clone(),
+            Transform::ConvOhwi => crate::interp::transpose(t, &[0, 2, 3, 1]),
+            Transform::DepthwiseHwc => {
+                let mut tt = crate::interp::transpose(t, &[2, 3, 0, 1]);
+                tt.shape = vec![t.shape[2], t.shape[3], t.shape[0]];
+                tt
+            }
+        };
+        let bytes = data.cast(dtype).to_bytes();
+        self.entries.push(Entry { bytes, first_use: None });
+        let eid = self.entries.len() - 1;
+        self.entry_of.insert(key, eid);
+        Ok(eid)
+    }
+
+    fn const_view(&mut self, id: NodeId, transform: Transform) -> Result<View, Error> {
+        let t = self.g.konst(id).expect("const").clone();
+        let dtype = self.float(t.dtype());
+        let e = self.entry(id, &t, transform, dtype)?;
+        let elems = t.len();
+        let buf = self.new_buf(BufKind::Weights(e), elems.max(1), dtype);
+        let shape = match transform {
+            Transform::AsIs => t.shape.clone(),
+            Transform::ConvOhwi => vec![t.shape[0], t.shape[2], t.shape[3], t.shape[1]],
+            Transform::DepthwiseHwc => vec![t.shape[2], t.shape[3], t.shape[0]],
+        };
+        let strides = strides_of(&shape);
+        Ok(View { buf, offset: 0, shape, strides, dtype, writers: Vec::new() })
+    }
+
+    /// The view of a node's value.
+    fn value(&mut self, id: NodeId) -> Result<View, Error> {
+        if let Some(v) = &self.views[id] {
+            return Ok(v.clone());
+        }
+        match &self.g.nodes[id].op {
+            Op::Const(_) => {
+                let v = self.const_view(id, Transform::AsIs)?;
+                self.views[id] = Some(v.clone());
+                Ok(v)
+            }
+            _ => panic!("node {id} ({}) read before it was emitted", self.g.nodes[id].name),
+        }
+    }
+
+    /// A copy of `src` laid out in `order` with element type `dtype`, into a fresh buffer (or `dst`).
+    fn copy(&mut self, name: &str, src: &View, dst: Option<View>, order: &[usize], dtype: DType) -> View {
+        let dst = dst.unwrap_or_else(|| self.fresh(&src.shape, order, dtype));
+        let mut out = dst.clone();
+        let l = self.eltwise(name, EltFunc::Copy, Act::None, &[src.clone()], &dst, [0.0; 2]);
+        out.writers = vec![l];
+        out
+    }
+
+    /// `v` if it is row-major and of `dtype`, else a row-major copy.
+    fn contiguous(&mut self, name: &str, v: View, dtype: DType) -> View {
+        if v.is_contiguous() && v.dtype == dtype {
+            v
+        } else {
+            self.copy(&format!("{name}.contiguous"), &v, None, &identity(v.shape.len()), dtype)
+        }
+    }
+
+    /// `v` as an NHWC view with contiguous channels and element type `dtype`.
+    fn nhwc(&mut self, name: &str, v: View, dtype: DType) -> View {
+        if v.nhwc_pixel_stride().is_some() && v.dtype == dtype {
+            v
+        } else {
+            self.copy(&format!("{name}.nhwc"), &v, None, &NHWC, dtype)
+        }
+    }
+
+    // ---- launches ----------------------------------------------------------------------------
+
+    fn push_launch(&mut self, name: &str, kernel: Kernel, dtype: DType, args: Vec<View>, out_arg: usize) -> u32 {
+        let id = self.launches.len() as u32;
+        let mut deps = BTreeSet::new();
+        for (i, a) in args.iter().enumerate() {
+            if i != out_arg {
+                deps.extend(a.writers.iter().copied());
+            }
+            let b = &mut self.bufs[a.buf];
+            b.accessors.push(id);
+            b.last_access = Some(id);
+            if i == out_arg && b.first_write.is_none() {
+                b.first_write = Some(id);
+            }
+            if let BufKind::Weights(e) = b.kind
+                && self.entries[e].first_use.is_none()
+            {
+                self.entries[e].first_use = Some(id);
+            }
+        }
+        self.launches.push(Pending { name: name.to_string(), kernel, dtype, args, deps });
+        id
+    }
+
+    /// Emits an element-wise kernel computing `func` over `inputs` (broadcast to `out`'s shape) into `out`.
+    fn eltwise(&mut self, name: &str, func: EltFunc, act: Act, inputs: &[View], out: &View, scalars: [f32; 2]) -> u32 {
+        let rank = out.shape.len();
+        let ins: Vec<View> = inputs.iter().map(|v| v.broadcast_to(&out.shape)).collect();
+        // Coalesce dims that are contiguous with their inner neighbour in every operand, drop size-1 dims.
+        let mut dims: Vec<(usize, usize, Vec<usize>)> = Vec::new(); // (size, out stride, in strides)
+        for d in 0..rank {
+            if out.shape[d] == 1 {
+                continue;
+            }
+            dims.push((out.shape[d], out.strides[d], ins.iter().map(|v| v.strides[d]).collect()));
+        }
+        let mut merged: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+        for (size, os, is) in dims {
+            if let Some(last) = merged.last_mut() {
+                let ok = last.1 == os * size && last.2.iter().zip(&is).all(|(&a, &b)| a == b * size);
+                if ok {
+                    last.0 *= size;
+                    last.1 = os;
+                    last.2 = is;
+                    continue;
+                }
+            }
+            merged.push((size, os, is));
+        }
+        assert!(merged.len() <= ELTWISE_RANK_MAX, "eltwise {name}: {} dims after coalescing", merged.len());
+        let pad = ELTWISE_RANK_MAX - merged.len();
+        let mut shape = [1u32; ELTWISE_RANK_MAX];
+        let mut out_strides = [0u64; ELTWISE_RANK_MAX];
+        let mut in_strides = [[0u64; ELTWISE_RANK_MAX]; 3];
+        for (k, (size, os, is)) in merged.iter().enumerate() {
+            shape[pad + k] = *size as u32;
+            out_strides[pad + k] = *os as u64;
+            for (j, s) in is.iter().enumerate() {
+                in_strides[j][pad + k] = *s as u64;
+            }
+        }
+        let mut in_dtypes = [self.dtype; 3];
+        for (j, v) in ins.iter().enumerate() {
+            in_dtypes[j] = v.dtype;
+        }
+        let p = EltwiseParams {
+            func,
+            act,
+            inputs: ins.len() as u32,
+            shape,
+            out_strides,
+            in_strides,
+            in_dtypes,
+            out_dtype: out.dtype,
+            scalars,
+            elems_per_block: ELTWISE_ELEMS_PER_BLOCK,
+        };
+        let mut args = ins;
+        args.push(out.clone());
+        let n = args.len() - 1;
+        self.push_launch(name, Kernel::Eltwise(p), out.dtype, args, n)
+    }
+
+    // ---- nodes -------------------------------------------------------------------------------
+
+    fn set_value(&mut self, id: NodeId, v: View) {
+        self.views[id] = Some(v);
+    }
+
+    fn emit_node(&mut self, id: NodeId) -> Result<(), Error> {
+        let g = self.g;
+        let node = &g.nodes[id];
+        let name = node.name.clone();
+        let shape = node.shape.clone();
+        match &node.op {
+            Op::Input { index } => {
+                let dtype = node.dtype;
+                let buf = self.new_buf(BufKind::Input(*index as u32), element_count(&shape).max(1), dtype);
+                let v = View { buf, offset: 0, strides: strides_of(&shape), shape, dtype, writers: Vec::new() };
+                self.set_value(id, v);
+            }
+            Op::Const(_) => {} // views of constants are made where they are read, in the form the reader needs
+            Op::Reshape => {
+                let x = self.value(node.inputs[0])?;
+                let v = match x.reshape(&shape) {
+                    Some(v) => v,
+                    None => {
+                        let c = self.contiguous(&name, x, self.float(node.dtype));
+                        c.reshape(&shape).expect("contiguous views reshape")
+                    }
+                };
+                self.set_value(id, v);
+            }
+            Op::Transpose { perm } => {
+                let x = self.value(node.inputs[0])?;
+                self.set_value(id, x.permute(perm));
+            }
+            Op::Slice { axis, start, end } => {
+                let x = self.value(node.inputs[0])?;
+                self.set_value(id, x.narrow(*axis, *start, end - start));
+            }
+            Op::Expand => {
+                let x = self.value(node.inputs[0])?;
+                self.set_value(id, x.broadcast_to(&shape));
+            }
+            Op::Concat { axis } => {
+                let order = self.default_order(&shape);
+                let mut out = self.out_view(id, &order);
+                let mut writers = Vec::new();
+                let mut off = 0;
+                for &i in &node.inputs {
+                    let len = g.nodes[i].shape[*axis];
+                    let slot = out.narrow(*axis, off, len);
+                    let v = self.value(i)?;
+                    if v.same_place(&slot) {
+                        writers.extend(v.writers);
+                    } else {
+                        let c = self.copy(&format!("{name}.part{off}"), &v, Some(slot), &order, out.dtype);
+                        writers.extend(c.writers);
+                    }
+                    off += len;
+                }
+                writers.sort_unstable();
+                writers.dedup();
+                out.writers = writers;
+                self.set_value(id, out);
+            }
+            Op::Conv { .. } => self.emit_conv(id)?,
+            Op::MatMul { .. } => self.emit_matmul(id)?,
+            Op::Pool { kind, window } => {
+                let x = self.value(node.inputs[0])?;
+                let x = self.nhwc(&name, x, self.dtype);
+                let mut out = self.out_view(id, &NHWC);
+                if out.nhwc_pixel_stride().is_none() || out.dtype != self.dtype {
+                    out = self.fresh(&shape, &NHWC, self.dtype);
+                }
+                let p = Pool2dParams {
+                    kind: (*kind).into(),
+                    batch: shape[0] as u32,
+                    in_h: x.shape[2] as u32,
+                    in_w: x.shape[3] as u32,
+                    channels: shape[1] as u32,
+                    out_h: shape[2] as u32,
+                    out_w: shape[3] as u32,
+                    kernel_h: window.kernel[0] as u32,
+                    kernel_w: window.kernel[1] as u32,
+                    stride_h: window.stride[0] as u32,
+                    stride_w: window.stride[1] as u32,
+                    pad_top: window.pad_begin[0] as u32,
+                    pad_left: window.pad_begin[1] as u32,
+                    pad_bottom: window.pad_end[0] as u32,
+                    pad_right: window.pad_end[1] as u32,
+                    in_pixel_stride: x.nhwc_pixel_stride().unwrap() as u32,
+                    out_pixel_stride: out.nhwc_pixel_stride().unwrap() as u32,
+                    elems_per_block: POOL_ELEMS_PER_BLOCK,
+                };
+                if window.dilation != [1, 1] {
+                    return Err(unsupported(g, id, "dilated pooling"));
+                }
+                let l = self.push_launch(&name, Kernel::Pool2d(p), self.dtype, vec![x, out.clone()], 1);
+                out.writers = vec![l];
+                self.set_value(id, out);
+            }
+            Op::Reduce { op, axes } => self.emit_reduce(id, *op, axes)?,
+            Op::Softmax { axis, scale, causal } => {
+                let (axis, scale, causal) = (*axis, *scale, *causal);
+                self.emit_rows(
+                    id,
+                    axis,
+                    |rows, cols, causal_rows| {
+                        Kernel::Softmax(SoftmaxParams { rows, cols, scale, causal, causal_rows, rows_per_block: 1 })
+                    },
+                    causal,
+                )?;
+            }
+            Op::LayerNorm { eps } => {
+                let eps = *eps;
+                let rank = shape.len();
+                self.emit_rows(
+                    id,
+                    rank - 1,
+                    |rows, cols, _| Kernel::LayerNorm(LayerNormParams { rows, cols, eps, rows_per_block: 1 }),
+                    false,
+                )?;
+            }
+            Op::Gather { axis } => self.emit_gather(id, *axis)?,
+            Op::Binary(b) => self.emit_binary(id, *b, Act::None)?,
+            Op::BinaryAct { op, act } => self.emit_binary(id, *op, *act)?,
+            Op::Unary(u) => {
+                let x = self.value(node.inputs[0])?;
+                let (func, act) = match u {
+                    UnaryOp::Act(a) => (EltFunc::Copy, *a),
+                    other => (EltFunc::Unary(UnaryOpParam::from_graph(*other).unwrap()), Act::None),
+                };
+                self.emit_eltwise_node(id, func, act, vec![x], [0.0; 2])?;
+            }
+            Op::Affine { act } => {
+                let ins = node.inputs.iter().map(|&i| self.value(i)).collect::<Result<Vec<_>, _>>()?;
+                self.emit_eltwise_node(id, EltFunc::Affine, *act, ins, [0.0; 2])?;
+            }
+            Op::Where => {
+                let ins = node.inputs.iter().map(|&i| self.value(i)).collect::<Result<Vec<_>, _>>()?;
+                self.emit_eltwise_node(id, EltFunc::Where, Act::None, ins, [0.0; 2])?;
+            }
+            Op::Cast => {
+                if node.dtype == DType::I64 {
+                    return Err(unsupported(g, id, "a run-time cast to int64 (kairos kernels produce floats)"));
+                }
+                let x = self.value(node.inputs[0])?;
+                self.emit_eltwise_node(id, EltFunc::Copy, Act::None, vec![x], [0.0; 2])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Emits an element-wise node into its output view (any strided layout works).
+    fn emit_eltwise_node(&mut self, id: NodeId, func: EltFunc, act: Act, ins: Vec<View>, scalars: [f32; 2]) -> Result<(), Error> {
+        let node = &self.g.nodes[id];
+        if node.dtype == DType::I64 || ins.iter().any(|v| v.dtype == DType::I64 && func != EltFunc::Where) {
+            return Err(unsupported(self.g, id, "integer arithmetic at run time"));
+        }
+        if ins.len() > 3 {
+            return Err(unsupported(self.g, id, "more than three inputs"));
+        }
+        // Keep the layout of the first input that is not broadcast (NHWC stays NHWC).
+        let order = ins
+            .iter()
+            .find(|v| v.shape == node.shape && v.strides.iter().all(|&s| s != 0))
+            .map(physical_order)
+            .unwrap_or_else(|| identity(node.shape.len()));
+        let mut out = self.out_view(id, &order);
+        let l = self.eltwise(&node.name.clone(), func, act, &ins, &out, scalars);
+        out.writers = vec![l];
+        self.set_value(id, out);
+        Ok(())
+    }
+
+    fn emit_binary(&mut self, id: NodeId, op: BinaryOp, act: Act) -> Result<(), Error> {
+        let node = &self.g.nodes[id];
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        let scalar_b = self.g.konst(b).filter(|t| t.len() == 1 && t.dtype() != DType::I64).map(|t| t.to_f32_vec()[0]);
+        let av = self.value(a)?;
+        if let Some(s) = scalar_b {
+            return self.emit_eltwise_node(id, EltFunc::BinaryScalar(BinaryOpParam::from_graph(op)), act, vec![av], [s, 0.0]);
+        }
+        let bv = self.value(b)?;
+        self.emit_eltwise_node(id, EltFunc::Binary(BinaryOpParam::from_graph(op)), act, vec![av, bv], [0.0; 2])
+    }
+
+    fn emit_conv(&mut self, id: NodeId) -> Result<(), Error> {
+        let g = self.g;
+        let node = &g.nodes[id];
+        let Op::Conv { window, groups, epilogue } = &node.op else { unreachable!() };
+        let name = node.name.clone();
+        let shape = node.shape.clone();
+        let w_id = node.inputs[1];
+        let Some(w) = g.konst(w_id).cloned() else {
+            return Err(unsupported(g, id, "convolution weights computed at run time"));
+        };
+        let (o, cin_g, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
+        let x = self.value(node.inputs[0])?;
+        let x = self.nhwc(&name, x, self.dtype);
+        let c = x.shape[1];
+        let depthwise = *groups > 1 && *groups == c && o == c && cin_g == 1;
+        let wv = self.const_view(w_id, if depthwise { Transform::DepthwiseHwc } else { Transform::ConvOhwi })?;
+        let mut args = vec![x.clone(), wv];
+        let mut next = 2;
+        if epilogue.bias {
+            let bid = node.inputs[next];
+            if g.konst(bid).is_none() {
+                return Err(unsupported(g, id, "a bias computed at run time"));
+            }
+            args.push(self.const_view(bid, Transform::AsIs)?);
+            next += 1;
+        }
+        let mut res_ps = 0;
+        if epilogue.residual {
+            let r = self.value(node.inputs[next])?;
+            let r = self.nhwc(&format!("{name}.residual"), r, self.dtype);
+            res_ps = r.nhwc_pixel_stride().unwrap();
+            args.push(r);
+        }
+        let mut out = self.out_view(id, &NHWC);
+        if out.nhwc_pixel_stride().is_none() || out.dtype != self.dtype {
+            out = self.fresh(&shape, &NHWC, self.dtype);
+        }
+        let tile = if depthwise { DWCONV_TILE } else { CONV_TILE };
+        let p = Conv2dParams {
+            batch: shape[0] as u32,
+            in_h: x.shape[2] as u32,
+            in_w: x.shape[3] as u32,
+            in_c: c as u32,
+            out_h: shape[2] as u32,
+            out_w: shape[3] as u32,
+            out_c: o as u32,
+            kernel_h: kh as u32,
+            kernel_w: kw as u32,
+            stride_h: window.stride[0] as u32,
+            stride_w: window.stride[1] as u32,
+            pad_h: window.pad_begin[0] as u32,
+            pad_w: window.pad_begin[1] as u32,
+            dilation_h: window.dilation[0] as u32,
+            dilation_w: window.dilation[1] as u32,
+            groups: *groups as u32,
+            in_pixel_stride: x.nhwc_pixel_stride().unwrap() as u32,
+            out_pixel_stride: out.nhwc_pixel_stride().unwrap() as u32,
+            res_pixel_stride: res_ps as u32,
+            epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
+            tile_m: tile.0,
+            tile_n: tile.1,
+        };
+        let kernel = if depthwise { Kernel::DepthwiseConv2d(p) } else { Kernel::Conv2d(p) };
+        args.push(out.clone());
+        let n = args.len() - 1;
+        let l = self.push_launch(&name, kernel, self.dtype, args, n);
+        out.writers = vec![l];
+        self.set_value(id, out);
+        Ok(())
+    }
+
+    /// The physical order a matmul output should have: the order its only consumer, a transpose
+    /// keeping the last axis last, reads contiguously (attention heads merge for free).
+    fn preferred_matmul_order(&self, id: NodeId) -> Vec<usize> {
+        let rank = self.g.nodes[id].shape.len();
+        if self.g.is_output(id) || self.placed.contains_key(&id) {
+            return identity(rank);
+        }
+        if let [c] = self.consumers[id].as_slice()
+            && let Op::Transpose { perm } = &self.g.nodes[*c].op
+            && perm.last() == Some(&(rank - 1))
+        {
+            return perm.clone();
+        }
+        identity(rank)
+    }
+
+    fn emit_matmul(&mut self, id: NodeId) -> Result<(), Error> {
+        let g = self.g;
+        let node = &g.nodes[id];
+        let Op::MatMul { epilogue } = &node.op else { unreachable!() };
+        let name = node.name.clone();
+        let shape = node.shape.clone();
+        let rank = shape.len();
+        let (m, n) = (shape[rank - 2], shape[rank - 1]);
+        let mut a = self.value(node.inputs[0])?;
+        let mut b = self.value(node.inputs[1])?;
+        let k = a.shape[rank - 1];
+        if a.dtype != self.dtype {
+            a = self.contiguous(&name, a, self.dtype);
+        }
+        if b.dtype != self.dtype {
+            b = self.contiguous(&name, b, self.dtype);
+        }
+        let mut bias = None;
+        let mut next = 2;
+        if epilogue.bias {
+            let bid = node.inputs[next];
+            if g.konst(bid).is_none() {
+                return Err(unsupported(g, id, "a bias computed at run time"));
+            }
+            bias = Some(self.const_view(bid, Transform::AsIs)?);
+            next += 1;
+        }
+        let mut residual = None;
+        if epilogue.residual {
+            let r = self.value(node.inputs[next])?;
+            residual = Some(if r.dtype == self.dtype && (r.strides[rank - 1] == 1 || n == 1) {
+                r
+            } else {
+                self.contiguous(&name, r, self.dtype)
+            });
+        }
+        let order = self.preferred_matmul_order(id);
+        let mut out = self.out_view(id, &order);
+        if out.dtype != self.dtype || (out.strides[rank - 1] != 1 && n != 1) {
+            out = self.fresh(&shape, &order, self.dtype);
+        }
+        // Batch dims of every operand broadcast to the output's, then merged to at most two.
+        let batch_shape = &shape[..rank - 2];
+        let bcast = |v: &View| -> Vec<usize> {
+            let full = v.broadcast_to(&[batch_shape, &v.shape[rank - 2..]].concat());
+            full.strides[..rank - 2].to_vec()
+        };
+        let mut operands = vec![bcast(&a), bcast(&b), out.strides[..rank - 2].to_vec()];
+        if let Some(r) = &residual {
+            operands.push(bcast(r));
+        }
+        let mut dims: Vec<(usize, Vec<usize>)> = Vec::new();
+        for d in 0..rank - 2 {
+            if batch_shape[d] == 1 {
+                continue;
+            }
+            let strides: Vec<usize> = operands.iter().map(|s| s[d]).collect();
+            if let Some(last) = dims.last_mut()
+                && last.1.iter().zip(&strides).all(|(&outer, &inner)| outer == inner * batch_shape[d])
+            {
+                last.0 *= batch_shape[d];
+                last.1 = strides;
+                continue;
+            }
+            dims.push((batch_shape[d], strides));
+        }
+        if dims.len() > 2 {
+            return Err(unsupported(g, id, "a matrix product whose batch dims do not merge into two"));
+        }
+        while dims.len() < 2 {
+            dims.insert(0, (1, vec![0; operands.len()]));
+        }
+        let p = GemmParams {
+            batch0: dims[0].0 as u32,
+            batch1: dims[1].0 as u32,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            a_stride0: dims[0].1[0] as u64,
+            a_stride1: dims[1].1[0] as u64,
+            a_stride_m: a.strides[rank - 2] as u64,
+            a_stride_k: a.strides[rank - 1] as u64,
+            b_stride0: dims[0].1[1] as u64,
+            b_stride1: dims[1].1[1] as u64,
+            b_stride_k: b.strides[rank - 2] as u64,
+            b_stride_n: b.strides[rank - 1] as u64,
+            c_stride0: dims[0].1[2] as u64,
+            c_stride1: dims[1].1[2] as u64,
+            c_stride_m: out.strides[rank - 2] as u64,
+            r_stride0: residual.as_ref().map(|_| dims[0].1[3] as u64).unwrap_or(0),
+            r_stride1: residual.as_ref().map(|_| dims[1].1[3] as u64).unwrap_or(0),
+            r_stride_m: residual.as_ref().map(|r| r.strides[rank - 2] as u64).unwrap_or(0),
+            alpha: 1.0,
+            epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
+            tile_m: GEMM_TILE.0,
+            tile_n: GEMM_TILE.1,
+        };
+        let mut args = vec![a, b];
+        args.extend(bias);
+        args.extend(residual);
+        args.push(out.clone());
+        let last = args.len() - 1;
+        let l = self.push_launch(&name, Kernel::Gemm(p), self.dtype, args, last);
+        out.writers = vec![l];
+        self.set_value(id, out);
+        Ok(())
+    }
+
+    /// Row-wise kernels (softmax, layer norm) over `axis`: the input is made row-major with `axis`
+    /// last, the output is row-major in that order and the node's value is viewed back.
+    fn emit_rows(
+        &mut self,
+        id: NodeId,
+        axis: usize,
+        kernel: impl Fn(u32, u32, u32) -> Kernel,
+        causal: bool,
+    ) -> Result<(), Error> {
+        let g = self.g;
+        let node = &g.nodes[id];
+        let name = node.name.clone();
+        let rank = node.shape.len();
+        if causal && axis != rank - 1 {
+            return Err(unsupported(g, id, "a causal softmax over an axis that is not the last"));
+        }
+        let mut perm: Vec<usize> = (0..rank).filter(|&d| d != axis).collect();
+        perm.push(axis);
+        let x = self.value(node.inputs[0])?.permute(&perm);
+        let x = self.contiguous(&name, x, self.dtype);
+        let cols = x.shape[rank - 1];
+        let rows = element_count(&x.shape) / cols.max(1);
+        let causal_rows = if rank >= 2 { x.shape[rank - 2] } else { 1 };
+        let mut args = vec![x.clone()];
+        if let Op::LayerNorm { .. } = node.op {
+            for &p in &node.inputs[1..3] {
+                if g.konst(p).is_none() {
+                    return Err(unsupported(g, id, "layer-norm scale or shift computed at run time"));
+                }
+                args.push(self.const_view(p, Transform::AsIs)?);
+            }
+        }
+        // The output in `perm` order, row-major; the value is its inverse permutation.
+        let mut inv = vec![0; rank];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        let wanted = self.out_view(id, &perm);
+        let out_rows = if wanted.permute(&perm).is_contiguous() && wanted.dtype == self.dtype {
+            wanted.permute(&perm)
+        } else {
+            self.fresh(&x.shape, &identity(rank), self.dtype)
+        };
+        args.push(out_rows.clone());
+        let last = args.len() - 1;
+        let l = self.push_launch(&name, kernel(rows as u32, cols as u32, causal_rows as u32), self.dtype, args, last);
+        let mut v = out_rows.permute(&inv);
+        v.writers = vec![l];
+        self.set_value(id, v);
+        Ok(())
+    }
+
+    fn emit_reduce(&mut self, id: NodeId, op: ReduceOp, axes: &[usize]) -> Result<(), Error> {
+        let g = self.g;
+        let node = &g.nodes[id];
+        let name = node.name.clone();
+        let rank = node.shape.len();
+        let mut x = self.value(node.inputs[0])?;
+        // Physical order of a dense input; the reduced axes must be one block of it.
+        let reduced = |d: usize| axes.contains(&d);
+        let dense = is_dense(&x);
+        let mut order = physical_order(&x);
+        let block_ok = |order: &[usize], xs: &[usize]| {
+            let pos: Vec<usize> =
+                order.iter().enumerate().filter(|(_, d)| reduced(**d) && xs[**d] != 1).map(|(i, _)| i).collect();
+            pos.windows(2).all(|w| w[1] == w[0] + 1)
+        };
+        if !dense || x.dtype != self.dtype || !block_ok(&order, &x.shape) {
+            // Kept axes first (logical order), reduced axes last.
+            let mut o: Vec<usize> = (0..rank).filter(|d| !reduced(*d)).collect();
+            o.extend(axes.iter().copied());
+            x = self.copy(&format!("{name}.for_reduce"), &x, None, &o, self.dtype);
+            order = o;
+        }
+        let sizes: Vec<usize> = order.iter().map(|&d| x.shape[d]).collect();
+        let first = order.iter().position(|&d| reduced(d) && x.shape[d] != 1);
+        let (outer, red, inner) = match first {
+            None => (element_count(&x.shape), 1, 1),
+            Some(f) => {
+                let count = order.iter().filter(|&&d| reduced(d) && x.shape[d] != 1).count();
+                let outer: usize = sizes[..f].iter().product();
+                let red: usize = sizes[f..f + count].iter().product();
+                let inner: usize = sizes[f + count..].iter().product();
+                (outer, red, inner)
+            }
+        };
+        // x's first element must be the buffer view's origin of the dense block.
+        let kind = match op {
+            ReduceOp::Sum => ReduceKind::Sum,
+            ReduceOp::Mean => ReduceKind::Mean,
+            ReduceOp::Max => ReduceKind::Max,
+            ReduceOp::Min => ReduceKind::Min,
+        };
+        let kept_order: Vec<usize> = order.iter().copied().filter(|d| !reduced(*d)).chain(axes.iter().copied()).collect();
+        let wanted = self.out_view(id, &kept_order);
+        let expected = View { strides: strides_for_order(&node.shape, &kept_order), ..wanted.clone() };
+        let mut out = if wanted.same_place(&expected)
+            && wanted.offset == 0
+            && wanted.dtype == self.dtype
+            && self.bufs[wanted.buf].kind == BufKind::Arena
+        {
+            wanted
+        } else {
+            self.fresh(&node.shape, &kept_order, self.dtype)
+        };
+        let p = ReduceParams {
+            kind,
+            outer: outer as u32,
+            reduce: red as u32,
+            inner: inner as u32,
+            elems_per_block: REDUCE_ELEMS_PER_BLOCK,
+        };
+        let l = self.push_launch(&name, Kernel::Reduce(p), self.dtype, vec![x, out.clone()], 1);
+        out.writers = vec![l];
+        self.set_value(id, out);
+        Ok(())
+    }
+
+    fn emit_gather(&mut self, id: NodeId, axis: usize) -> Result<(), Error> {
+        let g = self.g;
+        let node = &g.nodes[id];
+        let name = node.name.clone();
+        let (data, indices) = (node.inputs[0], node.inputs[1]);
+        let table = g.konst(data).cloned();
+        match &table {
+            Some(t) if axis == 0 && t.shape.len() == 2 && t.dtype() != DType::I64 => {}
+            _ => return Err(unsupported(g, id, "only embedding lookups (axis 0 of a constant 2-D table) are supported")),
+        }
+        let t = table.unwrap();
+        let tv = self.const_view(data, Transform::AsIs)?;
+        let iv = self.value(indices)?;
+        if iv.dtype != DType::I64 || !iv.is_contiguous() {
+            return Err(unsupported(g, id, "indices must be contiguous int64"));
+        }
+        let count = element_count(&iv.shape);
+        let cols = t.shape[1];
+        let wanted = self.out_view(id, &identity(node.shape.len()));
+        let mut out = if wanted.is_contiguous() && wanted.dtype == self.dtype {
+            wanted
+        } else {
+            self.fresh(&node.shape, &identity(node.shape.len()), self.dtype)
+        };
+        let p = GatherParams { count: count as u32, table_rows: t.shape[0] as u32, cols: cols as u32, rows_per_block: 1 };
+        let l = self.push_launch(&name, Kernel::Gather(p), self.dtype, vec![tv, iv, out.clone()], 2);
+        out.writers = vec![l];
+        self.set_value(id, out);
+        Ok(())
+    }
+
+    /// Every graph output lands row-major in its output buffer.
+    fn finish_outputs(&mut self) -> Result<(), Error> {
+        for (k, o) in self.g.outputs.iter().enumerate() {
+            let v = self.value(o.node)?;
+            let dtype = self.g.nodes[o.node].dtype;
+            if dtype == DType::I64 {
+                return Err(unsupported(self.g, o.node, "an int64 model output"));
+            }
+            if self.bufs[v.buf].kind == BufKind::Output(k as u32) && v.is_contiguous() && v.offset == 0 {
+                continue;
+            }
+            let shape = self.g.nodes[o.node].shape.clone();
+            let buf = self.new_buf(BufKind::Output(k as u32), element_count(&shape).max(1), dtype);
+            let dst = View { buf, offset: 0, strides: strides_of(&shape), shape, dtype, writers: Vec::new() };
+            self.copy(&format!("{}.output", o.name), &v, Some(dst), &[], dtype);
+        }
+        Ok(())
+    }
+
+    // ---- assembly ----------------------------------------------------------------------------
+
+    fn assemble(self) -> Result<Plan, Error> {
+        let g = self.g;
+        let launches_n = self.launches.len();
+        // Weight blob in launch order: each launch's new entries form its layer.
+        let mut order: Vec<usize> = (0..self.entries.len()).filter(|&e| self.entries[e].first_use.is_some()).collect();
+        order.sort_by_key(|&e| (self.entries[e].first_use.unwrap(), e));
+        let mut entry_offset = vec![0u64; self.entries.len()];
+        let mut blob_len = 0u64;
+        let mut layers: Vec<Layer> = Vec::new();
+        let mut layer_of_launch: Vec<Option<u32>> = vec![None; launches_n];
+        for &e in &order {
+            let l = self.entries[e].first_use.unwrap() as usize;
+            blob_len = blob_len.next_multiple_of(BUFFER_ALIGN_BYTES);
+            entry_offset[e] = blob_len;
+            match layer_of_launch[l] {
+                Some(li) => {
+                    let layer = &mut layers[li as usize];
+                    layer.len_bytes = blob_len + self.entries[e].bytes.len() as u64 - layer.offset_bytes;
+                }
+                None => {
+                    layer_of_launch[l] = Some(layers.len() as u32);
+                    layers.push(Layer {
+                        name: self.launches[l].name.clone(),
+                        offset_bytes: blob_len,
+                        len_bytes: self.entries[e].bytes.len() as u64,
+                    });
+                }
+            }
+            blob_len += self.entries[e].bytes.len() as u64;
+        }
+        let mut blob = AlignedBytes::zeroed(blob_len as usize);
+        for &e in &order {
+            let o = entry_offset[e] as usize;
+            blob.as_mut_slice()[o..o + self.entries[e].bytes.len()].copy_from_slice(&self.entries[e].bytes);
+        }
+
+        // Arena: interval packing of buffers over [first write, last access].
+        let mut arena: Vec<usize> =
+            (0..self.bufs.len()).filter(|&b| self.bufs[b].kind == BufKind::Arena && self.bufs[b].last_access.is_some()).collect();
+        for &b in &arena {
+            if self.bufs[b].first_write.is_none() {
+                return Err(Error::Invalid(format!("model '{}': an arena buffer is read before anything writes it", g.name)));
+            }
+        }
+        arena.sort_by_key(|&b| std::cmp::Reverse(self.bufs[b].elems * self.bufs[b].dtype.size_bytes()));
+        let mut buf_offset = vec![0u64; self.bufs.len()];
+        let mut placed: Vec<(u64, u64, u32, u32)> = Vec::new(); // (start, end, first, last)
+        let mut arena_bytes = 0u64;
+        for &b in &arena {
+            let size = (self.bufs[b].elems * self.bufs[b].dtype.size_bytes()) as u64;
+            let (first, last) = (self.bufs[b].first_write.unwrap(), self.bufs[b].last_access.unwrap());
+            let mut live: Vec<(u64, u64)> = placed.iter().filter(|p| p.2 <= last && first <= p.3).map(|p| (p.0, p.1)).collect();
+            live.sort();
+            let mut offset = 0u64;
+            for (s, e) in live {
+                if offset + size <= s {
+                    break;
+                }
+                offset = offset.max(e.next_multiple_of(BUFFER_ALIGN_BYTES));
+            }
+            buf_offset[b] = offset;
+            placed.push((offset, offset + size, first, last));
+            arena_bytes = arena_bytes.max(offset + size);
+        }
+        for b in 0..self.bufs.len() {
+            if let BufKind::Weights(e) = self.bufs[b].kind {
+                buf_offset[b] = entry_offset[e];
+            }
+        }
+
+        // Hazards of arena reuse: whoever writes a buffer waits for every earlier user of memory it overlaps.
+        let mut hazard: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); launches_n];
+        for &b in &arena {
+            let size = (self.bufs[b].elems * self.bufs[b].dtype.size_bytes()) as u64;
+            let (bs, be) = (buf_offset[b], buf_offset[b] + size);
+            let first = self.bufs[b].first_write.unwrap();
+            for &a in &arena {
+                if a == b || self.bufs[a].last_access.unwrap() >= first {
+                    continue;
+                }
+                let asz = (self.bufs[a].elems * self.bufs[a].dtype.size_bytes()) as u64;
+                if buf_offset[a] < be && bs < buf_offset[a] + asz {
+                    for &w in &self.bufs[b].accessors {
+                        hazard[w as usize].extend(self.bufs[a].accessors.iter().copied().filter(|&x| x < w));
+                    }
+                }
+            }
+        }
+
+        let space = |kind: BufKind| match kind {
+            BufKind::Arena => Space::Arena,
+            BufKind::Weights(_) => Space::Weights,
+            BufKind::Input(i) => Space::Input(i),
+            BufKind::Output(i) => Space::Output(i),
+        };
+        let mut launches = Vec::with_capacity(launches_n);
+        for (i, p) in self.launches.into_iter().enumerate() {
+            let args = p
+                .args
+                .iter()
+                .map(|v| {
+                    let size = v.dtype.size_bytes() as u64;
+                    BufRef {
+                        space: space(self.bufs[v.buf].kind),
+                        offset_bytes: buf_offset[v.buf] + v.offset as u64 * size,
+                        len_bytes: v.extent().max(1) as u64 * size,
+                    }
+                })
+                .collect();
+            let mut deps: BTreeSet<u32> = p.deps;
+            deps.extend(hazard[i].iter().copied());
+            deps.remove(&(i as u32));
+            let logical_blocks = p.kernel.logical_blocks();
+            let threads = match p.kernel {
+                Kernel::Gather(_) => 128,
+                _ => THREADS,
+            };
+            launches.push(Launch {
+                name: p.name,
+                flops: p.kernel.flops(),
+                bytes: p.kernel.bytes_moved(p.dtype),
+                kernel: p.kernel,
+                dtype: p.dtype,
+                shape: LaunchShape { logical_blocks, threads_per_block: threads, shared_mem_bytes: 0 },
+                args,
+                deps: deps.into_iter().collect(),
+                layer: layer_of_launch[i],
+            });
+        }
+        let inputs = g
+            .inputs
+            .iter()
+            .map(|i| IoTensor { name: i.name.clone(), shape: g.nodes[i.node].shape.clone(), dtype: g.nodes[i.node].dtype })
+            .collect();
+        let outputs = g
+            .outputs
+            .iter()
+            .map(|o| IoTensor { name: o.name.clone(), shape: g.nodes[o.node].shape.clone(), dtype: g.nodes[o.node].dtype })
+            .collect();
+        let plan = Plan {
+            model: g.name.clone(),
+            dtype: self.dtype,
+            inputs,
+            outputs,
+            launches,
+            arena_bytes: arena_bytes.next_multiple_of(BUFFER_ALIGN_BYTES),
+            weight_bytes: blob_len,
+            layers,
+            weights: std::sync::Arc::new(blob),
+        };
+        plan.validate().map_err(|e| Error::Invalid(format!("model '{}': lowering produced an invalid plan: {e}", g.name)))?;
+        Ok(plan)
+    }
+}
+
+/// Axes of a view from the largest stride to the smallest (size-1 axes last).
+fn physical_order(v: &View) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..v.shape.len()).collect();
+    order.sort_by(|&a, &b| {
+        let ka = (v.shape[a] != 1, v.strides[a]);
+        let kb = (v.shape[b] != 1, v.strides[b]);
+        kb.cmp(&ka).then(a.cmp(&b))
+    });
+    order
+}
+
+/// Whether a view covers a dense block of its buffer in some axis order.
+fn is_dense(v: &View) -> bool {
+    let order = physical_order(v);
+    let mut s = 1;
+    for &d in order.iter().rev() {
+        if v.shape[d] == 1 {
+            continue;
+        }
+        if v.strides[d] != s {
+            return false;
+        }
+        s *= v.shape[d];
+    }
+    true
+}

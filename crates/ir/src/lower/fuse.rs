@@ -1,0 +1,676 @@
+//! Graph-level passes: constant folding, canonical forms, pattern fusion (GELU, layer norm,
+//! softmax with scale and causal mask, batch norm into convolutions, epilogues, affine chains).
+//!
+//! Every pass keeps the graph valid: a rewritten node only reads nodes before it, new constants
+//! are appended and put in place by a topological sort, and dead nodes are pruned at the end.
+
+use crate::graph::*;
+use crate::interp;
+use crate::tensor::{DType, Tensor, element_count};
+use std::sync::Arc;
+
+/// Largest constant folding may create, in elements. Bigger folds (a transposed embedding table)
+/// stay as ops: the emitter reads them as strided views of the original constant instead.
+const FOLD_ELEMS_MAX: usize = 4 << 20;
+
+pub fn optimize(g: &mut Graph) {
+    fold_constants(g);
+    for _ in 0..8 {
+        if !canonicalize(g) {
+            break;
+        }
+        fold_constants(g);
+    }
+    fuse_gelu(g);
+    fuse_layer_norm(g);
+    fuse_softmax(g);
+    fuse_epilogues(g);
+    fuse_eltwise(g);
+    g.prune();
+    g.assert_valid();
+}
+
+fn konst(g: &Graph, id: NodeId) -> Option<&Arc<Tensor>> {
+    g.konst(id)
+}
+
+/// The value of a one-element float constant.
+fn scalar(g: &Graph, id: NodeId) -> Option<f32> {
+    let t = konst(g, id)?;
+    (t.len() == 1 && t.dtype() != DType::I64).then(|| t.to_f32_vec()[0])
+}
+
+fn all_equal(g: &Graph, id: NodeId, v: f32) -> bool {
+    konst(g, id).is_some_and(|t| t.dtype() != DType::I64 && t.to_f32_vec().iter().all(|&x| x == v))
+}
+
+fn close(a: f32, b: f32, rel: f32) -> bool {
+    (a - b).abs() <= rel * b.abs().max(1e-30)
+}
+
+/// Values of a constant that broadcasts against `shape` and varies only along `axis` (or not at
+/// all), expanded to `shape[axis]` values.
+fn per_axis(g: &Graph, id: NodeId, shape: &[usize], axis: usize) -> Option<Vec<f32>> {
+    let t = konst(g, id)?;
+    if t.dtype() == DType::I64 || t.shape.len() > shape.len() {
+        return None;
+    }
+    let off = shape.len() - t.shape.len();
+    let n = shape[axis];
+    let mut along = None;
+    for (d, &s) in t.shape.iter().enumerate() {
+        let d_out = d + off;
+        if s == 1 {
+            continue;
+        }
+        if d_out != axis || s != n {
+            return None;
+        }
+        along = Some(());
+    }
+    let v = t.to_f32_vec();
+    Some(if along.is_some() { v } else { vec![v[0]; n] })
+}
+
+fn alias(g: &mut Graph, id: NodeId, to: NodeId) {
+    g.replace_uses(id, to);
+}
+
+/// Evaluates every node whose inputs are all constants (within the size limit).
+pub fn fold_constants(g: &mut Graph) {
+    for id in 0..g.nodes.len() {
+        let n = &g.nodes[id];
+        if matches!(n.op, Op::Input { .. } | Op::Const(_)) || n.inputs.is_empty() {
+            continue;
+        }
+        if element_count(&n.shape) > FOLD_ELEMS_MAX || !n.inputs.iter().all(|&i| konst(g, i).is_some()) {
+            continue;
+        }
+        let ins: Vec<&Tensor> = n.inputs.iter().map(|&i| konst(g, i).unwrap().as_ref()).collect();
+        let t = interp::eval(&n.op, &ins, &n.shape, n.dtype);
+        g.nodes[id].op = Op::Const(Arc::new(t));
+        g.nodes[id].inputs.clear();
+    }
+}
+
+/// Small rewrites to one canonical form, so fusion patterns have fewer shapes to match.
+fn canonicalize(g: &mut Graph) -> bool {
+    let mut changed = false;
+    let uses = g.use_counts();
+    for id in 0..g.nodes.len() {
+        let node = g.nodes[id].clone();
+        match (&node.op, node.inputs.as_slice()) {
+            // Constants second in commutative ops.
+            (Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min), &[a, b])
+                if konst(g, a).is_some() && konst(g, b).is_none() =>
+            {
+                g.nodes[id].inputs = vec![b, a];
+                changed = true;
+            }
+            (Op::Binary(BinaryOp::Sub), &[x, c]) if konst(g, c).is_some() && konst(g, x).is_none() => {
+                let t = konst(g, c).unwrap();
+                let neg = Tensor::f32(t.shape.clone(), t.to_f32_vec().iter().map(|v| -v).collect());
+                let k = g.add_const(format!("{}.neg", node.name), neg);
+                g.nodes[id].op = Op::Binary(BinaryOp::Add);
+                g.nodes[id].inputs = vec![x, k];
+                changed = true;
+            }
+            // (x + c1) + c2 = x + (c1 + c2), and likewise for products.
+            (Op::Binary(op @ (BinaryOp::Add | BinaryOp::Mul)), &[inner, c2])
+                if konst(g, c2).is_some() && uses[inner] == 1 && same_op_with_const(g, inner, *op, &node.shape).is_some() =>
+            {
+                let (x, c1) = same_op_with_const(g, inner, *op, &node.shape).unwrap();
+                let (t1, t2) = (konst(g, c1).unwrap().clone(), konst(g, c2).unwrap().clone());
+                if let Some(cs) = broadcast_shapes(&t1.shape, &t2.shape) {
+                    let combined = interp::eval(&Op::Binary(*op), &[&t1, &t2], &cs, DType::F32);
+                    let k = g.add_const(format!("{}.combined", node.name), combined);
+                    g.nodes[id].inputs = vec![x, k];
+                    changed = true;
+                }
+            }
+            (Op::Binary(BinaryOp::Div), &[x, c]) if konst(g, c).is_some() && konst(g, x).is_none() => {
+                let t = konst(g, c).unwrap();
+                let inv = Tensor::f32(t.shape.clone(), t.to_f32_vec().iter().map(|v| 1.0 / v).collect());
+                let k = g.add_const(format!("{}.recip", node.name), inv);
+                g.nodes[id].op = Op::Binary(BinaryOp::Mul);
+                g.nodes[id].inputs = vec![x, k];
+                changed = true;
+            }
+            (Op::Binary(BinaryOp::Add), &[x, c]) if all_equal(g, c, 0.0) && g.nodes[x].shape == node.shape => {
+                alias(g, id, x);
+                changed = true;
+            }
+            (Op::Binary(BinaryOp::Mul), &[x, c]) if all_equal(g, c, 1.0) && g.nodes[x].shape == node.shape => {
+                alias(g, id, x);
+                changed = true;
+            }
+            (Op::Binary(BinaryOp::Pow), &[x, c]) if scalar(g, c).is_some() => {
+                let e = scalar(g, c).unwrap();
+                if e == 2.0 {
+                    g.nodes[id].op = Op::Unary(UnaryOp::Square);
+                    g.nodes[id].inputs = vec![x];
+                    changed = true;
+                } else if e == 0.5 {
+                    g.nodes[id].op = Op::Unary(UnaryOp::Sqrt);
+                    g.nodes[id].inputs = vec![x];
+                    changed = true;
+                } else if e == 1.0 && g.nodes[x].shape == node.shape {
+                    alias(g, id, x);
+                    changed = true;
+                }
+            }
+            (Op::Binary(BinaryOp::Max), &[x, c]) if scalar(g, c) == Some(0.0) && g.nodes[x].shape == node.shape => {
+                // max(min(x, 6), 0) is ReLU6.
+                let inner = &g.nodes[x];
+                if let (Op::Binary(BinaryOp::Min), &[y, six]) = (&inner.op, inner.inputs.as_slice())
+                    && scalar(g, six) == Some(6.0)
+                    && uses[x] == 1
+                {
+                    g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::Relu6));
+                    g.nodes[id].inputs = vec![y];
+                } else {
+                    g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::Relu));
+                    g.nodes[id].inputs = vec![x];
+                }
+                changed = true;
+            }
+            (Op::Binary(BinaryOp::Min), &[x, c]) if scalar(g, c) == Some(6.0) && g.nodes[x].shape == node.shape => {
+                let inner = &g.nodes[x];
+                if let (Op::Unary(UnaryOp::Act(Act::Relu)), &[y]) = (&inner.op, inner.inputs.as_slice())
+                    && uses[x] == 1
+                {
+                    g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::Relu6));
+                    g.nodes[id].inputs = vec![y];
+                    changed = true;
+                }
+            }
+            // sum(x) * (1/n) is mean(x).
+            (Op::Binary(BinaryOp::Mul), &[r, c]) if scalar(g, c).is_some() && uses[r] == 1 => {
+                if let Op::Reduce { op: ReduceOp::Sum, axes } = &g.nodes[r].op {
+                    let src = g.nodes[r].inputs[0];
+                    let count: usize = axes.iter().map(|&a| g.nodes[src].shape[a]).product();
+                    if close(scalar(g, c).unwrap(), 1.0 / count as f32, 1e-5) && g.nodes[r].shape == node.shape {
+                        g.nodes[id].op = Op::Reduce { op: ReduceOp::Mean, axes: axes.clone() };
+                        g.nodes[id].inputs = vec![src];
+                        changed = true;
+                    }
+                }
+            }
+            (Op::Reshape, &[x]) => {
+                if g.nodes[x].shape == node.shape {
+                    alias(g, id, x);
+                    changed = true;
+                } else if let (Op::Reshape, &[y]) = (&g.nodes[x].op, g.nodes[x].inputs.as_slice()) {
+                    g.nodes[id].inputs = vec![y];
+                    changed = true;
+                }
+            }
+            (Op::Transpose { perm }, &[x]) => {
+                if perm.iter().enumerate().all(|(i, &p)| i == p) {
+                    alias(g, id, x);
+                    changed = true;
+                } else if let (Op::Transpose { perm: inner }, &[y]) = (&g.nodes[x].op, g.nodes[x].inputs.as_slice()) {
+                    let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+                    g.nodes[id].op = Op::Transpose { perm: composed };
+                    g.nodes[id].inputs = vec![y];
+                    changed = true;
+                }
+            }
+            (Op::Cast, &[x]) if g.nodes[x].dtype == node.dtype => {
+                alias(g, id, x);
+                changed = true;
+            }
+            (Op::Expand, &[x]) if g.nodes[x].shape == node.shape => {
+                alias(g, id, x);
+                changed = true;
+            }
+            _ => {}
+        }
+    }
+    if changed {
+        g.toposort();
+        g.prune();
+    }
+    changed
+}
+
+/// `x op c` (c constant, x not) with x of shape `shape`: returns (x, c).
+fn same_op_with_const(g: &Graph, id: NodeId, op: BinaryOp, shape: &[usize]) -> Option<(NodeId, NodeId)> {
+    let n = &g.nodes[id];
+    match (&n.op, n.inputs.as_slice()) {
+        (Op::Binary(o), &[x, c])
+            if *o == op && konst(g, c).is_some() && konst(g, x).is_none() && g.nodes[x].shape == shape && !g.is_output(id) =>
+        {
+            Some((x, c))
+        }
+        _ => None,
+    }
+}
+
+/// Flattens a product tree rooted at `id` into its factors (following single-use Muls).
+fn factors(g: &Graph, uses: &[usize], id: NodeId, root: bool, out: &mut Vec<NodeId>) {
+    let n = &g.nodes[id];
+    if matches!(n.op, Op::Binary(BinaryOp::Mul)) && (root || uses[id] == 1) {
+        factors(g, uses, n.inputs[0], false, out);
+        factors(g, uses, n.inputs[1], false, out);
+    } else {
+        out.push(id);
+    }
+}
+
+fn as_op<'a>(g: &'a Graph, id: NodeId, op_name: &str) -> Option<&'a [NodeId]> {
+    let n = &g.nodes[id];
+    (n.op.name() == op_name).then_some(n.inputs.as_slice())
+}
+
+/// x * c with c a scalar constant close to `value`: returns x.
+fn times_scalar(g: &Graph, uses: &[usize], id: NodeId, value: f32) -> Option<NodeId> {
+    let mut f = Vec::new();
+    factors(g, uses, id, true, &mut f);
+    if f.len() != 2 {
+        return None;
+    }
+    let (a, b) = (f[0], f[1]);
+    if scalar(g, b).is_some_and(|v| close(v, value, 1e-4)) {
+        Some(a)
+    } else if scalar(g, a).is_some_and(|v| close(v, value, 1e-4)) {
+        Some(b)
+    } else {
+        None
+    }
+}
+
+/// `1 + inner(...)` where inner is Erf or Tanh: returns inner's argument.
+fn one_plus(g: &Graph, id: NodeId, inner: &str) -> Option<NodeId> {
+    let ins = as_op(g, id, "Add")?;
+    let (a, b) = (ins[0], ins[1]);
+    let (t, one) = if scalar(g, b).is_some() { (a, b) } else { (b, a) };
+    if scalar(g, one) != Some(1.0) {
+        return None;
+    }
+    let arg = as_op(g, t, inner)?;
+    Some(arg[0])
+}
+
+/// Replaces x * 0.5 * (1 + erf(x / sqrt 2)) and GPT-2's tanh form by one GELU activation.
+fn fuse_gelu(g: &mut Graph) {
+    let uses = g.use_counts();
+    for id in 0..g.nodes.len() {
+        if !matches!(g.nodes[id].op, Op::Binary(BinaryOp::Mul)) {
+            continue;
+        }
+        let mut f = Vec::new();
+        factors(g, &uses, id, true, &mut f);
+        if f.len() != 3 {
+            continue;
+        }
+        let Some(half_pos) = f.iter().position(|&x| scalar(g, x).is_some_and(|v| close(v, 0.5, 1e-6))) else { continue };
+        f.remove(half_pos);
+        for (x, a) in [(f[0], f[1]), (f[1], f[0])] {
+            // Exact: a = 1 + erf(x * 0.70710678).
+            if let Some(arg) = one_plus(g, a, "Erf")
+                && times_scalar(g, &uses, arg, std::f32::consts::FRAC_1_SQRT_2) == Some(x)
+            {
+                g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::Gelu));
+                g.nodes[id].inputs = vec![x];
+                break;
+            }
+            // Tanh form: a = 1 + tanh(k * (x + 0.044715 * x^3)).
+            if let Some(t_in) = tanh_arg(g, a)
+                && let Some(inner) = times_scalar(g, &uses, t_in, (2.0 / std::f32::consts::PI).sqrt())
+                && let Some(ins) = as_op(g, inner, "Add")
+            {
+                let (p, q) = (ins[0], ins[1]);
+                let cubic = |c: NodeId| {
+                    let y = times_scalar(g, &uses, c, 0.044715)?;
+                    let pw = as_op(g, y, "Pow")?;
+                    (pw[0] == x && scalar(g, pw[1]) == Some(3.0)).then_some(())
+                };
+                if (p == x && cubic(q).is_some()) || (q == x && cubic(p).is_some()) {
+                    g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::GeluTanh));
+                    g.nodes[id].inputs = vec![x];
+                    break;
+                }
+            }
+        }
+    }
+    g.prune();
+}
+
+/// The argument of tanh in `1 + tanh(arg)`.
+fn tanh_arg(g: &Graph, id: NodeId) -> Option<NodeId> {
+    let ins = as_op(g, id, "Add")?;
+    let (a, b) = (ins[0], ins[1]);
+    let (t, one) = if scalar(g, b).is_some() { (a, b) } else { (b, a) };
+    if scalar(g, one) != Some(1.0) {
+        return None;
+    }
+    match &g.nodes[t].op {
+        Op::Unary(UnaryOp::Act(Act::Tanh)) => Some(g.nodes[t].inputs[0]),
+        _ => None,
+    }
+}
+
+fn is_mean_last(g: &Graph, id: NodeId) -> Option<NodeId> {
+    let n = &g.nodes[id];
+    match &n.op {
+        Op::Reduce { op: ReduceOp::Mean, axes } if axes.len() == 1 => {
+            let x = n.inputs[0];
+            (axes[0] == g.nodes[x].shape.len() - 1).then_some(x)
+        }
+        _ => None,
+    }
+}
+
+/// Matches the normalized value of a layer norm: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps),
+/// spelled with Div/Sqrt or Mul/Rsqrt. Returns (x, eps).
+fn match_normalized(g: &Graph, id: NodeId) -> Option<(NodeId, f32)> {
+    let n = &g.nodes[id];
+    let (d, denom_in) = match (&n.op, n.inputs.as_slice()) {
+        (Op::Binary(BinaryOp::Div), &[d, s]) => (d, as_op(g, s, "Sqrt")?[0]),
+        (Op::Binary(BinaryOp::Mul), &[a, b]) => {
+            if let Some(r) = as_op(g, b, "Rsqrt") {
+                (a, r[0])
+            } else if let Some(r) = as_op(g, a, "Rsqrt") {
+                (b, r[0])
+            } else {
+                return None;
+            }
+        }
+        _ => return None,
+    };
+    // d = x - mean(x)
+    let (x, m) = match (&g.nodes[d].op, g.nodes[d].inputs.as_slice()) {
+        (Op::Binary(BinaryOp::Sub), &[x, m]) => (x, m),
+        _ => return None,
+    };
+    if is_mean_last(g, m) != Some(x) {
+        return None;
+    }
+    // denom_in = var + eps, var = mean(square(d))
+    let ins = as_op(g, denom_in, "Add")?;
+    let (var, eps) = if scalar(g, ins[1]).is_some() { (ins[0], ins[1]) } else { (ins[1], ins[0]) };
+    let eps = scalar(g, eps)?;
+    let sq = is_mean_last(g, var)?;
+    let sq_in = as_op(g, sq, "Square")?[0];
+    (sq_in == d).then_some((x, eps))
+}
+
+fn fuse_layer_norm(g: &mut Graph) {
+    // Outermost pattern first: y = n * gamma + beta must win over its inner n * gamma.
+    for id in (0..g.nodes.len()).rev() {
+        let shape = g.nodes[id].shape.clone();
+        if shape.is_empty() {
+            continue;
+        }
+        let last = shape.len() - 1;
+        let c = shape[last];
+        // y = n * gamma + beta, y = n * gamma, y = n + beta, or y = n.
+        let n = &g.nodes[id];
+        let (norm, gamma, beta) = match (&n.op, n.inputs.as_slice()) {
+            (Op::Binary(BinaryOp::Add), &[m, b]) if per_axis(g, b, &shape, last).is_some() => {
+                match (&g.nodes[m].op, g.nodes[m].inputs.as_slice()) {
+                    (Op::Binary(BinaryOp::Mul), &[nn, gm]) if per_axis(g, gm, &shape, last).is_some() => {
+                        (nn, per_axis(g, gm, &shape, last), per_axis(g, b, &shape, last))
+                    }
+                    _ => (m, None, per_axis(g, b, &shape, last)),
+                }
+            }
+            (Op::Binary(BinaryOp::Mul), &[nn, gm]) if per_axis(g, gm, &shape, last).is_some() => {
+                (nn, per_axis(g, gm, &shape, last), None)
+            }
+            _ => (id, None, None),
+        };
+        let Some((x, eps)) = match_normalized(g, norm) else { continue };
+        if g.nodes[x].shape != shape {
+            continue;
+        }
+        let name = g.nodes[id].name.clone();
+        let gk = g.add_const(format!("{name}.gamma"), Tensor::f32(vec![c], gamma.unwrap_or_else(|| vec![1.0; c])));
+        let bk = g.add_const(format!("{name}.beta"), Tensor::f32(vec![c], beta.unwrap_or_else(|| vec![0.0; c])));
+        g.nodes[id].op = Op::LayerNorm { eps };
+        g.nodes[id].inputs = vec![x, gk, bk];
+    }
+    g.toposort();
+    g.prune();
+}
+
+/// A constant mask over the last two axes that keeps key j for query i iff j <= i + (keys - queries).
+fn is_causal_keep_mask(g: &Graph, id: NodeId, keep_if_nonzero: bool, shape: &[usize]) -> bool {
+    let Some(t) = konst(g, id) else { return false };
+    if t.shape.len() < 2 || shape.len() < 2 {
+        return false;
+    }
+    let (q, k) = (t.shape[t.shape.len() - 2], t.shape[t.shape.len() - 1]);
+    if q != shape[shape.len() - 2] || k != shape[shape.len() - 1] || k < q {
+        return false;
+    }
+    let v = t.to_f32_vec();
+    v.chunks(q * k).all(|m| (0..q).all(|i| (0..k).all(|j| ((m[i * k + j] != 0.0) == keep_if_nonzero) == (j <= i + k - q))))
+}
+
+/// Folds scales and causal masks into the softmax that consumes them.
+fn fuse_softmax(g: &mut Graph) {
+    for id in 0..g.nodes.len() {
+        let Op::Softmax { axis, mut scale, mut causal } = g.nodes[id].op.clone() else { continue };
+        let shape = g.nodes[id].shape.clone();
+        if axis != shape.len() - 1 {
+            continue;
+        }
+        let uses = g.use_counts();
+        let mut src = g.nodes[id].inputs[0];
+        loop {
+            if uses[src] != 1 {
+                break;
+            }
+            let n = &g.nodes[src];
+            match (&n.op, n.inputs.as_slice()) {
+                (Op::Binary(BinaryOp::Mul), &[x, c]) if scalar(g, c).is_some() => {
+                    scale *= scalar(g, c).unwrap();
+                    src = x;
+                }
+                (Op::Where, &[m, x, neg]) if !causal && scalar(g, neg).is_some_and(|v| v <= -1e4) => {
+                    if is_causal_keep_mask(g, m, true, &shape) && g.nodes[x].shape == shape {
+                        causal = true;
+                        src = x;
+                    } else {
+                        break;
+                    }
+                }
+                (Op::Binary(BinaryOp::Add), &[x, m]) if !causal && konst(g, m).is_some() => {
+                    let t = konst(g, m).unwrap();
+                    let ok_values = t.to_f32_vec().iter().all(|&v| v == 0.0 || v <= -1e4);
+                    if ok_values && is_causal_keep_mask(g, m, false, &shape) && g.nodes[x].shape == shape {
+                        causal = true;
+                        src = x;
+                    } else {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        g.nodes[id].op = Op::Softmax { axis, scale, causal };
+        g.nodes[id].inputs = vec![src];
+    }
+    g.prune();
+}
+
+/// Which axis of a fused op's output carries its channels (bias and batch-norm axis).
+fn channel_axis(op: &Op, rank: usize) -> usize {
+    match op {
+        Op::Conv { .. } => 1,
+        _ => rank - 1,
+    }
+}
+
+/// Folds batch-norm scales and shifts, biases, residual adds and activations into the
+/// convolution or matrix product that produces their input.
+fn fuse_epilogues(g: &mut Graph) {
+    loop {
+        let mut changed = false;
+        let uses = g.use_counts();
+        for id in 0..g.nodes.len() {
+            let n = g.nodes[id].clone();
+            if n.inputs.is_empty() {
+                continue;
+            }
+            // The producer r must be a conv or matmul whose only reader is this node; for an Add the
+            // producer may be either operand (a residual add is written both ways round).
+            let mut n = n;
+            if matches!(n.op, Op::Binary(BinaryOp::Add))
+                && n.inputs.len() == 2
+                && !is_fusable_producer(g, &uses, n.inputs[0])
+                && is_fusable_producer(g, &uses, n.inputs[1])
+            {
+                n.inputs.swap(0, 1);
+            }
+            let r = n.inputs[0];
+            if uses[r] != 1 || g.is_output(r) {
+                continue;
+            }
+            let prod = g.nodes[r].clone();
+            let ep = match &prod.op {
+                Op::Conv { epilogue, .. } | Op::MatMul { epilogue } => *epilogue,
+                _ => continue,
+            };
+            if n.shape != prod.shape || n.dtype != prod.dtype {
+                continue;
+            }
+            let axis = channel_axis(&prod.op, prod.shape.len());
+            let weights_const = konst(g, prod.inputs[1]).is_some();
+            let bias_pos = 2;
+            let new = match (&n.op, n.inputs.as_slice()) {
+                // Scale: fold into the weights (and existing bias).
+                (Op::Binary(BinaryOp::Mul), &[_, c])
+                    if ep.act.0 == Act::None && !ep.residual && weights_const && per_axis(g, c, &n.shape, axis).is_some() =>
+                {
+                    let s = per_axis(g, c, &n.shape, axis).unwrap();
+                    let w = konst(g, prod.inputs[1]).unwrap().clone();
+                    let scaled = scale_weights(&prod.op, &w, &s);
+                    let wk = g.add_const(format!("{}.weight_scaled", prod.name), scaled);
+                    let mut inputs = prod.inputs.clone();
+                    inputs[1] = wk;
+                    if ep.bias {
+                        let b = konst(g, inputs[bias_pos]);
+                        let Some(b) = b else { continue };
+                        let bv: Vec<f32> = b.to_f32_vec().iter().zip(&s).map(|(b, s)| b * s).collect();
+                        inputs[bias_pos] = g.add_const(format!("{}.bias_scaled", prod.name), Tensor::f32(vec![s.len()], bv));
+                    }
+                    Some((prod.op.clone(), inputs))
+                }
+                // Shift: becomes or joins the bias.
+                (Op::Binary(BinaryOp::Add), &[_, c])
+                    if ep.act.0 == Act::None && !ep.residual && per_axis(g, c, &n.shape, axis).is_some() =>
+                {
+                    let t = per_axis(g, c, &n.shape, axis).unwrap();
+                    let mut inputs = prod.inputs.clone();
+                    let mut ep2 = ep;
+                    if ep.bias {
+                        let Some(b) = konst(g, inputs[bias_pos]) else { continue };
+                        let bv: Vec<f32> = b.to_f32_vec().iter().zip(&t).map(|(b, t)| b + t).collect();
+                        inputs[bias_pos] = g.add_const(format!("{}.bias_shifted", prod.name), Tensor::f32(vec![t.len()], bv));
+                    } else {
+                        let bk = g.add_const(format!("{}.bias", prod.name), Tensor::f32(vec![t.len()], t));
+                        inputs.insert(bias_pos, bk);
+                        ep2.bias = true;
+                    }
+                    Some((with_epilogue(&prod.op, ep2), inputs))
+                }
+                // Residual: a second tensor of the same shape.
+                (Op::Binary(BinaryOp::Add), &[_, other])
+                    if ep.act.0 == Act::None
+                        && !ep.residual
+                        && konst(g, other).is_none()
+                        && g.nodes[other].shape == n.shape
+                        && g.nodes[other].dtype == n.dtype =>
+                {
+                    let mut inputs = prod.inputs.clone();
+                    inputs.push(other);
+                    Some((with_epilogue(&prod.op, Epilogue { residual: true, ..ep }), inputs))
+                }
+                (Op::Unary(UnaryOp::Act(a)), _) if ep.act.0 == Act::None => {
+                    Some((with_epilogue(&prod.op, Epilogue { act: ActOpt(*a), ..ep }), prod.inputs.clone()))
+                }
+                _ => None,
+            };
+            if let Some((op, inputs)) = new {
+                g.nodes[id].op = op;
+                g.nodes[id].inputs = inputs;
+                g.nodes[id].name = prod.name.clone();
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+        g.toposort();
+        g.prune();
+    }
+}
+
+fn is_fusable_producer(g: &Graph, uses: &[usize], id: NodeId) -> bool {
+    uses[id] == 1 && !g.is_output(id) && matches!(g.nodes[id].op, Op::Conv { .. } | Op::MatMul { .. })
+}
+
+fn with_epilogue(op: &Op, ep: Epilogue) -> Op {
+    match op {
+        Op::Conv { window, groups, .. } => Op::Conv { window: *window, groups: *groups, epilogue: ep },
+        Op::MatMul { .. } => Op::MatMul { epilogue: ep },
+        _ => unreachable!("only convolutions and matrix products have epilogues"),
+    }
+}
+
+/// Multiplies output channel o of conv weights [O, ...] or column o of matmul weights [.., K, O] by s[o].
+fn scale_weights(op: &Op, w: &Tensor, s: &[f32]) -> Tensor {
+    let mut v = w.to_f32_vec();
+    match op {
+        Op::Conv { .. } => {
+            let per = v.len() / s.len();
+            for (o, chunk) in v.chunks_mut(per).enumerate() {
+                chunk.iter_mut().for_each(|x| *x *= s[o]);
+            }
+        }
+        _ => {
+            let n = s.len();
+            for (i, x) in v.iter_mut().enumerate() {
+                *x *= s[i % n];
+            }
+        }
+    }
+    Tensor::f32(w.shape.clone(), v)
+}
+
+/// Fuses x * scale + shift (+ activation) into one affine node, and binary ops with a following activation.
+fn fuse_eltwise(g: &mut Graph) {
+    let uses = g.use_counts();
+    for id in 0..g.nodes.len() {
+        let n = g.nodes[id].clone();
+        match (&n.op, n.inputs.as_slice()) {
+            (Op::Binary(BinaryOp::Add), &[m, shift]) if konst(g, shift).is_some() && uses[m] == 1 => {
+                if let (Op::Binary(BinaryOp::Mul), &[x, scale]) = (&g.nodes[m].op, g.nodes[m].inputs.as_slice())
+                    && konst(g, scale).is_some()
+                    && g.nodes[x].shape == n.shape
+                {
+                    g.nodes[id].op = Op::Affine { act: Act::None };
+                    g.nodes[id].inputs = vec![x, scale, shift];
+                }
+            }
+            (Op::Unary(UnaryOp::Act(a)), &[x]) if uses[x] == 1 && !g.is_output(x) && g.nodes[x].shape == n.shape => {
+                match g.nodes[x].op.clone() {
+                    Op::Affine { act: Act::None } => {
+                        g.nodes[id].op = Op::Affine { act: *a };
+                        g.nodes[id].inputs = g.nodes[x].inputs.clone();
+                    }
+                    Op::Binary(op) => {
+                        g.nodes[id].op = Op::BinaryAct { op, act: *a };
+                        g.nodes[id].inputs = g.nodes[x].inputs.clone();
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    g.prune();
+}

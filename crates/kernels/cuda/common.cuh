@@ -1,0 +1,98 @@
+// Shared helpers of kairos' kernels: storage types, conversions, activations.
+//
+// No CUDA headers are needed: fp16 values are stored as their 16 bit patterns and converted with
+// the PTX cvt instructions, so NVRTC compiles the library with no include path at all.
+// All arithmetic is f32; fp16 is a storage type only.
+
+#pragma once
+#include "kairos/protocol.cuh"
+
+typedef unsigned short h16;
+
+#define KAIROS_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(h16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ h16 f2h(float f) {
+    h16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ float ld(const h16* p) { return h2f(*p); }
+__device__ __forceinline__ void st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st(h16* p, float v) { *p = f2h(v); }
+
+// Element types as the host encodes them (kairos_ir::DType).
+#define KAIROS_DT_F32 0u
+#define KAIROS_DT_F16 1u
+#define KAIROS_DT_I64 2u
+
+__device__ __forceinline__ float ld_dt(u64 base, u64 i, u32 dt) {
+    if (dt == KAIROS_DT_F16) return h2f(((const h16*)base)[i]);
+    if (dt == KAIROS_DT_I64) return (float)((const i64*)base)[i];
+    return ((const float*)base)[i];
+}
+
+__device__ __forceinline__ void st_dt(u64 base, u64 i, u32 dt, float v) {
+    if (dt == KAIROS_DT_F16) ((h16*)base)[i] = f2h(v);
+    else if (dt == KAIROS_DT_I64) ((i64*)base)[i] = (i64)v;  // cvt.rzi: truncates, saturates, NaN -> 0
+    else ((float*)base)[i] = v;
+}
+
+// Activations (kairos_ir::graph::Act, in declaration order).
+#define KAIROS_ACT_NONE 0u
+#define KAIROS_ACT_RELU 1u
+#define KAIROS_ACT_RELU6 2u
+#define KAIROS_ACT_SIGMOID 3u
+#define KAIROS_ACT_TANH 4u
+#define KAIROS_ACT_HARDSWISH 5u
+#define KAIROS_ACT_GELU 6u
+#define KAIROS_ACT_GELU_TANH 7u
+
+__device__ __forceinline__ float kairos_act(u32 act, float x) {
+    switch (act) {
+        case KAIROS_ACT_RELU: return fmaxf(x, 0.0f);
+        case KAIROS_ACT_RELU6: return fminf(fmaxf(x, 0.0f), 6.0f);
+        case KAIROS_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+        case KAIROS_ACT_TANH: return tanhf(x);
+        case KAIROS_ACT_HARDSWISH: return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f;
+        case KAIROS_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        case KAIROS_ACT_GELU_TANH: {
+            const float k = 0.79788456080286536f;  // sqrt(2 / pi)
+            return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+        }
+        default: return x;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Defines `extern "C" name_f32` and `name_f16` kernels that run `body<T>(P, A)`.
+#define KAIROS_KERNELS(name, Args, body, max_threads)                                                         \
+    extern "C" __global__ void __launch_bounds__(max_threads, 2)                                                 \
+        name##_f32(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                   \
+        body<float>(P, A);                                                                                    \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(max_threads, 2)                                                 \
+        name##_f16(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                   \
+        body<h16>(P, A);                                                                                      \
+    }

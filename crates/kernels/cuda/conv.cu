@@ -1,0 +1,154 @@
+// conv2d and dwconv2d: convolutions on NHWC activations (kairos_ir::plan::Conv2dParams).
+//
+// conv2d with groups == 1 is an implicit GEMM on the tile engine: A[m][k] is the input patch of
+// output pixel m (k runs over kernel_h, kernel_w, in_c with in_c fastest, matching the weight
+// layout [out_c][kernel_h][kernel_w][in_c]), B[k][n] = weights[n][k]. Grouped convolutions and
+// tiles larger than the engine's maximum take a direct path, one output per thread.
+// dwconv2d (weights [kernel_h][kernel_w][c]) is direct, channel fastest for coalescing.
+// Epilogue: y = act(acc + bias[n] + residual[m][n]).
+
+#include "kairos/tile.cuh"
+
+struct ConvArgs {
+    u64 in, w, bias, res, out;  // bias and res are 0 when absent
+    u32 batch, in_h, in_w, in_c, out_h, out_w, out_c;
+    u32 kh, kw, sh, sw, ph, pw, dh, dw, groups;
+    u32 in_ps, out_ps, res_ps;
+    u32 act, tile_m, tile_n;
+};
+static_assert(sizeof(ConvArgs) == 128, "ConvArgs layout");
+
+template <typename T>
+__device__ __forceinline__ float conv_epilogue(const ConvArgs& A, u64 m, u32 n, float v) {
+    if (A.bias) v += ld((const T*)A.bias + n);
+    if (A.res) v += ld((const T*)A.res + m * A.res_ps + n);
+    return kairos_act(A.act, v);
+}
+
+template <typename T>
+struct ConvTileLoader {
+    const ConvArgs& A;
+    const int* ih0;
+    const int* iw0;
+    const u32* img;
+    u32 K, m0, n0;
+    bool a_k_fastest, b_k_fastest;
+
+    __device__ float a(u32 mm, u32 k) const {
+        const u32 ci = k % A.in_c;
+        const u32 t = k / A.in_c;
+        const u32 kx = t % A.kw;
+        const u32 ky = t / A.kw;
+        const int ih = ih0[mm] + (int)(ky * A.dh);
+        const int iw = iw0[mm] + (int)(kx * A.dw);
+        if (ih < 0 || iw < 0 || ih >= (int)A.in_h || iw >= (int)A.in_w) return 0.0f;
+        return ld((const T*)A.in + (u64)(img[mm] + (u32)ih * A.in_w + (u32)iw) * A.in_ps + ci);
+    }
+    __device__ float b(u32 k, u32 nn) const { return ld((const T*)A.w + (u64)(n0 + nn) * K + k); }
+    __device__ void store(u32 mm, u32 nn, float v) const {
+        const u64 m = m0 + mm;
+        const u32 n = n0 + nn;
+        st((T*)A.out + m * A.out_ps + n, conv_epilogue<T>(A, m, n, v));
+    }
+};
+
+// One output of a (possibly grouped) convolution, computed directly.
+template <typename T>
+__device__ __forceinline__ float conv_direct(const ConvArgs& A, u32 m, u32 n) {
+    const u32 ow = m % A.out_w;
+    const u32 t = m / A.out_w;
+    const u32 oh = t % A.out_h;
+    const u32 ni = t / A.out_h;
+    const u32 cin_g = A.in_c / A.groups;
+    const u32 cout_g = A.out_c / A.groups;
+    const u32 c0 = (n / cout_g) * cin_g;
+    const T* w = (const T*)A.w + (u64)n * A.kh * A.kw * cin_g;
+    float acc = 0.0f;
+    for (u32 ky = 0; ky < A.kh; ++ky) {
+        const int ih = (int)(oh * A.sh + ky * A.dh) - (int)A.ph;
+        if (ih < 0 || ih >= (int)A.in_h) continue;
+        for (u32 kx = 0; kx < A.kw; ++kx) {
+            const int iw = (int)(ow * A.sw + kx * A.dw) - (int)A.pw;
+            if (iw < 0 || iw >= (int)A.in_w) continue;
+            const T* x = (const T*)A.in + ((u64)(ni * A.in_h + (u32)ih) * A.in_w + (u32)iw) * A.in_ps + c0;
+            const T* wk = w + (ky * A.kw + kx) * cin_g;
+            for (u32 ci = 0; ci < cin_g; ++ci) acc = fmaf(ld(x + ci), ld(wk + ci), acc);
+        }
+    }
+    return acc;
+}
+
+template <typename T>
+__device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs& A) {
+    __shared__ TileSmem smem;
+    __shared__ int s_ih0[TILE_MAX];
+    __shared__ int s_iw0[TILE_MAX];
+    __shared__ u32 s_img[TILE_MAX];
+    const u32 M = A.batch * A.out_h * A.out_w;
+    const u32 n_tiles = (A.out_c + A.tile_n - 1) / A.tile_n;
+    const bool tiled = A.groups == 1 && A.tile_m <= TILE_MAX && A.tile_n <= TILE_MAX;
+    kairos_run(P, [&](u32 b) {
+        const u32 m0 = (b / n_tiles) * A.tile_m;
+        const u32 n0 = (b % n_tiles) * A.tile_n;
+        const u32 tm = min(A.tile_m, M - m0);
+        const u32 tn = min(A.tile_n, A.out_c - n0);
+        if (tiled) {
+            for (u32 mm = threadIdx.x; mm < tm; mm += blockDim.x) {
+                const u32 m = m0 + mm;
+                const u32 ow = m % A.out_w;
+                const u32 t = m / A.out_w;
+                const u32 oh = t % A.out_h;
+                const u32 ni = t / A.out_h;
+                s_ih0[mm] = (int)(oh * A.sh) - (int)A.ph;
+                s_iw0[mm] = (int)(ow * A.sw) - (int)A.pw;
+                s_img[mm] = ni * A.in_h * A.in_w;
+            }
+            __syncthreads();
+            ConvTileLoader<T> L{A, s_ih0, s_iw0, s_img, A.kh * A.kw * A.in_c, m0, n0, true, true};
+            tile_gemm(L, smem, tm, tn, L.K);
+        } else {
+            for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
+                const u32 m = m0 + i / tn;
+                const u32 n = n0 + i % tn;
+                const float v = conv_direct<T>(A, m, n);
+                st((T*)A.out + (u64)m * A.out_ps + n, conv_epilogue<T>(A, m, n, v));
+            }
+        }
+    });
+}
+
+template <typename T>
+__device__ __forceinline__ void dwconv2d_body(const KairosProto& P, const ConvArgs& A) {
+    const u32 M = A.batch * A.out_h * A.out_w;
+    const u32 C = A.out_c;
+    const u32 n_tiles = (C + A.tile_n - 1) / A.tile_n;
+    kairos_run(P, [&](u32 b) {
+        const u32 m0 = (b / n_tiles) * A.tile_m;
+        const u32 n0 = (b % n_tiles) * A.tile_n;
+        const u32 tm = min(A.tile_m, M - m0);
+        const u32 tn = min(A.tile_n, C - n0);
+        for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
+            const u32 m = m0 + i / tn;
+            const u32 c = n0 + i % tn;
+            const u32 ow = m % A.out_w;
+            const u32 t = m / A.out_w;
+            const u32 oh = t % A.out_h;
+            const u32 ni = t / A.out_h;
+            float acc = 0.0f;
+            for (u32 ky = 0; ky < A.kh; ++ky) {
+                const int ih = (int)(oh * A.sh + ky * A.dh) - (int)A.ph;
+                if (ih < 0 || ih >= (int)A.in_h) continue;
+                for (u32 kx = 0; kx < A.kw; ++kx) {
+                    const int iw = (int)(ow * A.sw + kx * A.dw) - (int)A.pw;
+                    if (iw < 0 || iw >= (int)A.in_w) continue;
+                    const float x = ld((const T*)A.in + ((u64)(ni * A.in_h + (u32)ih) * A.in_w + (u32)iw) * A.in_ps + c);
+                    acc = fmaf(x, ld((const T*)A.w + (ky * A.kw + kx) * C + c), acc);
+                }
+            }
+            st((T*)A.out + (u64)m * A.out_ps + c, conv_epilogue<T>(A, m, c, acc));
+        }
+    });
+}
+
+KAIROS_KERNELS(conv2d, ConvArgs, conv2d_body, 256)
+KAIROS_KERNELS(dwconv2d, ConvArgs, dwconv2d_body, 256)

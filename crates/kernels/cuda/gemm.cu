@@ -1,0 +1,76 @@
+// gemm: batched strided matrix product C = act(alpha * A B + bias + residual)
+// (kairos_ir::plan::GemmParams). Strides are in elements; C and the residual have unit column
+// stride. One logical block is one (batch, tile row, tile column) on the tile engine; operands
+// are staged in the order that makes their contiguous index the fast one, so both [m][k] and
+// [k][m] layouts of A (and [k][n] / [n][k] of B) load coalesced.
+
+#include "kairos/tile.cuh"
+
+struct GemmArgs {
+    u64 a, b, bias, res, c;  // bias and res are 0 when absent
+    u64 a_s0, a_s1, a_sm, a_sk;
+    u64 b_s0, b_s1, b_sk, b_sn;
+    u64 c_s0, c_s1, c_sm;
+    u64 r_s0, r_s1, r_sm;
+    u32 batch0, batch1, m, n, k;
+    float alpha;
+    u32 act, tile_m, tile_n, pad;
+};
+static_assert(sizeof(GemmArgs) == 192, "GemmArgs layout");
+
+template <typename T>
+struct GemmTileLoader {
+    const GemmArgs& A;
+    const T* pa;     // A at (b0, b1, m0, 0)
+    const T* pb;     // B at (b0, b1, 0, n0)
+    T* pc;           // C at (b0, b1, m0, n0)
+    const T* pr;     // residual at (b0, b1, m0, n0), or null
+    const T* pbias;  // bias + n0, or null
+    bool a_k_fastest, b_k_fastest;
+
+    __device__ float a(u32 mm, u32 k) const { return ld(pa + mm * A.a_sm + k * A.a_sk); }
+    __device__ float b(u32 k, u32 nn) const { return ld(pb + k * A.b_sk + nn * A.b_sn); }
+    __device__ void store(u32 mm, u32 nn, float v) const {
+        v *= A.alpha;
+        if (pbias) v += ld(pbias + nn);
+        if (pr) v += ld(pr + mm * A.r_sm + nn);
+        st(pc + mm * A.c_sm + nn, kairos_act(A.act, v));
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& A) {
+    __shared__ TileSmem smem;
+    const u32 m_tiles = (A.m + A.tile_m - 1) / A.tile_m;
+    const u32 n_tiles = (A.n + A.tile_n - 1) / A.tile_n;
+    const bool tiled = A.tile_m <= TILE_MAX && A.tile_n <= TILE_MAX;
+    kairos_run(P, [&](u32 blk) {
+        const u32 bb = blk / (m_tiles * n_tiles);
+        const u32 rest = blk % (m_tiles * n_tiles);
+        const u32 b0 = bb / A.batch1;
+        const u32 b1 = bb % A.batch1;
+        const u32 m0 = (rest / n_tiles) * A.tile_m;
+        const u32 n0 = (rest % n_tiles) * A.tile_n;
+        const u32 tm = min(A.tile_m, A.m - m0);
+        const u32 tn = min(A.tile_n, A.n - n0);
+        const T* a = (const T*)A.a + b0 * A.a_s0 + b1 * A.a_s1 + m0 * A.a_sm;
+        const T* b = (const T*)A.b + b0 * A.b_s0 + b1 * A.b_s1 + n0 * A.b_sn;
+        T* c = (T*)A.c + b0 * A.c_s0 + b1 * A.c_s1 + m0 * A.c_sm + n0;
+        const T* r = A.res ? (const T*)A.res + b0 * A.r_s0 + b1 * A.r_s1 + m0 * A.r_sm + n0 : (const T*)0;
+        const T* bias = A.bias ? (const T*)A.bias + n0 : (const T*)0;
+        GemmTileLoader<T> L{A, a, b, c, r, bias, A.a_sk == 1 || A.a_sm != 1, A.b_sk == 1 && A.b_sn != 1};
+        if (tiled) {
+            tile_gemm(L, smem, tm, tn, A.k);
+        } else {
+            for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
+                const u32 mm = i / tn;
+                const u32 nn = i % tn;
+                float acc = 0.0f;
+                for (u32 k = 0; k < A.k; ++k) acc = fmaf(L.a(mm, k), L.b(k, nn), acc);
+                L.store(mm, nn, acc);
+            }
+        }
+    });
+}
+
+KAIROS_KERNELS(gemm, GemmArgs, gemm_body, 256)

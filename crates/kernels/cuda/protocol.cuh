@@ -1,0 +1,253 @@
+// kairos kernel protocol: the one header every kernel of the library runs under.
+//
+// A launch has `total_blocks` logical blocks (the decomposition each kernel's parameter struct
+// documents in kairos_ir::plan). Its physical CTAs are persistent:
+//
+//   1. A CTA whose SM (%smid) is outside the launch's SM mask leaves at once.
+//   2. Otherwise it reports its placement, then loops: read the launch's preempt flag (a word in
+//      mapped pinned host memory that the host sets without a copy), and if it is clear take the
+//      next logical block from the launch's atomic counter (device memory) and run it.
+//      Counter values are handed out in order, so the blocks taken are always a prefix
+//      [first_block, first_block + taken) of the launch's range: a preempted launch stops at a
+//      logical-block boundary, and relaunching with first_block = that boundary runs exactly the
+//      blocks never taken.
+//   3. On leaving, it reports completion (blocks run). The last CTA of the grid to leave reads the
+//      counter, resets the slot for the next launch, and reports LaunchDone with the first block
+//      never taken. If no CTA landed inside the mask at all (possible only when the grid is too
+//      small to reach every SM of the mask), that last CTA runs the remaining blocks itself
+//      wherever it is, so no launch is ever lost; its placement record names the SM it used.
+//
+// Notifications are 32-byte records in a ring in mapped pinned host memory that the host polls.
+// Placement and completion are aggregated per SM: the first CTA of a launch to arrive on an SM
+// opens a group, CTAs arriving while it reports join it, and one record carries the group's CTA
+// count (the same for completion, with the blocks run). Producers reserve a record index with an
+// atomic in device memory and never write past what the host has consumed: when the ring is
+// full they wait (backpressure) up to `ring_timeout_ns`, then drop the record and raise the
+// ring's overflow word, which the host reports as an error. A record is never overwritten
+// unread.
+//
+// With KAIROS_PROTOCOL_OFF defined the same kernel bodies compile to a plain grid (one CTA per
+// logical block, no flag, mask or notifications): the baseline for measuring the protocol's cost.
+//
+// The Rust mirror of the structs here lives in crates/kernels/src/source.rs; keep them in step.
+
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define KAIROS_SM_COUNT_MAX 256
+#define KAIROS_NO_BLOCK 0xffffffffu
+
+// Record kinds.
+#define KAIROS_REC_PLACED 1u
+#define KAIROS_REC_FINISHED 2u
+#define KAIROS_REC_DONE 3u
+
+// KairosProto.flags
+#define KAIROS_FLAG_NOTIFY 1u
+#define KAIROS_FLAG_SM_BITMAP 2u
+
+// One notification, in mapped pinned host memory. `seq` is written last (after a system fence)
+// and holds the record's index + 1, so the host can tell a fresh record from a stale lap.
+struct KairosRecord {
+    u32 seq;
+    u32 kind_sm;  // kind << 16 | sm
+    u32 slot;     // launch slot
+    u32 ctas;     // CTAs in the group (placed / finished)
+    u32 blocks;   // finished: logical blocks run by the group; done: first block never taken
+    u32 aux;      // done: 1 when stopped by the preempt flag
+    u64 time_ns;  // %globaltimer when the record was written
+};
+
+// Ring control words in mapped pinned host memory.
+struct KairosRingHost {
+    u64 consumed;  // records the host has consumed (host writes, device reads)
+    u32 overflow;  // set by a producer that had to drop a record (device writes, host reads)
+    u32 pad;
+};
+
+// Ring control words in device memory.
+struct KairosRingDev {
+    u64 reserve;  // next record index to hand out
+    u64 limit;    // cached consumed + capacity: indices below it may be written without asking the host
+};
+
+// Per-launch-slot state in device memory. All zero between launches (the protocol restores that).
+struct KairosSlot {
+    u32 next;       // logical blocks taken since first_block
+    u32 ctas_done;  // CTAs that have left
+    u32 placed[KAIROS_SM_COUNT_MAX];    // per-SM placement group being reported
+    u64 finished[KAIROS_SM_COUNT_MAX];  // per-SM completion group: ctas << 32 | blocks
+};
+
+// The protocol half of every kernel's parameters (the first kernel parameter, by value).
+struct KairosProto {
+    u64 slot_state;    // KairosSlot* (device memory)
+    u64 preempt_flag;  // volatile u32* (mapped pinned host memory, device address)
+    u64 ring_records;  // KairosRecord* (mapped pinned host memory, device address)
+    u64 ring_host;     // KairosRingHost* (mapped pinned host memory, device address)
+    u64 ring_dev;      // KairosRingDev* (device memory)
+    u64 sm_mask[KAIROS_SM_COUNT_MAX / 64];
+    u64 sm_bitmap;     // u32[KAIROS_SM_COUNT_MAX / 32] of SMs that ran blocks (tests), or 0
+    u64 ring_timeout_ns;
+    u32 slot;
+    u32 first_block;
+    u32 total_blocks;
+    u32 ring_capacity;  // a power of two
+    u32 flags;
+    u32 pad;
+};
+
+static_assert(sizeof(KairosRecord) == 32, "KairosRecord layout");
+static_assert(sizeof(KairosProto) == 112, "KairosProto layout");
+
+__device__ __forceinline__ u32 kairos_smid() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ u64 kairos_globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Appends one record to the ring (called by one thread). Never overwrites an unconsumed record.
+__device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 sm, u32 ctas, u32 blocks, u32 aux) {
+    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
+    KairosRingDev* rd = (KairosRingDev*)P.ring_dev;
+    volatile KairosRingHost* rh = (volatile KairosRingHost*)P.ring_host;
+    u64 idx = atomicAdd(&rd->reserve, 1ull);
+    u64 limit = *(volatile u64*)&rd->limit;
+    if (idx >= limit) {
+        // Slow path: ask the host how far it has consumed; wait while the ring is full.
+        u64 t0 = kairos_globaltimer();
+        for (;;) {
+            u64 fresh = rh->consumed + P.ring_capacity;
+            atomicMax(&rd->limit, fresh);
+            if (idx < fresh) break;
+            if (kairos_globaltimer() - t0 > P.ring_timeout_ns) {
+                rh->overflow = 1;
+                __threadfence_system();
+                return;
+            }
+            __nanosleep(1000);
+        }
+    }
+    volatile KairosRecord* r = (volatile KairosRecord*)P.ring_records + (idx & (u64)(P.ring_capacity - 1));
+    r->kind_sm = (kind << 16) | sm;
+    r->slot = P.slot;
+    r->ctas = ctas;
+    r->blocks = blocks;
+    r->aux = aux;
+    r->time_ns = kairos_globaltimer();
+    __threadfence_system();
+    r->seq = (u32)(idx + 1);
+}
+
+// Reports one CTA arriving on `sm`, aggregated with the CTAs that arrive while it reports.
+__device__ __forceinline__ void kairos_report_placed(const KairosProto& P, KairosSlot* S, u32 sm) {
+    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
+    if (atomicAdd(&S->placed[sm], 1u) == 0u) {
+        u32 n = atomicExch(&S->placed[sm], 0u);
+        kairos_emit(P, KAIROS_REC_PLACED, sm, n, 0, 0);
+    }
+}
+
+// Reports one CTA leaving `sm` after running `blocks` logical blocks, aggregated likewise.
+__device__ __forceinline__ void kairos_report_finished(const KairosProto& P, KairosSlot* S, u32 sm, u32 blocks) {
+    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
+    if (atomicAdd(&S->finished[sm], (1ull << 32) | (u64)blocks) == 0ull) {
+        u64 v = atomicExch(&S->finished[sm], 0ull);
+        kairos_emit(P, KAIROS_REC_FINISHED, sm, (u32)(v >> 32), (u32)v, 0);
+    }
+}
+
+// The persistent loop: takes logical blocks until none are left or the preempt flag is seen.
+// The flag read for the next take is issued before the current block runs, so its PCIe latency
+// hides behind the block's work. Returns the blocks this CTA ran (in every thread).
+template <typename Body>
+__device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot* S, u32 sm, Body& body) {
+    __shared__ u32 s_block[2];
+    volatile u32* flag = (volatile u32*)P.preempt_flag;
+    const bool leader = threadIdx.x == 0;
+    u32 stop = 0;
+    if (leader) stop = *flag;
+    u32 ran = 0;
+    for (u32 it = 0;; ++it) {
+        if (leader) {
+            u32 b = KAIROS_NO_BLOCK;
+            if (!stop) {
+                u32 taken = atomicAdd(&S->next, 1u);
+                if (taken < P.total_blocks - P.first_block) b = P.first_block + taken;
+            }
+            s_block[it & 1] = b;
+            stop = *flag;  // consumed at the next take
+        }
+        __syncthreads();
+        u32 b = s_block[it & 1];
+        if (b == KAIROS_NO_BLOCK) break;
+        if (leader && ran == 0 && (P.flags & KAIROS_FLAG_SM_BITMAP)) {
+            atomicOr((u32*)P.sm_bitmap + sm / 32, 1u << (sm % 32));
+        }
+        body(b);
+        ++ran;
+    }
+    return ran;
+}
+
+// Runs `body(logical_block)` under the protocol. Every thread of the CTA must call it, and
+// `body` must be safe to call by all threads for one block (it may use __syncthreads).
+template <typename Body>
+__device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
+#ifdef KAIROS_PROTOCOL_OFF
+    for (u32 b = P.first_block + blockIdx.x; b < P.total_blocks; b += gridDim.x) {
+        body(b);
+        __syncthreads();
+    }
+#else
+    __shared__ u32 s_last;
+    KairosSlot* S = (KairosSlot*)P.slot_state;
+    const bool leader = threadIdx.x == 0;
+    const u32 sm = kairos_smid();
+    const bool in_mask = sm < KAIROS_SM_COUNT_MAX && ((P.sm_mask[sm >> 6] >> (sm & 63)) & 1ull);
+    if (in_mask) {  // uniform over the CTA: all its threads share the SM
+        if (leader) kairos_report_placed(P, S, sm);
+        u32 ran = kairos_take_loop(P, S, sm, body);
+        if (leader) kairos_report_finished(P, S, sm, ran);
+    }
+    __syncthreads();
+    if (leader) {
+        __threadfence();  // this CTA's outputs are visible before it counts as done
+        s_last = atomicAdd(&S->ctas_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // Last CTA out. Blocks are left only if the flag stopped the launch or no CTA ran inside the mask.
+    __shared__ u32 s_rescue;
+    if (leader) {
+        u32 taken = *(volatile u32*)&S->next;
+        s_rescue = taken < P.total_blocks - P.first_block && *(volatile u32*)P.preempt_flag == 0;
+        if (s_rescue) kairos_report_placed(P, S, sm);
+    }
+    __syncthreads();
+    if (s_rescue) {
+        u32 ran = kairos_take_loop(P, S, sm, body);
+        if (leader) kairos_report_finished(P, S, sm, ran);
+    }
+    if (leader) {
+        __threadfence();
+        u32 taken = *(volatile u32*)&S->next;
+        u32 left = P.total_blocks - P.first_block;
+        u32 next_block = P.first_block + (taken < left ? taken : left);
+        S->next = 0;
+        S->ctas_done = 0;
+        __threadfence();
+        kairos_emit(P, KAIROS_REC_DONE, sm, 0, next_block, next_block < P.total_blocks ? 1u : 0u);
+    }
+#endif
+}

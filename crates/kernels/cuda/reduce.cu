@@ -1,0 +1,52 @@
+// reduce: sum/mean/max/min over the middle axis of a contiguous [outer, reduce, inner] tensor
+// (kairos_ir::plan::ReduceParams). With inner > 1 one thread per output walks the axis (adjacent
+// threads read adjacent elements); with inner == 1 the axis is contiguous and a warp per output
+// reduces it with shuffles.
+
+#include "kairos/common.cuh"
+
+struct ReduceArgs {
+    u64 x, y;
+    u32 kind;  // 0 sum, 1 mean, 2 max, 3 min
+    u32 outer, reduce, inner, elems_per_block, pad;
+};
+static_assert(sizeof(ReduceArgs) == 40, "ReduceArgs layout");
+
+__device__ __forceinline__ float reduce_init(u32 kind) {
+    return kind == 2 ? -KAIROS_INF : (kind == 3 ? KAIROS_INF : 0.0f);
+}
+
+__device__ __forceinline__ float reduce_step(u32 kind, float acc, float x) {
+    return kind == 2 ? fmaxf(acc, x) : (kind == 3 ? fminf(acc, x) : acc + x);
+}
+
+template <typename T>
+__device__ __forceinline__ void reduce_body(const KairosProto& P, const ReduceArgs& A) {
+    const u64 total = (u64)A.outer * A.inner;
+    kairos_run(P, [&](u32 b) {
+        const u64 e0 = (u64)b * A.elems_per_block;
+        const u64 e1 = min(e0 + A.elems_per_block, total);
+        if (A.inner == 1 && blockDim.x >= 32) {
+            const u32 lane = threadIdx.x % 32, warps = blockDim.x / 32;
+            for (u64 e = e0 + threadIdx.x / 32; e < e1; e += warps) {
+                const T* x = (const T*)A.x + e * A.reduce;
+                float acc = reduce_init(A.kind);
+                for (u32 r = lane; r < A.reduce; r += 32) acc = reduce_step(A.kind, acc, ld(x + r));
+                acc = A.kind == 2 ? warp_max(acc) : (A.kind == 3 ? warp_min(acc) : warp_sum(acc));
+                if (A.kind == 1) acc /= (float)A.reduce;
+                if (lane == 0) st((T*)A.y + e, acc);
+            }
+        } else {
+            for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+                const u64 o = e / A.inner, i = e % A.inner;
+                const T* x = (const T*)A.x + o * A.reduce * A.inner + i;
+                float acc = reduce_init(A.kind);
+                for (u32 r = 0; r < A.reduce; ++r) acc = reduce_step(A.kind, acc, ld(x + (u64)r * A.inner));
+                if (A.kind == 1) acc /= (float)A.reduce;
+                st((T*)A.y + e, acc);
+            }
+        }
+    });
+}
+
+KAIROS_KERNELS(reduce, ReduceArgs, reduce_body, 256)
