@@ -4,27 +4,36 @@
 // documents in kairos_ir::plan). Its physical CTAs are persistent:
 //
 //   1. A CTA whose SM (%smid) is outside the launch's SM mask leaves at once.
-//   2. Otherwise it reports its placement, then loops: read the launch's preempt flag (a word in
-//      mapped pinned host memory that the host sets without a copy), and if it is clear take the
-//      next logical block from the launch's atomic counter (device memory) and run it.
-//      Counter values are handed out in order, so the blocks taken are always a prefix
-//      [first_block, first_block + taken) of the launch's range: a preempted launch stops at a
-//      logical-block boundary, and relaunching with first_block = that boundary runs exactly the
-//      blocks never taken.
-//   3. On leaving, it reports completion (blocks run). The last CTA of the grid to leave reads the
-//      counter, resets the slot for the next launch, and reports LaunchDone with the first block
-//      never taken. If no CTA landed inside the mask at all (possible only when the grid is too
-//      small to reach every SM of the mask), that last CTA runs the remaining blocks itself
-//      wherever it is, so no launch is ever lost; its placement record names the SM it used.
+//   2. Otherwise it reports its placement, then loops taking the next logical block with one
+//      atomic add on the launch's 64-bit counter word (device memory): the low half counts takes,
+//      bit 63 is the launch's stop bit. A take that sees the stop bit, or a count past the end, is
+//      no block, and the CTA leaves. Counter values are handed out in order, so the blocks taken
+//      are always a prefix [first_block, first_block + taken) of the launch's range: a preempted
+//      launch stops at a logical-block boundary, and relaunching with first_block = that boundary
+//      runs exactly the blocks never taken.
+//   3. The host's preempt flag is a word in mapped pinned host memory (set with one store, no
+//      copy). Reading it costs a PCIe round trip (~1.5 us) and such reads serialize across the
+//      device, so CTAs do not all poll it: after a take, the CTA that finds the launch's last poll
+//      older than `poll_ns` claims the poll (a CAS) and reads the flag; if it is set, it sets the
+//      stop bit (atomicOr) and records the count it saw, which is where the launch stops.
+//      Preemption latency is therefore at most poll_ns + one PCIe read + the longest block.
+//   4. On leaving, a CTA reports completion (blocks run). The last CTA of the grid to leave works
+//      out the first block never taken, restores the slot to zero for the next launch, and
+//      reports LaunchDone. If no CTA landed inside the mask at all (possible only when the grid
+//      is too small to reach every SM of the mask), that last CTA runs the remaining blocks
+//      itself wherever it is, so no launch is ever lost; its placement record names its SM.
 //
 // Notifications are 32-byte records in a ring in mapped pinned host memory that the host polls.
 // Placement and completion are aggregated per SM: the first CTA of a launch to arrive on an SM
 // opens a group, CTAs arriving while it reports join it, and one record carries the group's CTA
-// count (the same for completion, with the blocks run). Producers reserve a record index with an
-// atomic in device memory and never write past what the host has consumed: when the ring is
-// full they wait (backpressure) up to `ring_timeout_ns`, then drop the record and raise the
-// ring's overflow word, which the host reports as an error. A record is never overwritten
-// unread.
+// count (the same for completion, with the blocks run). A record is four 8-byte words, each
+// holding 4 bytes of payload and the record's sequence number (index + 1); an aligned 8-byte
+// store reaches host memory whole (the guarantee NCCL's LL protocol rests on), so the host
+// accepts a record when all four words carry the expected sequence number, and no system-wide
+// fence is needed on the device. Producers reserve an index with an atomic in device memory and
+// never write past what the host has consumed: when the ring is full they wait (backpressure)
+// up to `ring_timeout_ns`, then drop the record and raise the ring's overflow word, which the
+// host reports as an error. A record is never overwritten unread.
 //
 // With KAIROS_PROTOCOL_OFF defined the same kernel bodies compile to a plain grid (one CTA per
 // logical block, no flag, mask or notifications): the baseline for measuring the protocol's cost.
@@ -49,16 +58,12 @@ typedef long long i64;
 #define KAIROS_FLAG_NOTIFY 1u
 #define KAIROS_FLAG_SM_BITMAP 2u
 
-// One notification, in mapped pinned host memory. `seq` is written last (after a system fence)
-// and holds the record's index + 1, so the host can tell a fresh record from a stale lap.
+// One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
+//   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
+//   word 1: finished: logical blocks run by the group; done: the first block never taken
+//   word 2, 3: %globaltimer when written, low and high halves
 struct KairosRecord {
-    u32 seq;
-    u32 kind_sm;  // kind << 16 | sm
-    u32 slot;     // launch slot
-    u32 ctas;     // CTAs in the group (placed / finished)
-    u32 blocks;   // finished: logical blocks run by the group; done: first block never taken
-    u32 aux;      // done: 1 when stopped by the preempt flag
-    u64 time_ns;  // %globaltimer when the record was written
+    u64 w[4];
 };
 
 // Ring control words in mapped pinned host memory.
@@ -74,10 +79,14 @@ struct KairosRingDev {
     u64 limit;    // cached consumed + capacity: indices below it may be written without asking the host
 };
 
+#define KAIROS_STOP_BIT (1ull << 63)
+
 // Per-launch-slot state in device memory. All zero between launches (the protocol restores that).
 struct KairosSlot {
-    u32 next;       // logical blocks taken since first_block
-    u32 ctas_done;  // CTAs that have left
+    u64 next;          // low half: takes since first_block; bit 63: stop
+    u32 ctas_done;     // CTAs that have left
+    u32 stop_at;       // takes that were valid when the stop bit was set
+    u64 last_poll_ns;  // %globaltimer of the last read of the host's preempt flag (0: none yet)
     u32 placed[KAIROS_SM_COUNT_MAX];    // per-SM placement group being reported
     u64 finished[KAIROS_SM_COUNT_MAX];  // per-SM completion group: ctas << 32 | blocks
 };
@@ -97,10 +106,11 @@ struct KairosProto {
     u32 total_blocks;
     u32 ring_capacity;  // a power of two
     u32 flags;
-    u32 pad;
+    u32 poll_ns;        // least interval between reads of the host's preempt flag
 };
 
 static_assert(sizeof(KairosRecord) == 32, "KairosRecord layout");
+static_assert(sizeof(KairosSlot) == 3096, "KairosSlot layout");
 static_assert(sizeof(KairosProto) == 112, "KairosProto layout");
 
 __device__ __forceinline__ u32 kairos_smid() {
@@ -119,11 +129,11 @@ __device__ __forceinline__ u64 kairos_globaltimer() {
 __device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 sm, u32 ctas, u32 blocks, u32 aux) {
     if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
     KairosRingDev* rd = (KairosRingDev*)P.ring_dev;
-    volatile KairosRingHost* rh = (volatile KairosRingHost*)P.ring_host;
     u64 idx = atomicAdd(&rd->reserve, 1ull);
     u64 limit = *(volatile u64*)&rd->limit;
     if (idx >= limit) {
         // Slow path: ask the host how far it has consumed; wait while the ring is full.
+        volatile KairosRingHost* rh = (volatile KairosRingHost*)P.ring_host;
         u64 t0 = kairos_globaltimer();
         for (;;) {
             u64 fresh = rh->consumed + P.ring_capacity;
@@ -137,15 +147,13 @@ __device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 
             __nanosleep(1000);
         }
     }
-    volatile KairosRecord* r = (volatile KairosRecord*)P.ring_records + (idx & (u64)(P.ring_capacity - 1));
-    r->kind_sm = (kind << 16) | sm;
-    r->slot = P.slot;
-    r->ctas = ctas;
-    r->blocks = blocks;
-    r->aux = aux;
-    r->time_ns = kairos_globaltimer();
-    __threadfence_system();
-    r->seq = (u32)(idx + 1);
+    const u64 seq = (u64)(u32)(idx + 1) << 32;
+    const u64 t = kairos_globaltimer();
+    volatile u64* r = (volatile u64*)P.ring_records + (idx & (u64)(P.ring_capacity - 1)) * 4;
+    r[0] = seq | (kind << 30) | (aux << 29) | ((P.slot & 0x3ffu) << 19) | ((sm & 0xffu) << 11) | min(ctas, 0x7ffu);
+    r[1] = seq | blocks;
+    r[2] = seq | (u32)t;
+    r[3] = seq | (u32)(t >> 32);
 }
 
 // Reports one CTA arriving on `sm`, aggregated with the CTAs that arrive while it reports.
@@ -166,29 +174,39 @@ __device__ __forceinline__ void kairos_report_finished(const KairosProto& P, Kai
     }
 }
 
-// The persistent loop: takes logical blocks until none are left or the preempt flag is seen.
-// The flag read for the next take is issued before the current block runs, so its PCIe latency
-// hides behind the block's work. Returns the blocks this CTA ran (in every thread).
+// Sets the launch's stop bit (once) and records how many takes were valid before it.
+__device__ __forceinline__ void kairos_stop(KairosSlot* S) {
+    u64 old = atomicOr((unsigned long long*)&S->next, KAIROS_STOP_BIT);
+    if (!(old & KAIROS_STOP_BIT)) S->stop_at = (u32)old;
+}
+
+// One take (leader thread only): the next logical block, or KAIROS_NO_BLOCK when the launch is
+// exhausted or stopped. A CTA that takes a block also polls the host's preempt flag when the
+// launch's last poll is older than poll_ns.
+__device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S) {
+    const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
+    const u32 taken = (u32)v;
+    if ((v & KAIROS_STOP_BIT) || taken >= P.total_blocks - P.first_block) return KAIROS_NO_BLOCK;
+    const u64 now = kairos_globaltimer();
+    const u64 last = *(volatile u64*)&S->last_poll_ns;
+    if (now - last >= P.poll_ns && atomicCAS((unsigned long long*)&S->last_poll_ns, last, now) == last) {
+        // The first claim of a launch only starts the clock: the host cleared the flag at launch.
+        if (last != 0 && *(volatile u32*)P.preempt_flag) kairos_stop(S);
+    }
+    return P.first_block + taken;
+}
+
+// The persistent loop: takes logical blocks until none are left or the launch is stopped.
+// Returns the blocks this CTA ran (in every thread).
 template <typename Body>
 __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot* S, u32 sm, Body& body) {
     __shared__ u32 s_block[2];
-    volatile u32* flag = (volatile u32*)P.preempt_flag;
     const bool leader = threadIdx.x == 0;
-    u32 stop = 0;
-    if (leader) stop = *flag;
     u32 ran = 0;
     for (u32 it = 0;; ++it) {
-        if (leader) {
-            u32 b = KAIROS_NO_BLOCK;
-            if (!stop) {
-                u32 taken = atomicAdd(&S->next, 1u);
-                if (taken < P.total_blocks - P.first_block) b = P.first_block + taken;
-            }
-            s_block[it & 1] = b;
-            stop = *flag;  // consumed at the next take
-        }
+        if (leader) s_block[it & 1] = kairos_take(P, S);
         __syncthreads();
-        u32 b = s_block[it & 1];
+        const u32 b = s_block[it & 1];
         if (b == KAIROS_NO_BLOCK) break;
         if (leader && ran == 0 && (P.flags & KAIROS_FLAG_SM_BITMAP)) {
             atomicOr((u32*)P.sm_bitmap + sm / 32, 1u << (sm % 32));
@@ -227,11 +245,16 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    // Last CTA out. Blocks are left only if the flag stopped the launch or no CTA ran inside the mask.
+    // Last CTA out. Blocks are left only if the launch was stopped or no CTA ran inside the mask.
     __shared__ u32 s_rescue;
+    const u32 left = P.total_blocks - P.first_block;
     if (leader) {
-        u32 taken = *(volatile u32*)&S->next;
-        s_rescue = taken < P.total_blocks - P.first_block && *(volatile u32*)P.preempt_flag == 0;
+        const u64 v = *(volatile u64*)&S->next;
+        s_rescue = !(v & KAIROS_STOP_BIT) && (u32)v < left;
+        if (s_rescue && *(volatile u32*)P.preempt_flag) {
+            kairos_stop(S);
+            s_rescue = 0;
+        }
         if (s_rescue) kairos_report_placed(P, S, sm);
     }
     __syncthreads();
@@ -241,10 +264,12 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     }
     if (leader) {
         __threadfence();
-        u32 taken = *(volatile u32*)&S->next;
-        u32 left = P.total_blocks - P.first_block;
-        u32 next_block = P.first_block + (taken < left ? taken : left);
+        const u64 v = *(volatile u64*)&S->next;
+        const u32 valid = (v & KAIROS_STOP_BIT) ? *(volatile u32*)&S->stop_at : (u32)v;
+        const u32 next_block = P.first_block + (valid < left ? valid : left);
         S->next = 0;
+        S->stop_at = 0;
+        S->last_poll_ns = 0;
         S->ctas_done = 0;
         __threadfence();
         kairos_emit(P, KAIROS_REC_DONE, sm, 0, next_block, next_block < P.total_blocks ? 1u : 0u);

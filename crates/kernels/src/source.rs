@@ -116,7 +116,7 @@ pub fn threads_max(kernel: &Kernel) -> u32 {
 /// Checks that a launch shape suits the kernel's CUDA code: whole warps, within its launch bounds.
 pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), String> {
     let t = shape.threads_per_block;
-    if t == 0 || t % 32 != 0 || t > threads_max(kernel) {
+    if t == 0 || !t.is_multiple_of(32) || t > threads_max(kernel) {
         return Err(format!(
             "kernel {} takes 32..={} threads per block in whole warps, the launch asks for {t}",
             kernel.name(),
@@ -139,12 +139,18 @@ pub const PROTO_BYTES: usize = 112;
 /// Bytes of one `KairosRecord`.
 pub const RECORD_BYTES: usize = 32;
 /// Bytes of one `KairosSlot` (per-launch device state).
-pub const SLOT_BYTES: usize = 8 + 4 * SM_COUNT_MAX + 8 * SM_COUNT_MAX;
+pub const SLOT_BYTES: usize = 24 + 4 * SM_COUNT_MAX + 8 * SM_COUNT_MAX;
 /// Bytes of `KairosRingHost` and `KairosRingDev`.
 pub const RING_HOST_BYTES: usize = 16;
 pub const RING_DEV_BYTES: usize = 16;
 /// `KAIROS_SM_COUNT_MAX`.
 pub const SM_COUNT_MAX: usize = 256;
+
+/// A record is 4 words of `seq << 32 | payload`; word 0's payload packs these fields.
+pub fn unpack_record_word0(w: u32) -> (u32, u32, u32, u32, u32) {
+    // (kind, aux, slot, sm, ctas)
+    (w >> 30, (w >> 29) & 1, (w >> 19) & 0x3ff, (w >> 11) & 0xff, w & 0x7ff)
+}
 
 /// `KairosRecord.kind` values.
 pub const REC_PLACED: u32 = 1;
@@ -171,6 +177,8 @@ pub struct ProtoParams {
     pub total_blocks: u32,
     pub ring_capacity: u32,
     pub flags: u32,
+    /// Least interval between two reads of the host's preempt flag by the launch's CTAs.
+    pub poll_ns: u32,
 }
 
 impl ProtoParams {
@@ -184,7 +192,7 @@ impl ProtoParams {
         }
         w.u64(self.sm_bitmap);
         w.u64(self.ring_timeout_ns);
-        for v in [self.slot, self.first_block, self.total_blocks, self.ring_capacity, self.flags, 0] {
+        for v in [self.slot, self.first_block, self.total_blocks, self.ring_capacity, self.flags, self.poll_ns] {
             w.u32(v);
         }
         w.finish();
@@ -461,8 +469,8 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
             if inputs > 3 {
                 return Err(format!("eltwise takes at most 3 inputs, the plan gives {inputs}"));
             }
-            for j in 0..3 {
-                w.u64(if j < inputs { args[j] } else { 0 });
+            for a in args[..inputs].iter().copied().chain(std::iter::repeat(0)).take(3) {
+                w.u64(a);
             }
             w.u64(args[inputs]);
             for v in p.out_strides {
@@ -528,6 +536,14 @@ mod tests {
         assert_eq!(b.len(), PROTO_BYTES);
         assert_eq!(&b.as_bytes()[88..92], &7u32.to_le_bytes());
         assert_eq!(&b.as_bytes()[96..100], &9u32.to_le_bytes());
+    }
+
+    #[test]
+    fn record_word0_unpacks_what_protocol_cuh_packs() {
+        // kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas
+        let w = (REC_DONE << 30) | (1 << 29) | (1023 << 19) | (131 << 11) | 2047;
+        assert_eq!(unpack_record_word0(w), (REC_DONE, 1, 1023, 131, 2047));
+        assert_eq!(unpack_record_word0(REC_PLACED << 30 | 5 << 19 | 7 << 11 | 3), (REC_PLACED, 0, 5, 7, 3));
     }
 
     #[test]

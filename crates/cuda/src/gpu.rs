@@ -1,0 +1,1020 @@
+//! [`CudaGpu`]: the `Gpu` trait on a real NVIDIA GPU.
+//!
+//! One `CudaGpu` owns the device's primary context, the protocol's launch slots and notification
+//! ring, the compiled modules, the streams and the hardware partitions. It is driven from one
+//! thread at a time (it is `Send`, not `Sync`) and binds its context to whichever thread calls it.
+//!
+//! - Streams: a `StreamId` is a FIFO of work that may move between partitions; it owns one CUDA
+//!   stream per partition it has used (green-context streams for partitions other than 0), and
+//!   when consecutive launches of it go to different partitions an event keeps them in order.
+//! - Partitions: 0 is the whole device; the others are green contexts, by default the device's
+//!   split into groups of its minimum partition size (8 SMs on H100/H200). Every partition's SM
+//!   set is measured at creation with a %smid probe kernel, so `Partition::sms` is what the
+//!   hardware does, not what was asked for.
+//! - Launches: a launch takes a protocol slot; its notifications become `GpuEvent`s in `poll`; the
+//!   slot returns when its `LaunchDone` is consumed.
+//! - Clocks: event times are host nanoseconds since the `CudaGpu` was made; device timestamps
+//!   (%globaltimer) are mapped to that clock with an offset calibrated at start-up (the smallest
+//!   observed device-to-host delay, so a mapped time is never early by more than ~1 us).
+
+use crate::driver::{self, CUdevice, CUdevice_attribute as A, DriverError};
+use crate::nvrtc::{self, KernelCache, Variant};
+use crate::protocol::{LAUNCH_SLOTS_MAX, Protocol, RING_CAPACITY, Record, RingError};
+use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
+use kairos_gpu::*;
+use kairos_ir::DType;
+use kairos_ir::plan::{Kernel, LaunchShape};
+use kairos_kernels::source::{self, ParamBlock};
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::thread::ThreadId;
+use std::time::Instant;
+
+/// Streams a `CudaGpu` will create.
+pub const STREAMS_MAX: usize = 1024;
+/// Copies in flight.
+pub const COPIES_MAX: usize = 4096;
+/// Partitions (green contexts) a `CudaGpu` will create.
+pub const PARTITIONS_MAX: usize = 64;
+/// How long the start-up SM probe keeps each CTA on its SM, so a grid spreads over all SMs.
+const SM_PROBE_SPIN_NS: u64 = 50_000;
+
+fn drv(e: DriverError) -> GpuError {
+    GpuError::Driver(e.to_string())
+}
+
+/// Extra launch settings of the runtime's own helpers and tests (not part of the `Gpu` trait).
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchOptions {
+    pub first_block: u32,
+    pub ctas: u32,
+    pub sm_mask: SmMask,
+    pub partition: PartitionId,
+    pub stream: StreamId,
+    /// A device buffer of `SM_COUNT_MAX / 8` bytes where CTAs that run blocks set their SM's bit.
+    pub sm_bitmap: Option<DevicePtr>,
+}
+
+struct FunctionInfo {
+    f: Function,
+    registers: u32,
+    static_smem_bytes: u32,
+    threads_max: u32,
+}
+
+struct StreamState {
+    priority: i32,
+    by_partition: HashMap<u32, Stream>,
+    last_partition: Option<u32>,
+    /// Per partition, an event of that partition's context that orders a move to another.
+    chain: HashMap<u32, Event>,
+}
+
+struct PartitionState {
+    sms: SmMask,
+    green: Option<GreenContext>,
+}
+
+struct InFlight {
+    id: LaunchId,
+    /// Device time of the first placement record.
+    first_placed_ns: Option<u64>,
+}
+
+/// Device-measured spans (first placement to LaunchDone) kept for lookups.
+const SPANS_MAX: usize = 4096;
+
+enum Allocated {
+    Device(DeviceBuffer),
+    Host(MappedBuffer),
+}
+
+impl Allocated {
+    fn bytes(&self) -> u64 {
+        match self {
+            Allocated::Device(b) => b.bytes(),
+            Allocated::Host(b) => b.bytes(),
+        }
+    }
+}
+
+/// A real GPU behind the `Gpu` trait.
+pub struct CudaGpu {
+    info: DeviceInfo,
+    epoch: Instant,
+    /// host_ns = device_ns - device_clock_offset_ns
+    device_clock_offset_ns: i64,
+    host_events: VecDeque<GpuEvent>,
+    records: Vec<Record>,
+    in_flight: Vec<Option<InFlight>>,
+    slot_of: HashMap<LaunchId, u32>,
+    spans: VecDeque<(LaunchId, u64)>,
+    next_launch: u64,
+    next_copy: u64,
+    copies: VecDeque<(CopyId, Event)>,
+    spare_events: Vec<Event>,
+    allocations: BTreeMap<u64, Allocated>,
+    functions: HashMap<(String, Variant), Arc<FunctionInfo>>,
+    modules: HashMap<(source::Module, Variant), Arc<Module>>,
+    occupancy: HashMap<(String, Variant, u32), u32>,
+    cache: KernelCache,
+    priority_range: (i32, i32),
+    /// Streams must drop before the green contexts they belong to (field order).
+    streams: Vec<StreamState>,
+    helper_stream: Stream,
+    partitions: Vec<PartitionState>,
+    partition_by_size: HashMap<u32, PartitionId>,
+    /// Why green contexts are unavailable, when they are.
+    pub green_note: Option<String>,
+    protocol: Protocol,
+    bound: Cell<Option<ThreadId>>,
+    dev: CUdevice,
+    /// Last: every object above belongs to this context and must be gone before it is released.
+    ctx: Context,
+}
+
+// SAFETY: every handle a CudaGpu holds belongs to one primary context, and driver handles may be
+// used from any thread on which that context is current; `bind()` makes it current on the
+// calling thread at the start of every method that touches the driver. Mapped host pointers are
+// plain pinned memory. CudaGpu is not Sync, so one thread at a time uses it.
+unsafe impl Send for CudaGpu {}
+
+impl CudaGpu {
+    /// Opens GPU `ordinal`. Without a driver, a GPU or NVRTC this is `GpuError::NoDevice`, never a panic.
+    pub fn new(ordinal: u32) -> Result<CudaGpu> {
+        if !driver::is_present() {
+            return Err(GpuError::NoDevice("the NVIDIA driver library (libcuda) is not installed on this machine".into()));
+        }
+        driver::init().map_err(|e| GpuError::NoDevice(format!("{e}: no usable NVIDIA GPU")))?;
+        let count = driver::device_count().map_err(drv)?;
+        if ordinal as i32 >= count {
+            return Err(GpuError::NoDevice(format!("GPU {ordinal} asked for, {count} present")));
+        }
+        if !nvrtc::is_present() {
+            return Err(GpuError::NoDevice("NVRTC (libnvrtc) is not installed: kairos compiles its kernels at run time".into()));
+        }
+        let dev = driver::device_get(ordinal as i32).map_err(drv)?;
+        let attr = |a| driver::device_attribute(dev, a).map_err(drv);
+        let (major, minor) =
+            (attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+        let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let sm_limits = SmLimits {
+            threads_max: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
+            registers_max: attr(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
+            shared_mem_bytes_max: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u32,
+            ctas_max: attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)? as u32,
+        };
+        let ctx = Context::new(dev).map_err(drv)?;
+        let driver_version = driver::driver_version().map_err(drv)?;
+        let cache = KernelCache::new((major * 10 + minor) as u32, driver_version);
+        let protocol = Protocol::new().map_err(drv)?;
+        let priority_range = driver::stream_priority_range().map_err(drv)?;
+        let helper_stream = Stream::new(priority_range.1).map_err(drv)?;
+        let info = DeviceInfo {
+            name: driver::device_name(dev).map_err(drv)?,
+            arch: format!("sm_{major}{minor}"),
+            sm_count,
+            sm_limits,
+            memory_bytes: driver::device_total_mem(dev).map_err(drv)?,
+            partitions: Vec::new(),
+            partition_granularity_sms: sm_count,
+            hardware_queues: std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
+            h2d_bytes_per_s: 0.0,
+            d2h_bytes_per_s: 0.0,
+            device_mem_bytes_per_s: 0.0,
+            host_mapped_read_bytes_per_s: 0.0,
+        };
+        let mut gpu = CudaGpu {
+            info,
+            epoch: Instant::now(),
+            device_clock_offset_ns: 0,
+            host_events: VecDeque::new(),
+            records: Vec::new(),
+            in_flight: (0..LAUNCH_SLOTS_MAX).map(|_| None).collect(),
+            slot_of: HashMap::new(),
+            spans: VecDeque::new(),
+            next_launch: 1,
+            next_copy: 1,
+            copies: VecDeque::new(),
+            spare_events: Vec::new(),
+            allocations: BTreeMap::new(),
+            functions: HashMap::new(),
+            modules: HashMap::new(),
+            occupancy: HashMap::new(),
+            cache,
+            priority_range,
+            streams: Vec::new(),
+            helper_stream,
+            partitions: Vec::new(),
+            partition_by_size: HashMap::new(),
+            green_note: None,
+            protocol,
+            bound: Cell::new(Some(std::thread::current().id())),
+            dev,
+            ctx,
+        };
+        // The whole device, as the SM probe sees it.
+        let whole = gpu.probe_sms(None)?;
+        if whole.count() != sm_count {
+            return Err(GpuError::Driver(format!("the SM probe saw {} of {sm_count} SMs ({whole:?})", whole.count())));
+        }
+        gpu.partitions.push(PartitionState { sms: whole, green: None });
+        gpu.partition_by_size.insert(sm_count, PartitionId::WHOLE);
+        if let Err(note) = gpu.init_green_contexts() {
+            gpu.green_note = Some(note);
+        }
+        gpu.calibrate_clock()?;
+        gpu.measure_bandwidths()?;
+        gpu.sync_info();
+        Ok(gpu)
+    }
+
+    fn bind(&self) -> Result<()> {
+        let me = std::thread::current().id();
+        if self.bound.get() != Some(me) {
+            self.ctx.bind().map_err(drv)?;
+            self.bound.set(Some(me));
+        }
+        Ok(())
+    }
+
+    fn sync_info(&mut self) {
+        self.info.partitions =
+            self.partitions.iter().enumerate().map(|(i, p)| Partition { id: PartitionId(i as u32), sms: p.sms }).collect();
+    }
+
+    /// The device's SM partitioning granularity and the default partitions (groups of that size).
+    fn init_green_contexts(&mut self) -> std::result::Result<(), String> {
+        for sym in [
+            "cuDeviceGetDevResource",
+            "cuDevSmResourceSplitByCount",
+            "cuDevResourceGenerateDesc",
+            "cuGreenCtxCreate",
+            "cuGreenCtxStreamCreate",
+        ] {
+            if !driver::has_symbol(sym) {
+                return Err(format!("driver lacks {sym}: no green contexts"));
+            }
+        }
+        let res = driver::device_sm_resource(self.dev).map_err(|e| e.to_string())?;
+        let (_, min, _) = driver::sm_resource_counts(&res);
+        let min = min.max(1);
+        let (groups, _) = driver::sm_resource_split_by_count(&res, min).map_err(|e| e.to_string())?;
+        self.info.partition_granularity_sms = min;
+        for g in groups {
+            self.push_green_partition(&g).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn push_green_partition(&mut self, resource: &driver::CUdevResource) -> Result<PartitionId> {
+        if self.partitions.len() >= PARTITIONS_MAX {
+            return Err(GpuError::Exhausted { limit: "partitions", max: PARTITIONS_MAX as u64 });
+        }
+        let green = GreenContext::new(self.dev, resource).map_err(drv)?;
+        let probe = green.stream(0).map_err(drv)?;
+        let sms = self.probe_sms(Some(&probe))?;
+        drop(probe);
+        let id = PartitionId(self.partitions.len() as u32);
+        self.partitions.push(PartitionState { sms, green: Some(green) });
+        self.sync_info();
+        Ok(id)
+    }
+
+    /// A hardware partition of (at least) `sm_count` SMs, made on first request: the first group of
+    /// the device split into groups of that size. The whole device for `sm_count >= sm_count()`.
+    pub fn partition_of_size(&mut self, sm_count: u32) -> Result<PartitionId> {
+        self.bind()?;
+        if sm_count >= self.info.sm_count {
+            return Ok(PartitionId::WHOLE);
+        }
+        if let Some(&p) = self.partition_by_size.get(&sm_count) {
+            return Ok(p);
+        }
+        if let Some(note) = &self.green_note {
+            return Err(GpuError::Invalid(format!("no hardware partitions on this device: {note}")));
+        }
+        let res = driver::device_sm_resource(self.dev).map_err(drv)?;
+        let (groups, _) = driver::sm_resource_split_by_count(&res, sm_count).map_err(drv)?;
+        let g =
+            groups.first().ok_or_else(|| GpuError::Invalid(format!("cannot split the device into {sm_count}-SM partitions")))?;
+        let id = self.push_green_partition(g)?;
+        self.partition_by_size.insert(sm_count, id);
+        Ok(id)
+    }
+
+    /// Runs the SM probe on `stream` (a green-context stream) or the helper stream: which SMs a
+    /// wide grid of spinning CTAs lands on.
+    fn probe_sms(&mut self, stream: Option<&Stream>) -> Result<SmMask> {
+        let f = self.function_by_name("kairos_smmap", source::Module::Util, Variant::Protocol)?;
+        let bitmap = DeviceBuffer::new((source::SM_COUNT_MAX / 8) as u64).map_err(drv)?;
+        bitmap.fill(0).map_err(drv)?;
+        let stream = stream.unwrap_or(&self.helper_stream);
+        let ptr = bitmap.ptr().to_le_bytes();
+        let spin = SM_PROBE_SPIN_NS.to_le_bytes();
+        // SAFETY: kairos_smmap(u32* bitmap, u64 spin_ns) takes exactly these two 8-byte
+        // parameters; the bitmap buffer outlives the kernel (we synchronize before dropping it).
+        unsafe { f.f.launch(self.info.sm_count * 4, 128, stream, &[&ptr, &spin]) }.map_err(drv)?;
+        stream.synchronize().map_err(drv)?;
+        let mut bytes = [0u8; source::SM_COUNT_MAX / 8];
+        bitmap.read(0, &mut bytes).map_err(drv)?;
+        Ok(bitmap_to_mask(&bytes))
+    }
+
+    /// Maps device time to host time: the largest (device - host) seen when the host observes a
+    /// fresh %globaltimer value is the offset with the least delay in it.
+    fn calibrate_clock(&mut self) -> Result<()> {
+        let f = self.function_by_name("kairos_clock", source::Module::Util, Variant::Protocol)?;
+        let cell = MappedBuffer::new(16).map_err(drv)?;
+        let ptr = cell.dev_ptr().to_le_bytes();
+        let mut best = i64::MIN;
+        for _ in 0..64 {
+            cell.store_u64(0, 0);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: kairos_clock(volatile u64* dst) takes one 8-byte pointer; the cell lives
+            // until after the stream is synchronized below.
+            unsafe { f.f.launch(1, 32, &self.helper_stream, &[&ptr]) }.map_err(drv)?;
+            let t0 = Instant::now();
+            while cell.load_u64(0) == 0 {
+                if t0.elapsed().as_secs() > 5 {
+                    return Err(GpuError::Driver("clock calibration kernel did not report within 5 s".into()));
+                }
+                std::hint::spin_loop();
+            }
+            let seen = self.now_ns() as i64;
+            best = best.max(cell.load_u64(8) as i64 - seen);
+            self.helper_stream.synchronize().map_err(drv)?;
+        }
+        self.device_clock_offset_ns = best;
+        Ok(())
+    }
+
+    /// Copy-engine bandwidths (pinned host <-> device) and device-memory bandwidth (device to
+    /// device copy, bytes read plus written), measured once at start-up in a few milliseconds.
+    fn measure_bandwidths(&mut self) -> Result<()> {
+        const BYTES: u64 = 64 << 20;
+        let host = MappedBuffer::new(BYTES).map_err(drv)?;
+        let a = DeviceBuffer::new(BYTES).map_err(drv)?;
+        let b = DeviceBuffer::new(BYTES).map_err(drv)?;
+        let (start, end) = (Event::new(true).map_err(drv)?, Event::new(true).map_err(drv)?);
+        let s = &self.helper_stream;
+        let rate = |dst: u64, src: u64, factor: f64| -> Result<f64> {
+            let mut best = 0f64;
+            for _ in 0..3 {
+                start.record(s).map_err(drv)?;
+                // SAFETY: both ranges are whole live buffers of BYTES, alive until the synchronize below.
+                unsafe { s.copy(dst, src, BYTES) }.map_err(drv)?;
+                end.record(s).map_err(drv)?;
+                end.synchronize().map_err(drv)?;
+                let ms = end.elapsed_ms_since(&start).map_err(drv)? as f64;
+                best = best.max(factor * BYTES as f64 / (ms.max(1e-6) * 1e-3));
+            }
+            Ok(best)
+        };
+        self.info.h2d_bytes_per_s = rate(a.ptr(), host.dev_ptr(), 1.0)?;
+        self.info.d2h_bytes_per_s = rate(host.dev_ptr(), a.ptr(), 1.0)?;
+        self.info.device_mem_bytes_per_s = rate(b.ptr(), a.ptr(), 2.0)?;
+        // Kernels reading mapped memory move about what the copy engine does over the same link
+        // (the device probe saw 51.4 vs 55.6 GB/s on an H200).
+        self.info.host_mapped_read_bytes_per_s = self.info.h2d_bytes_per_s;
+        Ok(())
+    }
+
+    fn module(&mut self, m: source::Module, v: Variant) -> Result<Arc<Module>> {
+        if let Some(x) = self.modules.get(&(m, v)) {
+            return Ok(Arc::clone(x));
+        }
+        let image = self.cache.image(m, v).map_err(|log| GpuError::Compile { kernel: format!("module {}", m.name()), log })?;
+        let module = Module::load(&image.bytes).map_err(drv)?;
+        self.modules.insert((m, v), Arc::clone(&module));
+        Ok(module)
+    }
+
+    fn function_by_name(&mut self, name: &str, m: source::Module, v: Variant) -> Result<Arc<FunctionInfo>> {
+        if let Some(f) = self.functions.get(&(name.to_string(), v)) {
+            return Ok(Arc::clone(f));
+        }
+        self.bind()?;
+        let module = self.module(m, v)?;
+        let f = module.function(name).map_err(drv)?;
+        let info = Arc::new(FunctionInfo {
+            registers: f.registers().map_err(drv)?,
+            static_smem_bytes: f.static_shared_bytes().map_err(drv)?,
+            threads_max: f.threads_max().map_err(drv)?,
+            f,
+        });
+        self.functions.insert((name.to_string(), v), Arc::clone(&info));
+        Ok(info)
+    }
+
+    fn kernel_function(&mut self, kernel: &Kernel, dtype: DType, v: Variant) -> Result<Arc<FunctionInfo>> {
+        let name = source::function_name(kernel, dtype).map_err(GpuError::Invalid)?;
+        self.function_by_name(&name, source::module_of(kernel), v)
+    }
+
+    fn occupancy_of(&mut self, name: &str, f: &FunctionInfo, v: Variant, threads: u32) -> Result<u32> {
+        if let Some(&o) = self.occupancy.get(&(name.to_string(), v, threads)) {
+            return Ok(o);
+        }
+        let o = f.f.occupancy(threads, 0).map_err(drv)?;
+        self.occupancy.insert((name.to_string(), v, threads), o);
+        Ok(o)
+    }
+
+    /// Compiles (or loads from the disk cache) every module of the library in the given
+    /// variants, compiling in parallel threads; returns the milliseconds it took.
+    pub fn prepare(&mut self, variants: &[Variant]) -> Result<f64> {
+        self.bind()?;
+        let t = Instant::now();
+        let jobs: Vec<(source::Module, Variant)> = variants
+            .iter()
+            .flat_map(|&v| source::Module::ALL.into_iter().map(move |m| (m, v)))
+            .filter(|k| !self.modules.contains_key(k))
+            .collect();
+        let cache = &self.cache;
+        let images: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = jobs.iter().map(|&(m, v)| s.spawn(move || (m, v, cache.image(m, v)))).collect();
+            handles.into_iter().map(|h| h.join().expect("an NVRTC compile thread panicked")).collect()
+        });
+        for (m, v, image) in images {
+            let image = image.map_err(|log| GpuError::Compile { kernel: format!("module {}", m.name()), log })?;
+            let module = Module::load(&image.bytes).map_err(drv)?;
+            self.modules.insert((m, v), module);
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    fn stream_for(&mut self, id: StreamId, partition: u32) -> Result<&Stream> {
+        let st = self.streams.get_mut(id.0 as usize).ok_or_else(|| GpuError::Invalid(format!("unknown stream {}", id.0)))?;
+        if !st.by_partition.contains_key(&partition) {
+            let s = match &self.partitions[partition as usize].green {
+                Some(g) => g.stream(st.priority),
+                None => Stream::new(st.priority),
+            }
+            .map_err(drv)?;
+            st.by_partition.insert(partition, s);
+        }
+        if let std::collections::hash_map::Entry::Vacant(v) = st.chain.entry(partition) {
+            v.insert(Self::event_in(&self.ctx, &self.partitions[partition as usize], false)?);
+        }
+        if let Some(prev) = st.last_partition
+            && prev != partition
+        {
+            // Keep the stream's FIFO order across partitions: an event of the previous partition's
+            // context, recorded there and waited for here (waits may cross contexts).
+            st.chain[&prev].record(&st.by_partition[&prev]).map_err(drv)?;
+            st.by_partition[&partition].wait(&st.chain[&prev]).map_err(drv)?;
+        }
+        st.last_partition = Some(partition);
+        Ok(&st.by_partition[&partition])
+    }
+
+    /// An event of a partition's own context (green contexts record only their own events).
+    fn event_in(ctx: &Context, part: &PartitionState, timing: bool) -> Result<Event> {
+        match &part.green {
+            Some(g) => g.with_current(ctx, || Event::new(timing)).map_err(drv),
+            None => Event::new(timing).map_err(drv),
+        }
+    }
+
+    /// CTAs to start: enough persistent CTAs to fill the allowed SMs. With a mask narrower than
+    /// the partition, enough to reach every SM of the partition (the ones outside the mask leave at
+    /// once), since the hardware, not kairos, picks where CTAs land.
+    fn grid_size(requested: u32, per_sm: u32, mask: &SmMask, partition: &SmMask, remaining: u32) -> u32 {
+        if requested > 0 {
+            return requested;
+        }
+        if mask == partition { remaining.min(per_sm * partition.count()).max(1) } else { per_sm * partition.count() }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_inner(
+        &mut self,
+        name: &str,
+        f: &FunctionInfo,
+        args: Option<&ParamBlock>,
+        total_blocks: u32,
+        threads: u32,
+        o: &LaunchOptions,
+        variant: Variant,
+    ) -> Result<LaunchId> {
+        self.bind()?;
+        if o.first_block > total_blocks {
+            return Err(GpuError::Invalid(format!("first block {} beyond the launch's {total_blocks} blocks", o.first_block)));
+        }
+        if threads == 0 || threads > f.threads_max {
+            return Err(GpuError::Invalid(format!("{name} runs at most {} threads per CTA, asked for {threads}", f.threads_max)));
+        }
+        let part = self
+            .partitions
+            .get(o.partition.0 as usize)
+            .ok_or_else(|| GpuError::Invalid(format!("unknown partition {}", o.partition.0)))?;
+        let part_sms = part.sms;
+        let mask = o.sm_mask.intersect(&part_sms);
+        if mask.is_empty() && variant == Variant::Protocol {
+            return Err(GpuError::Invalid(format!(
+                "SM mask {:?} has no SM in partition {} ({:?})",
+                o.sm_mask, o.partition.0, part_sms
+            )));
+        }
+        let per_sm = self.occupancy_of(name, f, variant, threads)?;
+        if per_sm == 0 {
+            return Err(GpuError::Invalid(format!("{name} does not fit on an SM at {threads} threads per CTA")));
+        }
+        let id = LaunchId(self.next_launch);
+        self.next_launch += 1;
+        let remaining = total_blocks - o.first_block;
+        if remaining == 0 && variant == Variant::Protocol {
+            self.host_events.push_back(GpuEvent::LaunchDone {
+                launch: id,
+                next_block: total_blocks,
+                preempted: false,
+                at_ns: self.now_ns(),
+            });
+            return Ok(id);
+        }
+        let (slot, grid) = match variant {
+            Variant::Protocol => {
+                let slot = self
+                    .protocol
+                    .alloc_slot()
+                    .ok_or(GpuError::Exhausted { limit: "launch slots", max: LAUNCH_SLOTS_MAX as u64 })?;
+                (Some(slot), Self::grid_size(o.ctas, per_sm, &mask, &part_sms, remaining))
+            }
+            Variant::Plain => (None, remaining.max(1)),
+        };
+        let proto = match slot {
+            Some(s) => {
+                let flags = if o.sm_bitmap.is_some() { source::FLAG_SM_BITMAP } else { 0 };
+                self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0))
+            }
+            None => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
+        };
+        let proto = proto.to_block();
+        let result = (|| {
+            let stream = self.stream_for(o.stream, o.partition.0)?;
+            let params: Vec<&[u8]> = match args {
+                Some(a) => vec![proto.as_bytes(), a.as_bytes()],
+                None => vec![proto.as_bytes()],
+            };
+            // SAFETY: every kernel of the library takes (KairosProto, <Args>) by value (kairos_noop
+            // takes the protocol block alone), and `args` was packed for this very function by
+            // kairos_kernels::source (sizes checked against the C structs); the protocol buffers
+            // live as long as self; the caller keeps its own buffers alive until LaunchDone (the
+            // Gpu trait's contract).
+            unsafe { f.f.launch(grid, threads, stream, &params) }.map_err(drv)
+        })();
+        match (result, slot) {
+            (Err(e), Some(s)) => {
+                self.protocol.free_slot(s);
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+            (Ok(()), Some(s)) => {
+                self.in_flight[s as usize] = Some(InFlight { id, first_placed_ns: None });
+                self.slot_of.insert(id, s);
+                Ok(id)
+            }
+            (Ok(()), None) => Ok(id),
+        }
+    }
+
+    /// Launches a plan kernel with extra options (an SM bitmap for placement tests).
+    pub fn launch_with(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
+        source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
+        let f = self.kernel_function(request.kernel, request.dtype, Variant::Protocol)?;
+        let name = source::function_name(request.kernel, request.dtype).map_err(GpuError::Invalid)?;
+        let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
+        let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
+        let o = LaunchOptions {
+            first_block: request.first_block,
+            ctas: request.ctas,
+            sm_mask: request.sm_mask,
+            partition: request.partition,
+            stream: request.stream,
+            sm_bitmap,
+        };
+        self.launch_inner(
+            &name,
+            &f,
+            Some(&block),
+            request.shape.logical_blocks,
+            request.shape.threads_per_block,
+            &o,
+            Variant::Protocol,
+        )
+    }
+
+    /// The `kairos_spin` helper: `blocks` logical blocks of `ns_per_block` each, counting every
+    /// execution of block b in `counts[b]` (u32).
+    pub fn launch_spin(&mut self, counts: DevicePtr, blocks: u32, ns_per_block: u64, o: &LaunchOptions) -> Result<LaunchId> {
+        let f = self.function_by_name("kairos_spin", source::Module::Util, Variant::Protocol)?;
+        let mut args = ParamBlock::default();
+        args.u64(counts.0);
+        args.u64(ns_per_block);
+        args.finish();
+        self.launch_inner("kairos_spin", &f, Some(&args), blocks, 128, o, Variant::Protocol)
+    }
+
+    /// The `kairos_noop` helper: `blocks` empty logical blocks under the protocol.
+    pub fn launch_noop(&mut self, blocks: u32, threads: u32, o: &LaunchOptions) -> Result<LaunchId> {
+        let f = self.function_by_name("kairos_noop", source::Module::Util, Variant::Protocol)?;
+        self.launch_inner("kairos_noop", &f, None, blocks, threads, o, Variant::Protocol)
+    }
+
+    /// A bare empty kernel of `ctas` CTAs (no protocol, no notification), for launch-cost baselines.
+    /// Returns when it has been issued.
+    pub fn launch_empty(&mut self, ctas: u32, threads: u32, stream: StreamId) -> Result<()> {
+        let f = self.function_by_name("kairos_empty", source::Module::Util, Variant::Protocol)?;
+        let s = self.stream_for(stream, 0)?;
+        // SAFETY: kairos_empty takes no parameters.
+        unsafe { f.f.launch(ctas, threads, s, &[]) }.map_err(drv)
+    }
+
+    /// Times work with device events around it on `stream` (in `partition`): `issue` queues the
+    /// work, and when it returns a launch, its `LaunchDone` is awaited too. Returns nanoseconds.
+    pub fn time_issue(
+        &mut self,
+        stream: StreamId,
+        partition: PartitionId,
+        issue: impl FnOnce(&mut CudaGpu) -> Result<Option<LaunchId>>,
+    ) -> Result<u64> {
+        self.bind()?;
+        let part = self
+            .partitions
+            .get(partition.0 as usize)
+            .ok_or_else(|| GpuError::Invalid(format!("unknown partition {}", partition.0)))?;
+        let start = Self::event_in(&self.ctx, part, true)?;
+        start.record(self.stream_for(stream, partition.0)?).map_err(drv)?;
+        let id = issue(self)?;
+        let last = self.streams[stream.0 as usize].last_partition.unwrap_or(partition.0);
+        let end = Self::event_in(&self.ctx, &self.partitions[last as usize], true)?;
+        end.record(self.stream_for(stream, last)?).map_err(drv)?;
+        end.synchronize().map_err(drv)?;
+        if let Some(id) = id {
+            self.wait_done(id)?;
+        }
+        let ms = end.elapsed_ms_since(&start).map_err(drv)?;
+        Ok((ms as f64 * 1e6) as u64)
+    }
+
+    /// Times one launch: the kernel under the protocol, or the same kernel built without it as a
+    /// plain grid of one CTA per logical block. Returns nanoseconds.
+    pub fn time_launch(&mut self, request: &LaunchRequest<'_>, variant: Variant) -> Result<u64> {
+        source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
+        let f = self.kernel_function(request.kernel, request.dtype, variant)?;
+        let name = source::function_name(request.kernel, request.dtype).map_err(GpuError::Invalid)?;
+        let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
+        let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
+        let o = LaunchOptions {
+            first_block: request.first_block,
+            ctas: request.ctas,
+            sm_mask: request.sm_mask,
+            partition: request.partition,
+            stream: request.stream,
+            sm_bitmap: None,
+        };
+        let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
+        self.time_issue(o.stream, o.partition, |g| {
+            let id = g.launch_inner(&name, &f, Some(&block), blocks, threads, &o, variant)?;
+            Ok((variant == Variant::Protocol).then_some(id))
+        })
+    }
+
+    /// The device-measured span of a finished launch: from its first placement record to its
+    /// LaunchDone (both %globaltimer), i.e. how long its CTAs occupied the GPU. Kept for the
+    /// last few thousand launches.
+    pub fn launch_span_ns(&self, launch: LaunchId) -> Option<u64> {
+        self.spans.iter().rev().find(|(l, _)| *l == launch).map(|x| x.1)
+    }
+
+    /// Runs a launch to completion and returns its device-measured span (see `launch_span_ns`).
+    pub fn time_span(&mut self, request: &LaunchRequest<'_>) -> Result<u64> {
+        let id = self.launch(request)?;
+        self.wait_done(id)?;
+        self.launch_span_ns(id).ok_or_else(|| GpuError::Driver("a finished launch has no span".into()))
+    }
+
+    /// Polls until `launch` reports `LaunchDone`; other events are kept for the next `poll`.
+    pub fn wait_done(&mut self, launch: LaunchId) -> Result<(u32, bool)> {
+        let mut events = Vec::new();
+        let deadline = self.now_ns() + 60_000_000_000;
+        loop {
+            events.clear();
+            self.poll(&mut events)?;
+            let mut found = None;
+            for e in &events {
+                if let GpuEvent::LaunchDone { launch: l, next_block, preempted, .. } = *e
+                    && l == launch
+                {
+                    found = Some((next_block, preempted));
+                }
+            }
+            // Keep the others, in order, for the caller's next poll.
+            for e in events.drain(..).filter(|e| !matches!(e, GpuEvent::LaunchDone { launch: l, .. } if *l == launch)) {
+                self.host_events.push_back(e);
+            }
+            if let Some(r) = found {
+                return Ok(r);
+            }
+            if self.now_ns() > deadline {
+                return Err(GpuError::Driver(format!("launch {} did not finish within 60 s", launch.0)));
+            }
+            self.wait_records(self.now_ns() + 1_000_000)?;
+        }
+    }
+
+    /// Waits for everything queued on every stream.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.bind()?;
+        for st in &self.streams {
+            for s in st.by_partition.values() {
+                s.synchronize().map_err(drv)?;
+            }
+        }
+        self.helper_stream.synchronize().map_err(drv)
+    }
+
+    fn take_event(&mut self, timing: bool) -> Result<Event> {
+        if !timing && let Some(e) = self.spare_events.pop() {
+            return Ok(e);
+        }
+        Event::new(timing).map_err(drv)
+    }
+
+    /// Number of launches whose `LaunchDone` has not been polled yet.
+    pub fn launches_in_flight(&self) -> u32 {
+        self.protocol.slots_in_flight()
+    }
+
+    fn device_to_host_ns(&self, device_ns: u64) -> u64 {
+        let t = device_ns as i64 - self.device_clock_offset_ns;
+        (t.max(0) as u64).min(self.now_ns())
+    }
+
+    fn find(&self, ptr: DevicePtr, len: u64) -> Result<(&Allocated, u64)> {
+        let (&base, a) = self
+            .allocations
+            .range(..=ptr.0)
+            .next_back()
+            .ok_or_else(|| GpuError::Invalid(format!("{:#x} is not in any allocation", ptr.0)))?;
+        let off = ptr.0 - base;
+        if off + len > a.bytes() {
+            return Err(GpuError::Invalid(format!("{len} bytes at {:#x} run past an allocation of {} bytes", ptr.0, a.bytes())));
+        }
+        Ok((a, off))
+    }
+
+    /// Spins until a record, a host event or a finished copy is available, or `until_ns`.
+    fn wait_records(&mut self, until_ns: u64) -> Result<()> {
+        let mut spins: u32 = 0;
+        loop {
+            if !self.host_events.is_empty() || self.protocol.has_record() {
+                return Ok(());
+            }
+            if let Some((_, e)) = self.copies.front()
+                && e.is_done().map_err(drv)?
+            {
+                return Ok(());
+            }
+            if self.now_ns() >= until_ns {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(4096) {
+                self.check_streams()?;
+                if self.protocol.slots_in_flight() == 0 && self.copies.is_empty() {
+                    // Nothing can arrive: sleep instead of spinning.
+                    let left = until_ns.saturating_sub(self.now_ns());
+                    std::thread::sleep(std::time::Duration::from_nanos(left.min(1_000_000)));
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Surfaces a failed kernel (illegal address, ...) as an error instead of a silent hang.
+    fn check_streams(&self) -> Result<()> {
+        for st in &self.streams {
+            for s in st.by_partition.values() {
+                s.is_idle().map_err(drv)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bitmap_to_mask(bytes: &[u8]) -> SmMask {
+    let mut m = SmMask::EMPTY;
+    for (i, b) in bytes.iter().enumerate() {
+        for bit in 0..8 {
+            if b & (1 << bit) != 0 {
+                m.insert((i * 8 + bit) as u32);
+            }
+        }
+    }
+    m
+}
+
+/// Reads an SM bitmap buffer (as `LaunchOptions::sm_bitmap` fills) into a mask.
+pub fn read_sm_bitmap(gpu: &mut CudaGpu, bitmap: DevicePtr) -> Result<SmMask> {
+    let mut bytes = [0u8; source::SM_COUNT_MAX / 8];
+    gpu.read(bitmap, &mut bytes)?;
+    Ok(bitmap_to_mask(&bytes))
+}
+
+impl Drop for CudaGpu {
+    fn drop(&mut self) {
+        // Let queued work finish before buffers, modules and streams go.
+        let _ = self.ctx.bind();
+        let _ = self.synchronize();
+    }
+}
+
+impl Gpu for CudaGpu {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn alloc(&mut self, bytes: u64, kind: MemKind) -> Result<Allocation> {
+        self.bind()?;
+        let a = match kind {
+            MemKind::Device => match DeviceBuffer::new(bytes) {
+                Ok(b) => Allocated::Device(b),
+                Err(e) if e.code == driver::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    let free_bytes = driver::mem_get_info().map(|m| m.0).unwrap_or(0);
+                    return Err(GpuError::OutOfMemory { requested_bytes: bytes, free_bytes });
+                }
+                Err(e) => return Err(drv(e)),
+            },
+            MemKind::HostMapped => Allocated::Host(MappedBuffer::new(bytes).map_err(drv)?),
+        };
+        let ptr = match &a {
+            Allocated::Device(b) => b.ptr(),
+            Allocated::Host(b) => b.dev_ptr(),
+        };
+        self.allocations.insert(ptr, a);
+        Ok(Allocation { ptr: DevicePtr(ptr), bytes, kind })
+    }
+
+    fn free(&mut self, allocation: Allocation) -> Result<()> {
+        self.bind()?;
+        match self.allocations.remove(&allocation.ptr.0) {
+            Some(_) => Ok(()),
+            None => Err(GpuError::Invalid(format!("free of {:#x}, which is not an allocation", allocation.ptr.0))),
+        }
+    }
+
+    fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()> {
+        self.bind()?;
+        let (a, off) = self.find(dst, data.len() as u64)?;
+        match a {
+            Allocated::Device(b) => b.write(off, data).map_err(drv),
+            Allocated::Host(b) => {
+                // SAFETY: `write` is a synchronous copy that the caller orders against the
+                // kernels using this memory (the Gpu trait's contract), so none races with it.
+                unsafe { b.write_bytes(off, data) };
+                Ok(())
+            }
+        }
+    }
+
+    fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        let (a, off) = self.find(src, out.len() as u64)?;
+        match a {
+            Allocated::Device(b) => b.read(off, out).map_err(drv),
+            Allocated::Host(b) => {
+                // SAFETY: as in write: the caller orders reads after the kernels that write here.
+                unsafe { b.read_bytes(off, out) };
+                Ok(())
+            }
+        }
+    }
+
+    fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
+        self.bind()?;
+        self.find(dst, bytes)?;
+        self.find(src, bytes)?;
+        if self.copies.len() >= COPIES_MAX {
+            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_MAX as u64 });
+        }
+        let event = self.take_event(false)?;
+        // Copies use no SMs: they go on the stream's whole-device CUDA stream (ordered after its
+        // launches in other partitions by stream_for), whose context owns the pool's events.
+        let s = self.stream_for(stream, 0)?;
+        // SAFETY: both ranges were checked to lie inside live allocations; the caller keeps them
+        // alive until CopyDone (the Gpu trait's contract).
+        unsafe { s.copy(dst.0, src.0, bytes) }.map_err(drv)?;
+        event.record(s).map_err(drv)?;
+        let id = CopyId(self.next_copy);
+        self.next_copy += 1;
+        self.copies.push_back((id, event));
+        Ok(id)
+    }
+
+    fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
+        self.bind()?;
+        if self.streams.len() >= STREAMS_MAX {
+            return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
+        }
+        // CUDA: lower numbers are more urgent, from `least` (0) down to `greatest` (-5 on Hopper).
+        let (least, greatest) = self.priority_range;
+        let cuda_priority = (-priority).clamp(greatest, least);
+        let id = StreamId(self.streams.len() as u32);
+        self.streams.push(StreamState {
+            priority: cuda_priority,
+            by_partition: HashMap::new(),
+            last_partition: None,
+            chain: HashMap::new(),
+        });
+        self.stream_for(id, 0)?;
+        self.streams[id.0 as usize].last_partition = None;
+        Ok(id)
+    }
+
+    fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
+        source::check_shape(kernel, shape).map_err(GpuError::Invalid)?;
+        let f = self.kernel_function(kernel, dtype, Variant::Protocol)?;
+        let name = source::function_name(kernel, dtype).map_err(GpuError::Invalid)?;
+        if shape.threads_per_block > f.threads_max {
+            return Err(GpuError::Invalid(format!("{name} runs at most {} threads per CTA", f.threads_max)));
+        }
+        let ctas_per_sm_max = self.occupancy_of(&name, &f, Variant::Protocol, shape.threads_per_block)?;
+        Ok(KernelResources {
+            threads_per_cta: shape.threads_per_block,
+            registers_per_thread: f.registers,
+            shared_mem_bytes: f.static_smem_bytes,
+            ctas_per_sm_max,
+        })
+    }
+
+    fn launch(&mut self, request: &LaunchRequest<'_>) -> Result<LaunchId> {
+        self.launch_with(request, None)
+    }
+
+    fn preempt(&mut self, launch: LaunchId) -> Result<()> {
+        if let Some(&slot) = self.slot_of.get(&launch) {
+            self.protocol.set_preempt(slot);
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
+        self.bind()?;
+        events.extend(self.host_events.drain(..));
+        let mut records = std::mem::take(&mut self.records);
+        records.clear();
+        let polled = self.protocol.poll(&mut records);
+        for r in &records {
+            let (id, first_placed) = match self.in_flight.get_mut(r.slot as usize) {
+                Some(Some(f)) => {
+                    if r.kind == source::REC_PLACED && f.first_placed_ns.is_none() {
+                        f.first_placed_ns = Some(r.device_ns);
+                    }
+                    (f.id, f.first_placed_ns)
+                }
+                _ => return Err(GpuError::Driver(format!("notification for launch slot {} with no launch in flight", r.slot))),
+            };
+            let at_ns = self.device_to_host_ns(r.device_ns);
+            events.push(match r.kind {
+                source::REC_PLACED => GpuEvent::CtasPlaced { launch: id, sm: r.sm, ctas: r.ctas, at_ns },
+                source::REC_FINISHED => GpuEvent::CtasFinished { launch: id, sm: r.sm, ctas: r.ctas, blocks: r.blocks, at_ns },
+                source::REC_DONE => {
+                    if self.spans.len() >= SPANS_MAX {
+                        self.spans.pop_front();
+                    }
+                    self.spans.push_back((id, r.device_ns.saturating_sub(first_placed.unwrap_or(r.device_ns))));
+                    self.in_flight[r.slot as usize] = None;
+                    self.slot_of.remove(&id);
+                    self.protocol.free_slot(r.slot);
+                    GpuEvent::LaunchDone { launch: id, next_block: r.blocks, preempted: r.aux != 0, at_ns }
+                }
+                k => return Err(GpuError::Driver(format!("notification of unknown kind {k}"))),
+            });
+        }
+        self.records = records;
+        if let Err(RingError::Overflow) = polled {
+            return Err(GpuError::Exhausted { limit: "notification ring (the host stopped polling)", max: RING_CAPACITY as u64 });
+        }
+        while let Some((_, e)) = self.copies.front() {
+            if !e.is_done().map_err(drv)? {
+                break;
+            }
+            let (id, e) = self.copies.pop_front().unwrap();
+            self.spare_events.push(e);
+            events.push(GpuEvent::CopyDone { copy: id, at_ns: self.now_ns() });
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, until_ns: u64) -> Result<()> {
+        self.bind()?;
+        self.wait_records(until_ns)
+    }
+}

@@ -1,0 +1,32 @@
+//! kairos-cuda: the `Gpu` trait on NVIDIA GPUs, through the CUDA driver API (cudarc 0.19,
+//! loaded at run time, so this crate builds and its non-GPU tests run on machines without CUDA).
+//!
+//! Layers, as in cudarc: cudarc's `driver::sys` (raw FFI) -> [`driver`] (one checked wrapper per
+//! call, `unsafe` where the caller must uphold a contract) -> [`safe`] (owning RAII types) ->
+//! [`CudaGpu`] (the `Gpu` implementation). All unsafe code of kairos lives in this crate.
+//!
+//! - [`nvrtc`]: compiles `kairos_kernels::source` to CUBIN for the device with an on-disk cache.
+//! - [`protocol`]: the host side of the kernel protocol (launch slots, preempt flags in mapped
+//!   pinned memory, the notification ring).
+//! - [`profile`]: `kairos profile` (per-kernel durations, resources, KRISP's min SMs).
+//!
+//! Entry points for the binary: [`CudaGpu::new`] (a clear `GpuError::NoDevice` without a driver
+//! or GPU), then `kairos_gpu::exec::{upload_weights, execute_plan}` for `kairos run --backend
+//! cuda`, and [`profile::profile_plan`] for `kairos profile`.
+
+pub mod driver;
+pub mod gpu;
+pub mod nvrtc;
+pub mod profile;
+pub mod protocol;
+pub mod safe;
+pub mod suite;
+
+pub use gpu::{CudaGpu, LaunchOptions, read_sm_bitmap};
+pub use nvrtc::Variant;
+pub use profile::profile_plan;
+
+/// Whether the GPU tests should run (`KAIROS_GPU_TESTS=1`); they need a driver and a GPU.
+pub fn gpu_tests_enabled() -> bool {
+    std::env::var("KAIROS_GPU_TESTS").is_ok_and(|v| v == "1")
+}

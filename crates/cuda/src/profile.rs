@@ -1,0 +1,247 @@
+//! `kairos profile`: measures a plan on the GPU, kernel by kernel.
+//!
+//! For each launch of the plan: the median duration on the whole GPU (the device-measured span
+//! from its first CTA's placement record to its LaunchDone, both %globaltimer, so the same clock
+//! serves green-context partitions), its CTAs, registers, shared memory and occupancy as the driver reports them, and
+//! KRISP's right size: the fewest SMs, in steps of the device's partition granularity (8 on
+//! H100/H200), at which the median stays within 5% of the whole GPU's. Smaller SM counts run in
+//! green-context partitions when the device has them, else under an SM mask of that many SMs.
+//! The plan's end-to-end latency is the median of issuing all its launches in order on one stream.
+
+use crate::gpu::CudaGpu;
+use kairos_gpu::exec::SpaceBases;
+use kairos_gpu::profile::{KernelProfile, ModelProfile};
+use kairos_gpu::*;
+use kairos_ir::plan::{IoTensor, Plan};
+use kairos_ir::{DType, Tensor};
+
+/// A launch counts as right-sized at the fewest SMs whose duration is within this factor of the whole GPU's.
+pub const MIN_SMS_SLACK: f64 = 1.05;
+/// Launches a plan run keeps in flight.
+const QUEUE_DEPTH: usize = 256;
+
+/// Deterministic inputs of sensible magnitude: floats in [-1, 1), i64 ids in [0, 100).
+pub fn synthetic_input(t: &IoTensor, seed: u64) -> Tensor {
+    let n: usize = t.shape.iter().product();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    match t.dtype {
+        DType::I64 => Tensor::i64(t.shape.clone(), (0..n).map(|_| (next() % 100) as i64).collect()),
+        d => Tensor::f32(t.shape.clone(), (0..n).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()).cast(d),
+    }
+}
+
+/// A plan's memory on the device: weights, arena, inputs and outputs.
+pub struct PlanBuffers {
+    pub bases: SpaceBases,
+    allocations: Vec<Allocation>,
+}
+
+impl PlanBuffers {
+    /// Allocates and fills everything a plan needs (weights of the given kind).
+    pub fn new(gpu: &mut CudaGpu, plan: &Plan, inputs: &[Tensor], weights: MemKind) -> Result<PlanBuffers> {
+        let mut allocations = Vec::new();
+        let r = (|| {
+            let w = kairos_gpu::exec::upload_weights(gpu, plan, weights)?;
+            allocations.push(w);
+            let arena = gpu.alloc(plan.arena_bytes.max(1), MemKind::Device)?;
+            allocations.push(arena);
+            let mut bases = SpaceBases { arena: arena.ptr, weights: w.ptr, inputs: Vec::new(), outputs: Vec::new() };
+            for (i, t) in inputs.iter().enumerate() {
+                let bytes = kairos_gpu::exec::input_bytes(plan, i, t)?;
+                let a = gpu.alloc(bytes.len().max(1) as u64, MemKind::Device)?;
+                allocations.push(a);
+                gpu.write(a.ptr, &bytes)?;
+                bases.inputs.push(a.ptr);
+            }
+            for o in &plan.outputs {
+                let a = gpu.alloc(o.len_bytes().max(1), MemKind::Device)?;
+                allocations.push(a);
+                bases.outputs.push(a.ptr);
+            }
+            Ok(bases)
+        })();
+        match r {
+            Ok(bases) => Ok(PlanBuffers { bases, allocations }),
+            Err(e) => {
+                for a in allocations {
+                    let _ = gpu.free(a);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub fn free(self, gpu: &mut CudaGpu) -> Result<()> {
+        for a in self.allocations {
+            gpu.free(a)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the plan's outputs.
+    pub fn outputs(&self, gpu: &mut CudaGpu, plan: &Plan) -> Result<Vec<Tensor>> {
+        let mut out = Vec::new();
+        for (o, ptr) in plan.outputs.iter().zip(&self.bases.outputs) {
+            let mut bytes = vec![0u8; o.len_bytes() as usize];
+            gpu.read(*ptr, &mut bytes)?;
+            out.push(Tensor::from_bytes(o.dtype, o.shape.clone(), &bytes).map_err(GpuError::Invalid)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Issues every launch of the plan in order on `stream` and waits for the last; returns the
+/// host-observed nanoseconds from the first issue to the last `LaunchDone`.
+pub fn run_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: StreamId) -> Result<u64> {
+    let whole = gpu.info().partitions[0].sms;
+    let mut args = Vec::new();
+    let mut events = Vec::new();
+    let start = gpu.now_ns();
+    let (mut next, mut done) = (0usize, 0usize);
+    let mut pending = std::collections::HashSet::new();
+    while done < plan.launches.len() {
+        while next < plan.launches.len() && next - done < QUEUE_DEPTH {
+            let l = &plan.launches[next];
+            bufs.bases.resolve_all(&l.args, &mut args);
+            let id = gpu.launch(&LaunchRequest {
+                kernel: &l.kernel,
+                dtype: l.dtype,
+                shape: l.shape,
+                args: &args,
+                first_block: 0,
+                ctas: 0,
+                sm_mask: whole,
+                partition: PartitionId::WHOLE,
+                stream,
+            })?;
+            pending.insert(id);
+            next += 1;
+        }
+        events.clear();
+        gpu.poll(&mut events)?;
+        for e in &events {
+            if let GpuEvent::LaunchDone { launch, next_block, preempted, .. } = *e
+                && pending.remove(&launch)
+            {
+                if preempted {
+                    return Err(GpuError::Driver(format!("launch {} stopped at block {next_block} unasked", launch.0)));
+                }
+                done += 1;
+            }
+        }
+        if events.is_empty() {
+            let now = gpu.now_ns();
+            gpu.wait(now + 1_000_000)?;
+        }
+    }
+    Ok(gpu.now_ns() - start)
+}
+
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// The first `n` SMs of a set.
+pub fn sm_subset(set: &SmMask, n: u32) -> SmMask {
+    let mut m = SmMask::EMPTY;
+    for sm in set.iter().take(n as usize) {
+        m.insert(sm);
+    }
+    m
+}
+
+/// Profiles a plan: per-launch durations, resources and right sizes, and the plan's latency.
+pub fn profile_plan(gpu: &mut CudaGpu, plan: &Plan, repeats: usize) -> Result<ModelProfile> {
+    let repeats = repeats.max(1);
+    let inputs: Vec<Tensor> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
+    let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
+    let result = profile_with(gpu, plan, &bufs, repeats);
+    bufs.free(gpu)?;
+    result
+}
+
+fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usize) -> Result<ModelProfile> {
+    let stream = gpu.create_stream(0)?;
+    // Warm up: compile modules, fill the arena with real activations.
+    run_plan(gpu, plan, bufs, stream)?;
+    let mut lat: Vec<u64> = (0..repeats.max(3)).map(|_| run_plan(gpu, plan, bufs, stream)).collect::<Result<_>>()?;
+    let latency_ns = median(&mut lat);
+
+    let info = gpu.info().clone();
+    let whole = info.partitions[0].sms;
+    let step = info.partition_granularity_sms.clamp(1, info.sm_count);
+    let mut sizes: Vec<u32> = (1..).map(|k| k * step).take_while(|&s| s < info.sm_count).collect();
+    sizes.push(info.sm_count);
+    // Where each size runs: a green-context partition, else an SM mask on the whole device.
+    let mut places = Vec::new();
+    for &s in &sizes {
+        match gpu.partition_of_size(s) {
+            Ok(p) => {
+                let sms = gpu.info().partitions[p.0 as usize].sms;
+                places.push((sms.count(), p, sms));
+            }
+            Err(_) => places.push((s, PartitionId::WHOLE, sm_subset(&whole, s))),
+        }
+    }
+    let mut kernels = Vec::new();
+    let mut args = Vec::new();
+    for (i, l) in plan.launches.iter().enumerate() {
+        let res = gpu.kernel_resources(&l.kernel, l.dtype, &l.shape)?;
+        bufs.bases.resolve_all(&l.args, &mut args);
+        let mut by_sms = Vec::new();
+        for &(count, partition, mask) in &places {
+            let req = LaunchRequest {
+                kernel: &l.kernel,
+                dtype: l.dtype,
+                shape: l.shape,
+                args: &args,
+                first_block: 0,
+                ctas: 0,
+                sm_mask: mask,
+                partition,
+                stream,
+            };
+            let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
+            by_sms.push((count, median(&mut t)));
+        }
+        let duration_ns = by_sms.last().map(|x| x.1).unwrap_or(0);
+        let min_sms = by_sms
+            .iter()
+            .filter(|(_, d)| *d as f64 <= duration_ns as f64 * MIN_SMS_SLACK)
+            .map(|(s, _)| *s)
+            .min()
+            .unwrap_or(info.sm_count);
+        let ctas = l.shape.logical_blocks.min(res.ctas_per_sm_max * info.sm_count);
+        kernels.push(KernelProfile {
+            launch: i as u32,
+            name: l.name.clone(),
+            kernel: l.kernel.name().to_string(),
+            duration_ns,
+            logical_blocks: l.shape.logical_blocks,
+            ctas,
+            threads_per_cta: res.threads_per_cta,
+            registers_per_thread: res.registers_per_thread,
+            shared_mem_bytes: res.shared_mem_bytes,
+            ctas_per_sm_max: res.ctas_per_sm_max,
+            occupancy: (res.ctas_per_sm_max * res.threads_per_cta) as f64 / info.sm_limits.threads_max as f64,
+            min_sms,
+            duration_by_sms: by_sms,
+        });
+    }
+    Ok(ModelProfile {
+        model: plan.model.clone(),
+        dtype: plan.dtype,
+        batch: plan.inputs.first().and_then(|t| t.shape.first().copied()).unwrap_or(1),
+        device: info.name.clone(),
+        sm_count: info.sm_count,
+        latency_ns,
+        kernels,
+    })
+}

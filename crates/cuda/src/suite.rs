@@ -1,0 +1,797 @@
+//! The GPU suite: correctness checks and measurements that need a real GPU, shared by
+//! `tests/gpu.rs` (run when `KAIROS_GPU_TESTS=1`) and `examples/gpu_suite.rs` (what
+//! `scripts/gpu-suite.sh` runs on the device).
+//!
+//! Kernel checks run one case list against the CPU reference (`kairos_kernels::cpu::run_blocks`)
+//! on random inputs, with the named tolerances [`TOL_F32`] and [`TOL_F16`] on the relative L2
+//! error of the output. Outputs start from the same random poison on both sides, so an element
+//! the GPU fails to write shows up as an error.
+
+use crate::gpu::{CudaGpu, LaunchOptions};
+use crate::profile::{PlanBuffers, run_plan, synthetic_input};
+use kairos_gpu::*;
+use kairos_ir::graph::Act;
+use kairos_ir::plan::*;
+use kairos_ir::tensor::relative_l2_error;
+use kairos_ir::{DType, Tensor};
+use kairos_kernels::cpu::{KernelMemory, run_blocks};
+
+/// Relative L2 error allowed for fp32 kernels and plans against the CPU reference.
+pub const TOL_F32: f64 = 1e-4;
+/// Relative L2 error allowed for fp16 storage (fp32 accumulation).
+pub const TOL_F16: f64 = 1e-2;
+
+pub fn tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F16 { TOL_F16 } else { TOL_F32 }
+}
+
+/// xorshift64*: the suite's only source of randomness; every case prints its seed.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// How an argument buffer is filled.
+#[derive(Clone, Copy, Debug)]
+pub enum Fill {
+    /// Uniform floats in [lo, hi), stored in the argument's dtype.
+    Float(f32, f32),
+    /// Uniform i64 in [lo, hi).
+    Index(i64, i64),
+}
+
+#[derive(Clone, Debug)]
+pub struct Arg {
+    pub elems: usize,
+    pub fill: Fill,
+    /// The argument's element type; None: the launch dtype.
+    pub dtype: Option<DType>,
+}
+
+fn f(elems: usize) -> Arg {
+    Arg { elems, fill: Fill::Float(-1.0, 1.0), dtype: None }
+}
+
+/// One kernel launch to check: its last argument is the output.
+#[derive(Clone, Debug)]
+pub struct KernelCase {
+    pub name: String,
+    pub kernel: Kernel,
+    pub threads: u32,
+    pub args: Vec<Arg>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_case(
+    name: &str,
+    (batch, in_h, in_w, in_c, out_c): (u32, u32, u32, u32, u32),
+    (k, stride, pad, dil, groups): (u32, u32, u32, u32, u32),
+    (bias, residual, act): (bool, bool, Act),
+    (in_extra, out_extra): (u32, u32),
+    (tile_m, tile_n, threads): (u32, u32, u32),
+    depthwise: bool,
+) -> KernelCase {
+    let out_h = (in_h + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    let out_w = (in_w + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+    let p = Conv2dParams {
+        batch,
+        in_h,
+        in_w,
+        in_c,
+        out_h,
+        out_w,
+        out_c,
+        kernel_h: k,
+        kernel_w: k,
+        stride_h: stride,
+        stride_w: stride,
+        pad_h: pad,
+        pad_w: pad,
+        dilation_h: dil,
+        dilation_w: dil,
+        groups,
+        in_pixel_stride: in_c + in_extra,
+        out_pixel_stride: out_c + out_extra,
+        res_pixel_stride: out_c + out_extra,
+        epilogue: EpilogueParams { bias, residual, act },
+        tile_m,
+        tile_n,
+    };
+    let pixels_out = (batch * out_h * out_w) as usize;
+    let mut args = vec![f((batch * in_h * in_w) as usize * p.in_pixel_stride as usize)];
+    args.push(f(if depthwise { (k * k * in_c) as usize } else { (out_c * k * k * (in_c / groups)) as usize }));
+    if bias {
+        args.push(f(out_c as usize));
+    }
+    if residual {
+        args.push(f(pixels_out * p.res_pixel_stride as usize));
+    }
+    args.push(f(pixels_out * p.out_pixel_stride as usize));
+    KernelCase {
+        name: name.into(),
+        kernel: if depthwise { Kernel::DepthwiseConv2d(p) } else { Kernel::Conv2d(p) },
+        threads,
+        args,
+    }
+}
+
+/// Gemm layouts the plans use.
+#[derive(Clone, Copy, Debug)]
+pub enum GemmLayout {
+    /// A [b][m][k], weights B stored [n][k] shared by the batch (linear layers).
+    Linear,
+    /// A [b][k][m] (transposed), B [b][k][n].
+    Transposed,
+    /// Attention scores: A = Q and B = K^T read out of [batch, seq, heads, dim] tensors.
+    Heads,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_case(
+    name: &str,
+    layout: GemmLayout,
+    (b0, b1, m, n, k): (u32, u32, u32, u32, u32),
+    alpha: f32,
+    epi: EpilogueParams,
+    tile: (u32, u32),
+    threads: u32,
+) -> KernelCase {
+    let (m64, n64, k64, b164) = (m as u64, n as u64, k as u64, b1 as u64);
+    let mut p = GemmParams {
+        batch0: b0,
+        batch1: b1,
+        m,
+        n,
+        k,
+        a_stride0: 0,
+        a_stride1: 0,
+        a_stride_m: 0,
+        a_stride_k: 0,
+        b_stride0: 0,
+        b_stride1: 0,
+        b_stride_k: 0,
+        b_stride_n: 0,
+        c_stride0: b164 * m64 * n64,
+        c_stride1: m64 * n64,
+        c_stride_m: n64,
+        r_stride0: b164 * m64 * n64,
+        r_stride1: m64 * n64,
+        r_stride_m: n64,
+        alpha,
+        epilogue: epi,
+        tile_m: tile.0,
+        tile_n: tile.1,
+    };
+    let (a_elems, b_elems);
+    match layout {
+        GemmLayout::Linear => {
+            (p.a_stride0, p.a_stride1, p.a_stride_m, p.a_stride_k) = (b164 * m64 * k64, m64 * k64, k64, 1);
+            (p.b_stride0, p.b_stride1, p.b_stride_k, p.b_stride_n) = (0, 0, 1, k64);
+            a_elems = b0 as u64 * b164 * m64 * k64;
+            b_elems = n64 * k64;
+        }
+        GemmLayout::Transposed => {
+            (p.a_stride0, p.a_stride1, p.a_stride_m, p.a_stride_k) = (b164 * m64 * k64, m64 * k64, 1, m64);
+            (p.b_stride0, p.b_stride1, p.b_stride_k, p.b_stride_n) = (b164 * k64 * n64, k64 * n64, n64, 1);
+            a_elems = b0 as u64 * b164 * m64 * k64;
+            b_elems = b0 as u64 * b164 * k64 * n64;
+        }
+        GemmLayout::Heads => {
+            // batch0 = batch, batch1 = heads, m = n = seq, k = head dim.
+            let row = b164 * k64;
+            (p.a_stride0, p.a_stride1, p.a_stride_m, p.a_stride_k) = (m64 * row, k64, row, 1);
+            (p.b_stride0, p.b_stride1, p.b_stride_k, p.b_stride_n) = (n64 * row, k64, 1, row);
+            a_elems = b0 as u64 * m64 * row;
+            b_elems = b0 as u64 * n64 * row;
+        }
+    }
+    let c_elems = (b0 as u64 * b164 * m64 * n64) as usize;
+    let mut args = vec![f(a_elems as usize), f(b_elems as usize)];
+    if epi.bias {
+        args.push(f(n as usize));
+    }
+    if epi.residual {
+        args.push(f(c_elems));
+    }
+    args.push(f(c_elems));
+    KernelCase { name: name.into(), kernel: Kernel::Gemm(p), threads, args }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pool_case(
+    name: &str,
+    kind: PoolKindParam,
+    (batch, in_h, in_w, c): (u32, u32, u32, u32),
+    k: u32,
+    stride: u32,
+    pad: (u32, u32),
+    out_extra: u32,
+) -> KernelCase {
+    let (pad_lo, pad_hi) = pad;
+    let out_h = (in_h + pad_lo + pad_hi - k) / stride + 1;
+    let out_w = (in_w + pad_lo + pad_hi - k) / stride + 1;
+    let p = Pool2dParams {
+        kind,
+        batch,
+        in_h,
+        in_w,
+        channels: c,
+        out_h,
+        out_w,
+        kernel_h: k,
+        kernel_w: k,
+        stride_h: stride,
+        stride_w: stride,
+        pad_top: pad_lo,
+        pad_left: pad_lo,
+        pad_bottom: pad_hi,
+        pad_right: pad_hi,
+        in_pixel_stride: c,
+        out_pixel_stride: c + out_extra,
+        elems_per_block: 256,
+    };
+    KernelCase {
+        name: name.into(),
+        kernel: Kernel::Pool2d(p),
+        threads: 256,
+        args: vec![f((batch * in_h * in_w * c) as usize), f((batch * out_h * out_w) as usize * p.out_pixel_stride as usize)],
+    }
+}
+
+fn eltwise_case(
+    name: &str,
+    func: EltFunc,
+    act: Act,
+    shape: [u32; 6],
+    ins: Vec<([u64; 6], DType, Fill)>,
+    out: ([u64; 6], DType),
+    scalars: [f32; 2],
+) -> KernelCase {
+    let extent = |strides: &[u64; 6]| -> usize { (0..6).map(|d| (shape[d] as u64 - 1) * strides[d]).sum::<u64>() as usize + 1 };
+    let mut in_strides = [[0u64; 6]; 3];
+    let mut in_dtypes = [DType::F32; 3];
+    let mut args = Vec::new();
+    for (j, (s, d, fill)) in ins.iter().enumerate() {
+        in_strides[j] = *s;
+        in_dtypes[j] = *d;
+        args.push(Arg { elems: extent(s), fill: *fill, dtype: Some(*d) });
+    }
+    args.push(Arg { elems: extent(&out.0), fill: Fill::Float(-1.0, 1.0), dtype: Some(out.1) });
+    let p = EltwiseParams {
+        func,
+        act,
+        inputs: ins.len() as u32,
+        shape,
+        out_strides: out.0,
+        in_strides,
+        in_dtypes,
+        out_dtype: out.1,
+        scalars,
+        elems_per_block: 1024,
+    };
+    KernelCase { name: name.into(), kernel: Kernel::Eltwise(p), threads: 256, args }
+}
+
+/// Row-major strides of a rank-6 shape.
+fn contiguous(shape: [u32; 6]) -> [u64; 6] {
+    let mut s = [0u64; 6];
+    let mut acc = 1u64;
+    for d in (0..6).rev() {
+        s[d] = acc;
+        acc *= shape[d] as u64;
+    }
+    s
+}
+
+/// The kernel case list at a launch dtype (eltwise cases store their floats in it too).
+pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
+    let none = EpilogueParams::default();
+    let mut v = vec![
+        conv_case(
+            "conv3x3 bias relu",
+            (2, 13, 11, 24, 40),
+            (3, 1, 1, 1, 1),
+            (true, false, Act::Relu),
+            (0, 0),
+            (64, 64, 256),
+            false,
+        ),
+        conv_case("conv7x7 s2 stem", (1, 37, 37, 3, 16), (7, 2, 3, 1, 1), (true, false, Act::None), (0, 0), (64, 64, 256), false),
+        conv_case(
+            "conv1x1 residual slices",
+            (1, 9, 9, 64, 72),
+            (1, 1, 0, 1, 1),
+            (true, true, Act::Relu),
+            (8, 24),
+            (64, 64, 256),
+            false,
+        ),
+        conv_case(
+            "conv3x3 dilated s2",
+            (1, 17, 15, 16, 20),
+            (3, 2, 2, 2, 1),
+            (false, false, Act::Sigmoid),
+            (0, 0),
+            (32, 32, 128),
+            false,
+        ),
+        conv_case(
+            "conv tile 128x32 two passes",
+            (1, 21, 21, 40, 36),
+            (3, 1, 1, 1, 1),
+            (true, false, Act::HardSwish),
+            (0, 0),
+            (128, 32, 32),
+            false,
+        ),
+        conv_case("conv grouped", (1, 10, 10, 32, 48), (3, 1, 1, 1, 4), (true, false, Act::Relu6), (0, 0), (64, 64, 256), false),
+        conv_case(
+            "dwconv3x3 s2 relu6",
+            (2, 15, 15, 48, 48),
+            (3, 2, 1, 1, 48),
+            (true, false, Act::Relu6),
+            (0, 0),
+            (32, 64, 256),
+            true,
+        ),
+        conv_case(
+            "dwconv5x5 residual",
+            (1, 12, 12, 40, 40),
+            (5, 1, 2, 1, 40),
+            (true, true, Act::None),
+            (0, 8),
+            (32, 64, 256),
+            true,
+        ),
+        gemm_case(
+            "gemm linear bias gelu",
+            GemmLayout::Linear,
+            (1, 1, 37, 53, 71),
+            1.0,
+            EpilogueParams { bias: true, residual: false, act: Act::Gelu },
+            (64, 64),
+            256,
+        ),
+        gemm_case(
+            "gemm linear residual",
+            GemmLayout::Linear,
+            (2, 1, 64, 96, 128),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::None },
+            (64, 64),
+            256,
+        ),
+        gemm_case("gemm transposed batched", GemmLayout::Transposed, (2, 3, 20, 33, 45), 0.5, none, (32, 32), 128),
+        gemm_case("gemm attention heads", GemmLayout::Heads, (2, 4, 24, 24, 16), 0.25, none, (64, 64), 256),
+        gemm_case(
+            "gemm tanh-gelu tile 128",
+            GemmLayout::Linear,
+            (1, 1, 130, 70, 50),
+            1.0,
+            EpilogueParams { bias: true, residual: false, act: Act::GeluTanh },
+            (128, 128),
+            256,
+        ),
+        pool_case("maxpool 3x3 s2", PoolKindParam::Max, (2, 17, 17, 24), 3, 2, (1, 1), 0),
+        pool_case("avgpool include pad", PoolKindParam::AvgIncludePad, (1, 9, 9, 16), 3, 1, (1, 1), 8),
+        pool_case("avgpool exclude pad ceil", PoolKindParam::AvgExcludePad, (1, 10, 10, 16), 3, 2, (1, 2), 0),
+        pool_case("global avgpool", PoolKindParam::AvgExcludePad, (2, 7, 7, 64), 7, 1, (0, 0), 0),
+        KernelCase {
+            name: "softmax scaled".into(),
+            kernel: Kernel::Softmax(SoftmaxParams {
+                rows: 37,
+                cols: 129,
+                scale: 0.125,
+                causal: false,
+                causal_rows: 1,
+                rows_per_block: 4,
+            }),
+            threads: 128,
+            args: vec![f(37 * 129), f(37 * 129)],
+        },
+        KernelCase {
+            name: "softmax causal".into(),
+            kernel: Kernel::Softmax(SoftmaxParams {
+                rows: 4 * 24,
+                cols: 24,
+                scale: 0.5,
+                causal: true,
+                causal_rows: 24,
+                rows_per_block: 1,
+            }),
+            threads: 256,
+            args: vec![f(96 * 24), f(96 * 24)],
+        },
+        KernelCase {
+            name: "softmax 1000 classes".into(),
+            kernel: Kernel::Softmax(SoftmaxParams {
+                rows: 2,
+                cols: 1000,
+                scale: 1.0,
+                causal: false,
+                causal_rows: 1,
+                rows_per_block: 1,
+            }),
+            threads: 256,
+            args: vec![f(2000), f(2000)],
+        },
+        KernelCase {
+            name: "layernorm 768".into(),
+            kernel: Kernel::LayerNorm(LayerNormParams { rows: 19, cols: 768, eps: 1e-5, rows_per_block: 2 }),
+            threads: 256,
+            args: vec![f(19 * 768), f(768), f(768), f(19 * 768)],
+        },
+        KernelCase {
+            name: "gather ids".into(),
+            kernel: Kernel::Gather(GatherParams { count: 40, table_rows: 50, cols: 72, rows_per_block: 3 }),
+            threads: 128,
+            args: vec![f(50 * 72), Arg { elems: 40, fill: Fill::Index(-60, 60), dtype: Some(DType::I64) }, f(40 * 72)],
+        },
+    ];
+    for (kind, name) in [(ReduceKind::Sum, "sum"), (ReduceKind::Mean, "mean"), (ReduceKind::Max, "max"), (ReduceKind::Min, "min")]
+    {
+        for (outer, red, inner) in [(6, 77, 1), (3, 19, 50)] {
+            v.push(KernelCase {
+                name: format!("reduce {name} [{outer},{red},{inner}]"),
+                kernel: Kernel::Reduce(ReduceParams { kind, outer, reduce: red, inner, elems_per_block: 64 }),
+                threads: 256,
+                args: vec![f((outer * red * inner) as usize), f((outer * inner) as usize)],
+            });
+        }
+    }
+    // Element-wise: broadcasting, unary functions, affine, select, casts, transposes.
+    let sh = [1, 1, 2, 5, 7, 33];
+    let c = contiguous(sh);
+    let fl = Fill::Float(-1.0, 1.0);
+    let pos = Fill::Float(0.1, 2.0);
+    let mut bcast = [0u64; 6];
+    bcast[5] = 1; // a per-channel vector broadcast over the other dims
+    let mut tr = [0u64; 6]; // the input read transposed: dims 4 and 5 swapped
+    tr[2] = 5 * 7 * 33;
+    tr[3] = 7 * 33;
+    tr[4] = 1;
+    tr[5] = 7;
+    v.push(eltwise_case(
+        "eltwise add bcast relu",
+        EltFunc::Binary(BinaryOpParam::Add),
+        Act::Relu,
+        sh,
+        vec![(c, dtype, fl), (bcast, dtype, fl)],
+        (c, dtype),
+        [0.0; 2],
+    ));
+    v.push(eltwise_case(
+        "eltwise div",
+        EltFunc::Binary(BinaryOpParam::Div),
+        Act::None,
+        sh,
+        vec![(c, dtype, fl), (c, dtype, pos)],
+        (c, dtype),
+        [0.0; 2],
+    ));
+    v.push(eltwise_case(
+        "eltwise pow scalar",
+        EltFunc::BinaryScalar(BinaryOpParam::Pow),
+        Act::None,
+        sh,
+        vec![(c, dtype, pos)],
+        (c, dtype),
+        [1.5, 0.0],
+    ));
+    v.push(eltwise_case(
+        "eltwise max tanh",
+        EltFunc::Binary(BinaryOpParam::Max),
+        Act::Tanh,
+        sh,
+        vec![(c, dtype, fl), (c, dtype, fl)],
+        (c, dtype),
+        [0.0; 2],
+    ));
+    for (u, fill) in [
+        (UnaryOpParam::Sqrt, pos),
+        (UnaryOpParam::Rsqrt, pos),
+        (UnaryOpParam::Recip, pos),
+        (UnaryOpParam::Exp, fl),
+        (UnaryOpParam::Erf, fl),
+        (UnaryOpParam::Neg, fl),
+        (UnaryOpParam::Abs, fl),
+        (UnaryOpParam::Square, fl),
+    ] {
+        v.push(eltwise_case(
+            &format!("eltwise {u:?}"),
+            EltFunc::Unary(u),
+            Act::None,
+            sh,
+            vec![(c, dtype, fill)],
+            (c, dtype),
+            [0.0; 2],
+        ));
+    }
+    v.push(eltwise_case(
+        "eltwise affine sigmoid",
+        EltFunc::Affine,
+        Act::Sigmoid,
+        sh,
+        vec![(c, dtype, fl), (bcast, dtype, fl), (bcast, dtype, fl)],
+        (c, dtype),
+        [0.0; 2],
+    ));
+    v.push(eltwise_case(
+        "eltwise where",
+        EltFunc::Where,
+        Act::None,
+        sh,
+        vec![(c, DType::I64, Fill::Index(0, 2)), (c, dtype, fl), (c, dtype, fl)],
+        (c, dtype),
+        [0.0; 2],
+    ));
+    v.push(eltwise_case("eltwise transpose copy", EltFunc::Copy, Act::None, sh, vec![(tr, dtype, fl)], (c, dtype), [0.0; 2]));
+    v.push(eltwise_case(
+        "eltwise cast f32 in",
+        EltFunc::Copy,
+        Act::HardSwish,
+        sh,
+        vec![(c, DType::F32, fl)],
+        (c, dtype),
+        [0.0; 2],
+    ));
+    v.push(eltwise_case("eltwise gelu", EltFunc::Copy, Act::Gelu, sh, vec![(c, dtype, fl)], (c, dtype), [0.0; 2]));
+    v
+}
+
+/// Random bytes for an argument.
+fn fill_bytes(arg: &Arg, dtype: DType, rng: &mut Rng) -> AlignedBytes {
+    let d = arg.dtype.unwrap_or(dtype);
+    let mut b = AlignedBytes::zeroed(arg.elems * d.size_bytes());
+    let s = b.as_mut_slice();
+    for i in 0..arg.elems {
+        match (arg.fill, d) {
+            (Fill::Float(lo, hi), DType::F32) => s[i * 4..i * 4 + 4].copy_from_slice(&rng.uniform(lo, hi).to_le_bytes()),
+            (Fill::Float(lo, hi), DType::F16) => {
+                s[i * 2..i * 2 + 2].copy_from_slice(&half::f16::from_f32(rng.uniform(lo, hi)).to_le_bytes())
+            }
+            (Fill::Index(lo, hi), DType::I64) => {
+                let v = lo + (rng.next_u64() % (hi - lo) as u64) as i64;
+                s[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes())
+            }
+            (fill, d) => panic!("cannot fill a {d:?} argument with {fill:?}"),
+        }
+    }
+    b
+}
+
+struct VecMemory(Vec<AlignedBytes>);
+
+impl KernelMemory for VecMemory {
+    fn arg(&self, i: usize) -> &[u8] {
+        self.0[i].as_slice()
+    }
+    fn arg_mut(&mut self, i: usize) -> &mut [u8] {
+        self.0[i].as_mut_slice()
+    }
+}
+
+fn to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+        DType::I64 => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+    }
+}
+
+/// The outcome of one kernel case.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub name: String,
+    pub dtype: DType,
+    pub seed: u64,
+    pub rel_err: f64,
+    pub ok: bool,
+}
+
+/// The output dtype of a case (the launch dtype except for eltwise's own).
+fn out_dtype(case: &KernelCase, dtype: DType) -> DType {
+    case.args.last().and_then(|a| a.dtype).unwrap_or(dtype)
+}
+
+/// Runs a case on the CPU reference and on the GPU (with `ctas` persistent CTAs, 0 = default) and
+/// compares the outputs.
+pub fn check_kernel_case(
+    gpu: &mut CudaGpu,
+    stream: StreamId,
+    case: &KernelCase,
+    dtype: DType,
+    seed: u64,
+    ctas: u32,
+) -> Result<CaseResult> {
+    let mut rng = Rng::new(seed);
+    let bufs: Vec<AlignedBytes> = case.args.iter().map(|a| fill_bytes(a, dtype, &mut rng)).collect();
+    let mut cpu = VecMemory(bufs.clone());
+    let blocks = case.kernel.logical_blocks();
+    run_blocks(&case.kernel, dtype, &mut cpu, 0..blocks);
+
+    let mut allocs = Vec::new();
+    for b in &bufs {
+        let a = gpu.alloc(b.len().max(1) as u64, MemKind::Device)?;
+        gpu.write(a.ptr, b.as_slice())?;
+        allocs.push(a);
+    }
+    let ptrs: Vec<DevicePtr> = allocs.iter().map(|a| a.ptr).collect();
+    let shape = LaunchShape { logical_blocks: blocks, threads_per_block: case.threads, shared_mem_bytes: 0 };
+    let whole = gpu.info().partitions[0].sms;
+    let req = LaunchRequest {
+        kernel: &case.kernel,
+        dtype,
+        shape,
+        args: &ptrs,
+        first_block: 0,
+        ctas,
+        sm_mask: whole,
+        partition: PartitionId::WHOLE,
+        stream,
+    };
+    let r = (|| {
+        let id = gpu.launch(&req)?;
+        let (next, preempted) = gpu.wait_done(id)?;
+        if next != blocks || preempted {
+            return Err(GpuError::Driver(format!("{} stopped at block {next} of {blocks}", case.name)));
+        }
+        let mut out = vec![0u8; bufs.last().unwrap().len()];
+        gpu.read(*ptrs.last().unwrap(), &mut out)?;
+        Ok(out)
+    })();
+    for a in allocs {
+        gpu.free(a)?;
+    }
+    let out = r?;
+    let od = out_dtype(case, dtype);
+    let rel_err = relative_l2_error(&to_f32(&out, od), &to_f32(cpu.0.last().unwrap().as_slice(), od));
+    Ok(CaseResult { name: case.name.clone(), dtype, seed, rel_err, ok: rel_err <= tolerance(dtype) })
+}
+
+/// One zoo model lowered, with its ONNX bytes and inputs.
+pub struct ZooModel {
+    pub name: String,
+    pub onnx: Vec<u8>,
+    pub plan: Plan,
+    pub inputs: Vec<Tensor>,
+}
+
+/// Builds, imports and lowers a zoo model.
+pub fn zoo_model(name: &str, dtype: DType, batch: usize, seq_len: usize) -> std::result::Result<ZooModel, String> {
+    use kairos_ir::{lower, onnx, zoo};
+    let onnx = zoo::build(name, &zoo::ZooOptions { batch, seq_len, seed: zoo::DEFAULT_SEED }).map_err(|e| e.to_string())?;
+    let graph = onnx::load_bytes(name, &onnx, &onnx::LoadOptions { batch: Some(batch), seq_len: Some(seq_len) })
+        .map_err(|e| e.to_string())?;
+    let plan = lower::lower(&graph, &lower::LowerOptions { dtype }).map_err(|e| e.to_string())?;
+    plan.validate()?;
+    let inputs = plan
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| synthetic_input(t, 17 + i as u64).cast(if t.dtype == DType::I64 { DType::I64 } else { DType::F32 }))
+        .collect();
+    Ok(ZooModel { name: name.to_string(), onnx, plan, inputs })
+}
+
+/// Runs a plan on the GPU with its weights in device or mapped host memory; returns the outputs.
+pub fn run_on_gpu(gpu: &mut CudaGpu, plan: &Plan, inputs: &[Tensor], weights: MemKind) -> Result<Vec<Tensor>> {
+    let bufs = PlanBuffers::new(gpu, plan, inputs, weights)?;
+    let stream = gpu.create_stream(0)?;
+    let r = run_plan(gpu, plan, &bufs, stream).and_then(|_| bufs.outputs(gpu, plan));
+    bufs.free(gpu)?;
+    r
+}
+
+/// Relative L2 error over all outputs, as f32.
+pub fn outputs_error(actual: &[Tensor], reference: &[Tensor]) -> f64 {
+    let a: Vec<f32> = actual.iter().flat_map(|t| t.to_f32_vec()).collect();
+    let r: Vec<f32> = reference.iter().flat_map(|t| t.to_f32_vec()).collect();
+    if a.len() != r.len() {
+        return f64::INFINITY;
+    }
+    relative_l2_error(&a, &r)
+}
+
+/// Default launch options on the whole device.
+pub fn whole_device(gpu: &CudaGpu, stream: StreamId) -> LaunchOptions {
+    LaunchOptions {
+        first_block: 0,
+        ctas: 0,
+        sm_mask: gpu.info().partitions[0].sms,
+        partition: PartitionId::WHOLE,
+        stream,
+        sm_bitmap: None,
+    }
+}
+
+/// p-th percentile (0..=1) of a sample, by nearest rank.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Polls until `launch` is done and returns its events (others are dropped).
+pub fn launch_events(gpu: &mut CudaGpu, launch: LaunchId) -> Result<Vec<GpuEvent>> {
+    let mut mine = Vec::new();
+    let mut events = Vec::new();
+    let deadline = gpu.now_ns() + 60_000_000_000;
+    loop {
+        events.clear();
+        gpu.poll(&mut events)?;
+        for e in &events {
+            if launch_of(e) != launch {
+                continue;
+            }
+            mine.push(*e);
+            if matches!(e, GpuEvent::LaunchDone { .. }) {
+                return Ok(mine);
+            }
+        }
+        if gpu.now_ns() > deadline {
+            return Err(GpuError::Driver(format!("launch {} did not finish within 60 s", launch.0)));
+        }
+        let now = gpu.now_ns();
+        gpu.wait(now + 1_000_000)?;
+    }
+}
+
+fn launch_of(e: &GpuEvent) -> LaunchId {
+    match *e {
+        GpuEvent::CtasPlaced { launch, .. } | GpuEvent::CtasFinished { launch, .. } | GpuEvent::LaunchDone { launch, .. } => {
+            launch
+        }
+        GpuEvent::CopyDone { .. } => LaunchId(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The case list is well formed: the CPU reference runs every case in bounds and writes a
+    /// non-trivial output (checked here, without a GPU, so no device time goes to a broken case).
+    #[test]
+    fn every_case_runs_on_the_cpu_reference() {
+        for dtype in [DType::F32, DType::F16] {
+            for case in kernel_cases(dtype) {
+                assert_eq!(case.args.len(), kairos_kernels::source::arg_count(&case.kernel), "{}", case.name);
+                kairos_kernels::source::check_shape(
+                    &case.kernel,
+                    &LaunchShape {
+                        logical_blocks: case.kernel.logical_blocks(),
+                        threads_per_block: case.threads,
+                        shared_mem_bytes: 0,
+                    },
+                )
+                .unwrap();
+                let mut rng = Rng::new(1);
+                let bufs: Vec<AlignedBytes> = case.args.iter().map(|a| fill_bytes(a, dtype, &mut rng)).collect();
+                let before = bufs.last().unwrap().as_slice().to_vec();
+                let mut mem = VecMemory(bufs);
+                run_blocks(&case.kernel, dtype, &mut mem, 0..case.kernel.logical_blocks());
+                let out = mem.0.last().unwrap().as_slice();
+                assert_ne!(out, &before[..], "{} {dtype:?}: the reference wrote nothing", case.name);
+                let od = out_dtype(&case, dtype);
+                assert!(to_f32(out, od).iter().all(|x| x.is_finite()), "{} {dtype:?}: non-finite output", case.name);
+                kairos_kernels::source::pack_args(&case.kernel, &vec![0u64; case.args.len()]).unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! GPU tests: every kernel against the CPU reference, every zoo model end to end against the CPU
+//! reference and tract, partitions and SM masks, direct host access, preemption and resume, and
+//! the notification accounting. They run when `KAIROS_GPU_TESTS=1` (scripts/gpu-suite.sh sets
+//! it on the device); otherwise each prints a note and passes. The GPU is shared by the tests
+//! through one mutex; run them with `--test-threads=1` when timing matters.
+
+use kairos_cuda::suite::{self, Rng};
+use kairos_cuda::{CudaGpu, LaunchOptions, Variant, gpu_tests_enabled, read_sm_bitmap};
+use kairos_gpu::*;
+use kairos_ir::DType;
+use kairos_ir::plan::*;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+fn gpu() -> Option<MutexGuard<'static, CudaGpu>> {
+    if !gpu_tests_enabled() {
+        eprintln!("note: KAIROS_GPU_TESTS is not 1; skipping a GPU test");
+        return None;
+    }
+    static GPU: OnceLock<Mutex<CudaGpu>> = OnceLock::new();
+    let m = GPU.get_or_init(|| Mutex::new(CudaGpu::new(0).unwrap_or_else(|e| panic!("KAIROS_GPU_TESTS=1 but no GPU: {e}"))));
+    Some(m.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn seed_of(name: &str, dtype: DType) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64 ^ dtype as u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+#[test]
+fn kernels_match_cpu_reference() {
+    let Some(mut gpu) = gpu() else { return };
+    let stream = gpu.create_stream(0).unwrap();
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::F16] {
+        for case in suite::kernel_cases(dtype) {
+            let seed = seed_of(&case.name, dtype);
+            // Default grid, and 3 persistent CTAs looping over all the blocks.
+            for ctas in [0, 3] {
+                let r = suite::check_kernel_case(&mut gpu, stream, &case, dtype, seed, ctas)
+                    .unwrap_or_else(|e| panic!("{} {dtype:?}: {e}", case.name));
+                println!(
+                    "{:<34} {:?} ctas {ctas:>2} seed {seed:#018x} rel err {:.2e} {}",
+                    r.name,
+                    dtype,
+                    r.rel_err,
+                    if r.ok { "ok" } else { "FAIL" }
+                );
+                if !r.ok {
+                    failures.push(format!("{} {dtype:?} ctas {ctas} seed {seed:#x}: {:.3e}", r.name, r.rel_err));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "kernels off the CPU reference:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn notifications_account_for_every_cta_and_block() {
+    let Some(mut gpu) = gpu() else { return };
+    let stream = gpu.create_stream(0).unwrap();
+    let blocks = 5000;
+    let counts = gpu.alloc(blocks as u64 * 4, MemKind::Device).unwrap();
+    gpu.write(counts.ptr, &vec![0u8; blocks as usize * 4]).unwrap();
+    let o = suite::whole_device(&gpu, stream);
+    let id = gpu.launch_spin(counts.ptr, blocks, 2_000, &o).unwrap();
+    let events = suite::launch_events(&mut gpu, id).unwrap();
+    let (mut placed, mut finished, mut ran) = (0u32, 0u32, 0u32);
+    let mut placed_sms = SmMask::EMPTY;
+    for e in &events {
+        match *e {
+            GpuEvent::CtasPlaced { sm, ctas, .. } => {
+                placed += ctas;
+                placed_sms.insert(sm);
+            }
+            GpuEvent::CtasFinished { sm, ctas, blocks, .. } => {
+                assert!(placed_sms.contains(sm), "CTAs finished on SM {sm} before any was placed there");
+                finished += ctas;
+                ran += blocks;
+            }
+            GpuEvent::LaunchDone { next_block, preempted, .. } => assert_eq!((next_block, preempted), (blocks, false)),
+            GpuEvent::CopyDone { .. } => {}
+        }
+    }
+    assert_eq!(placed, finished, "every placed CTA finishes");
+    assert_eq!(ran, blocks, "the groups' block counts add up to the launch's");
+    let groups = events.iter().filter(|e| matches!(e, GpuEvent::CtasPlaced { .. })).count();
+    println!("{placed} CTAs reported in {groups} placement records over {} SMs", placed_sms.count());
+    let mut c = vec![0u8; blocks as usize * 4];
+    gpu.read(counts.ptr, &mut c).unwrap();
+    assert!(c.chunks_exact(4).all(|x| u32::from_le_bytes(x.try_into().unwrap()) == 1), "a block ran other than once");
+    gpu.free(counts).unwrap();
+}
+
+/// A kernel big enough to spread over many SMs, with its buffers.
+struct GemmJob {
+    kernel: Kernel,
+    allocs: Vec<Allocation>,
+    out: Allocation,
+    blocks: u32,
+}
+
+fn gemm_job(gpu: &mut CudaGpu, dtype: DType, mnk: u32, tile: u32, seed: u64) -> GemmJob {
+    let e = dtype.size_bytes() as u64;
+    let n = mnk as u64;
+    let p = GemmParams {
+        batch0: 1,
+        batch1: 1,
+        m: mnk,
+        n: mnk,
+        k: mnk,
+        a_stride0: 0,
+        a_stride1: 0,
+        a_stride_m: n,
+        a_stride_k: 1,
+        b_stride0: 0,
+        b_stride1: 0,
+        b_stride_k: 1,
+        b_stride_n: n,
+        c_stride0: 0,
+        c_stride1: 0,
+        c_stride_m: n,
+        r_stride0: 0,
+        r_stride1: 0,
+        r_stride_m: 0,
+        alpha: 1.0,
+        epilogue: EpilogueParams::default(),
+        tile_m: tile,
+        tile_n: tile,
+    };
+    let kernel = Kernel::Gemm(p);
+    let mut rng = Rng::new(seed);
+    let mut allocs = Vec::new();
+    for _ in 0..2 {
+        let a = gpu.alloc(n * n * e, MemKind::Device).unwrap();
+        let bytes: Vec<u8> = (0..n * n)
+            .flat_map(|_| {
+                let v = rng.uniform(-1.0, 1.0);
+                if dtype == DType::F16 { half::f16::from_f32(v).to_le_bytes().to_vec() } else { v.to_le_bytes().to_vec() }
+            })
+            .collect();
+        gpu.write(a.ptr, &bytes).unwrap();
+        allocs.push(a);
+    }
+    let out = gpu.alloc(n * n * e, MemKind::Device).unwrap();
+    let blocks = kernel.logical_blocks();
+    GemmJob { kernel, allocs, out, blocks }
+}
+
+impl GemmJob {
+    fn request<'a>(&'a self, dtype: DType, args: &'a [DevicePtr], o: &LaunchOptions) -> LaunchRequest<'a> {
+        LaunchRequest {
+            kernel: &self.kernel,
+            dtype,
+            shape: LaunchShape { logical_blocks: self.blocks, threads_per_block: 256, shared_mem_bytes: 0 },
+            args,
+            first_block: o.first_block,
+            ctas: o.ctas,
+            sm_mask: o.sm_mask,
+            partition: o.partition,
+            stream: o.stream,
+        }
+    }
+    fn args(&self) -> Vec<DevicePtr> {
+        vec![self.allocs[0].ptr, self.allocs[1].ptr, self.out.ptr]
+    }
+    fn output(&self, gpu: &mut CudaGpu) -> Vec<u8> {
+        let mut v = vec![0u8; self.out.bytes as usize];
+        gpu.read(self.out.ptr, &mut v).unwrap();
+        v
+    }
+    fn clear(&self, gpu: &mut CudaGpu) {
+        gpu.write(self.out.ptr, &vec![0xffu8; self.out.bytes as usize]).unwrap();
+    }
+    fn free(self, gpu: &mut CudaGpu) {
+        for a in self.allocs.into_iter().chain([self.out]) {
+            gpu.free(a).unwrap();
+        }
+    }
+}
+
+/// Runs a launch under a bitmap and returns (SMs from the bitmap, SMs from the placement events).
+fn placement(gpu: &mut CudaGpu, req: &LaunchRequest<'_>) -> (SmMask, SmMask) {
+    let bitmap = gpu.alloc(32, MemKind::Device).unwrap();
+    gpu.write(bitmap.ptr, &[0u8; 32]).unwrap();
+    let id = gpu.launch_with(req, Some(bitmap.ptr)).unwrap();
+    let events = suite::launch_events(gpu, id).unwrap();
+    let mut seen = SmMask::EMPTY;
+    for e in events {
+        if let GpuEvent::CtasPlaced { sm, .. } = e {
+            seen.insert(sm);
+        }
+    }
+    let ran = read_sm_bitmap(gpu, bitmap.ptr).unwrap();
+    gpu.free(bitmap).unwrap();
+    (ran, seen)
+}
+
+#[test]
+fn launches_stay_inside_partitions_and_masks() {
+    let Some(mut gpu) = gpu() else { return };
+    let stream = gpu.create_stream(0).unwrap();
+    let info = gpu.info().clone();
+    let job = gemm_job(&mut gpu, DType::F32, 512, 32, 7);
+    let args = job.args();
+    let whole = info.partitions[0].sms;
+    job.clear(&mut gpu);
+    let reference = {
+        let o = suite::whole_device(&gpu, stream);
+        let id = gpu.launch(&job.request(DType::F32, &args, &o)).unwrap();
+        gpu.wait_done(id).unwrap();
+        job.output(&mut gpu)
+    };
+    let mut checks = Vec::new();
+    if info.arch == "sm_90" {
+        assert!(info.partitions.len() > 1, "Hopper has green contexts, yet none were made: {:?}", gpu.green_note);
+        assert_eq!(info.partition_granularity_sms, 8, "H100/H200 partition in steps of 8 SMs");
+    }
+    // Hardware partitions: the first, the last, and an extra 16-SM one.
+    let mut parts: Vec<PartitionId> = Vec::new();
+    if info.partitions.len() > 1 {
+        parts.push(PartitionId(1));
+        parts.push(PartitionId(info.partitions.len() as u32 - 1));
+        parts.push(gpu.partition_of_size(16).unwrap());
+    }
+    for p in parts {
+        let sms = gpu.info().partitions[p.0 as usize].sms;
+        checks.push((format!("partition {} {:?}", p.0, sms), p, whole, sms));
+        // Partition and a 3-SM software mask inside it.
+        let narrow = kairos_cuda::profile::sm_subset(&sms, 3);
+        checks.push((format!("partition {} + mask {narrow:?}", p.0), p, narrow, narrow));
+    }
+    // Software masks on the whole device, 1-SM granularity, not aligned to any partition.
+    let mut odd = SmMask::EMPTY;
+    for sm in [1, 2, 3, 17, 40, 41, 42, 43, 44, 45, 46, 47, 100] {
+        if whole.contains(sm) {
+            odd.insert(sm);
+        }
+    }
+    checks.push((format!("mask {odd:?}"), PartitionId::WHOLE, odd, odd));
+    checks.push((
+        "mask one SM".into(),
+        PartitionId::WHOLE,
+        kairos_cuda::profile::sm_subset(&whole, 1),
+        kairos_cuda::profile::sm_subset(&whole, 1),
+    ));
+    for (label, partition, mask, allowed) in checks {
+        job.clear(&mut gpu);
+        let o = LaunchOptions { first_block: 0, ctas: 0, sm_mask: mask, partition, stream, sm_bitmap: None };
+        let (ran, placed) = placement(&mut gpu, &job.request(DType::F32, &args, &o));
+        println!("{label}: blocks ran on {ran:?}, placements on {placed:?}");
+        assert!(!ran.is_empty(), "{label}: no SM ran a block");
+        assert_eq!(ran.intersect(&allowed), ran, "{label}: blocks ran outside {allowed:?}");
+        assert_eq!(placed.intersect(&allowed), placed, "{label}: CTAs reported outside {allowed:?}");
+        assert_eq!(job.output(&mut gpu), reference, "{label}: result differs from the whole-device run");
+    }
+    job.free(&mut gpu);
+}
+
+#[test]
+fn preempted_launches_resume_exactly() {
+    let Some(mut gpu) = gpu() else { return };
+    let stream = gpu.create_stream(0).unwrap();
+    let sm_count = gpu.info().sm_count;
+    // 1. Every block runs exactly once across a preemption and a resume.
+    let blocks = 40_000;
+    let counts = gpu.alloc(blocks as u64 * 4, MemKind::Device).unwrap();
+    gpu.write(counts.ptr, &vec![0u8; blocks as usize * 4]).unwrap();
+    let mut o = suite::whole_device(&gpu, stream);
+    o.ctas = sm_count;
+    let id = gpu.launch_spin(counts.ptr, blocks, 5_000, &o).unwrap();
+    let t0 = gpu.now_ns();
+    while gpu.now_ns() < t0 + 300_000 {}
+    gpu.preempt(id).unwrap();
+    let (next, preempted) = gpu.wait_done(id).unwrap();
+    assert!(preempted && next > 0 && next < blocks, "spin launch preempted at {next} of {blocks} (preempted {preempted})");
+    o.first_block = next;
+    let id = gpu.launch_spin(counts.ptr, blocks, 5_000, &o).unwrap();
+    assert_eq!(gpu.wait_done(id).unwrap(), (blocks, false));
+    let mut c = vec![0u8; blocks as usize * 4];
+    gpu.read(counts.ptr, &mut c).unwrap();
+    let bad: Vec<usize> = c
+        .chunks_exact(4)
+        .enumerate()
+        .filter(|(_, x)| u32::from_le_bytes((*x).try_into().unwrap()) != 1)
+        .map(|(i, _)| i)
+        .take(10)
+        .collect();
+    assert!(bad.is_empty(), "blocks not run exactly once (first: {bad:?}), preempted at {next}");
+    gpu.free(counts).unwrap();
+
+    // 2. A real kernel, preempted repeatedly and resumed, matches an uninterrupted run bit for bit.
+    for dtype in [DType::F32, DType::F16] {
+        let job = gemm_job(&mut gpu, dtype, 1024, 64, 11);
+        let args = job.args();
+        let mut o = suite::whole_device(&gpu, stream);
+        job.clear(&mut gpu);
+        let id = gpu.launch(&job.request(dtype, &args, &o)).unwrap();
+        gpu.wait_done(id).unwrap();
+        let reference = job.output(&mut gpu);
+        job.clear(&mut gpu);
+        o.ctas = 4; // few persistent CTAs: the launch runs long enough to be caught
+        let mut stops = Vec::new();
+        let mut first = 0;
+        while first < job.blocks {
+            o.first_block = first;
+            let id = gpu.launch(&job.request(dtype, &args, &o)).unwrap();
+            let t0 = gpu.now_ns();
+            while gpu.now_ns() < t0 + 100_000 {}
+            gpu.preempt(id).unwrap();
+            let (next, preempted) = gpu.wait_done(id).unwrap();
+            assert!(next >= first && (preempted || next == job.blocks), "launch from {first} ended at {next}");
+            if preempted {
+                stops.push(next);
+            }
+            first = next;
+        }
+        println!("gemm {dtype:?}: {} blocks, preempted at {stops:?}", job.blocks);
+        assert!(!stops.is_empty(), "no launch was caught by the preempt flag");
+        assert_eq!(job.output(&mut gpu), reference, "{dtype:?}: resumed result differs from the uninterrupted run");
+        job.free(&mut gpu);
+    }
+}
+
+#[test]
+fn protocol_and_plain_builds_agree() {
+    let Some(mut gpu) = gpu() else { return };
+    let stream = gpu.create_stream(0).unwrap();
+    let job = gemm_job(&mut gpu, DType::F32, 256, 64, 5);
+    let args = job.args();
+    let o = suite::whole_device(&gpu, stream);
+    job.clear(&mut gpu);
+    gpu.time_launch(&job.request(DType::F32, &args, &o), Variant::Protocol).unwrap();
+    let a = job.output(&mut gpu);
+    job.clear(&mut gpu);
+    gpu.time_launch(&job.request(DType::F32, &args, &o), Variant::Plain).unwrap();
+    assert_eq!(job.output(&mut gpu), a, "the protocol changes what a kernel computes");
+    job.free(&mut gpu);
+}
+
+fn zoo_models() -> Vec<String> {
+    match std::env::var("KAIROS_ZOO_MODELS") {
+        Ok(v) if !v.is_empty() => v.split(',').map(str::to_string).collect(),
+        _ => kairos_ir::zoo::ZOO.iter().map(|e| e.name.to_string()).collect(),
+    }
+}
+
+/// Tolerances against tract, which runs the un-fused graph in f32 with its own operation order.
+fn tract_tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F16 { 3e-2 } else { 1e-3 }
+}
+
+#[test]
+fn zoo_models_match_cpu_reference_and_tract() {
+    let Some(mut gpu) = gpu() else { return };
+    let jobs: Vec<(String, DType)> = zoo_models().into_iter().flat_map(|m| [(m.clone(), DType::F32), (m, DType::F16)]).collect();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).min(jobs.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut failures = Vec::new();
+    std::thread::scope(|s| {
+        // CPU work (building, lowering, the CPU reference and tract) on the other cores...
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (jobs, next) = (&jobs, &next);
+            s.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((name, dtype)) = jobs.get(i) else { break };
+                    let r = (|| {
+                        let m = suite::zoo_model(name, *dtype, 1, 32)?;
+                        let cpu = kairos_kernels::cpu::execute_plan(&m.plan, &m.inputs)?;
+                        let tract = kairos_ir::onnx::tract_reference(&m.onnx, &m.inputs).map_err(|e| e.to_string())?;
+                        Ok::<_, String>((m, cpu, tract))
+                    })();
+                    if tx.send((name.clone(), *dtype, r)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // ...and the GPU here, as results come in.
+        for (name, dtype, r) in rx {
+            let (m, cpu, tract) = match r {
+                Ok(x) => x,
+                Err(e) => {
+                    failures.push(format!("{name} {dtype:?}: {e}"));
+                    continue;
+                }
+            };
+            let out = match suite::run_on_gpu(&mut gpu, &m.plan, &m.inputs, MemKind::Device) {
+                Ok(o) => o,
+                Err(e) => {
+                    failures.push(format!("{name} {dtype:?}: GPU run failed: {e}"));
+                    continue;
+                }
+            };
+            let (e_cpu, e_tract) = (suite::outputs_error(&out, &cpu), suite::outputs_error(&out, &tract));
+            let ok = e_cpu <= suite::tolerance(dtype) && e_tract <= tract_tolerance(dtype);
+            println!(
+                "{name:<14} {dtype:?} {:>4} launches  vs CPU {e_cpu:.2e}  vs tract {e_tract:.2e}  {}",
+                m.plan.launches.len(),
+                if ok { "ok" } else { "FAIL" }
+            );
+            if !ok {
+                failures.push(format!("{name} {dtype:?}: vs CPU {e_cpu:.3e}, vs tract {e_tract:.3e}"));
+            }
+        }
+    });
+    assert!(failures.is_empty(), "zoo models off their references:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn weights_read_through_mapped_host_memory_give_the_same_outputs() {
+    let Some(mut gpu) = gpu() else { return };
+    for (name, dtype) in [("resnet18", DType::F16), ("distilbert", DType::F32)] {
+        let m = suite::zoo_model(name, dtype, 1, 32).unwrap();
+        let on_device = suite::run_on_gpu(&mut gpu, &m.plan, &m.inputs, MemKind::Device).unwrap();
+        let on_host = suite::run_on_gpu(&mut gpu, &m.plan, &m.inputs, MemKind::HostMapped).unwrap();
+        let bytes = |v: &[kairos_ir::Tensor]| v.iter().flat_map(|t| t.to_bytes()).collect::<Vec<u8>>();
+        println!("{name} {dtype:?}: weights in mapped host memory, outputs identical: {}", bytes(&on_device) == bytes(&on_host));
+        assert_eq!(bytes(&on_device), bytes(&on_host), "{name}: direct host access changes the outputs");
+        assert!(kairos_ir::tensor::rms(&on_host[0].to_f32_vec()) > 1e-3, "{name}: outputs near zero");
+    }
+}

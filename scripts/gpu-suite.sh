@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# kairos' GPU suite in one device call: every GPU test (kernels vs the CPU reference, zoo models vs
+# the CPU reference and tract, partitions and SM masks, direct host access, preemption and
+# resume, notification accounting), then the measurements (notification latency, protocol
+# overhead, preemption latency) and `profile` of the zoo, with a short table printed last.
+#
+#   scripts/gpu-suite.sh build          here (no GPU): build and strip the binaries into .carry/
+#   scripts/gpu-suite.sh smoke|full     on the device, with .carry/ carried: run them
+#
+# Logs and JSON go to $OUT (the device tool's output folder; out/gpu-suite otherwise):
+#   device.txt, tests.log, suite.log, measurements.json, profiles.json
+# Environment: KAIROS_ZOO_MODELS (comma list) limits the zoo tests; SUITE_ARGS is passed to the
+# measurement binary (e.g. "--dtypes f16 --profile-budget-s 120").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-full}
+CARRY=.carry
+
+if [ "$mode" = build ]; then
+    set -e
+    mkdir -p "$CARRY"
+    test_bin=$(cargo test --release -p kairos-cuda --test gpu --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])')
+    cargo build --release -p kairos-cuda --example gpu_suite
+    strip -o "$CARRY/kairos-cuda-gpu-tests" "$test_bin"
+    strip -o "$CARRY/gpu_suite" target/release/examples/gpu_suite
+    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite"
+    ls -la "$CARRY"
+    exit 0
+fi
+
+OUT=${OUT:-out/gpu-suite}
+mkdir -p "$OUT"
+BIN=/tmp/kairos-bin
+mkdir -p "$BIN"
+for f in kairos-cuda-gpu-tests gpu_suite; do
+    gunzip -c "$CARRY/$f.gz" >"$BIN/$f" && chmod +x "$BIN/$f" || { echo "missing $CARRY/$f.gz: run scripts/gpu-suite.sh build first"; exit 1; }
+done
+export KAIROS_GPU_TESTS=1
+export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
+export RUST_BACKTRACE=1
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nproc; } 2>&1 | tee "$OUT/device.txt"
+
+if [ "$mode" = smoke ]; then
+    export KAIROS_ZOO_MODELS=${KAIROS_ZOO_MODELS:-resnet18,distilbert}
+    suite_args="--smoke ${SUITE_ARGS:-}"
+else
+    suite_args="${SUITE_ARGS:-}"
+fi
+
+t0=$(date +%s)
+"$BIN/kairos-cuda-gpu-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
+tests_rc=${PIPESTATUS[0]}
+t1=$(date +%s)
+# shellcheck disable=SC2086
+"$BIN/gpu_suite" --out "$OUT" $suite_args 2>&1 | tee "$OUT/suite.log"
+suite_rc=${PIPESTATUS[0]}
+t2=$(date +%s)
+
+echo
+echo "== tests (rc $tests_rc, $((t1 - t0)) s) =="
+grep -E "^test .* (ok|FAILED)$|^test result" "$OUT/tests.log"
+echo "== measurements and profiles (rc $suite_rc, $((t2 - t1)) s) =="
+sed -n '/^== kairos GPU suite/,$p' "$OUT/suite.log"
+exit $((tests_rc | suite_rc))
