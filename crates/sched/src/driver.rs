@@ -1,0 +1,226 @@
+//! Driving the dispatcher synchronously, in the GPU's own time.
+//!
+//! [`VirtualDriver`] holds a [`Dispatcher`] and a schedule of commands at given times on the GPU's
+//! clock. [`VirtualDriver::run_until_idle`] loops: apply the GPU's events, feed every command
+//! that is due, let the policy dispatch, then `Gpu::wait` until the next scheduled command or
+//! the next GPU event. On the simulator `wait` advances virtual time, so a run is deterministic
+//! and takes only the CPU time of the events; on a real GPU the same loop is an open-loop load
+//! generator on the dispatcher's thread, which is how the experiments run on hardware.
+
+use crate::dispatcher::{Config, Dispatcher};
+use crate::request::*;
+use kairos_gpu::Gpu;
+use kairos_ir::Tensor;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// With launches in flight and nothing scheduled, the driver waits on the GPU in steps this long.
+const WAIT_STEP_NS: u64 = 1_000_000_000;
+
+/// What happened to one request.
+#[derive(Clone, Debug)]
+pub struct RequestRecord {
+    pub id: RequestId,
+    pub model: Arc<str>,
+    pub tenant: TenantId,
+    pub class: Class,
+    /// Scheduled arrival.
+    pub arrival_ns: u64,
+    /// When the dispatcher emitted the outcome.
+    pub done_ns: u64,
+    pub result: Result<Timing, Error>,
+    /// Outputs, when the request copied them out.
+    pub outputs: Vec<Tensor>,
+}
+
+impl RequestRecord {
+    pub fn latency_ns(&self) -> u64 {
+        self.done_ns.saturating_sub(self.arrival_ns)
+    }
+}
+
+struct Meta {
+    model: Arc<str>,
+    tenant: TenantId,
+    class: Class,
+    arrival_ns: u64,
+}
+
+pub struct VirtualDriver<G: Gpu> {
+    d: Dispatcher<G>,
+    schedule: BTreeMap<(u64, u64), Command>,
+    seq: u64,
+    next_id: u64,
+    meta: HashMap<RequestId, Meta>,
+    records: Vec<RequestRecord>,
+    other: Vec<Output>,
+    out: Vec<Output>,
+}
+
+impl<G: Gpu> VirtualDriver<G> {
+    pub fn new(config: Config, gpu: G) -> Result<VirtualDriver<G>, Error> {
+        let policy = config.policy.build();
+        VirtualDriver::with_policy(config, gpu, policy)
+    }
+
+    /// With a policy of the caller's own (see [`Dispatcher::with_policy`]).
+    pub fn with_policy(config: Config, gpu: G, policy: Box<dyn crate::Policy>) -> Result<VirtualDriver<G>, Error> {
+        Ok(VirtualDriver {
+            d: Dispatcher::with_policy(config, gpu, policy)?,
+            schedule: BTreeMap::new(),
+            seq: 0,
+            next_id: 0,
+            meta: HashMap::new(),
+            records: Vec::new(),
+            other: Vec::new(),
+            out: Vec::new(),
+        })
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.d.gpu().now_ns()
+    }
+
+    pub fn dispatcher(&self) -> &Dispatcher<G> {
+        &self.d
+    }
+
+    pub fn dispatcher_mut(&mut self) -> &mut Dispatcher<G> {
+        &mut self.d
+    }
+
+    /// Loads a model now.
+    pub fn load_model(&mut self, spec: ModelSpec) -> Result<ModelInfo, Error> {
+        let mut out = Vec::new();
+        self.d.on_command(Command::LoadModel(spec), &mut out);
+        let mut result = Err(Error::Gpu("the dispatcher did not answer the load".into()));
+        for o in out {
+            match o {
+                Output::ModelLoaded { result: r, .. } => result = r,
+                other => self.other.push(other),
+            }
+        }
+        result
+    }
+
+    /// Schedules a request to arrive at `at_ns` on the GPU clock; returns its id.
+    pub fn submit_at(&mut self, at_ns: u64, model: &str, inputs: Vec<Tensor>, options: RequestOptions) -> RequestId {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.meta.insert(id, Meta { model: model.into(), tenant: options.tenant, class: options.class, arrival_ns: at_ns });
+        let r = Request { id, model: model.to_string(), inputs, options, arrival_ns: Some(at_ns) };
+        self.schedule_command(at_ns, Command::Submit(r));
+        id
+    }
+
+    pub fn cancel_at(&mut self, at_ns: u64, id: RequestId) {
+        self.schedule_command(at_ns, Command::Cancel(id));
+    }
+
+    /// Schedules any command (unload, shutdown, ...).
+    pub fn schedule_command(&mut self, at_ns: u64, command: Command) {
+        self.seq += 1;
+        self.schedule.insert((at_ns, self.seq), command);
+    }
+
+    /// Runs until nothing is scheduled, held or in flight. An error if the dispatcher holds
+    /// jobs with nothing in flight and nothing to wait for (a stall: a scheduling bug).
+    pub fn run_until_idle(&mut self) -> Result<(), Error> {
+        self.run(None)
+    }
+
+    /// Runs until the GPU clock reaches `until_ns` (or everything is done before).
+    pub fn run_until(&mut self, until_ns: u64) -> Result<(), Error> {
+        self.run(Some(until_ns))
+    }
+
+    fn run(&mut self, until: Option<u64>) -> Result<(), Error> {
+        loop {
+            self.d.poll_gpu(&mut self.out)?;
+            self.collect();
+            let now = self.d.gpu().now_ns();
+            let mut fed = false;
+            while let Some(entry) = self.schedule.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                let cmd = entry.remove();
+                self.d.on_command(cmd, &mut self.out);
+                fed = true;
+            }
+            if fed {
+                self.d.dispatch(&mut self.out);
+                self.collect();
+                continue;
+            }
+            if until.is_some_and(|u| now >= u) {
+                return Ok(());
+            }
+            let next = self.schedule.first_key_value().map(|(k, _)| k.0);
+            let target = match (next, until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if self.d.launches_in_flight() == 0 {
+                match target {
+                    Some(t) if next.is_some() || self.d.jobs() == 0 => self.d.gpu_mut().wait(t)?,
+                    _ if self.d.jobs() == 0 => return Ok(()),
+                    _ => {
+                        return Err(Error::Gpu(format!(
+                            "stalled at {now} ns: {} requests held, nothing in flight, nothing scheduled (policy {})",
+                            self.d.jobs(),
+                            self.d.policy_name()
+                        )));
+                    }
+                }
+            } else {
+                self.d.gpu_mut().wait(target.unwrap_or(now + WAIT_STEP_NS))?;
+            }
+        }
+    }
+
+    fn collect(&mut self) {
+        let now = self.d.gpu().now_ns();
+        for o in self.out.drain(..) {
+            match o {
+                Output::Done { id, result } => {
+                    let meta = self.meta.remove(&id);
+                    let (model, tenant, class, arrival_ns) = match meta {
+                        Some(m) => (m.model, m.tenant, m.class, m.arrival_ns),
+                        None => ("".into(), TenantId::default(), Class::default(), now),
+                    };
+                    let (result, outputs) = match result {
+                        Ok(r) => (Ok(r.timing), r.outputs),
+                        Err(e) => (Err(e), Vec::new()),
+                    };
+                    self.records.push(RequestRecord { id, model, tenant, class, arrival_ns, done_ns: now, result, outputs });
+                }
+                other => self.other.push(other),
+            }
+        }
+    }
+
+    /// Outcomes so far, in completion order.
+    pub fn records(&self) -> &[RequestRecord] {
+        &self.records
+    }
+
+    pub fn take_records(&mut self) -> Vec<RequestRecord> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Outputs other than request completions (model loaded/unloaded, shut down).
+    pub fn take_other_outputs(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.other)
+    }
+
+    /// Requests submitted whose outcome has not been seen yet.
+    pub fn outstanding(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Frees the dispatcher's GPU memory and returns the GPU.
+    pub fn into_gpu(self) -> G {
+        self.d.into_gpu()
+    }
+}

@@ -1,0 +1,446 @@
+//! The dispatcher as an actor: one thread owns the [`Dispatcher`] and the GPU; callers on any
+//! thread talk to it through a bounded queue of commands.
+//!
+//! ```text
+//!   submit / cancel / load / unload / shutdown          completions (callbacks, handles)
+//!   ---- bounded queue (submit_queue_max) ---->  [dispatcher thread]  ---->
+//!                                                  poll GPU events, run the policy, launch
+//! ```
+//!
+//! The GPU is constructed on the dispatcher thread by the factory given to [`Engine::start`]
+//! (a CUDA context is thread-affine). A full queue is [`Error::Overloaded`] at once; nothing
+//! blocks a submitter. Completion callbacks run on the dispatcher thread and must be quick (send
+//! on a channel, wake a task); [`RequestHandle`] wraps one for callers that want to block or poll.
+
+use crate::SUBMIT_QUEUE_MAX;
+use crate::dispatcher::{Config, Dispatcher};
+use crate::request::*;
+use kairos_gpu::{DeviceInfo, Gpu};
+use kairos_ir::Tensor;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Commands taken from the queue per turn of the loop before the GPU is polled again.
+const COMMANDS_PER_TURN: usize = 256;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    pub dispatcher: Config,
+    /// Commands waiting for the dispatcher thread; a submit beyond it is refused as overloaded.
+    pub submit_queue_max: usize,
+    /// With launches in flight and nothing to do, the thread waits on the GPU this long before
+    /// it looks at the queue again (0: spin, Paella's dedicated-core mode).
+    pub gpu_wait_ns: u64,
+    /// With nothing in flight, the thread sleeps on the queue this long at most.
+    pub idle_wait_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { dispatcher: Config::default(), submit_queue_max: 4096, gpu_wait_ns: 20_000, idle_wait_ms: 50 }
+    }
+}
+
+type Completer = Box<dyn FnOnce(Result<Response, Error>) + Send>;
+
+enum Reply {
+    None,
+    Request(Completer),
+    Load(SyncSender<Result<ModelInfo, Error>>),
+    Unload(SyncSender<Result<(), Error>>),
+}
+
+struct Envelope {
+    command: Command,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct Shared {
+    next_id: AtomicU64,
+    submitted: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    rejected: AtomicU64,
+    jobs: AtomicU64,
+    launches_in_flight: AtomicU64,
+    launches: AtomicU64,
+}
+
+/// A snapshot of the engine's counters (for metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests accepted into the queue.
+    pub submitted: u64,
+    pub completed: u64,
+    /// Completed with an error (cancelled, invalid, GPU error, shutdown).
+    pub failed: u64,
+    /// Refused at the queue (overloaded).
+    pub rejected: u64,
+    /// Requests in the dispatcher (waiting or admitted), as of the last turn of its loop.
+    pub jobs: u64,
+    pub launches_in_flight: u64,
+    /// Kernel launches issued so far.
+    pub launches: u64,
+}
+
+/// The in-process serving API: one dispatcher thread and its GPU.
+pub struct Engine {
+    tx: SyncSender<Envelope>,
+    shared: Arc<Shared>,
+    device: DeviceInfo,
+    submit_queue_max: usize,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the dispatcher thread, builds the GPU on it with `make_gpu`, and returns once the GPU
+    /// is up (or with its error).
+    pub fn start<G, F>(config: EngineConfig, make_gpu: F) -> Result<Engine, Error>
+    where
+        G: Gpu + 'static,
+        F: FnOnce() -> kairos_gpu::Result<G> + Send + 'static,
+    {
+        config.dispatcher.validate()?;
+        if config.submit_queue_max == 0 || config.submit_queue_max > SUBMIT_QUEUE_MAX {
+            return Err(Error::InvalidInput(format!(
+                "submit_queue_max = {} must be in 1..={SUBMIT_QUEUE_MAX}",
+                config.submit_queue_max
+            )));
+        }
+        let (tx, rx) = mpsc::sync_channel::<Envelope>(config.submit_queue_max);
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<DeviceInfo, Error>>(1);
+        let shared = Arc::new(Shared::default());
+        let thread_shared = shared.clone();
+        let submit_queue_max = config.submit_queue_max;
+        let thread = std::thread::Builder::new()
+            .name("kairos-dispatcher".into())
+            .spawn(move || {
+                let gpu = match make_gpu() {
+                    Ok(g) => g,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let dispatcher = match Dispatcher::new(config.dispatcher.clone(), gpu) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(dispatcher.gpu().info().clone()));
+                run(dispatcher, rx, &thread_shared, &config);
+            })
+            .map_err(|e| Error::Gpu(format!("cannot start the dispatcher thread: {e}")))?;
+        let device = match ready_rx.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Gpu("the dispatcher thread died while starting".into()));
+            }
+        };
+        Ok(Engine { tx, shared, device, submit_queue_max, thread: Some(thread) })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// Loads a model (uploads its weights); blocks until it is ready.
+    pub fn load_model(&self, spec: ModelSpec) -> Result<ModelInfo, Error> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_blocking(Envelope { command: Command::LoadModel(spec), reply: Reply::Load(tx) })?;
+        rx.recv().map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Unloads a model; blocks until its last request is done and its memory is freed.
+    pub fn unload_model(&self, name: &str) -> Result<(), Error> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_blocking(Envelope { command: Command::UnloadModel(name.to_string()), reply: Reply::Unload(tx) })?;
+        rx.recv().map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Submits a request; the result arrives through the handle.
+    pub fn submit(&self, model: &str, inputs: Vec<Tensor>, options: RequestOptions) -> Result<RequestHandle, Error> {
+        let slot = Arc::new(Slot { state: Mutex::new(SlotState::Pending), ready: Condvar::new() });
+        let s = slot.clone();
+        let id = self.submit_with(model, inputs, options, move |result| s.complete(result))?;
+        Ok(RequestHandle { id, slot, tx: self.tx.clone() })
+    }
+
+    /// Submits a request; `on_done` runs on the dispatcher thread with its result.
+    pub fn submit_with(
+        &self,
+        model: &str,
+        inputs: Vec<Tensor>,
+        options: RequestOptions,
+        on_done: impl FnOnce(Result<Response, Error>) + Send + 'static,
+    ) -> Result<RequestId, Error> {
+        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let request = Request { id, model: model.to_string(), inputs, options, arrival_ns: None };
+        match self.tx.try_send(Envelope { command: Command::Submit(request), reply: Reply::Request(Box::new(on_done)) }) {
+            Ok(()) => {
+                self.shared.submitted.fetch_add(1, Ordering::Relaxed);
+                Ok(id)
+            }
+            Err(TrySendError::Full(_)) => {
+                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(Error::Overloaded { what: "submission queue", max: self.submit_queue_max as u64 })
+            }
+            Err(TrySendError::Disconnected(_)) => Err(Error::ShuttingDown),
+        }
+    }
+
+    /// Cancels a request (see [`Command::Cancel`]); its completion reports [`Error::Cancelled`].
+    pub fn cancel(&self, id: RequestId) -> Result<(), Error> {
+        self.send_blocking(Envelope { command: Command::Cancel(id), reply: Reply::None })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = &self.shared;
+        EngineStats {
+            submitted: s.submitted.load(Ordering::Relaxed),
+            completed: s.completed.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed),
+            jobs: s.jobs.load(Ordering::Relaxed),
+            launches_in_flight: s.launches_in_flight.load(Ordering::Relaxed),
+            launches: s.launches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Cancels everything, frees the GPU's memory and stops the thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = self.tx.send(Envelope { command: Command::Shutdown, reply: Reply::None });
+            let _ = t.join();
+        }
+    }
+
+    fn send_blocking(&self, e: Envelope) -> Result<(), Error> {
+        self.tx.send(e).map_err(|_| Error::ShuttingDown)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+enum SlotState {
+    Pending,
+    Ready(Result<Response, Error>),
+    Taken,
+}
+
+struct Slot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+}
+
+impl Slot {
+    fn complete(&self, result: Result<Response, Error>) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = SlotState::Ready(result);
+        self.ready.notify_all();
+    }
+
+    fn take(state: &mut SlotState) -> Option<Result<Response, Error>> {
+        match std::mem::replace(state, SlotState::Taken) {
+            SlotState::Ready(r) => Some(r),
+            SlotState::Taken => Some(Err(Error::InvalidInput("the request's result was already taken".into()))),
+            SlotState::Pending => {
+                *state = SlotState::Pending;
+                None
+            }
+        }
+    }
+}
+
+/// A submitted request: wait for its result, poll for it, or cancel it.
+pub struct RequestHandle {
+    id: RequestId,
+    slot: Arc<Slot>,
+    tx: SyncSender<Envelope>,
+}
+
+impl RequestHandle {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Blocks until the request completes.
+    pub fn wait(self) -> Result<Response, Error> {
+        let mut state = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = Slot::take(&mut state) {
+                return r;
+            }
+            state = self.slot.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Blocks up to `timeout`; `None` if the request is still running.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<Response, Error>> {
+        let state = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut state, _) = self
+            .slot
+            .ready
+            .wait_timeout_while(state, timeout, |s| matches!(s, SlotState::Pending))
+            .unwrap_or_else(|e| e.into_inner());
+        Slot::take(&mut state)
+    }
+
+    /// The result if the request is done (taken out: later calls say it was taken).
+    pub fn poll(&self) -> Option<Result<Response, Error>> {
+        Slot::take(&mut self.slot.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn cancel(&self) -> Result<(), Error> {
+        self.tx.send(Envelope { command: Command::Cancel(self.id), reply: Reply::None }).map_err(|_| Error::ShuttingDown)
+    }
+}
+
+#[derive(Default)]
+struct Waiters {
+    requests: HashMap<RequestId, Completer>,
+    loads: HashMap<String, VecDeque<SyncSender<Result<ModelInfo, Error>>>>,
+    unloads: HashMap<String, VecDeque<SyncSender<Result<(), Error>>>>,
+}
+
+impl Waiters {
+    fn register(&mut self, e: &mut Envelope) {
+        match (std::mem::replace(&mut e.reply, Reply::None), &e.command) {
+            (Reply::Request(c), Command::Submit(r)) => {
+                self.requests.insert(r.id, c);
+            }
+            (Reply::Load(tx), Command::LoadModel(spec)) => self.loads.entry(spec.name.clone()).or_default().push_back(tx),
+            (Reply::Unload(tx), Command::UnloadModel(name)) => self.unloads.entry(name.clone()).or_default().push_back(tx),
+            _ => {}
+        }
+    }
+
+    fn deliver(&mut self, out: &mut Vec<Output>, shared: &Shared) {
+        for o in out.drain(..) {
+            match o {
+                Output::Done { id, result } => {
+                    if result.is_ok() {
+                        shared.completed.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        shared.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(c) = self.requests.remove(&id) {
+                        c(result);
+                    }
+                }
+                Output::ModelLoaded { name, result } => {
+                    if let Some(tx) = self.loads.get_mut(&name).and_then(|q| q.pop_front()) {
+                        let _ = tx.send(result);
+                    }
+                }
+                Output::ModelUnloaded { name, result } => {
+                    if let Some(tx) = self.unloads.get_mut(&name).and_then(|q| q.pop_front()) {
+                        let _ = tx.send(result);
+                    }
+                }
+                Output::ShutDown => {}
+            }
+        }
+    }
+
+    /// Completes everything still waiting with `e` (the GPU failed).
+    fn abandon(&mut self, e: &Error) {
+        for (_, c) in self.requests.drain() {
+            c(Err(e.clone()));
+        }
+        for (_, q) in self.loads.drain() {
+            q.into_iter().for_each(|tx| drop(tx.send(Err(e.clone()))));
+        }
+        for (_, q) in self.unloads.drain() {
+            q.into_iter().for_each(|tx| drop(tx.send(Err(e.clone()))));
+        }
+    }
+}
+
+fn take<G: Gpu>(mut e: Envelope, d: &mut Dispatcher<G>, out: &mut Vec<Output>, waiters: &mut Waiters) {
+    waiters.register(&mut e);
+    d.on_command(e.command, out);
+}
+
+fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cfg: &EngineConfig) {
+    let mut out = Vec::new();
+    let mut waiters = Waiters::default();
+    let mut disconnected = false;
+    loop {
+        let mut busy = false;
+        for _ in 0..COMMANDS_PER_TURN {
+            match rx.try_recv() {
+                Ok(e) => {
+                    busy = true;
+                    take(e, &mut d, &mut out, &mut waiters);
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    if !disconnected {
+                        disconnected = true;
+                        d.on_command(Command::Shutdown, &mut out);
+                    }
+                    break;
+                }
+            }
+        }
+        match d.poll_gpu(&mut out) {
+            Ok(n) => busy |= n > 0,
+            Err(e) => {
+                // A GPU that cannot report events cannot be scheduled: fail everything and stop.
+                waiters.deliver(&mut out, shared);
+                waiters.abandon(&e);
+                return;
+            }
+        }
+        waiters.deliver(&mut out, shared);
+        let s = d.stats();
+        shared.jobs.store(d.jobs() as u64, Ordering::Relaxed);
+        shared.launches_in_flight.store(d.launches_in_flight() as u64, Ordering::Relaxed);
+        shared.launches.store(s.launches, Ordering::Relaxed);
+        if d.is_shut_down() {
+            return;
+        }
+        if busy {
+            continue;
+        }
+        if d.launches_in_flight() == 0 {
+            if disconnected {
+                continue;
+            }
+            match rx.recv_timeout(Duration::from_millis(cfg.idle_wait_ms)) {
+                Ok(e) => take(e, &mut d, &mut out, &mut waiters),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    disconnected = true;
+                    d.on_command(Command::Shutdown, &mut out);
+                }
+            }
+        } else if cfg.gpu_wait_ns > 0 {
+            let until = d.gpu().now_ns().saturating_add(cfg.gpu_wait_ns);
+            if let Err(e) = d.gpu_mut().wait(until) {
+                waiters.abandon(&e.into());
+                return;
+            }
+        }
+    }
+}

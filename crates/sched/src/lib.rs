@@ -1,0 +1,67 @@
+//! kairos-sched: the dispatcher, kernel-by-kernel scheduling of many requests on one GPU.
+//!
+//! One thread owns all scheduling state. Requests come in as [`Command`]s through a bounded
+//! queue; each request becomes a job with its own waitlist of kernels (a virtual stream: a kernel
+//! is ready when the kernels it depends on in the plan are done); a [`Policy`](policy::Policy),
+//! a pure function of a [`View`](policy::View), picks which ready kernel goes to the GPU next, and
+//! occupancy-gated policies issue a kernel only when its CTAs can be placed soon (the SMs' free
+//! room, as mirrored from the GPU's placement and completion events, plus a headroom of B CTAs).
+//! Completions come out as [`Output`]s.
+//!
+//! - [`dispatcher`]: the core state machine, generic over [`kairos_gpu::Gpu`] and its clock.
+//! - [`engine`]: the core on its own thread behind `Engine::submit(model, inputs, options)`, for
+//!   the server and real-time benchmarks. The GPU is built on that thread (CUDA contexts are
+//!   thread-affine).
+//! - [`driver`]: the same core driven synchronously in the GPU's time (virtual on the simulator):
+//!   arrivals at chosen times, deterministic, for tests and benchmarks.
+//! - [`policy`]: `fifo`, `streams`, `streams-kernel`, `paella`, `sjf`, `rr`.
+//! - [`estimate`]: per-kernel duration estimates (profile or roofline, refined online).
+//! - [`occupancy`]: per-SM resource accounting.
+//! - [`experiments`]: Paella's experiments (head-of-line blocking, lognormal mix, short vs long,
+//!   fairness sweep) over any GPU; [`synthetic`]: the synthetic plans they use.
+//!
+//! Architecture invariants: no CUDA, HTTP, tokio or unsafe code here; the core never reads a
+//! wall clock (time is the GPU's `now_ns`); policies never mutate anything; every queue and pool
+//! has a `*_max` limit below.
+
+pub mod dispatcher;
+pub mod driver;
+pub mod engine;
+pub mod estimate;
+pub mod experiments;
+pub mod occupancy;
+pub mod policy;
+pub mod request;
+pub mod stats;
+pub mod synthetic;
+
+pub use dispatcher::{Config, Dispatcher, DispatcherStats, IssueRecord};
+pub use driver::{RequestRecord, VirtualDriver};
+pub use engine::{Engine, EngineConfig, EngineStats, RequestHandle};
+pub use policy::{Decision, Policy, PolicyConfig};
+pub use request::{
+    Class, Command, Error, EstimateSource, ModelInfo, ModelSpec, Output, Request, RequestId, RequestOptions, Response, TenantId,
+    Timing,
+};
+
+/// Hard caps on the configurable limits.
+pub const JOBS_MAX: usize = 65_536;
+pub const SLOTS_PER_MODEL_MAX: usize = 4096;
+pub const MODELS_MAX: usize = 1024;
+pub const TENANTS_MAX: usize = 65_536;
+pub const STREAMS_MAX: usize = 128;
+/// The stream pool's default size is the device's hardware queues, at least this many.
+pub const STREAM_COUNT_DEFAULT_MIN: u32 = 32;
+pub const LAUNCHES_IN_FLIGHT_MAX: usize = 65_536;
+pub const LAUNCHES_PER_PLAN_MAX: usize = 1 << 20;
+pub const DECISIONS_PER_ROUND_MAX: usize = 65_536;
+pub const SUBMIT_QUEUE_MAX: usize = 1 << 20;
+pub const TRACE_MAX: usize = 1 << 24;
+/// Distinct kernel resource shapes across all loaded models.
+pub const CLASSES_MAX: usize = 4096;
+/// Deficit counters saturate here (ns), far beyond any sensible fairness threshold.
+pub const DEFICIT_NS_MAX: f64 = 1e15;
+
+const _: () = assert!(CLASSES_MAX <= u16::MAX as usize);
+const _: () = assert!(LAUNCHES_IN_FLIGHT_MAX <= u32::MAX as usize);
+const _: () = assert!(JOBS_MAX <= u32::MAX as usize);

@@ -1,0 +1,301 @@
+//! Scheduling policies behind one trait.
+//!
+//! A policy is a pure function of a [`View`]: it reads the dispatcher's state (the admitted jobs
+//! with their next ready kernel and remaining-time estimates, the tenants' fairness counters, the
+//! GPU's occupancy and streams) and returns the next [`Decision`], or `None` when nothing should
+//! be issued now. It does no IO and reads no clock; `View::now_ns` is the GPU's clock as the
+//! dispatcher last read it. The dispatcher applies the decision, updates its state, and asks again
+//! until the policy returns `None`, so a policy only ever ranks the current candidates.
+//!
+//! Two ways of issuing exist. [`Decision::Issue`] releases one ready kernel (its plan dependencies
+//! are done) onto an idle stream: kernel-by-kernel dispatch, where the dispatcher keeps each job's
+//! waitlist and the policy decides the order. [`Decision::IssueAll`] hands every remaining launch of
+//! a job to one stream in plan order, where the stream's FIFO order enforces the dependencies:
+//! today's whole-model serving, kept as the baseline.
+//!
+//! | name | module | issues | gate |
+//! |---|---|---|---|
+//! | `fifo` | [`fifo`] | whole jobs, one stream | none |
+//! | `streams` | [`streams`] | whole jobs, N streams | none |
+//! | `streams-kernel` | [`streams_kernel`] | kernels, oldest job first | none |
+//! | `paella` | [`paella`] | kernels, SRPT + per-tenant deficits | occupancy + headroom |
+//! | `sjf` | [`sjf`] | kernels, shortest job first | occupancy + headroom |
+//! | `rr` | [`rr`] | kernels, least recently served job | occupancy + headroom |
+
+pub mod fifo;
+pub mod paella;
+pub mod rr;
+pub mod sjf;
+pub mod streams;
+pub mod streams_kernel;
+
+use crate::occupancy::{Occupancy, ResourceClass};
+use crate::request::{Class, RequestId, TenantId};
+use kairos_gpu::SmMask;
+
+/// A job's slot in the dispatcher, with a generation so stale keys are refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey {
+    pub slot: u32,
+    pub generation: u32,
+}
+
+/// The next kernel of a job whose dependencies are done.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReadyKernel {
+    /// Index of the launch in the model's plan.
+    pub launch: u32,
+    /// First logical block to run (non-zero when resuming a preempted launch).
+    pub first_block: u32,
+    pub blocks_left: u32,
+    /// CTAs the dispatcher starts by default: enough for the blocks left, at most one full wave.
+    pub ctas: u32,
+    pub class: ResourceClass,
+    /// Estimated duration on the whole GPU.
+    pub est_ns: u64,
+    /// Its one unfinished dependency is running with all CTAs placed; issued, it goes behind
+    /// that dependency on its stream (no idle stream needed) and takes the room the dependency
+    /// leaves, so the occupancy gate passes it.
+    pub behind: bool,
+}
+
+/// An admitted job (it has its buffers and can be scheduled), as policies see it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct JobView {
+    pub key: JobKey,
+    pub id: RequestId,
+    /// Admission order, unique and increasing: the tie-breaker that makes every policy deterministic.
+    pub seq: u64,
+    pub model: u32,
+    pub tenant: TenantId,
+    pub class: Class,
+    pub priority: i32,
+    pub arrival_ns: u64,
+    /// Absolute deadline on the GPU clock.
+    pub deadline_at_ns: Option<u64>,
+    /// Estimated GPU time of the whole job when it was admitted.
+    pub total_ns: u64,
+    /// Estimated GPU time of its launches not yet done.
+    pub remaining_ns: u64,
+    pub launches: u32,
+    pub launches_unissued: u32,
+    pub in_flight: u32,
+    /// Lowest-indexed ready launch, else the launch that may go behind its running dependency
+    /// (`behind`); `None` for a cancelled job or a job bound to a stream.
+    pub next_ready: Option<ReadyKernel>,
+    pub ready_count: u32,
+    /// The stream an `IssueAll` bound the job to.
+    pub stream: Option<u32>,
+    /// The dispatcher's issue counter when this job last had a kernel issued; 0 if never.
+    pub last_issue_seq: u64,
+    /// Lowest-indexed launch of the job in flight and not asked to stop: what a
+    /// [`Decision::Preempt`] can name (`None` for jobs bound to a stream).
+    pub running: Option<u32>,
+    pub cancelled: bool,
+}
+
+impl JobView {
+    /// Nothing of it was issued yet and it is still wanted.
+    pub fn is_unstarted(&self) -> bool {
+        !self.cancelled && self.stream.is_none() && self.launches_unissued == self.launches && self.in_flight == 0
+    }
+}
+
+/// Fairness state of a tenant with admitted jobs.
+///
+/// Deficit counters: when a kernel (or a whole job) with estimated cost c is issued, every tenant
+/// with admitted jobs is credited c / n (n such tenants) and the tenant served is charged c. A
+/// positive deficit is GPU time the tenant is owed relative to an equal share; the sum over
+/// tenants is zero while the set of tenants is unchanged. A tenant's counter is dropped when its
+/// last job completes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TenantView {
+    pub tenant: TenantId,
+    pub active_jobs: u32,
+    /// Admitted jobs with a ready kernel.
+    pub ready_jobs: u32,
+    pub deficit_ns: f64,
+}
+
+/// State of one stream of the dispatcher's pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamView {
+    /// Launches issued on it and not done.
+    pub in_flight: u32,
+    /// Jobs bound to it by `IssueAll` and not done.
+    pub jobs: u32,
+}
+
+/// The GPU as policies see it.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuView<'a> {
+    pub occupancy: &'a Occupancy,
+    /// CTAs issued but not yet reported placed.
+    pub pending_ctas: u64,
+    /// The headroom B: how many CTAs may wait in the hardware queues beyond what fits now.
+    pub headroom_ctas: u32,
+    pub launches_in_flight: u32,
+    pub launches_in_flight_max: u32,
+    pub streams: &'a [StreamView],
+    /// Streams a kernel can go to now: nothing in flight, no job bound, and no launch waiting
+    /// behind a dependency at the head of the hardware queue they share.
+    pub idle_streams: u32,
+}
+
+impl GpuView<'_> {
+    /// The occupancy gate: nothing issued is waiting to be placed, or the kernel's CTAs (at most
+    /// one wave) fit in the SMs' free room plus the headroom B behind the CTAs already issued and
+    /// not yet placed. So the hardware queues hold at most one kernel, plus B CTAs, that cannot
+    /// start now: enough to hide the notification round trip, too little to make a kernel the
+    /// policy ranks first wait behind work it ranked later.
+    pub fn fits(&self, k: &ReadyKernel) -> bool {
+        k.behind
+            || self.pending_ctas == 0
+            || self.pending_ctas + k.ctas as u64 <= self.occupancy.free_ctas(k.class) as u64 + self.headroom_ctas as u64
+    }
+
+    /// A kernel can be issued at all: a launch slot is free, and an idle stream unless it goes
+    /// behind its dependency.
+    pub fn can_issue(&self, k: &ReadyKernel) -> bool {
+        self.launches_in_flight < self.launches_in_flight_max && (k.behind || self.idle_streams > 0)
+    }
+
+    /// `launches` more launches fit under the in-flight limit (a job larger than the limit may go
+    /// when nothing else is in flight, or it could never run).
+    pub fn can_issue_launches(&self, launches: u32) -> bool {
+        self.launches_in_flight == 0 || self.launches_in_flight as u64 + launches as u64 <= self.launches_in_flight_max as u64
+    }
+}
+
+/// Everything a policy may read.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub now_ns: u64,
+    /// Admitted jobs, in no particular order (use `seq` to order by age).
+    pub jobs: &'a [JobView],
+    /// Tenants with admitted jobs, in no particular order.
+    pub tenants: &'a [TenantView],
+    pub gpu: GpuView<'a>,
+}
+
+/// What a policy asks the dispatcher to do next.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Decision {
+    /// Issue the job's ready launch on an idle stream. `ctas` and `sm_mask` default to the
+    /// ready kernel's CTAs and the whole GPU (later policies right-size with them).
+    Issue { job: JobKey, launch: u32, ctas: Option<u32>, sm_mask: Option<SmMask> },
+    /// Bind the unstarted job to stream `stream` of the pool and issue all its launches there.
+    IssueAll { job: JobKey, stream: u32 },
+    /// Set the preempt flag of the job's running launch: its CTAs stop at a logical-block
+    /// boundary, and the launch becomes ready again at the first block never taken (for
+    /// preemptive policies; none of the six here preempts).
+    Preempt { job: JobKey, launch: u32 },
+}
+
+/// A scheduling policy: a pure function of the view.
+pub trait Policy: Send + std::fmt::Debug {
+    fn name(&self) -> &'static str;
+    fn decide(&self, view: &View<'_>) -> Option<Decision>;
+}
+
+/// The policies by name, with their parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyConfig {
+    Fifo { jobs_queued: u32 },
+    Streams { streams: u32, jobs_per_stream: u32 },
+    StreamsKernel,
+    Paella { fairness_threshold_ns: u64, backfill: bool },
+    Sjf,
+    Rr,
+}
+
+impl PolicyConfig {
+    pub const NAMES: [&'static str; 6] = ["fifo", "streams", "streams-kernel", "paella", "sjf", "rr"];
+
+    /// A policy with its default parameters.
+    pub fn by_name(name: &str) -> Option<PolicyConfig> {
+        Some(match name {
+            "fifo" => PolicyConfig::Fifo { jobs_queued: 2 },
+            "streams" => PolicyConfig::Streams { streams: 32, jobs_per_stream: 1 },
+            "streams-kernel" => PolicyConfig::StreamsKernel,
+            "paella" => PolicyConfig::Paella { fairness_threshold_ns: paella::FAIRNESS_THRESHOLD_NS_DEFAULT, backfill: false },
+            "sjf" => PolicyConfig::Sjf,
+            "rr" => PolicyConfig::Rr,
+            _ => return None,
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicyConfig::Fifo { .. } => "fifo",
+            PolicyConfig::Streams { .. } => "streams",
+            PolicyConfig::StreamsKernel => "streams-kernel",
+            PolicyConfig::Paella { .. } => "paella",
+            PolicyConfig::Sjf => "sjf",
+            PolicyConfig::Rr => "rr",
+        }
+    }
+
+    /// Whether the policy issues kernel by kernel (and so reads the dispatcher's waitlists).
+    pub fn is_kernel_level(&self) -> bool {
+        !matches!(self, PolicyConfig::Fifo { .. } | PolicyConfig::Streams { .. })
+    }
+
+    pub fn build(&self) -> Box<dyn Policy> {
+        match *self {
+            PolicyConfig::Fifo { jobs_queued } => Box::new(fifo::Fifo { jobs_queued: jobs_queued.max(1) }),
+            PolicyConfig::Streams { streams, jobs_per_stream } => {
+                Box::new(streams::Streams { streams: streams.max(1), jobs_per_stream: jobs_per_stream.max(1) })
+            }
+            PolicyConfig::StreamsKernel => Box::new(streams_kernel::StreamsKernel),
+            PolicyConfig::Paella { fairness_threshold_ns, backfill } => {
+                Box::new(paella::Paella { fairness_threshold_ns, backfill })
+            }
+            PolicyConfig::Sjf => Box::new(sjf::Sjf),
+            PolicyConfig::Rr => Box::new(rr::RoundRobin),
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicyConfig::Fifo { jobs_queued } => write!(f, "fifo(jobs_queued={jobs_queued})"),
+            PolicyConfig::Streams { streams, jobs_per_stream } => {
+                write!(f, "streams(n={streams},jobs_per_stream={jobs_per_stream})")
+            }
+            PolicyConfig::Paella { fairness_threshold_ns, backfill } => {
+                if *fairness_threshold_ns == u64::MAX {
+                    write!(f, "paella(threshold=inf{})", if *backfill { ",backfill" } else { "" })
+                } else {
+                    write!(f, "paella(threshold={}us{})", fairness_threshold_ns / 1000, if *backfill { ",backfill" } else { "" })
+                }
+            }
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+/// Shared core of the kernel-level, occupancy-gated policies: the job with a ready kernel that
+/// ranks first by `key` is issued if its kernel passes the gate. Without `backfill` a first-ranked
+/// kernel that does not fit blocks the rest (strict order: the head gets the next free room);
+/// with it, the best-ranked kernel that fits goes instead.
+pub(crate) fn gated_pick<K: Ord>(view: &View<'_>, backfill: bool, key: impl Fn(&JobView) -> K) -> Option<Decision> {
+    let ok = |k: &ReadyKernel| view.gpu.can_issue(k) && view.gpu.fits(k);
+    let best = if backfill {
+        view.jobs.iter().filter(|j| j.next_ready.is_some_and(|k| ok(&k))).min_by_key(|j| key(j))?
+    } else {
+        let best = view.jobs.iter().filter(|j| j.next_ready.is_some()).min_by_key(|j| key(j))?;
+        if !ok(&best.next_ready?) {
+            return None;
+        }
+        best
+    };
+    issue(best)
+}
+
+/// Issue of a job's next ready kernel with default CTAs and mask.
+pub(crate) fn issue(j: &JobView) -> Option<Decision> {
+    let k = j.next_ready?;
+    Some(Decision::Issue { job: j.key, launch: k.launch, ctas: None, sm_mask: None })
+}

@@ -1,0 +1,192 @@
+//! The data the dispatcher takes in and hands out: requests and their options, commands,
+//! completions, and the one error enum of this layer.
+
+use kairos_gpu::profile::ModelProfile;
+use kairos_ir::Tensor;
+use kairos_ir::plan::Plan;
+use std::sync::Arc;
+
+/// A request's identity, unique for the lifetime of one engine or driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Who a request is for: the unit the fairness counters are kept per.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(pub u32);
+
+/// REEF's two classes: real-time work is latency-critical, best-effort work fills the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    RealTime,
+    #[default]
+    BestEffort,
+}
+
+/// How a request wants to be served. Every field has a default, so later features add fields
+/// without breaking callers that write `RequestOptions { tenant, ..Default::default() }`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestOptions {
+    pub class: Class,
+    /// Higher is more urgent; policies that read it compare it within a class.
+    pub priority: i32,
+    /// Latency target, counted from the request's arrival. Policies may read it; the response
+    /// says whether it was missed.
+    pub deadline_ns: Option<u64>,
+    pub tenant: TenantId,
+    /// Benchmarks only: do not copy inputs in or outputs out (the response carries no outputs and
+    /// the kernels run on whatever the request's buffers held). Timing is unchanged otherwise.
+    pub skip_io: bool,
+}
+
+impl RequestOptions {
+    pub fn with_class(mut self, class: Class) -> Self {
+        self.class = class;
+        self
+    }
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+    pub fn with_deadline_ns(mut self, deadline_ns: u64) -> Self {
+        self.deadline_ns = Some(deadline_ns);
+        self
+    }
+    pub fn with_tenant(mut self, tenant: TenantId) -> Self {
+        self.tenant = tenant;
+        self
+    }
+    pub fn with_skip_io(mut self, skip_io: bool) -> Self {
+        self.skip_io = skip_io;
+        self
+    }
+}
+
+/// One inference request as the dispatcher sees it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: RequestId,
+    pub model: String,
+    /// One tensor per model input (cast to the plan's dtype; the shape must match). Ignored with
+    /// `options.skip_io`.
+    pub inputs: Vec<Tensor>,
+    pub options: RequestOptions,
+    /// When the request arrived, on the GPU's clock; `None` means when the dispatcher takes it.
+    /// Open-loop drivers set it to the scheduled arrival, so a late driver does not hide queueing.
+    pub arrival_ns: Option<u64>,
+}
+
+/// A model to load: its plan (with the weight blob) and, when measured, its profile.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    pub name: String,
+    pub plan: Arc<Plan>,
+    pub profile: Option<ModelProfile>,
+}
+
+/// Where a model's kernel time estimates started from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EstimateSource {
+    /// Per-launch durations of a `kairos profile` JSON.
+    Profile,
+    /// FLOPs and bytes over the device's rates.
+    Roofline,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelInfo {
+    pub name: String,
+    pub launches: u32,
+    pub weight_bytes: u64,
+    pub arena_bytes: u64,
+    /// Sum of the kernels' estimated durations: one request's GPU time on an idle GPU.
+    pub estimated_ns: u64,
+    pub estimate_source: EstimateSource,
+}
+
+/// When things happened to a request, on the GPU's clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub arrival_ns: u64,
+    /// When it got its buffers and became schedulable.
+    pub admitted_ns: u64,
+    /// When its first kernel was issued (`admitted_ns` if it had none).
+    pub first_issue_ns: u64,
+    pub done_ns: u64,
+    pub launches: u32,
+    pub deadline_missed: bool,
+}
+
+impl Timing {
+    pub fn latency_ns(&self) -> u64 {
+        self.done_ns.saturating_sub(self.arrival_ns)
+    }
+    pub fn queue_ns(&self) -> u64 {
+        self.first_issue_ns.saturating_sub(self.arrival_ns)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub id: RequestId,
+    /// The model's outputs, in plan order (empty with `skip_io`).
+    pub outputs: Vec<Tensor>,
+    pub timing: Timing,
+}
+
+/// The commands the dispatcher takes, in one closed enum.
+#[derive(Clone, Debug)]
+pub enum Command {
+    Submit(Request),
+    /// Stops a request: its unissued kernels never run, its running ones are preempted at a
+    /// logical-block boundary, and it completes with [`Error::Cancelled`] once nothing of it is on
+    /// the GPU. Cancelling a finished or unknown request does nothing.
+    Cancel(RequestId),
+    LoadModel(ModelSpec),
+    /// New requests for the model are refused at once; the model's memory is freed when its last
+    /// request completes, and [`Output::ModelUnloaded`] says so.
+    UnloadModel(String),
+    /// Refuses new work, cancels everything queued or running, frees all GPU memory, then emits
+    /// [`Output::ShutDown`].
+    Shutdown,
+}
+
+/// What the dispatcher hands out.
+#[derive(Clone, Debug)]
+pub enum Output {
+    Done { id: RequestId, result: Result<Response, Error> },
+    ModelLoaded { name: String, result: Result<ModelInfo, Error> },
+    ModelUnloaded { name: String, result: Result<(), Error> },
+    ShutDown,
+}
+
+/// Errors of the scheduling layer. The server maps them to protocol status codes:
+/// `Overloaded` to 429 / RESOURCE_EXHAUSTED, `UnknownModel` to 404 / NOT_FOUND,
+/// `InvalidInput` to 400 / INVALID_ARGUMENT, `Cancelled` to 499 / CANCELLED,
+/// `ShuttingDown` and `ModelUnloading` to 503 / UNAVAILABLE, the rest to 500 / INTERNAL.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("unknown model '{0}'")]
+    UnknownModel(String),
+    #[error("model '{0}' is already loaded")]
+    ModelExists(String),
+    #[error("model '{0}' is being unloaded")]
+    ModelUnloading(String),
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("overloaded: {what} is full (limit {max})")]
+    Overloaded { what: &'static str, max: u64 },
+    #[error("request cancelled")]
+    Cancelled,
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+impl From<kairos_gpu::GpuError> for Error {
+    fn from(e: kairos_gpu::GpuError) -> Self {
+        Error::Gpu(e.to_string())
+    }
+}

@@ -1,0 +1,507 @@
+//! Shared test support: a second GPU model (MiniGpu), a GPU wrapper that audits what the GPU
+//! reports, random plans and configurations, and the seed convention.
+
+#![allow(dead_code)]
+
+pub mod mini;
+pub mod swarm;
+
+use kairos_gpu::*;
+use kairos_ir::DType;
+use kairos_ir::plan::{Kernel, LaunchShape, Plan};
+use kairos_sched::policy::{Decision, Policy, PolicyConfig, View};
+use kairos_sched::synthetic::{SyntheticKernel, layered_plan};
+use kairos_sched::{Config, IssueRecord, RequestId};
+use rand::RngExt;
+use rand::rngs::SmallRng;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Seeds for a swarm test: `KAIROS_SEED=n` runs just n, else `count` seeds (or
+/// `KAIROS_SWARM_SEEDS` of them, for long soak runs) from a base that changes per run unless
+/// `KAIROS_SEED_BASE` fixes it. Every seed used is printed.
+pub fn seeds(count: u64) -> Vec<u64> {
+    let count = std::env::var("KAIROS_SWARM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(count);
+    if let Ok(s) = std::env::var("KAIROS_SEED") {
+        let seed = s.parse().expect("KAIROS_SEED must be a u64");
+        return vec![seed];
+    }
+    let base = std::env::var("KAIROS_SEED_BASE").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000
+    });
+    (base..base + count).collect()
+}
+
+/// Runs `f` for a seed, printing a one-line reproduction when it panics.
+pub fn with_seed(test: &str, seed: u64, f: impl FnOnce(u64)) {
+    eprintln!("{test}: seed {seed}");
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
+    if let Err(e) = r {
+        eprintln!(
+            "{test} failed; reproduce with: KAIROS_SEED={seed} cargo test -p kairos-sched --test {} {test}",
+            module_of(test)
+        );
+        std::panic::resume_unwind(e);
+    }
+}
+
+fn module_of(_test: &str) -> &'static str {
+    "dispatcher"
+}
+
+/// A random plan: a DAG of element-wise kernels of varied shapes.
+pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
+    let n = rng.random_range(1..=16usize);
+    let kernels: Vec<SyntheticKernel> = (0..n)
+        .map(|_| {
+            let blocks = match rng.random_range(0..4) {
+                0 => 1,
+                1 => rng.random_range(2..=8),
+                2 => rng.random_range(9..=64),
+                _ => rng.random_range(65..=400),
+            };
+            let threads = [32, 64, 128, 256, 512, 1024][rng.random_range(0..6)];
+            let smem = [0, 0, 0, 8 * 1024, 48 * 1024, 100 * 1024][rng.random_range(0..6)];
+            SyntheticKernel { logical_blocks: blocks, threads_per_block: threads, shared_mem_bytes: smem }
+        })
+        .collect();
+    let mut plan = layered_plan(name, &kernels);
+    // Rewire dependencies into a random DAG (each launch writes its own buffers in this test's
+    // use: MiniGpu does not compute, so only the dependency structure matters).
+    for i in 1..n {
+        let k = rng.random_range(0..=i.min(3));
+        let mut deps: Vec<u32> = (0..k).map(|_| rng.random_range(i.saturating_sub(4)..i) as u32).collect();
+        deps.sort_unstable();
+        deps.dedup();
+        plan.launches[i].deps = deps;
+    }
+    plan
+}
+
+/// A random policy with random parameters.
+pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
+    match rng.random_range(0..6) {
+        0 => PolicyConfig::Fifo { jobs_queued: rng.random_range(1..=3) },
+        1 => PolicyConfig::Streams { streams: rng.random_range(1..=8), jobs_per_stream: rng.random_range(1..=3) },
+        2 => PolicyConfig::StreamsKernel,
+        3 => PolicyConfig::Paella {
+            fairness_threshold_ns: [0, 10_000, 100_000, 1_000_000, u64::MAX][rng.random_range(0..5)],
+            backfill: rng.random_bool(0.5),
+        },
+        4 => PolicyConfig::Sjf,
+        _ => PolicyConfig::Rr,
+    }
+}
+
+/// A random dispatcher configuration (swarm testing): small limits make every limit bite.
+pub fn random_config(rng: &mut SmallRng, policy: PolicyConfig) -> Config {
+    Config {
+        policy,
+        headroom_ctas: [0, 1, 8, 64, 10_000][rng.random_range(0..5)],
+        stream_count: [None, Some(1), Some(2), Some(4), Some(16)][rng.random_range(0..5)],
+        jobs_max: [4, 16, 256][rng.random_range(0..3)],
+        slots_per_model_max: [1, 2, 8][rng.random_range(0..3)],
+        models_max: 8,
+        tenants_max: [2, 64][rng.random_range(0..2)],
+        launches_in_flight_max: [4, 16, 1024][rng.random_range(0..3)],
+        decisions_per_round_max: [1, 7, 1024][rng.random_range(0..3)],
+        trace_max: 1 << 20,
+        ..Config::default()
+    }
+}
+
+pub fn random_mini_config(rng: &mut SmallRng, seed: u64) -> mini::MiniConfig {
+    mini::MiniConfig {
+        sm_count: [1, 2, 4, 8, 16][rng.random_range(0..5)],
+        hardware_queues: [1, 2, 8, 32][rng.random_range(0..4)],
+        launch_latency_ns: rng.random_range(0..5_000),
+        notify_delay_ns: rng.random_range(0..8_000),
+        notify_jitter_ns: [0, 3_000][rng.random_range(0..2)],
+        seed,
+        ..mini::MiniConfig::default()
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Audit: a Gpu wrapper that checks and records what the GPU reports.
+
+#[derive(Clone, Debug, Default)]
+pub struct LaunchAudit {
+    pub logical_blocks: u32,
+    pub first_block: u32,
+    pub res: Option<KernelResources>,
+    pub first_placed_ns: Option<u64>,
+    pub done_ns: Option<u64>,
+    pub next_block: Option<u32>,
+    pub blocks: u64,
+    pub live: i64,
+}
+
+#[derive(Default)]
+pub struct AuditLog {
+    pub launches: HashMap<LaunchId, LaunchAudit>,
+    pub sm_use: Vec<[u64; 4]>,
+    pub violations: Vec<String>,
+    pub max_ctas_on_an_sm: u64,
+    pub last_event_ns: u64,
+}
+
+pub struct Audit<G: Gpu> {
+    pub inner: G,
+    pub log: AuditLog,
+}
+
+impl<G: Gpu> Audit<G> {
+    pub fn new(inner: G) -> Audit<G> {
+        let sms = inner.info().sm_count as usize;
+        Audit { inner, log: AuditLog { sm_use: vec![[0; 4]; sms], ..Default::default() } }
+    }
+
+    fn check_event(&mut self, e: &GpuEvent) {
+        let limits = self.inner.info().sm_limits;
+        let log = &mut self.log;
+        let at = match *e {
+            GpuEvent::CtasPlaced { at_ns, .. }
+            | GpuEvent::CtasFinished { at_ns, .. }
+            | GpuEvent::LaunchDone { at_ns, .. }
+            | GpuEvent::CopyDone { at_ns, .. } => at_ns,
+        };
+        if at < log.last_event_ns {
+            log.violations.push(format!("event {e:?} is older than an event before it ({} ns)", log.last_event_ns));
+        }
+        log.last_event_ns = log.last_event_ns.max(at);
+        match *e {
+            GpuEvent::CtasPlaced { launch, sm, ctas, at_ns } => {
+                let Some(a) = log.launches.get_mut(&launch) else {
+                    log.violations.push(format!("placement of unknown launch {launch:?}"));
+                    return;
+                };
+                a.first_placed_ns.get_or_insert(at_ns);
+                a.live += ctas as i64;
+                let r = a.res.unwrap();
+                let u = &mut log.sm_use[sm as usize];
+                let regs = (r.registers_per_thread.max(1) * r.threads_per_cta).next_multiple_of(256);
+                u[0] += (r.threads_per_cta * ctas) as u64;
+                u[1] += (regs * ctas) as u64;
+                u[2] += (r.shared_mem_bytes * ctas) as u64;
+                u[3] += ctas as u64;
+                log.max_ctas_on_an_sm = log.max_ctas_on_an_sm.max(u[3]);
+                if u[0] > limits.threads_max as u64
+                    || u[1] > limits.registers_max as u64
+                    || u[2] > limits.shared_mem_bytes_max as u64
+                    || u[3] > limits.ctas_max as u64
+                {
+                    log.violations.push(format!("SM {sm} over its limits: {u:?} > {limits:?}"));
+                }
+            }
+            GpuEvent::CtasFinished { launch, sm, ctas, blocks, .. } => {
+                let Some(a) = log.launches.get_mut(&launch) else {
+                    log.violations.push(format!("completion of unknown launch {launch:?}"));
+                    return;
+                };
+                a.live -= ctas as i64;
+                a.blocks += blocks as u64;
+                if a.live < 0 {
+                    log.violations.push(format!("launch {launch:?} finished more CTAs than it placed"));
+                }
+                let r = a.res.unwrap();
+                let u = &mut log.sm_use[sm as usize];
+                let regs = (r.registers_per_thread.max(1) * r.threads_per_cta).next_multiple_of(256);
+                u[0] -= (r.threads_per_cta * ctas) as u64;
+                u[1] -= (regs * ctas) as u64;
+                u[2] -= (r.shared_mem_bytes * ctas) as u64;
+                u[3] -= ctas as u64;
+            }
+            GpuEvent::LaunchDone { launch, next_block, at_ns, .. } => {
+                let Some(a) = log.launches.get_mut(&launch) else {
+                    log.violations.push(format!("end of unknown launch {launch:?}"));
+                    return;
+                };
+                if a.done_ns.is_some() {
+                    log.violations.push(format!("launch {launch:?} ended twice"));
+                }
+                a.done_ns = Some(at_ns);
+                a.next_block = Some(next_block);
+                if a.live != 0 {
+                    log.violations.push(format!("launch {launch:?} ended with {} CTAs live", a.live));
+                }
+                if a.blocks != (next_block - a.first_block) as u64 {
+                    log.violations
+                        .push(format!("launch {launch:?} ran {} blocks but reports {}..{next_block}", a.blocks, a.first_block));
+                }
+            }
+            GpuEvent::CopyDone { .. } => {}
+        }
+    }
+}
+
+impl<G: Gpu> Gpu for Audit<G> {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+    fn alloc(&mut self, bytes: u64, kind: MemKind) -> Result<Allocation> {
+        self.inner.alloc(bytes, kind)
+    }
+    fn free(&mut self, a: Allocation) -> Result<()> {
+        self.inner.free(a)
+    }
+    fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()> {
+        self.inner.write(dst, data)
+    }
+    fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        self.inner.read(src, out)
+    }
+    fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
+        self.inner.copy_async(dst, src, bytes, stream)
+    }
+    fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
+        self.inner.create_stream(priority)
+    }
+    fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
+        self.inner.kernel_resources(kernel, dtype, shape)
+    }
+    fn launch(&mut self, r: &LaunchRequest<'_>) -> Result<LaunchId> {
+        let res = self.inner.kernel_resources(r.kernel, r.dtype, &r.shape)?;
+        let id = self.inner.launch(r)?;
+        if r.first_block >= r.shape.logical_blocks {
+            self.log.violations.push(format!("launch {id:?} starts at block {} of {}", r.first_block, r.shape.logical_blocks));
+        }
+        self.log.launches.insert(
+            id,
+            LaunchAudit {
+                logical_blocks: r.shape.logical_blocks,
+                first_block: r.first_block,
+                res: Some(res),
+                ..Default::default()
+            },
+        );
+        Ok(id)
+    }
+    fn preempt(&mut self, launch: LaunchId) -> Result<()> {
+        self.inner.preempt(launch)
+    }
+    fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
+        let start = events.len();
+        self.inner.poll(events)?;
+        for e in &events[start..] {
+            self.check_event(e);
+        }
+        Ok(())
+    }
+    fn wait(&mut self, until_ns: u64) -> Result<()> {
+        self.inner.wait(until_ns)
+    }
+}
+
+/// Checks a finished run: every logical block of every completed request ran exactly once
+/// (at most once for failed ones), resumes were exact, and every launch started only after the
+/// launches it depends on ended. `plans` maps a request to its plan; `ok` says whether it completed.
+pub fn check_blocks_and_deps(
+    trace: &[IssueRecord],
+    log: &AuditLog,
+    plan_of: &dyn Fn(RequestId) -> Arc<Plan>,
+    ok: &dyn Fn(RequestId) -> bool,
+) {
+    let mut by_launch: HashMap<(RequestId, u32), Vec<&IssueRecord>> = HashMap::new();
+    for r in trace {
+        by_launch.entry((r.request, r.launch)).or_default().push(r);
+    }
+    for ((req, li), issues) in &by_launch {
+        let plan = plan_of(*req);
+        let logical = plan.launches[*li as usize].shape.logical_blocks;
+        let mut expect_first = 0;
+        let mut blocks = 0u64;
+        for r in issues {
+            let a = &log.launches[&r.gpu_launch];
+            assert_eq!(
+                r.first_block, expect_first,
+                "request {req:?} launch {li}: resumed at {} after {expect_first}",
+                r.first_block
+            );
+            let next =
+                a.next_block.unwrap_or_else(|| panic!("request {req:?} launch {li}: GPU launch {:?} never ended", r.gpu_launch));
+            expect_first = next;
+            blocks += a.blocks;
+        }
+        if ok(*req) {
+            assert_eq!(blocks, logical as u64, "request {req:?} launch {li}: {blocks} of {logical} blocks ran");
+        } else {
+            assert!(blocks <= logical as u64, "request {req:?} launch {li}: {blocks} blocks ran, it has {logical}");
+        }
+        // Dependencies: the first placement of this launch follows the end of each dependency.
+        let first_placed = issues.iter().filter_map(|r| log.launches[&r.gpu_launch].first_placed_ns).min();
+        if let Some(start) = first_placed {
+            for &d in &plan.launches[*li as usize].deps {
+                let dep = by_launch
+                    .get(&(*req, d))
+                    .unwrap_or_else(|| panic!("request {req:?}: launch {li} ran but its dependency {d} was never issued"));
+                let dep_end = dep.iter().filter_map(|r| log.launches[&r.gpu_launch].done_ns).max().unwrap();
+                assert!(
+                    start >= dep_end,
+                    "request {req:?}: launch {li} started at {start} before its dependency {d} ended at {dep_end}"
+                );
+                let dep_next = log.launches[&dep.last().unwrap().gpu_launch].next_block.unwrap();
+                assert_eq!(
+                    dep_next, plan.launches[d as usize].shape.logical_blocks,
+                    "request {req:?}: launch {li} ran after an unfinished dependency {d}"
+                );
+            }
+        }
+    }
+    // Completed requests issued every launch.
+    let mut reqs: Vec<RequestId> = by_launch.keys().map(|k| k.0).collect();
+    reqs.sort();
+    reqs.dedup();
+    for req in reqs {
+        if ok(req) {
+            let n = plan_of(req).launches.len() as u32;
+            for li in 0..n {
+                assert!(by_launch.contains_key(&(req, li)), "completed request {req:?} never issued launch {li}");
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Policy wrappers that check every decision against the view it was made from.
+
+pub type Violations = Arc<Mutex<Vec<String>>>;
+
+#[derive(Debug)]
+pub struct Checked {
+    pub inner: Box<dyn Policy>,
+    pub config: PolicyConfig,
+    pub violations: Arc<Mutex<Vec<String>>>,
+    pub decisions: Arc<Mutex<u64>>,
+}
+
+impl Checked {
+    pub fn new(config: PolicyConfig) -> (Checked, Violations, Arc<Mutex<u64>>) {
+        let v = Arc::new(Mutex::new(Vec::new()));
+        let d = Arc::new(Mutex::new(0));
+        (Checked { inner: config.build(), config, violations: v.clone(), decisions: d.clone() }, v, d)
+    }
+}
+
+impl Policy for Checked {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn decide(&self, view: &View<'_>) -> Option<Decision> {
+        let d = self.inner.decide(view)?;
+        *self.decisions.lock().unwrap() += 1;
+        let bad = |m: String| self.violations.lock().unwrap().push(m);
+        match d {
+            Decision::Issue { job, launch, .. } => {
+                let Some(j) = view.jobs.iter().find(|j| j.key == job) else {
+                    bad(format!("{}: issue for a job not in the view", self.name()));
+                    return Some(d);
+                };
+                let Some(k) = j.next_ready.filter(|k| k.launch == launch) else {
+                    bad(format!("{}: issue of launch {launch} which is not the job's next ready kernel", self.name()));
+                    return Some(d);
+                };
+                if !self.config.is_kernel_level() {
+                    bad(format!("{}: a whole-job policy issued a single kernel", self.name()));
+                }
+                let gated = matches!(self.config, PolicyConfig::Paella { .. } | PolicyConfig::Sjf | PolicyConfig::Rr);
+                if gated && !view.gpu.fits(&k) {
+                    bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
+                }
+                if let PolicyConfig::Paella { fairness_threshold_ns, backfill } = self.config {
+                    // With backfill, only kernels that pass the gate compete.
+                    let competes =
+                        |k: &kairos_sched::policy::ReadyKernel| !backfill || (view.gpu.can_issue(k) && view.gpu.fits(k));
+                    // Fairness: among jobs of the same class and priority, a tenant owed more than the
+                    // threshold goes first.
+                    let owed = view
+                        .tenants
+                        .iter()
+                        .filter(|t| {
+                            t.ready_jobs > 0 && fairness_threshold_ns != u64::MAX && t.deficit_ns > fairness_threshold_ns as f64
+                        })
+                        .max_by(|a, b| a.deficit_ns.total_cmp(&b.deficit_ns).then(b.tenant.cmp(&a.tenant)));
+                    if let Some(t) = owed
+                        && j.tenant != t.tenant
+                        && view.jobs.iter().any(|o| {
+                            o.tenant == t.tenant
+                                && o.next_ready.is_some_and(|k| competes(&k))
+                                && o.class == j.class
+                                && o.priority == j.priority
+                        })
+                    {
+                        bad(format!(
+                            "paella: tenant {:?} owed {} ns (> threshold {fairness_threshold_ns}) but tenant {:?} was served",
+                            t.tenant, t.deficit_ns, j.tenant
+                        ));
+                    }
+                    // SRPT within the served tenant.
+                    if let Some(shorter) = view.jobs.iter().find(|o| {
+                        o.next_ready.is_some()
+                            && o.tenant == j.tenant
+                            && o.class == j.class
+                            && o.priority == j.priority
+                            && o.remaining_ns < j.remaining_ns
+                    }) && (!matches!(self.config, PolicyConfig::Paella { backfill: true, .. }))
+                    {
+                        bad(format!(
+                            "paella: job {:?} with {} ns left was passed over for one with {} ns",
+                            shorter.id, shorter.remaining_ns, j.remaining_ns
+                        ));
+                    }
+                }
+            }
+            Decision::Preempt { .. } => bad(format!("{}: none of the six policies preempts", self.name())),
+            Decision::IssueAll { job, .. } => {
+                if self.config.is_kernel_level() {
+                    bad(format!("{}: a kernel-level policy issued a whole job", self.name()));
+                }
+                if !view.jobs.iter().any(|j| j.key == job && j.is_unstarted()) {
+                    bad(format!("{}: IssueAll of a job that is not unstarted", self.name()));
+                }
+            }
+        }
+        Some(d)
+    }
+}
+
+/// Wraps a policy and, before asking it, preempts a running launch now and then (at most
+/// `budget` times per run), so the dispatcher's resume path runs in the swarm.
+#[derive(Debug)]
+pub struct Preempting {
+    inner: Box<dyn Policy>,
+    budget: Mutex<u32>,
+}
+
+impl Preempting {
+    pub fn new(inner: Box<dyn Policy>, budget: u32) -> Preempting {
+        Preempting { inner, budget: Mutex::new(budget) }
+    }
+}
+
+impl Policy for Preempting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn decide(&self, view: &View<'_>) -> Option<Decision> {
+        let mut budget = self.budget.lock().unwrap();
+        if *budget > 0
+            && (view.now_ns / 1000).is_multiple_of(7)
+            && let Some(j) = view
+                .jobs
+                .iter()
+                .filter(|j| j.running.is_some())
+                .min_by_key(|j| (j.seq.wrapping_mul(2654435761) ^ view.now_ns) % 97)
+        {
+            *budget -= 1;
+            return Some(Decision::Preempt { job: j.key, launch: j.running.unwrap() });
+        }
+        drop(budget);
+        self.inner.decide(view)
+    }
+}
