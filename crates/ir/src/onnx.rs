@@ -315,8 +315,15 @@ impl Importer<'_> {
 
     fn run(mut self) -> Result<Graph, Error> {
         let model = self.model;
-        let order = model.eval_order().map_err(|e| malformed(self.name, e))?;
         let input_outlets = model.input_outlets().map_err(|e| malformed(self.name, e))?.to_vec();
+        if model.output_outlets().map_err(|e| malformed(self.name, e))?.is_empty() {
+            return Err(malformed(self.name, "the graph declares no outputs"));
+        }
+        // Inputs first (an input no output depends on is still part of the signature), then the rest.
+        let mut order: Vec<usize> = input_outlets.iter().map(|o| o.node).collect();
+        let rest: Vec<usize> =
+            model.eval_order().map_err(|e| malformed(self.name, e))?.into_iter().filter(|n| !order.contains(n)).collect();
+        order.extend(rest);
         for id in order {
             let node = &model.nodes[id];
             for slot in 0..node.outputs.len() {

@@ -409,10 +409,12 @@ impl EltwiseParams {
 #[serde(tag = "kernel", rename_all = "snake_case")]
 pub enum Kernel {
     Conv2d(Conv2dParams),
+    #[serde(rename = "dwconv2d")]
     DepthwiseConv2d(Conv2dParams),
     Gemm(GemmParams),
     Pool2d(Pool2dParams),
     Softmax(SoftmaxParams),
+    #[serde(rename = "layernorm")]
     LayerNorm(LayerNormParams),
     Reduce(ReduceParams),
     Gather(GatherParams),

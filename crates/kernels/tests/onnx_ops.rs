@@ -1,0 +1,252 @@
+//! Every ONNX op kairos claims, through the real front door: a small model per case is built as
+//! ONNX, imported, lowered (fp32 and fp16), run with the CPU reference kernels and compared with
+//! tract, the independent oracle. One `check` serves every case.
+
+use kairos_ir::tensor::relative_l2_error;
+use kairos_ir::zoo::builder::{Attr, OnnxBuilder};
+use kairos_ir::{DType, Tensor};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+/// fp32 plans against tract (relative L2).
+const TOLERANCE_F32: f64 = 1e-4;
+/// fp16 plans (fp32 accumulation) against tract in fp32.
+const TOLERANCE_F16: f64 = 1e-2;
+
+struct Input {
+    name: &'static str,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// For int64 inputs: values in [0, range).
+    range: i64,
+}
+
+fn f32_input(name: &'static str, shape: &[usize]) -> Input {
+    Input { name, dtype: DType::F32, shape: shape.to_vec(), range: 0 }
+}
+
+fn random_inputs(inputs: &[Input], seed: u64) -> Vec<Tensor> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    inputs
+        .iter()
+        .map(|i| {
+            let n: usize = i.shape.iter().product();
+            match i.dtype {
+                DType::I64 => Tensor::i64(i.shape.clone(), (0..n).map(|_| rng.random_range(0..i.range)).collect()),
+                _ => Tensor::f32(i.shape.clone(), (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()),
+            }
+        })
+        .collect()
+}
+
+/// Builds the model with `body`, runs it through kairos (fp32 and fp16) and tract, compares.
+fn check(case: &str, inputs: Vec<Input>, out_shape: &[usize], body: impl Fn(&mut OnnxBuilder, &[String]) -> String) {
+    check_opset(case, 17, inputs, out_shape, body)
+}
+
+fn check_opset(
+    case: &str,
+    opset: i64,
+    inputs: Vec<Input>,
+    out_shape: &[usize],
+    body: impl Fn(&mut OnnxBuilder, &[String]) -> String,
+) {
+    let mut b = OnnxBuilder::new(case, opset, 7);
+    let names: Vec<String> = inputs.iter().map(|i| b.input(i.name, i.dtype, &i.shape)).collect();
+    let y = body(&mut b, &names);
+    b.output(&y, "y", DType::F32, out_shape);
+    let bytes = b.finish_bytes();
+    let graph =
+        kairos_ir::onnx::load_bytes(case, &bytes, &Default::default()).unwrap_or_else(|e| panic!("{case}: import failed: {e}"));
+    let values = random_inputs(&inputs, 11);
+    let reference = kairos_ir::onnx::tract_reference(&bytes, &values).unwrap_or_else(|e| panic!("{case}: tract failed: {e}"));
+    for (dtype, tol) in [(DType::F32, TOLERANCE_F32), (DType::F16, TOLERANCE_F16)] {
+        let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions { dtype })
+            .unwrap_or_else(|e| panic!("{case} ({dtype}): lowering failed: {e}"));
+        let out = kairos_kernels::cpu::execute_plan(&plan, &values).unwrap();
+        assert_eq!(out[0].shape, reference[0].shape, "{case} ({dtype}): output shape");
+        let err = relative_l2_error(&out[0].to_f32_vec(), &reference[0].to_f32_vec());
+        assert!(err <= tol, "{case} ({dtype}): relative L2 error {err:.3e} > {tol:.0e} ({} launches)", plan.launches.len());
+    }
+}
+
+fn conv_case(
+    name: &str,
+    cin: usize,
+    cout: usize,
+    k: (usize, usize),
+    stride: (usize, usize),
+    pad: (usize, usize),
+    dil: (usize, usize),
+    groups: usize,
+    hw: usize,
+) {
+    let span = |d: usize, kk: usize, s: usize, p: usize| (hw + 2 * p - d * (kk - 1) - 1) / s + 1;
+    let oh = span(dil.0, k.0, stride.0, pad.0);
+    let ow = span(dil.1, k.1, stride.1, pad.1);
+    check(name, vec![f32_input("x", &[2, cin, hw, hw])], &[2, cout, oh, ow], |b, i| {
+        b.conv_full(&i[0], "conv", cin, cout, k, stride, pad, dil, groups, true)
+    });
+}
+
+#[test]
+fn conv_plain_strided_padded_dilated_grouped_depthwise() {
+    conv_case("conv3x3", 5, 7, (3, 3), (1, 1), (1, 1), (1, 1), 1, 9);
+    conv_case("conv_stride2", 4, 6, (3, 3), (2, 2), (1, 1), (1, 1), 1, 11);
+    conv_case("conv_asym_kernel", 6, 8, (1, 7), (1, 1), (0, 3), (1, 1), 1, 9);
+    conv_case("conv_dilated", 3, 4, (3, 3), (1, 1), (2, 2), (2, 2), 1, 10);
+    conv_case("conv_grouped", 8, 12, (3, 3), (1, 1), (1, 1), (1, 1), 4, 7);
+    conv_case("conv_depthwise", 16, 16, (3, 3), (2, 2), (1, 1), (1, 1), 16, 9);
+    conv_case("conv1x1_strided", 8, 16, (1, 1), (2, 2), (0, 0), (1, 1), 1, 8);
+}
+
+#[test]
+fn conv_batchnorm_relu_residual_fuses_and_matches() {
+    check("conv_bn_relu_res", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 8, 6, 6], |b, i| {
+        let c = b.conv(&i[0], "c1", 8, 8, (3, 3), 1, (1, 1), 1, false);
+        let n = b.bn(&c, "bn1", 8, 1e-5, (0.5, 1.5));
+        let s = b.add(&n, &i[0]);
+        b.relu(&s)
+    });
+}
+
+#[test]
+fn gemm_matmul_einsum() {
+    check("gemm_transb", vec![f32_input("x", &[3, 20])], &[3, 9], |b, i| b.gemm_linear(&i[0], "fc", 20, 9));
+    check("matmul_3d_bias_gelu_erf", vec![f32_input("x", &[2, 5, 16])], &[2, 5, 24], |b, i| {
+        let y = b.matmul_linear(&i[0], "lin", 16, 24, 0.2);
+        b.gelu_erf(&y)
+    });
+    check("matmul_batched_broadcast", vec![f32_input("a", &[2, 3, 4, 5]), f32_input("b", &[3, 5, 6])], &[2, 3, 4, 6], |b, i| {
+        b.node("MatMul", "mm", &[&i[0], &i[1]], vec![])
+    });
+    check(
+        "einsum_attention_scores",
+        vec![f32_input("q", &[2, 3, 4, 8]), f32_input("k", &[2, 3, 5, 8])],
+        &[2, 3, 4, 5],
+        |b, i| b.node("Einsum", "e", &[&i[0], &i[1]], vec![("equation", Attr::Str("bhqd,bhkd->bhqk"))]),
+    );
+}
+
+#[test]
+fn elementwise_arithmetic_and_activations() {
+    let x = || vec![f32_input("x", &[2, 3, 4]), f32_input("z", &[3, 1])];
+    for op in ["Add", "Sub", "Mul", "Div"] {
+        check(&format!("binary_{op}"), x(), &[2, 3, 4], |b, i| b.node(op, "", &[&i[0], &i[1]], vec![]));
+    }
+    check("pow_sqrt", vec![f32_input("x", &[4, 5])], &[4, 5], |b, i| {
+        let s = b.node("Mul", "", &[&i[0], &i[0]], vec![]);
+        let one = b.const_f32_scalar(1.0);
+        let a = b.add(&s, &one);
+        let r = b.node("Sqrt", "", &[&a], vec![]);
+        let e = b.const_f32_scalar(1.5);
+        b.node("Pow", "", &[&r, &e], vec![])
+    });
+    for act in ["Relu", "Sigmoid", "Tanh", "Erf", "HardSwish"] {
+        check(&format!("unary_{act}"), vec![f32_input("x", &[3, 7])], &[3, 7], |b, i| b.node(act, "", &[&i[0]], vec![]));
+    }
+    check("clip_relu6", vec![f32_input("x", &[3, 7])], &[3, 7], |b, i| {
+        let s = b.const_f32_scalar(4.0);
+        let m = b.mul(&i[0], &s);
+        b.relu6(&m)
+    });
+    check_opset("gelu_op", 20, vec![f32_input("x", &[3, 7])], &[3, 7], |b, i| b.node("Gelu", "", &[&i[0]], vec![]));
+    check("gelu_tanh_decomposed", vec![f32_input("x", &[3, 7])], &[3, 7], |b, i| b.gelu_tanh(&i[0]));
+}
+
+#[test]
+fn pooling() {
+    check("maxpool_pad", vec![f32_input("x", &[1, 3, 9, 9])], &[1, 3, 5, 5], |b, i| b.maxpool(&i[0], 3, 2, 1, false));
+    check("maxpool_ceil", vec![f32_input("x", &[1, 3, 10, 10])], &[1, 3, 5, 5], |b, i| b.maxpool(&i[0], 3, 2, 0, true));
+    check("avgpool_include_pad", vec![f32_input("x", &[1, 4, 8, 8])], &[1, 4, 8, 8], |b, i| b.avgpool(&i[0], 3, 1, 1, true));
+    check("avgpool_exclude_pad", vec![f32_input("x", &[1, 4, 8, 8])], &[1, 4, 8, 8], |b, i| b.avgpool(&i[0], 3, 1, 1, false));
+    check("global_avgpool", vec![f32_input("x", &[2, 6, 5, 5])], &[2, 6, 1, 1], |b, i| b.global_avgpool(&i[0]));
+}
+
+#[test]
+fn reductions_norms_softmax() {
+    check("reduce_mean_keepdims", vec![f32_input("x", &[2, 3, 8])], &[2, 1, 8], |b, i| {
+        b.node("ReduceMean", "", &[&i[0]], vec![("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))])
+    });
+    check("layernorm_op", vec![f32_input("x", &[2, 5, 16])], &[2, 5, 16], |b, i| b.layer_norm_op(&i[0], "ln", 16, 1e-5));
+    check("layernorm_decomposed", vec![f32_input("x", &[2, 5, 16])], &[2, 5, 16], |b, i| {
+        b.layer_norm_decomposed(&i[0], "ln", 16, 1e-5)
+    });
+    check("softmax_last", vec![f32_input("x", &[2, 3, 10])], &[2, 3, 10], |b, i| b.softmax(&i[0], -1));
+    check("softmax_middle_axis", vec![f32_input("x", &[2, 3, 10])], &[2, 3, 10], |b, i| b.softmax(&i[0], 1));
+    check("batchnorm_standalone", vec![f32_input("x", &[2, 4, 3, 3])], &[2, 4, 3, 3], |b, i| {
+        b.bn(&i[0], "bn", 4, 1e-5, (0.5, 1.5))
+    });
+}
+
+#[test]
+fn shapes_and_layouts() {
+    check("concat_channels", vec![f32_input("a", &[1, 3, 4, 4]), f32_input("b", &[1, 5, 4, 4])], &[1, 8, 4, 4], |b, i| {
+        let c1 = b.conv(&i[0], "c1", 3, 4, (3, 3), 1, (1, 1), 1, true);
+        b.concat(&[&c1, &i[1]], 1)
+    });
+    check("flatten_gemm", vec![f32_input("x", &[2, 3, 4, 4])], &[2, 5], |b, i| {
+        let c = b.conv(&i[0], "c", 3, 6, (3, 3), 1, (1, 1), 1, true);
+        let f = b.flatten(&c);
+        b.gemm_linear(&f, "fc", 96, 5)
+    });
+    check("reshape_transpose_squeeze_unsqueeze", vec![f32_input("x", &[2, 12])], &[3, 2, 4], |b, i| {
+        let r = b.reshape(&i[0], &[2, 3, 4]);
+        let t = b.transpose(&r, &[1, 0, 2]);
+        let axes = b.const_i64(&[0]);
+        let u = b.node("Unsqueeze", "", &[&t, &axes], vec![]);
+        let s = b.node("Squeeze", "", &[&u, &axes], vec![]);
+        let one = b.const_f32_scalar(1.0);
+        b.add(&s, &one)
+    });
+}
+
+#[test]
+fn embeddings_and_folded_shape_subgraphs() {
+    let ids = Input { name: "ids", dtype: DType::I64, shape: vec![2, 6], range: 50 };
+    check("gather_embedding", vec![ids], &[2, 6, 16], |b, i| {
+        let table = b.uniform("emb", &[50, 16], 1.0);
+        b.node("Gather", "", &[&table, &i[0]], vec![("axis", Attr::Int(0))])
+    });
+    // Shape -> ConstantOfShape -> Equal -> Where -> Cast -> Expand, all folded with a fixed input shape.
+    let ids = Input { name: "ids", dtype: DType::I64, shape: vec![2, 6], range: 50 };
+    check("shape_mask_subgraph", vec![ids], &[2, 6, 16], |b, i| {
+        let table = b.uniform("emb", &[50, 16], 1.0);
+        let e = b.node("Gather", "", &[&table, &i[0]], vec![("axis", Attr::Int(0))]);
+        let shape = b.node("Shape", "", &[&i[0]], vec![]);
+        let ones = b.node("ConstantOfShape", "", &[&shape], vec![("value", Attr::Tensor(Tensor::i64(vec![1], vec![1])))]);
+        let zero = b.const_i64(&[0]);
+        let eq = b.node("Equal", "", &[&ones, &zero], vec![]);
+        let big = b.const_f32_scalar(-5.0);
+        let small = b.const_f32_scalar(0.5);
+        let w = b.node("Where", "", &[&eq, &big, &small], vec![]);
+        let c = b.node("Cast", "", &[&w], vec![("to", Attr::Int(1))]);
+        let axes = b.const_i64(&[2]);
+        let u = b.node("Unsqueeze", "", &[&c, &axes], vec![]);
+        let target = b.const_i64(&[2, 6, 16]);
+        let x = b.node("Expand", "", &[&u, &target], vec![]);
+        b.add(&e, &x)
+    });
+}
+
+#[test]
+fn causal_attention_block() {
+    // GPT-style: scores / sqrt(d), causal Where, softmax, times V.
+    check(
+        "causal_attention",
+        vec![f32_input("q", &[1, 2, 6, 8]), f32_input("k", &[1, 2, 6, 8]), f32_input("v", &[1, 2, 6, 8])],
+        &[1, 2, 6, 8],
+        |b, i| {
+            let kt = b.transpose(&i[1], &[0, 1, 3, 2]);
+            let s = b.node("MatMul", "", &[&i[0], &kt], vec![]);
+            let scale = b.const_f32_scalar(8f32.sqrt());
+            let s = b.node("Div", "", &[&s, &scale], vec![]);
+            let tri: Vec<bool> = (0..36).map(|j| j % 6 <= j / 6).collect();
+            let m = b.init_bool("mask", &[1, 1, 6, 6], &tri);
+            let neg = b.const_f32_scalar(f32::MIN);
+            let s = b.node("Where", "", &[&m, &s, &neg], vec![]);
+            let p = b.softmax(&s, -1);
+            b.node("MatMul", "", &[&p, &i[2]], vec![])
+        },
+    );
+}
