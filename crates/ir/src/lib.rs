@@ -3,6 +3,8 @@
 pub mod graph;
 pub mod interp;
 pub mod lower;
+pub mod model;
+pub mod npy;
 pub mod onnx;
 pub mod plan;
 pub mod tensor;

@@ -1,0 +1,149 @@
+//! Reading and writing NumPy .npy files (format versions 1-3, little-endian, C order), the
+//! tensor exchange format of `kairos run`.
+
+use crate::tensor::{DType, Tensor};
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// Parses .npy bytes. Accepts float32, float16, float64 (converted to f32), int64 and int32
+/// (converted to i64); big-endian and Fortran-order arrays are rejected with a clear error.
+pub fn from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
+    if bytes.len() < 10 || &bytes[..6] != MAGIC {
+        return Err("not a .npy file (bad magic)".into());
+    }
+    let major = bytes[6];
+    let (header_len, start) = match major {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 => {
+            if bytes.len() < 12 {
+                return Err("truncated .npy header".into());
+            }
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
+        v => return Err(format!(".npy format version {v} is not supported")),
+    };
+    let header = bytes.get(start..start + header_len).ok_or("truncated .npy header")?;
+    let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text")?;
+    let field = |key: &str| -> Result<&str, String> {
+        let i = header.find(&format!("'{key}'")).ok_or(format!("the .npy header has no '{key}'"))?;
+        Ok(header[i + key.len() + 2..].trim_start().trim_start_matches(':').trim_start())
+    };
+    let descr = field("descr")?;
+    let descr = descr.trim_start_matches('\'').split('\'').next().unwrap_or("");
+    if field("fortran_order")?.starts_with("True") {
+        return Err("Fortran-order arrays are not supported; save with np.ascontiguousarray".into());
+    }
+    let shape_text = field("shape")?;
+    let shape_text = shape_text.trim_start_matches('(').split(')').next().unwrap_or("");
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| format!("bad dimension '{s}' in .npy shape")))
+        .collect::<Result<_, _>>()?;
+    let data = &bytes[start + header_len..];
+    let n: usize = shape.iter().product();
+    let need = |size: usize| {
+        if data.len() < n * size {
+            Err(format!("the .npy data holds {} bytes, shape {shape:?} needs {}", data.len(), n * size))
+        } else {
+            Ok(())
+        }
+    };
+    match descr {
+        "<f4" | "|f4" => {
+            need(4)?;
+            Tensor::from_bytes(DType::F32, shape, &data[..n * 4])
+        }
+        "<f2" | "|f2" => {
+            need(2)?;
+            Tensor::from_bytes(DType::F16, shape, &data[..n * 2])
+        }
+        "<f8" => {
+            need(8)?;
+            Ok(Tensor::f32(
+                shape,
+                data[..n * 8].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            ))
+        }
+        "<i8" => {
+            need(8)?;
+            Tensor::from_bytes(DType::I64, shape, &data[..n * 8])
+        }
+        "<i4" => {
+            need(4)?;
+            Ok(Tensor::i64(
+                shape,
+                data[..n * 4].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+            ))
+        }
+        other => {
+            Err(format!(".npy element type '{other}' is not supported (use float32, float16, int64 or int32, little-endian)"))
+        }
+    }
+}
+
+/// Serializes a tensor as .npy (format 1.0).
+pub fn to_bytes(t: &Tensor) -> Vec<u8> {
+    let descr = match t.dtype() {
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::I64 => "<i8",
+    };
+    let shape = match t.shape.len() {
+        0 => "()".to_string(),
+        1 => format!("({},)", t.shape[0]),
+        _ => format!("({})", t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Pad so the data starts on a 64-byte boundary, ending the header with a newline.
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(total.next_multiple_of(64) - total));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + t.size_bytes());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&t.to_bytes());
+    out
+}
+
+pub fn read(path: &std::path::Path) -> Result<Tensor, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub fn write(path: &std::path::Path, t: &Tensor) -> Result<(), String> {
+    std::fs::write(path, to_bytes(t)).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_dtype_and_rank() {
+        for t in [
+            Tensor::f32(vec![2, 3], vec![1.0, -2.0, 3.5, 0.0, 1e-3, 7.0]),
+            Tensor::i64(vec![4], vec![1, -2, 3, 1 << 40]),
+            Tensor::f16(vec![1, 1, 2], vec![half::f16::from_f32(0.5), half::f16::from_f32(-1.25)]),
+            Tensor::f32(vec![], vec![42.0]),
+        ] {
+            let b = to_bytes(&t);
+            assert_eq!((10 + u16::from_le_bytes([b[8], b[9]]) as usize) % 64, 0, "data aligned to 64 bytes");
+            assert_eq!(from_bytes(&b).unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        assert!(from_bytes(b"hello").is_err());
+        let mut b = to_bytes(&Tensor::f32(vec![4], vec![1.0; 4]));
+        b.truncate(b.len() - 3);
+        assert!(from_bytes(&b).unwrap_err().contains("needs"));
+        let fortran = to_bytes(&Tensor::f32(vec![2], vec![1.0; 2]));
+        let text = String::from_utf8_lossy(&fortran).replace("False", "True ");
+        assert!(from_bytes(text.as_bytes()).is_err());
+    }
+}

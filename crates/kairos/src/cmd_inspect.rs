@@ -1,0 +1,98 @@
+//! `kairos inspect`: what a model becomes — ops, fused ops, kernels, FLOPs, memory, weight layers.
+
+use crate::model_args::ModelArgs;
+use anyhow::Result;
+use clap::Args;
+use kairos_ir::lower::{LowerOptions, lower, optimized};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Also list every weight layer (byte ranges in the weight blob).
+    #[arg(long)]
+    pub layers: bool,
+    /// Also list every kernel launch.
+    #[arg(long)]
+    pub launches: bool,
+    /// Write the whole plan (without weights) as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+fn fmt_hist(h: &[(&str, usize)]) -> String {
+    h.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
+}
+
+pub fn mb(bytes: u64) -> String {
+    format!("{:.2} MB", bytes as f64 / 1e6)
+}
+
+pub fn run(args: InspectArgs) -> Result<()> {
+    let spec = args.model.spec();
+    let t0 = Instant::now();
+    let graph = spec.graph()?;
+    let t_load = t0.elapsed();
+    let t1 = Instant::now();
+    let plan = lower(&graph, &LowerOptions { dtype: spec.dtype })?;
+    let t_lower = t1.elapsed();
+    let fused = optimized(&graph);
+    println!(
+        "model      {} ({}), {} plan, batch {}",
+        plan.model,
+        if spec.is_file() { &spec.model } else { "zoo" },
+        plan.dtype,
+        spec.batch
+    );
+    for i in &plan.inputs {
+        println!("input      {} {:?} {}", i.name, i.shape, i.dtype);
+    }
+    for o in &plan.outputs {
+        println!("output     {} {:?} {}", o.name, o.shape, o.dtype);
+    }
+    println!("ops        {} nodes: {}", graph.nodes.len(), fmt_hist(&graph.op_histogram()));
+    println!("fused      {} nodes: {}", fused.nodes.len(), fmt_hist(&fused.op_histogram()));
+    println!("kernels    {} launches: {}", plan.launches.len(), fmt_hist(&plan.kernel_histogram()));
+    println!("flops      {:.3} GFLOP", plan.flops() as f64 / 1e9);
+    println!("weights    {} in {} layers", mb(plan.weight_bytes), plan.layers.len());
+    println!("arena      {} peak activations per request", mb(plan.arena_bytes));
+    let roots = plan.launches.iter().filter(|l| l.deps.is_empty()).count();
+    println!(
+        "deps       {} launches start with no dependency; {} dependency edges",
+        roots,
+        plan.launches.iter().map(|l| l.deps.len()).sum::<usize>()
+    );
+    println!("time       load {:.3} s, lower {:.3} s", t_load.as_secs_f64(), t_lower.as_secs_f64());
+    if args.layers {
+        println!("\n{:>5} {:>12} {:>12}  name", "layer", "offset", "bytes");
+        for (i, l) in plan.layers.iter().enumerate() {
+            println!("{i:>5} {:>12} {:>12}  {}", l.offset_bytes, l.len_bytes, l.name);
+        }
+    }
+    if args.launches {
+        println!(
+            "\n{:>5} {:<10} {:>7} {:>7} {:>12} {:>12} {:<16} name",
+            "#", "kernel", "blocks", "threads", "flops", "bytes", "deps"
+        );
+        for (i, l) in plan.launches.iter().enumerate() {
+            let deps = l.deps.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+            println!(
+                "{i:>5} {:<10} {:>7} {:>7} {:>12} {:>12} {:<16} {}",
+                l.kernel.name(),
+                l.shape.logical_blocks,
+                l.shape.threads_per_block,
+                l.flops,
+                l.bytes,
+                if deps.len() > 16 { format!("{}..", &deps[..14]) } else { deps },
+                l.name
+            );
+        }
+    }
+    if let Some(path) = args.json {
+        std::fs::write(&path, serde_json::to_string_pretty(&plan)?)?;
+        eprintln!("wrote the plan to {}", path.display());
+    }
+    Ok(())
+}

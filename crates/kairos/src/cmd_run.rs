@@ -1,0 +1,166 @@
+//! `kairos run`: one request through a model on the CPU reference, the simulator, or the GPU.
+
+use crate::model_args::ModelArgs;
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use kairos_gpu::{Gpu, MemKind, exec};
+use kairos_ir::plan::Plan;
+use kairos_ir::tensor::{relative_l2_error, rms};
+use kairos_ir::{DType, Tensor, npy};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The CPU reference kernels (the oracle; no GPU needed).
+    Cpu,
+    /// The simulated GPU (results from the CPU kernels, time in simulated nanoseconds).
+    Sim,
+    /// A real NVIDIA GPU through the CUDA driver.
+    Cuda,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, value_enum, env = "KAIROS_BACKEND", default_value = "cpu")]
+    pub backend: Backend,
+    /// Input tensors as .npy files, in the model's input order (random inputs when none are given).
+    #[arg(long = "input", short = 'i')]
+    pub inputs: Vec<PathBuf>,
+    /// Where to write the first output as .npy (further outputs get a _1, _2... suffix).
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Also run the model with tract (the independent ONNX oracle) and report the relative error.
+    #[arg(long)]
+    pub check: bool,
+    /// The simulated GPU: h100-sxm, h100-pcie or h200.
+    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
+    pub sim_gpu: String,
+    /// CUDA device ordinal.
+    #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
+    pub device: u32,
+}
+
+/// Random inputs for a plan: uniform floats in [-1, 1], token ids in [0, 1000).
+pub fn random_inputs(plan: &Plan, seed: u64) -> Vec<Tensor> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    plan.inputs
+        .iter()
+        .map(|i| {
+            let n: usize = i.shape.iter().product();
+            match i.dtype {
+                DType::I64 => Tensor::i64(i.shape.clone(), (0..n).map(|_| rng.random_range(0..1000)).collect()),
+                d => Tensor::f32(i.shape.clone(), (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()).cast(d),
+            }
+        })
+        .collect()
+}
+
+pub fn sim_desc(name: &str) -> Result<kairos_sim::GpuDesc> {
+    Ok(match name {
+        "h100-sxm" | "h100" => kairos_sim::GpuDesc::h100_sxm(),
+        "h100-pcie" => kairos_sim::GpuDesc::h100_pcie(),
+        "h200" => kairos_sim::GpuDesc::h200(),
+        other => bail!("unknown simulated GPU '{other}': use h100-sxm, h100-pcie or h200"),
+    })
+}
+
+fn run_on<G: Gpu>(gpu: &mut G, plan: &Plan, inputs: &[Tensor]) -> Result<(Vec<Tensor>, f64)> {
+    let weights = exec::upload_weights(gpu, plan, MemKind::Device)?;
+    // One warm-up run (kernel compilation, caches), then the timed one.
+    let result = exec::execute_plan(gpu, plan, weights.ptr, inputs, 64)
+        .and_then(|_| exec::execute_plan(gpu, plan, weights.ptr, inputs, 64));
+    gpu.free(weights)?;
+    let r = result?;
+    Ok((r.outputs, r.total_ns as f64 / 1e6))
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let spec = args.model.spec();
+    let t = Instant::now();
+    let bytes = spec.onnx_bytes()?;
+    let graph = kairos_ir::onnx::load_bytes(&spec.name(), &bytes, &spec.load_options())?;
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions { dtype: spec.dtype })?;
+    eprintln!(
+        "{}: {} kernels, {:.1} MB of weights, lowered in {:.2} s",
+        plan.model,
+        plan.launches.len(),
+        plan.weight_bytes as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+    let inputs = if args.inputs.is_empty() {
+        eprintln!("no --input given: using random inputs (seed {})", spec.seed);
+        random_inputs(&plan, spec.seed)
+    } else {
+        if args.inputs.len() != plan.inputs.len() {
+            bail!(
+                "{} takes {} inputs ({}), got {}",
+                plan.model,
+                plan.inputs.len(),
+                plan.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
+                args.inputs.len()
+            );
+        }
+        let mut v = Vec::new();
+        for (p, decl) in args.inputs.iter().zip(&plan.inputs) {
+            let t = npy::read(p).map_err(anyhow::Error::msg)?;
+            if t.shape != decl.shape {
+                bail!("{}: input '{}' must have shape {:?}, the file holds {:?}", p.display(), decl.name, decl.shape, t.shape);
+            }
+            v.push(t);
+        }
+        v
+    };
+    let t = Instant::now();
+    let (outputs, time_label) = match args.backend {
+        Backend::Cpu => {
+            let out = kairos_kernels::cpu::execute_plan(&plan, &inputs).map_err(anyhow::Error::msg)?;
+            (out, format!("{:.2} ms on the CPU reference", t.elapsed().as_secs_f64() * 1e3))
+        }
+        Backend::Sim => {
+            let desc = sim_desc(&args.sim_gpu)?;
+            let name = args.sim_gpu.clone();
+            let mut gpu = kairos_sim::SimGpu::new(desc, kairos_sim::SimOptions { seed: spec.seed, ..Default::default() });
+            let (out, ms) = run_on(&mut gpu, &plan, &inputs)?;
+            (out, format!("{ms:.3} ms simulated on {name} ({:.2} s of host time)", t.elapsed().as_secs_f64()))
+        }
+        Backend::Cuda => {
+            let mut gpu = kairos_cuda::CudaGpu::new(args.device).context("the cuda backend needs an NVIDIA GPU and driver")?;
+            let device = gpu.info().name.clone();
+            let (out, ms) = run_on(&mut gpu, &plan, &inputs)?;
+            (out, format!("{ms:.3} ms on {device}, kernel by kernel"))
+        }
+    };
+    eprintln!("ran in {time_label}");
+    let reference = if args.check { Some(kairos_ir::onnx::tract_reference(&bytes, &inputs)?) } else { None };
+    for (k, (o, decl)) in outputs.iter().zip(&plan.outputs).enumerate() {
+        let v = o.to_f32_vec();
+        let head: Vec<String> = v.iter().take(5).map(|x| format!("{x:.4}")).collect();
+        let (lo, hi) = v.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        println!(
+            "{} {:?} {}: rms {:.4}, min {lo:.4}, max {hi:.4}, first [{}]",
+            decl.name,
+            o.shape,
+            o.dtype(),
+            rms(&v),
+            head.join(", ")
+        );
+        if let Some(r) = &reference {
+            println!("  relative L2 error vs tract: {:.3e}", relative_l2_error(&v, &r[k].to_f32_vec()));
+        }
+        if let Some(path) = &args.output {
+            let path = if k == 0 {
+                path.clone()
+            } else {
+                path.with_file_name(format!("{}_{k}.npy", path.file_stem().unwrap_or_default().to_string_lossy()))
+            };
+            npy::write(&path, o).map_err(anyhow::Error::msg)?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! kairos: a GPU inference server whose dispatcher owns every kernel launch.
+
+mod cmd_demo;
+mod cmd_inspect;
+mod cmd_run;
+mod cmd_zoo;
+mod model_args;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "kairos", version, about = "A GPU inference server whose dispatcher owns every kernel launch.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve a mix of vision models on a simulated GPU through the dispatcher and compare policies.
+    Demo(cmd_demo::DemoArgs),
+    /// The model zoo: list models, export them as ONNX.
+    #[command(subcommand)]
+    Zoo(cmd_zoo::ZooCommand),
+    /// Show what a model lowers to: ops, fused ops, kernels, FLOPs, weight layers, arena.
+    Inspect(cmd_inspect::InspectArgs),
+    /// Run one request through a model (cpu, sim or cuda backend), .npy in and out.
+    Run(cmd_run::RunArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => cmd_demo::run(a),
+        Command::Zoo(c) => cmd_zoo::run(c),
+        Command::Inspect(a) => cmd_inspect::run(a),
+        Command::Run(a) => cmd_run::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
