@@ -182,11 +182,18 @@ fn model_overhead(gpu: &mut CudaGpu, stream: StreamId, model: &str, dtype: DType
 }
 
 /// From setting the preempt flag on a long launch until its last CTA left (device clock mapped
-/// to the host's) and until the host saw LaunchDone.
-fn preemption_latency(gpu: &mut CudaGpu, stream: StreamId, ns_per_block: u64, trials: usize) -> Result<serde_json::Value> {
+/// to the host's) and until the host saw LaunchDone. `ctas` 0 fills every SM with the spin
+/// kernel's CTAs (16 per SM: a worst case for the exit tail); model kernels run 1-4 per SM.
+fn preemption_latency(
+    gpu: &mut CudaGpu,
+    stream: StreamId,
+    ns_per_block: u64,
+    ctas: u32,
+    trials: usize,
+) -> Result<serde_json::Value> {
     let blocks = 4_000_000u32;
     let counts = gpu.alloc(blocks as u64 * 4, MemKind::Device)?;
-    let o = suite::whole_device(gpu, stream);
+    let o = LaunchOptions { ctas, ..suite::whole_device(gpu, stream) };
     let mut rng = suite::Rng::new(ns_per_block);
     let (mut dev, mut host, mut at_block) = (Vec::new(), Vec::new(), Vec::new());
     let mut events = Vec::new();
@@ -229,7 +236,7 @@ fn preemption_latency(gpu: &mut CudaGpu, stream: StreamId, ns_per_block: u64, tr
     }
     gpu.free(counts)?;
     Ok(json!({
-        "ns_per_block": ns_per_block, "trials": trials,
+        "ns_per_block": ns_per_block, "ctas": ctas, "trials": trials,
         "flag_to_last_cta_left_us": stats(&mut dev),
         "flag_to_host_sees_done_us": stats(&mut host),
         "stopped_at_block": stats(&mut at_block),
@@ -280,8 +287,8 @@ fn run(a: &Args, gpu: &mut CudaGpu, t_start: Instant) -> Result<()> {
     let empty = empty_overhead(gpu, stream, if a.smoke { 50 } else { 500 })?;
     println!("empty kernel overhead: {empty}");
     let mut preempt = Vec::new();
-    for ns in [2_000u64, 10_000] {
-        let p = preemption_latency(gpu, stream, ns, if a.smoke { 20 } else { 300 })?;
+    for (ns, ctas) in [(2_000u64, 0), (10_000, 0), (10_000, 2 * info.sm_count)] {
+        let p = preemption_latency(gpu, stream, ns, ctas, if a.smoke { 20 } else { 300 })?;
         println!("preemption: {p}");
         preempt.push(p);
     }
@@ -391,15 +398,19 @@ fn run(a: &Args, gpu: &mut CudaGpu, t_start: Instant) -> Result<()> {
     }
     for p in &preempt {
         let ns = g(p, &["ns_per_block"]);
+        let ctas = match g(p, &["ctas"]) as u32 {
+            0 => "full".to_string(),
+            c => format!("{c} CTAs"),
+        };
         println!(
             "{:<52} {:>10.2} {:>10.2}",
-            format!("preempt flag -> last CTA left, {:.0} us blocks (us)", ns / 1e3),
+            format!("preempt -> last CTA left, {:.0} us blocks, {ctas} (us)", ns / 1e3),
             g(p, &["flag_to_last_cta_left_us", "p50"]),
             g(p, &["flag_to_last_cta_left_us", "p99"])
         );
         println!(
             "{:<52} {:>10.2} {:>10.2}",
-            format!("preempt flag -> host sees done, {:.0} us blocks (us)", ns / 1e3),
+            format!("preempt -> host sees done, {:.0} us blocks, {ctas} (us)", ns / 1e3),
             g(p, &["flag_to_host_sees_done_us", "p50"]),
             g(p, &["flag_to_host_sees_done_us", "p99"])
         );

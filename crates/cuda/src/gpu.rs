@@ -78,12 +78,18 @@ struct PartitionState {
 
 struct InFlight {
     id: LaunchId,
+    /// The CUDA stream it was queued on: (stream, partition).
+    queue: (StreamId, u32),
     /// Device time of the first placement record.
     first_placed_ns: Option<u64>,
 }
 
 /// Device-measured spans (first placement to LaunchDone) kept for lookups.
 const SPANS_MAX: usize = 4096;
+/// Events kept for the next `poll` (from helpers that wait for one launch) before that is an error.
+const HOST_EVENTS_MAX: usize = 1 << 20;
+/// How often a waiting host asks the driver whether a stream with work in flight has failed.
+const HEALTH_CHECK_NS: u64 = 2_000_000;
 
 enum Allocated {
     Device(DeviceBuffer),
@@ -110,6 +116,8 @@ pub struct CudaGpu {
     in_flight: Vec<Option<InFlight>>,
     slot_of: HashMap<LaunchId, u32>,
     spans: VecDeque<(LaunchId, u64)>,
+    last_health_check_ns: u64,
+    utility_stream: Option<StreamId>,
     next_launch: u64,
     next_copy: u64,
     copies: VecDeque<(CopyId, Event)>,
@@ -194,6 +202,8 @@ impl CudaGpu {
             in_flight: (0..LAUNCH_SLOTS_MAX).map(|_| None).collect(),
             slot_of: HashMap::new(),
             spans: VecDeque::new(),
+            last_health_check_ns: 0,
+            utility_stream: None,
             next_launch: 1,
             next_copy: 1,
             copies: VecDeque::new(),
@@ -572,7 +582,7 @@ impl CudaGpu {
             }
             (Err(e), None) => Err(e),
             (Ok(()), Some(s)) => {
-                self.in_flight[s as usize] = Some(InFlight { id, first_placed_ns: None });
+                self.in_flight[s as usize] = Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None });
                 self.slot_of.insert(id, s);
                 Ok(id)
             }
@@ -696,24 +706,31 @@ impl CudaGpu {
         self.launch_span_ns(id).ok_or_else(|| GpuError::Driver("a finished launch has no span".into()))
     }
 
-    /// Polls until `launch` reports `LaunchDone`; other events are kept for the next `poll`.
+    /// Polls until `launch` reports `LaunchDone`. The launch's own placement and completion
+    /// events are consumed; other launches' events are kept, in order, for the next `poll`.
     pub fn wait_done(&mut self, launch: LaunchId) -> Result<(u32, bool)> {
+        if let Some(i) = self.host_events.iter().position(|e| matches!(e, GpuEvent::LaunchDone { launch: l, .. } if *l == launch))
+        {
+            let done = self.host_events.remove(i);
+            self.host_events.retain(|e| !Self::is_event_of(e, launch));
+            if let Some(GpuEvent::LaunchDone { next_block, preempted, .. }) = done {
+                return Ok((next_block, preempted));
+            }
+        }
         let mut events = Vec::new();
         let deadline = self.now_ns() + 60_000_000_000;
         loop {
             events.clear();
-            self.poll(&mut events)?;
+            self.poll_device(&mut events)?;
             let mut found = None;
-            for e in &events {
-                if let GpuEvent::LaunchDone { launch: l, next_block, preempted, .. } = *e
-                    && l == launch
-                {
-                    found = Some((next_block, preempted));
+            for e in events.drain(..) {
+                match e {
+                    GpuEvent::LaunchDone { launch: l, next_block, preempted, .. } if l == launch => {
+                        found = Some((next_block, preempted))
+                    }
+                    e if Self::is_event_of(&e, launch) => {}
+                    e => self.stash(e)?,
                 }
-            }
-            // Keep the others, in order, for the caller's next poll.
-            for e in events.drain(..).filter(|e| !matches!(e, GpuEvent::LaunchDone { launch: l, .. } if *l == launch)) {
-                self.host_events.push_back(e);
             }
             if let Some(r) = found {
                 return Ok(r);
@@ -721,8 +738,27 @@ impl CudaGpu {
             if self.now_ns() > deadline {
                 return Err(GpuError::Driver(format!("launch {} did not finish within 60 s", launch.0)));
             }
-            self.wait_records(self.now_ns() + 1_000_000)?;
+            self.wait_device(self.now_ns() + 1_000_000)?;
         }
+    }
+
+    fn is_event_of(e: &GpuEvent, launch: LaunchId) -> bool {
+        match *e {
+            GpuEvent::CtasPlaced { launch: l, .. }
+            | GpuEvent::CtasFinished { launch: l, .. }
+            | GpuEvent::LaunchDone { launch: l, .. } => l == launch,
+            GpuEvent::CopyDone { .. } => false,
+        }
+    }
+
+    /// Keeps an event for the next `poll`; a caller that never polls runs into a limit, not
+    /// unbounded memory.
+    fn stash(&mut self, e: GpuEvent) -> Result<()> {
+        if self.host_events.len() >= HOST_EVENTS_MAX {
+            return Err(GpuError::Exhausted { limit: "events not yet polled", max: HOST_EVENTS_MAX as u64 });
+        }
+        self.host_events.push_back(e);
+        Ok(())
     }
 
     /// Waits for everything queued on every stream.
@@ -766,11 +802,11 @@ impl CudaGpu {
         Ok((a, off))
     }
 
-    /// Spins until a record, a host event or a finished copy is available, or `until_ns`.
-    fn wait_records(&mut self, until_ns: u64) -> Result<()> {
+    /// Spins until a notification record or a finished copy is available, or `until_ns`.
+    fn wait_device(&mut self, until_ns: u64) -> Result<()> {
         let mut spins: u32 = 0;
         loop {
-            if !self.host_events.is_empty() || self.protocol.has_record() {
+            if self.protocol.has_record() {
                 return Ok(());
             }
             if let Some((_, e)) = self.copies.front()
@@ -783,7 +819,11 @@ impl CudaGpu {
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(4096) {
-                self.check_streams()?;
+                let now = self.now_ns();
+                if now >= self.last_health_check_ns + HEALTH_CHECK_NS {
+                    self.last_health_check_ns = now;
+                    self.check_streams()?;
+                }
                 if self.protocol.slots_in_flight() == 0 && self.copies.is_empty() {
                     // Nothing can arrive: sleep instead of spinning.
                     let left = until_ns.saturating_sub(self.now_ns());
@@ -795,13 +835,30 @@ impl CudaGpu {
     }
 
     /// Surfaces a failed kernel (illegal address, ...) as an error instead of a silent hang.
+    /// Only streams with launches in flight are asked (each query is a driver call).
     fn check_streams(&self) -> Result<()> {
-        for st in &self.streams {
-            for s in st.by_partition.values() {
+        let mut asked: Vec<(StreamId, u32)> = Vec::new();
+        for f in self.in_flight.iter().flatten() {
+            if asked.contains(&f.queue) {
+                continue;
+            }
+            asked.push(f.queue);
+            if let Some(s) = self.streams.get(f.queue.0.0 as usize).and_then(|st| st.by_partition.get(&f.queue.1)) {
                 s.is_idle().map_err(drv)?;
             }
         }
         Ok(())
+    }
+
+    /// A normal-priority stream of this GPU's own, made once: for runners that need a stream
+    /// for a while (profiles, plan runs) without adding one per call.
+    pub fn utility_stream(&mut self) -> Result<StreamId> {
+        if let Some(s) = self.utility_stream {
+            return Ok(s);
+        }
+        let s = self.create_stream(0)?;
+        self.utility_stream = Some(s);
+        Ok(s)
     }
 }
 
@@ -968,6 +1025,21 @@ impl Gpu for CudaGpu {
     fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
         self.bind()?;
         events.extend(self.host_events.drain(..));
+        self.poll_device(events)
+    }
+
+    fn wait(&mut self, until_ns: u64) -> Result<()> {
+        self.bind()?;
+        if !self.host_events.is_empty() {
+            return Ok(());
+        }
+        self.wait_device(until_ns)
+    }
+}
+
+impl CudaGpu {
+    /// The events of the notification ring and of finished copies (not the stash).
+    fn poll_device(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
         let mut records = std::mem::take(&mut self.records);
         records.clear();
         let polled = self.protocol.poll(&mut records);
@@ -1011,10 +1083,5 @@ impl Gpu for CudaGpu {
             events.push(GpuEvent::CopyDone { copy: id, at_ns: self.now_ns() });
         }
         Ok(())
-    }
-
-    fn wait(&mut self, until_ns: u64) -> Result<()> {
-        self.bind()?;
-        self.wait_records(until_ns)
     }
 }

@@ -168,7 +168,7 @@ pub fn profile_plan(gpu: &mut CudaGpu, plan: &Plan, repeats: usize) -> Result<Mo
 }
 
 fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usize) -> Result<ModelProfile> {
-    let stream = gpu.create_stream(0)?;
+    let stream = gpu.utility_stream()?;
     // Warm up: compile modules, fill the arena with real activations.
     run_plan(gpu, plan, bufs, stream)?;
     let mut lat: Vec<u64> = (0..repeats.max(3)).map(|_| run_plan(gpu, plan, bufs, stream)).collect::<Result<_>>()?;

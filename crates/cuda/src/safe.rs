@@ -125,7 +125,10 @@ impl MappedBuffer {
 
     fn check<T>(&self, offset: u64) -> *mut T {
         let size = std::mem::size_of::<T>() as u64;
-        assert!(offset + size <= self.bytes && offset.is_multiple_of(size), "mapped access at {offset} out of range or misaligned");
+        assert!(
+            offset + size <= self.bytes && offset.is_multiple_of(size),
+            "mapped access at {offset} out of range or misaligned"
+        );
         // SAFETY: offset + size is inside the allocation (checked above).
         unsafe { self.host.as_ptr().add(offset as usize) as *mut T }
     }

@@ -690,7 +690,7 @@ pub fn zoo_model(name: &str, dtype: DType, batch: usize, seq_len: usize) -> std:
 /// Runs a plan on the GPU with its weights in device or mapped host memory; returns the outputs.
 pub fn run_on_gpu(gpu: &mut CudaGpu, plan: &Plan, inputs: &[Tensor], weights: MemKind) -> Result<Vec<Tensor>> {
     let bufs = PlanBuffers::new(gpu, plan, inputs, weights)?;
-    let stream = gpu.create_stream(0)?;
+    let stream = gpu.utility_stream()?;
     let r = run_plan(gpu, plan, &bufs, stream).and_then(|_| bufs.outputs(gpu, plan));
     bufs.free(gpu)?;
     r

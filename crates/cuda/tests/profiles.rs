@@ -1,0 +1,34 @@
+//! The committed GPU profiles (data/profiles/<device>/) load and are self-consistent.
+
+use kairos_gpu::profile::ProfileSet;
+use std::path::Path;
+
+#[test]
+fn committed_profiles_load_and_are_consistent() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/profiles");
+    let Ok(devices) = std::fs::read_dir(&root) else {
+        eprintln!("note: no profiles under {}", root.display());
+        return;
+    };
+    let mut models = 0;
+    for dev in devices.flatten() {
+        let set = ProfileSet::load_dir(&dev.path()).unwrap();
+        for m in &set.models {
+            models += 1;
+            assert!(!m.kernels.is_empty(), "{}: no kernels", m.model);
+            assert!(m.latency_ns > 0, "{}: no latency", m.model);
+            for (i, k) in m.kernels.iter().enumerate() {
+                assert_eq!(k.launch as usize, i, "{}: launches out of order", m.model);
+                assert!(k.duration_ns > 0 && k.ctas_per_sm_max > 0, "{} launch {i}: {k:?}", m.model);
+                assert!(k.min_sms >= 1 && k.min_sms <= m.sm_count, "{} launch {i}: min_sms {}", m.model, k.min_sms);
+                assert!(
+                    k.duration_by_sms.iter().any(|(s, _)| *s == k.min_sms),
+                    "{} launch {i}: min_sms not among the sizes tried",
+                    m.model
+                );
+                assert!(k.occupancy > 0.0 && k.occupancy <= 1.0, "{} launch {i}: occupancy {}", m.model, k.occupancy);
+            }
+        }
+    }
+    println!("{models} committed profiles checked");
+}
