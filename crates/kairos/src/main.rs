@@ -1,7 +1,9 @@
 //! kairos: a GPU inference server whose dispatcher owns every kernel launch.
 
+mod cmd_bench;
 mod cmd_demo;
 mod cmd_inspect;
+mod cmd_profile;
 mod cmd_run;
 mod cmd_zoo;
 mod model_args;
@@ -26,6 +28,11 @@ enum Command {
     Inspect(cmd_inspect::InspectArgs),
     /// Run one request through a model (cpu, sim or cuda backend), .npy in and out.
     Run(cmd_run::RunArgs),
+    /// Profile a model's kernels on the GPU: durations, resources, occupancy, KRISP's min SMs.
+    Profile(cmd_profile::ProfileArgs),
+    /// Benchmarks: the papers' experiments on the simulator or the GPU.
+    #[command(subcommand)]
+    Bench(cmd_bench::BenchCommand),
 }
 
 fn main() {
@@ -35,6 +42,8 @@ fn main() {
         Command::Zoo(c) => cmd_zoo::run(c),
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Run(a) => cmd_run::run(a),
+        Command::Profile(a) => cmd_profile::run(a),
+        Command::Bench(c) => cmd_bench::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,0 +1,56 @@
+//! `kairos profile`: per-kernel durations, resources and right-sizes of a model on the GPU.
+
+use crate::model_args::ModelArgs;
+use anyhow::{Context, Result};
+use clap::Args;
+use kairos_gpu::Gpu;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Timed repeats per kernel (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Output JSON (the format the dispatcher and the simulator read).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
+    pub device: u32,
+}
+
+pub fn run(args: ProfileArgs) -> Result<()> {
+    let spec = args.model.spec();
+    let plan = spec.plan()?;
+    let mut gpu = kairos_cuda::CudaGpu::new(args.device).context("profiling needs an NVIDIA GPU")?;
+    eprintln!("profiling {} ({} kernels, {}) on {}", plan.model, plan.launches.len(), plan.dtype, gpu.info().name);
+    let profile = kairos_cuda::profile_plan(&mut gpu, &plan, args.repeats)?;
+    println!(
+        "{:>4} {:<10} {:>10} {:>6} {:>5} {:>7} {:>6} {:>7}  name",
+        "#", "kernel", "us", "ctas", "regs", "smem", "occ", "min_sms"
+    );
+    for k in &profile.kernels {
+        println!(
+            "{:>4} {:<10} {:>10.2} {:>6} {:>5} {:>7} {:>6.2} {:>7}  {}",
+            k.launch,
+            k.kernel,
+            k.duration_ns as f64 / 1e3,
+            k.ctas,
+            k.registers_per_thread,
+            k.shared_mem_bytes,
+            k.occupancy,
+            k.min_sms,
+            k.name
+        );
+    }
+    println!(
+        "latency {:.3} ms issued kernel by kernel; kernel time {:.3} ms",
+        profile.latency_ns as f64 / 1e6,
+        profile.kernel_time_ns() as f64 / 1e6
+    );
+    let path = args.output.unwrap_or_else(|| PathBuf::from(format!("{}_{}_b{}.json", plan.model, plan.dtype, spec.batch)));
+    profile.save(&path).map_err(anyhow::Error::msg)?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
