@@ -63,14 +63,23 @@ pub struct RunResult {
     pub total_ns: u64,
 }
 
+/// Runs one request through a plan whose weights are already on the device at `weights`, on a
+/// new stream. Backends bound their streams (1024 on CUDA): to run many requests, create one
+/// stream and call [`execute_plan_on`].
+pub fn execute_plan<G: Gpu + ?Sized>(gpu: &mut G, plan: &Plan, weights: DevicePtr, inputs: &[Tensor], queue_depth: usize) -> Result<RunResult> {
+    let stream = gpu.create_stream(0)?;
+    execute_plan_on(gpu, plan, weights, inputs, queue_depth, stream)
+}
+
 /// Runs one request through a plan whose weights are already on the device at `weights`.
-/// Launches go in plan order on one stream, with up to `queue_depth` of them in flight.
-pub fn execute_plan<G: Gpu + ?Sized>(
+/// Launches go in plan order on `stream`, with up to `queue_depth` of them in flight.
+pub fn execute_plan_on<G: Gpu + ?Sized>(
     gpu: &mut G,
     plan: &Plan,
     weights: DevicePtr,
     inputs: &[Tensor],
     queue_depth: usize,
+    stream: StreamId,
 ) -> Result<RunResult> {
     if inputs.len() != plan.inputs.len() {
         return Err(GpuError::Invalid(format!("model '{}' takes {} inputs, got {}", plan.model, plan.inputs.len(), inputs.len())));
@@ -93,7 +102,6 @@ pub fn execute_plan<G: Gpu + ?Sized>(
             allocations.push(a);
             bases.outputs.push(a.ptr);
         }
-        let stream = gpu.create_stream(0)?;
         let start_ns = gpu.now_ns();
         let mut timings = vec![LaunchTiming { issued_ns: 0, done_ns: 0 }; plan.launches.len()];
         let mut ids = std::collections::HashMap::new();
