@@ -64,6 +64,8 @@ struct FunctionInfo {
 }
 
 struct StreamState {
+    /// False once destroyed: its CUDA streams and events are released and the id is retired.
+    alive: bool,
     priority: i32,
     by_partition: HashMap<u32, Stream>,
     last_partition: Option<u32>,
@@ -130,6 +132,8 @@ pub struct CudaGpu {
     priority_range: (i32, i32),
     /// Streams must drop before the green contexts they belong to (field order).
     streams: Vec<StreamState>,
+    /// Streams destroyed so far (their ids are retired; the limit counts live streams).
+    streams_destroyed: usize,
     helper_stream: Stream,
     partitions: Vec<PartitionState>,
     partition_by_size: HashMap<u32, PartitionId>,
@@ -215,6 +219,7 @@ impl CudaGpu {
             cache,
             priority_range,
             streams: Vec::new(),
+            streams_destroyed: 0,
             helper_stream,
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
@@ -456,7 +461,11 @@ impl CudaGpu {
     }
 
     fn stream_for(&mut self, id: StreamId, partition: u32) -> Result<&Stream> {
-        let st = self.streams.get_mut(id.0 as usize).ok_or_else(|| GpuError::Invalid(format!("unknown stream {}", id.0)))?;
+        let st = self
+            .streams
+            .get_mut(id.0 as usize)
+            .filter(|s| s.alive)
+            .ok_or_else(|| GpuError::Invalid(format!("unknown or destroyed stream {}", id.0)))?;
         if !st.by_partition.contains_key(&partition) {
             let s = match &self.partitions[partition as usize].green {
                 Some(g) => g.stream(st.priority),
@@ -977,7 +986,7 @@ impl Gpu for CudaGpu {
 
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
         self.bind()?;
-        if self.streams.len() >= STREAMS_MAX {
+        if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {
             return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
         }
         // CUDA: lower numbers are more urgent, from `least` (0) down to `greatest` (-5 on Hopper).
@@ -985,6 +994,7 @@ impl Gpu for CudaGpu {
         let cuda_priority = (-priority).clamp(greatest, least);
         let id = StreamId(self.streams.len() as u32);
         self.streams.push(StreamState {
+            alive: true,
             priority: cuda_priority,
             by_partition: HashMap::new(),
             last_partition: None,
@@ -993,6 +1003,22 @@ impl Gpu for CudaGpu {
         self.stream_for(id, 0)?;
         self.streams[id.0 as usize].last_partition = None;
         Ok(id)
+    }
+
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
+        self.bind()?;
+        let st = self
+            .streams
+            .get_mut(stream.0 as usize)
+            .filter(|s| s.alive)
+            .ok_or_else(|| GpuError::Invalid(format!("unknown or destroyed stream {}", stream.0)))?;
+        // Dropping the RAII streams and events destroys them; CUDA lets queued work finish first.
+        st.by_partition.clear();
+        st.chain.clear();
+        st.last_partition = None;
+        st.alive = false;
+        self.streams_destroyed += 1;
+        Ok(())
     }
 
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {

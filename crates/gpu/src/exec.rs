@@ -45,7 +45,10 @@ pub fn upload_weights<G: Gpu + ?Sized>(gpu: &mut G, plan: &Plan, kind: MemKind) 
 pub fn input_bytes(plan: &Plan, index: usize, t: &Tensor) -> Result<Vec<u8>> {
     let decl = plan.inputs.get(index).ok_or_else(|| GpuError::Invalid(format!("plan has no input {index}")))?;
     if t.shape != decl.shape {
-        return Err(GpuError::Invalid(format!("input '{}' has shape {:?}, the model takes {:?}", decl.name, t.shape, decl.shape)));
+        return Err(GpuError::Invalid(format!(
+            "input '{}' has shape {:?}, the model takes {:?}",
+            decl.name, t.shape, decl.shape
+        )));
     }
     Ok(t.cast(decl.dtype).to_bytes())
 }
@@ -66,7 +69,13 @@ pub struct RunResult {
 /// Runs one request through a plan whose weights are already on the device at `weights`, on a
 /// new stream. Backends bound their streams (1024 on CUDA): to run many requests, create one
 /// stream and call [`execute_plan_on`].
-pub fn execute_plan<G: Gpu + ?Sized>(gpu: &mut G, plan: &Plan, weights: DevicePtr, inputs: &[Tensor], queue_depth: usize) -> Result<RunResult> {
+pub fn execute_plan<G: Gpu + ?Sized>(
+    gpu: &mut G,
+    plan: &Plan,
+    weights: DevicePtr,
+    inputs: &[Tensor],
+    queue_depth: usize,
+) -> Result<RunResult> {
     let stream = gpu.create_stream(0)?;
     execute_plan_on(gpu, plan, weights, inputs, queue_depth, stream)
 }
@@ -82,7 +91,12 @@ pub fn execute_plan_on<G: Gpu + ?Sized>(
     stream: StreamId,
 ) -> Result<RunResult> {
     if inputs.len() != plan.inputs.len() {
-        return Err(GpuError::Invalid(format!("model '{}' takes {} inputs, got {}", plan.model, plan.inputs.len(), inputs.len())));
+        return Err(GpuError::Invalid(format!(
+            "model '{}' takes {} inputs, got {}",
+            plan.model,
+            plan.inputs.len(),
+            inputs.len()
+        )));
     }
     let queue_depth = queue_depth.max(1);
     let mut allocations = Vec::new();
@@ -143,7 +157,9 @@ pub fn execute_plan_on<G: Gpu + ?Sized>(
                     && let Some(&i) = ids.get(&launch)
                 {
                     if preempted || next_block != plan.launches[i].shape.logical_blocks {
-                        return Err(GpuError::Driver(format!("launch {i} stopped at block {next_block} without being preempted")));
+                        return Err(GpuError::Driver(format!(
+                            "launch {i} stopped at block {next_block} without being preempted"
+                        )));
                     }
                     timings[i].done_ns = at_ns;
                     done += 1;

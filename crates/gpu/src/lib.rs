@@ -226,13 +226,32 @@ pub struct LaunchRequest<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GpuEvent {
     /// `ctas` CTAs of a launch started on SM `sm`.
-    CtasPlaced { launch: LaunchId, sm: u32, ctas: u32, at_ns: u64 },
+    CtasPlaced {
+        launch: LaunchId,
+        sm: u32,
+        ctas: u32,
+        at_ns: u64,
+    },
     /// `ctas` CTAs of a launch left SM `sm` after running `blocks` logical blocks between them.
-    CtasFinished { launch: LaunchId, sm: u32, ctas: u32, blocks: u32, at_ns: u64 },
+    CtasFinished {
+        launch: LaunchId,
+        sm: u32,
+        ctas: u32,
+        blocks: u32,
+        at_ns: u64,
+    },
     /// The launch ended. `next_block` is the first logical block never taken: the launch's
     /// `logical_blocks` when it completed, less when the preempt flag stopped it.
-    LaunchDone { launch: LaunchId, next_block: u32, preempted: bool, at_ns: u64 },
-    CopyDone { copy: CopyId, at_ns: u64 },
+    LaunchDone {
+        launch: LaunchId,
+        next_block: u32,
+        preempted: bool,
+        at_ns: u64,
+    },
+    CopyDone {
+        copy: CopyId,
+        at_ns: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -273,7 +292,12 @@ pub trait Gpu {
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId>;
 
     /// Streams: FIFO queues of launches and copies. `priority` 0 is normal, higher is more urgent.
+    /// Backends bound the number of live streams; running out is [`GpuError::Exhausted`].
     fn create_stream(&mut self, priority: i32) -> Result<StreamId>;
+
+    /// Releases a stream; work already queued on it still completes and reports its events.
+    /// The id is never handed out again. Using or destroying a destroyed stream is an error.
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<()>;
 
     /// Resources of a kernel at a launch shape, compiling and loading it on first use.
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources>;

@@ -75,7 +75,8 @@ impl ProfileSet {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProfileSet::default()),
             Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
         };
-        let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+        let mut paths: Vec<_> =
+            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
         paths.sort();
         for p in paths {
             models.push(ModelProfile::load(&p)?);

@@ -83,6 +83,9 @@ impl Gpu for NullGpu {
         self.streams += 1;
         Ok(StreamId(self.streams - 1))
     }
+    fn destroy_stream(&mut self, _stream: StreamId) -> Result<()> {
+        Ok(())
+    }
     fn kernel_resources(&mut self, _k: &Kernel, _d: DType, s: &LaunchShape) -> Result<KernelResources> {
         Ok(KernelResources {
             threads_per_cta: s.threads_per_block,

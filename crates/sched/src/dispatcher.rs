@@ -406,6 +406,11 @@ impl<G: Gpu> Dispatcher<G> {
                 free_slot(&mut self.gpu, s);
             }
         }
+        // Streams are a bounded resource of the backend (1024 on CUDA): a GPU reused for run
+        // after run must get them back.
+        for s in self.stream_ids.drain(..) {
+            let _ = self.gpu.destroy_stream(s);
+        }
         self.gpu
     }
 

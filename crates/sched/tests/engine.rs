@@ -64,6 +64,9 @@ impl Gpu for Gated {
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
         self.inner.create_stream(priority)
     }
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
+        self.inner.destroy_stream(stream)
+    }
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
         self.inner.kernel_resources(kernel, dtype, shape)
     }

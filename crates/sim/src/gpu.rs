@@ -222,6 +222,8 @@ struct HwQueue {
 }
 
 struct Stream {
+    /// False once destroyed (the id is retired; commands queued before still complete).
+    alive: bool,
     priority: i32,
     queue: u32,
     /// A command of this stream left its queue and is not complete.
@@ -285,6 +287,8 @@ pub struct SimGpu {
     sms: Vec<Sm>,
     partition_sms: Vec<Vec<u32>>,
     streams: Vec<Stream>,
+    /// Streams destroyed so far (ids are retired; the limit counts live streams).
+    streams_destroyed: usize,
     queues: Vec<HwQueue>,
     queue_rr: usize,
     grids: Slab<Grid>,
@@ -349,6 +353,7 @@ impl SimGpu {
             sms: vec![Sm::default(); sm_count],
             partition_sms,
             streams: Vec::new(),
+            streams_destroyed: 0,
             queues,
             queue_rr: 0,
             grids: Slab::default(),
@@ -1518,10 +1523,9 @@ impl SimGpu {
     // ---------------------------------------------------------------- host side
 
     fn check_stream(&self, stream: StreamId) -> Result<u32> {
-        if (stream.0 as usize) < self.streams.len() {
-            Ok(stream.0)
-        } else {
-            Err(GpuError::Invalid(format!("unknown stream {stream:?}")))
+        match self.streams.get(stream.0 as usize) {
+            Some(s) if s.alive => Ok(stream.0),
+            _ => Err(GpuError::Invalid(format!("unknown or destroyed stream {stream:?}"))),
         }
     }
 
@@ -1644,12 +1648,19 @@ impl Gpu for SimGpu {
     }
 
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
-        if self.streams.len() >= STREAMS_MAX {
+        if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {
             return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
         }
         let id = self.streams.len() as u32;
-        self.streams.push(Stream { priority, queue: id % self.desc.hardware_queues, busy: false });
+        self.streams.push(Stream { alive: true, priority, queue: id % self.desc.hardware_queues, busy: false });
         Ok(StreamId(id))
+    }
+
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
+        let s = self.check_stream(stream)?;
+        self.streams[s as usize].alive = false;
+        self.streams_destroyed += 1;
+        Ok(())
     }
 
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {

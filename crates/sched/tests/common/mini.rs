@@ -327,6 +327,14 @@ impl Gpu for MiniGpu {
         Ok(StreamId(self.streams.len() as u32 - 1))
     }
 
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
+        if (stream.0 as usize) < self.streams.len() {
+            Ok(())
+        } else {
+            Err(GpuError::Invalid(format!("unknown stream {stream:?}")))
+        }
+    }
+
     fn kernel_resources(&mut self, _kernel: &Kernel, _dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
         Ok(self.resources(shape))
     }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# kairos' benchmark call on a GPU machine: PyTorch peers (kernels per forward pass, eager and
+# CUDA-graph latency), ONNX fixtures from both PyTorch exporters, kairos on the GPU end to end, and
+# Paella's experiments (head-of-line, short/long, vision mix) with every policy in the same run.
+#
+#   scripts/device-bench.sh build     here (no GPU): strip and gzip the kairos binary into .carry/
+#   scripts/device-bench.sh run       on the device, with .carry carried
+#
+# Everything lands in $OUT (out/device-bench otherwise); a short table is printed last.
+# BENCH_REQUESTS, BENCH_POLICIES, BENCH_LOADS and BENCH_STEPS (default
+# "peers,fixtures,run,hol,short-long,mix,fairness"; "suite" adds scripts/gpu-suite.sh full) trim the run.
+# Logs, JSON and plots are packed into $OUT/results.tar (the device tool returns few files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+if [ "$mode" = build ]; then
+    set -e
+    cargo build --release -p kairos
+    mkdir -p .carry
+    strip -o .carry/kairos target/release/kairos
+    gzip -9f .carry/kairos
+    ls -la .carry
+    exit 0
+fi
+
+OUT=${OUT:-out/device-bench}
+mkdir -p "$OUT"
+BIN=/tmp/kairos-bin
+mkdir -p "$BIN"
+gunzip -c .carry/kairos.gz >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing .carry/kairos.gz: run scripts/device-bench.sh build first"; exit 1; }
+export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
+export PYTHONUNBUFFERED=1
+steps=${BENCH_STEPS:-peers,fixtures,run,hol,short-long,mix,fairness}
+requests=${BENCH_REQUESTS:-400}
+policies=${BENCH_POLICIES:-streams,streams-kernel,paella}
+profiles=data/profiles/h200
+has() { [[ ",$steps," == *",$1,"* ]]; }
+step() { local name=$1 limit=$2; shift 2; local t=$(date +%s); echo "== $name"; timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: rc $? in $(( $(date +%s) - t )) s" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+has peers && step peers 240 python3 scripts/pytorch_peer.py --out "$OUT/pytorch_peer.json" --reps 20
+has fixtures && step fixtures 150 python3 scripts/export_fixtures.py --out "$OUT"
+if has run; then
+    for m in resnet50 bert_base; do step "run-$m" 60 "$BIN/kairos" run "$m" --backend cuda --dtype f16 --check; done
+fi
+has hol && step hol 120 "$BIN/kairos" bench paella hol --backend cuda --requests "$requests" --policies streams,paella --out "$OUT/bench"
+has short-long && step short-long 150 "$BIN/kairos" bench paella short-long --backend cuda --profiles "$profiles" --requests "$requests" --policies "$policies" --loads 0.5,1,2,3,4,6 --out "$OUT/bench-sl"
+has mix && step mix 250 "$BIN/kairos" bench paella mix --backend cuda --profiles "$profiles" --requests "$requests" --policies "$policies" --loads "${BENCH_LOADS:-0.5,1,1.5,2,3,4}" --out "$OUT/bench-mix"
+has fairness && step fairness 90 "$BIN/kairos" bench paella fairness --backend cuda --profiles "$profiles" --requests "$requests" --loads 3 --out "$OUT/bench-fair"
+if has suite; then
+    # The GPU test suite and the protocol measurements (needs .carry/ from scripts/gpu-suite.sh build).
+    step suite 230 env OUT="$OUT/suite" bash scripts/gpu-suite.sh full
+fi
+cd "$OUT" && tar cf results.tar --exclude=results.tar --exclude='*.tar' . 2>/dev/null; cd - >/dev/null
+
+echo
+echo "== summary"
+cat "$OUT/summary.txt"
+python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+p = os.path.join(out, "pytorch_peer.json")
+if os.path.exists(p):
+    d = json.load(open(p))
+    print(f"PyTorch {d['torch']} on {d['device']} ({d['dtype']}, batch 1): model kernels/fwd eager_ms graph_ms")
+    for r in d["rows"]:
+        print(" ", r["model"], r.get("kernels_per_forward"), round(r.get("eager_ms", -1), 3), round(r.get("graph_ms", -1), 3), r.get("error", ""))
+PY
+for f in hol short-long mix fairness; do [ -f "$OUT/$f.log" ] && grep -E "load at p99|resnet18 p99|^\| paella" "$OUT/$f.log" | head -16; done
+[ -f "$OUT/suite.log" ] && sed -n '/^== tests/,$p' "$OUT/suite.log" | tail -40
