@@ -17,17 +17,26 @@ use rand::rngs::SmallRng;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// The base of CI's seeds.
+pub const SEED_BASE_DEFAULT: u64 = 20_261_121;
+
 /// Seeds for a swarm test: `KAIROS_SEED=n` runs just n, else `count` seeds (or
-/// `KAIROS_SWARM_SEEDS` of them, for long soak runs) from a base that changes per run unless
-/// `KAIROS_SEED_BASE` fixes it. Every seed used is printed.
+/// `KAIROS_SWARM_SEEDS` of them, for long soak runs) from a fixed base, so CI is deterministic.
+/// `KAIROS_SEED_BASE` moves the base; `KAIROS_SEED_RANDOM=1` draws it from the clock to explore.
+/// Every seed used is printed.
 pub fn seeds(count: u64) -> Vec<u64> {
     let count = std::env::var("KAIROS_SWARM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(count);
     if let Ok(s) = std::env::var("KAIROS_SEED") {
         let seed = s.parse().expect("KAIROS_SEED must be a u64");
         return vec![seed];
     }
+    let random = std::env::var("KAIROS_SEED_RANDOM").is_ok_and(|v| v == "1");
     let base = std::env::var("KAIROS_SEED_BASE").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000
+        if random {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000
+        } else {
+            SEED_BASE_DEFAULT
+        }
     });
     (base..base + count).collect()
 }
