@@ -43,7 +43,8 @@ pub struct PaellaArgs {
     pub seed: u64,
     #[arg(long, default_value = "f16", value_parser = crate::model_args::parse_dtype)]
     pub dtype: DType,
-    /// Measured profiles (kernel durations for the dispatcher's estimates and the simulator).
+    /// Measured profiles (kernel durations for the dispatcher's estimates and the simulator);
+    /// on the sim backend the simulated GPU's folder under data/profiles/ by default.
     #[arg(long)]
     pub profiles: Option<PathBuf>,
     /// Folder for JSON results and plots.
@@ -267,9 +268,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             }
             std::fs::create_dir_all(&a.out)?;
             let t0 = Instant::now();
-            let profiles = match &a.profiles {
-                Some(dir) => ProfileSet::load_dir(dir).map_err(anyhow::Error::msg)?,
-                None => ProfileSet::default(),
+            let profiles = match (&a.profiles, a.backend) {
+                (Some(dir), _) => ProfileSet::load_dir(dir).map_err(anyhow::Error::msg)?,
+                (None, Backend::Sim) => ProfileSet::load_dir(&sim_desc(&a.sim_gpu)?.profile_dir(std::path::Path::new(".")))
+                    .map_err(anyhow::Error::msg)?,
+                (None, _) => ProfileSet::default(),
             };
             eprintln!("{} measured profiles loaded; seed {}", profiles.models.len(), a.seed);
             let results = match a.backend {

@@ -33,9 +33,10 @@ pub struct DemoArgs {
     pub sigma: f64,
     #[arg(long, env = "KAIROS_SEED", default_value_t = 1)]
     pub seed: u64,
-    /// Folder of measured kernel profiles (`kairos profile` JSON); the roofline is used for models without one.
-    #[arg(long, default_value = "data/profiles/h100")]
-    pub profiles: PathBuf,
+    /// Folder of measured kernel profiles (`kairos profile` JSON); default: the simulated GPU's folder
+    /// under data/profiles/. Models without a profile use the simulator's roofline.
+    #[arg(long)]
+    pub profiles: Option<PathBuf>,
     /// Where to write the plot and the JSON results.
     #[arg(long, default_value = "out")]
     pub out: PathBuf,
@@ -52,7 +53,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         args.gpu
     );
     eprintln!("  seed {} (reproduce with --seed {}); lognormal arrivals, sigma {}", args.seed, args.seed, args.sigma);
-    let profiles = ProfileSet::load_dir(&args.profiles).map_err(anyhow::Error::msg)?;
+    let profile_dir = args.profiles.clone().unwrap_or_else(|| desc.profile_dir(std::path::Path::new(".")));
+    let profiles = ProfileSet::load_dir(&profile_dir).map_err(anyhow::Error::msg)?;
     let mut models = Vec::new();
     for name in MODELS {
         let mut spec = IrModelSpec::new(name);
@@ -67,10 +69,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
         models.len(),
         t0.elapsed().as_secs_f64(),
         measured,
-        args.profiles.display(),
+        profile_dir.display(),
         models.len() - measured
     );
-    let mut gpu = SimGpu::new(desc, SimOptions::timing_only(args.seed));
+    let mut gpu = SimGpu::new(desc.clone(), SimOptions::timing_only(args.seed));
     gpu.register_profiles(models.iter().map(|m| &*m.plan), &profiles).map_err(anyhow::Error::msg)?;
     let policies: Vec<&str> = args.policies.iter().map(String::as_str).collect();
     let params = ExperimentParams::new(&policies, &args.loads, args.requests, args.seed);

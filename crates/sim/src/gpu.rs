@@ -141,6 +141,10 @@ struct Grid {
     ctas_live: u32,
     ctas_working: u32,
     model: BlockModel,
+    /// Completion tail after the last CTA leaves (calibrated from the model's profile).
+    tail_ns: u64,
+    /// The last CTA left and the tail is running.
+    in_tail: bool,
     jitter: f64,
     /// The host set the launch's preempt flag (in mapped host memory).
     host_flag: bool,
@@ -236,6 +240,8 @@ enum Ev {
     GridReady(u32),
     CohortEnd(u32),
     GridComplete(u32),
+    /// A launch's calibrated completion tail ended.
+    TailEnd(u32),
     FlagVisible,
     CopyBegin(u32),
     CopyEnd(u32, u64),
@@ -720,6 +726,11 @@ impl SimGpu {
             Ev::GridReady(g) => self.grid_ready(g),
             Ev::CohortEnd(c) => self.cohort_end(c, t),
             Ev::GridComplete(g) => self.grid_complete(g, t),
+            Ev::TailEnd(g) => {
+                self.grids[g].tail_ns = 0;
+                self.grids[g].in_tail = false;
+                self.maybe_finish(g, t);
+            }
             Ev::FlagVisible => self.dirty_place = true,
             Ev::CopyBegin(c) => self.copy_begin(c, t),
             Ev::CopyEnd(c, generation) => self.copy_end(c, generation, t),
@@ -808,7 +819,7 @@ impl SimGpu {
             let g = self.cwd[i];
             let grid = &self.grids[g];
             if grid.ctas_unplaced == 0 {
-                if grid.ctas_live == 0 {
+                if grid.ctas_live == 0 && !grid.in_tail {
                     finished.push(g);
                 }
                 continue;
@@ -823,7 +834,8 @@ impl SimGpu {
             }
         }
         for g in finished {
-            self.finish_grid(g, t);
+            // Through its completion tail, if it has one.
+            self.maybe_finish(g, t);
         }
     }
 
@@ -1401,8 +1413,15 @@ impl SimGpu {
 
     fn maybe_finish(&mut self, g: u32, t: u64) {
         let grid = &self.grids[g];
-        if grid.ctas_live == 0 && grid.ctas_unplaced == 0 && grid.state == GridState::InCwd {
-            self.finish_grid(g, t);
+        if grid.ctas_live == 0 && grid.ctas_unplaced == 0 && grid.state == GridState::InCwd && !grid.in_tail {
+            if grid.tail_ns > 0 {
+                // The SMs are free; the launch completes for its stream and the host after its tail.
+                let end = t + grid.tail_ns;
+                self.grids[g].in_tail = true;
+                self.schedule(end, Ev::TailEnd(g));
+            } else {
+                self.finish_grid(g, t);
+            }
         }
     }
 
@@ -1776,6 +1795,8 @@ impl Gpu for SimGpu {
             ctas_live: 0,
             ctas_working: 0,
             model,
+            tail_ns: self.timing.tail_ns(req.kernel, req.dtype),
+            in_tail: false,
             jitter,
             host_flag: false,
             last_poll_ns: 0,
