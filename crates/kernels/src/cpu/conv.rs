@@ -26,6 +26,35 @@ fn pixel(p: &Conv2dParams, m: usize) -> (usize, usize, usize) {
     (m / (oh * ow), (m / ow) % oh, m % ow)
 }
 
+/// The output tile of a logical block: pixel rows [m0, m1) and channels [n0, n1).
+fn tile_of(p: &Conv2dParams, block: u32) -> (usize, usize, usize, usize) {
+    let nt = p.n_tiles();
+    let (bm, bn) = (block / nt, block % nt);
+    let m0 = (bm * p.tile_m) as usize;
+    let n0 = (bn * p.tile_n) as usize;
+    (m0, (m0 + p.tile_m as usize).min(p.gemm_m() as usize), n0, (n0 + p.tile_n as usize).min(p.out_c as usize))
+}
+
+/// Calls `f(tap, pixel_offset)` for every kernel tap (ky * kernel_w + kx) of output pixel `m` that
+/// falls inside the input, with the element offset of that input pixel; padding taps are skipped.
+fn for_each_tap(p: &Conv2dParams, m: usize, mut f: impl FnMut(usize, usize)) {
+    let (b, oy, ox) = pixel(p, m);
+    let (h, w, kw) = (p.in_h as isize, p.in_w as isize, p.kernel_w as usize);
+    for ky in 0..p.kernel_h as usize {
+        let iy = (oy * p.stride_h as usize + ky * p.dilation_h as usize) as isize - p.pad_h as isize;
+        if iy < 0 || iy >= h {
+            continue;
+        }
+        for kx in 0..kw {
+            let ix = (ox * p.stride_w as usize + kx * p.dilation_w as usize) as isize - p.pad_w as isize;
+            if ix < 0 || ix >= w {
+                continue;
+            }
+            f(ky * kw + kx, ((b * h as usize + iy as usize) * w as usize + ix as usize) * p.in_pixel_stride as usize);
+        }
+    }
+}
+
 /// Reads the bias values and residual tile a block needs.
 fn epilogue_inputs(
     p: &Conv2dParams,
@@ -54,12 +83,7 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
     let groups = p.groups as usize;
     let cin_g = p.in_c as usize / groups;
     let cout_g = p.out_c as usize / groups;
-    let (kh, kw) = (p.kernel_h as usize, p.kernel_w as usize);
-    let kdim = kh * kw * cin_g;
-    let (h, w) = (p.in_h as usize, p.in_w as usize);
-    let ips = p.in_pixel_stride as usize;
-    let nt = p.n_tiles();
-    let gm = p.gemm_m() as usize;
+    let kdim = (p.kernel_h * p.kernel_w) as usize * cin_g;
     let mut a_tile: Vec<f32> = Vec::new();
     let mut b_tile: Vec<f32> = Vec::new();
     let mut c_tile: Vec<f32> = Vec::new();
@@ -67,11 +91,7 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
     let mut bias_vals = Vec::new();
     let mut res_tile = Vec::new();
     for block in blocks {
-        let (bm, bn) = (block / nt, block % nt);
-        let m0 = (bm * p.tile_m) as usize;
-        let m1 = (m0 + p.tile_m as usize).min(gm);
-        let n0 = (bn * p.tile_n) as usize;
-        let n1 = (n0 + p.tile_n as usize).min(p.out_c as usize);
+        let (m0, m1, n0, n1) = tile_of(p, block);
         let (rows, cols) = (m1 - m0, n1 - n0);
         c_tile.clear();
         c_tile.resize(rows * cols, 0.0);
@@ -84,26 +104,14 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
                 let g = j / cout_g;
                 let jg1 = ((g + 1) * cout_g).min(n1);
                 let gcols = jg1 - j;
-                // im2col of this tile for group g: row r = pixel, col = (ky, kx, c).
+                // im2col of this tile for group g: row r = pixel, col = (tap, c).
                 a_tile.clear();
                 a_tile.resize(rows * kdim, 0.0);
                 for r in 0..rows {
-                    let (b, oy, ox) = pixel(p, m0 + r);
-                    for ky in 0..kh {
-                        let iy = (oy * p.stride_h as usize + ky * p.dilation_h as usize) as isize - p.pad_h as isize;
-                        if iy < 0 || iy >= h as isize {
-                            continue;
-                        }
-                        for kx in 0..kw {
-                            let ix = (ox * p.stride_w as usize + kx * p.dilation_w as usize) as isize - p.pad_w as isize;
-                            if ix < 0 || ix >= w as isize {
-                                continue;
-                            }
-                            let src = ((b * h + iy as usize) * w + ix as usize) * ips + g * cin_g;
-                            let dst = r * kdim + (ky * kw + kx) * cin_g;
-                            x.read_into(src, &mut a_tile[dst..dst + cin_g]);
-                        }
-                    }
+                    for_each_tap(p, m0 + r, |tap, src| {
+                        let dst = r * kdim + tap * cin_g;
+                        x.read_into(src + g * cin_g, &mut a_tile[dst..dst + cin_g]);
+                    });
                 }
                 part.clear();
                 part.resize(rows * gcols, 0.0);
@@ -141,22 +149,14 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
 /// Depthwise convolution: one filter per channel; weights [kernel_h][kernel_w][channels].
 pub(crate) fn depthwise(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
     let (bias_arg, res_arg, out_arg) = arg_positions(p);
-    let (kh, kw) = (p.kernel_h as usize, p.kernel_w as usize);
-    let (h, w, c) = (p.in_h as usize, p.in_w as usize, p.in_c as usize);
-    let ips = p.in_pixel_stride as usize;
-    let nt = p.n_tiles();
-    let gm = p.gemm_m() as usize;
+    let c = p.in_c as usize;
     let mut c_tile: Vec<f32> = Vec::new();
     let mut xs: Vec<f32> = Vec::new();
     let mut ws: Vec<f32> = Vec::new();
     let mut bias_vals = Vec::new();
     let mut res_tile = Vec::new();
     for block in blocks {
-        let (bm, bn) = (block / nt, block % nt);
-        let m0 = (bm * p.tile_m) as usize;
-        let m1 = (m0 + p.tile_m as usize).min(gm);
-        let n0 = (bn * p.tile_n) as usize;
-        let n1 = (n0 + p.tile_n as usize).min(c);
+        let (m0, m1, n0, n1) = tile_of(p, block);
         let (rows, cols) = (m1 - m0, n1 - n0);
         c_tile.clear();
         c_tile.resize(rows * cols, 0.0);
@@ -166,25 +166,14 @@ pub(crate) fn depthwise(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemo
             ws.resize(cols, 0.0);
             xs.resize(cols, 0.0);
             for r in 0..rows {
-                let (b, oy, ox) = pixel(p, m0 + r);
                 let acc = &mut c_tile[r * cols..(r + 1) * cols];
-                for ky in 0..kh {
-                    let iy = (oy * p.stride_h as usize + ky * p.dilation_h as usize) as isize - p.pad_h as isize;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
+                for_each_tap(p, m0 + r, |tap, src| {
+                    x.read_into(src + n0, &mut xs);
+                    wt.read_into(tap * c + n0, &mut ws);
+                    for ((a, xv), wv) in acc.iter_mut().zip(&xs).zip(&ws) {
+                        *a += xv * wv;
                     }
-                    for kx in 0..kw {
-                        let ix = (ox * p.stride_w as usize + kx * p.dilation_w as usize) as isize - p.pad_w as isize;
-                        if ix < 0 || ix >= w as isize {
-                            continue;
-                        }
-                        x.read_into(((b * h + iy as usize) * w + ix as usize) * ips + n0, &mut xs);
-                        wt.read_into((ky * kw + kx) * c + n0, &mut ws);
-                        for ((a, xv), wv) in acc.iter_mut().zip(&xs).zip(&ws) {
-                            *a += xv * wv;
-                        }
-                    }
-                }
+                });
             }
             epilogue_inputs(p, dtype, mem, (bias_arg, res_arg), (m0, m1, n0, n1), &mut bias_vals, &mut res_tile);
         }
