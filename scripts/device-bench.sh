@@ -9,6 +9,10 @@
 # Everything lands in $OUT (out/device-bench otherwise); a short table is printed last.
 # BENCH_REQUESTS, BENCH_POLICIES, BENCH_LOADS and BENCH_STEPS (default
 # "peers,fixtures,run,hol,short-long,mix,fairness"; "suite" adds scripts/gpu-suite.sh full) trim the run.
+# BENCH_STEPS=presets runs the workload presets of `kairos bench run` (paella-mix and DISB A-E) with
+# kairos' policies, then scripts/peer_replay.py replays the same traces with PyTorch (one stream,
+# 4 streams, 4+4 priority streams), then `kairos bench report` merges both into one set of tables and
+# plots under $OUT/presets (about 4 minutes on an H200; PRESETS_* below trim it).
 # Logs, JSON and plots are packed into $OUT/results.tar (the device tool returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +51,17 @@ has hol && step hol 120 "$BIN/kairos" bench paella hol --backend cuda --requests
 has short-long && step short-long 150 "$BIN/kairos" bench paella short-long --backend cuda --profiles "$profiles" --requests "$requests" --policies "$policies" --loads 0.5,1,2,3,4,6 --out "$OUT/bench-sl"
 has mix && step mix 250 "$BIN/kairos" bench paella mix --backend cuda --profiles "$profiles" --requests "$requests" --policies "$policies" --loads "${BENCH_LOADS:-0.5,1,1.5,2,3,4}" --out "$OUT/bench-mix"
 has fairness && step fairness 90 "$BIN/kairos" bench paella fairness --backend cuda --profiles "$profiles" --requests "$requests" --loads 3 --out "$OUT/bench-fair"
+if has presets; then
+    # Workload presets, kairos and the PyTorch peers on the very same arrival traces.
+    pout="$OUT/presets"
+    step presets-kairos "${PRESETS_KAIROS_S:-210}" "$BIN/kairos" bench run \
+        "${PRESETS:-paella-mix:1:2:4,disb-a:0.25:1,disb-b,disb-c:0.25:1,disb-d:0.5:1,disb-e:0.5:1}" \
+        --backend cuda --profiles "$profiles" --sigma 1.5 --policies "${PRESETS_POLICIES:-fifo,streams,paella}" \
+        --duration-ms "${PRESETS_DURATION_MS:-1500}" --traces --out "$pout"
+    step presets-peers "${PRESETS_PEERS_S:-170}" python3 scripts/peer_replay.py --traces "$pout/traces" \
+        --modes "${PRESETS_MODES:-single,streams:4,priority:4}" --budget-s "${PRESETS_PEERS_BUDGET_S:-150}" --out "$pout/peers.json"
+    step presets-report 60 "$BIN/kairos" bench report --results "$pout/results.json" --peers "$pout/peers.json"
+fi
 if has suite; then
     # The GPU test suite and the protocol measurements (needs .carry/ from scripts/gpu-suite.sh build).
     step suite 230 env OUT="$OUT/suite" bash scripts/gpu-suite.sh full
@@ -68,3 +83,23 @@ if os.path.exists(p):
 PY
 for f in hol short-long mix fairness; do [ -f "$OUT/$f.log" ] && grep -E "load at p99|resnet18 p99|^\| paella" "$OUT/$f.log" | head -16; done
 [ -f "$OUT/suite.log" ] && sed -n '/^== tests/,$p' "$OUT/suite.log" | tail -40
+if [ -f "$OUT/presets/results.json" ]; then
+    # Last: one line per point of the presets, kairos and the peers side by side.
+    python3 - "$OUT/presets/results.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"\n== presets on {r['device']} (peers: {'; '.join(r['peers']) or 'none'})")
+print(f"{'preset':<11} {'system':<8} {'policy':<10} {'load':>5} {'served/s':>9} {'p99 ms':>9} {'headline p99 ms':>16}")
+for p in r["presets"]:
+    h = p["headline"]
+    for pt in sorted(p["points"], key=lambda x: (x["system"] != "kairos", x["policy"], x["load"])):
+        m = pt["metrics"]
+        hs = m["overall"]
+        if h.get("kind") == "group":
+            hs = next((g for g in m["groups"] if g["name"] == h["name"]), hs)
+        pol = pt["policy"].removeprefix(pt["system"] + "-")
+        sat = " sat" if pt["saturated"] else ""
+        print(f"{p['preset']:<11} {pt['system']:<8} {pol:<10} {pt['load']:>5} {m['overall']['throughput_per_s']:>9.1f} "
+              f"{m['overall']['latency']['p99_ns'] / 1e6:>9.2f} {hs['latency']['p99_ns'] / 1e6:>16.2f}{sat}")
+PY
+fi

@@ -1,3 +1,46 @@
-//! kairos-bench: the benchmark harness. Workload generators, runners, reports and plots.
+//! kairos-bench: the benchmark harness — the workloads of the five papers, a load generator that
+//! drives kairos (and, through trace files, its peers) with them, and the reports and plots.
+//!
+//! - [`workload`]: streams (model, class, priority, deadline, metrics group) and the sources that
+//!   feed them: Poisson, lognormal, periodic, replayed traces ([`azure`]: the Azure Functions
+//!   invocation-trace CSV), closed loops. One seed fixes every open-loop arrival.
+//! - [`presets`]: Paella's mix, short/long and head-of-line workloads, REEF's DISB A to E, DARIS'
+//!   periodic high/low-priority tasks, cold starts beyond the memory budget, and `custom`.
+//! - [`target`]: what the generator drives, behind one trait: the dispatcher in the GPU's clock
+//!   ([`target::VirtualTarget`]: the simulator, or a real GPU on the calling thread), the threaded
+//!   engine ([`target::EngineTarget`]); remote front ends plug in the same way.
+//! - [`runner`]: one run of a schedule (open and closed loops, LRU residency for cold starts).
+//! - [`metrics`]: HdrHistogram percentiles, throughput, goodput, deadline misses, queue and GPU time.
+//! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
+//! - [`trace`]: the arrival traces the PyTorch peers replay (`scripts/peer_replay.py`), and their
+//!   results read back; [`report`]: results JSON, markdown tables, plots ([`plot`]).
+//!
+//! Architecture invariants: the harness reaches kairos only through [`target::Target`] (commands in,
+//! completions out) and never reads scheduler state; latency is measured from the scheduled arrival
+//! (no coordinated omission); every random choice comes from the run's seed; every collection a
+//! run grows has a `*_MAX` limit, and exceeding it is an error, not a stall.
 
+pub mod azure;
+pub mod experiment;
+pub mod metrics;
 pub mod plot;
+pub mod presets;
+pub mod progress;
+pub mod report;
+pub mod runner;
+pub mod target;
+pub mod trace;
+pub mod workload;
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Sched(#[from] kairos_sched::Error),
+    #[error("model {model}: {message}")]
+    Model { model: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}

@@ -73,6 +73,9 @@ where
     let x_max = points.iter().map(|p| p.0).fold(0.0f64, f64::max) * 1.05;
     let y_min_pos = points.iter().map(|p| p.1).filter(|&y| y > 0.0).fold(f64::INFINITY, f64::min);
     let y_max = points.iter().map(|p| p.1).fold(0.0f64, f64::max) * 1.1;
+    // An all-zero series (no deadline missed) still gets a visible axis.
+    let y_max = if y_max > 0.0 { y_max } else { 1.0 };
+    let x_max = if x_max > 0.0 { x_max } else { 1.0 };
     let mut builder = ChartBuilder::on(&root);
     builder.caption(&chart.title, ("sans-serif", 24)).margin(16).x_label_area_size(48).y_label_area_size(72);
     macro_rules! finish {

@@ -1,16 +1,29 @@
-//! `kairos bench paella`: Paella's experiments on the simulator or the real GPU, every policy
-//! in the same run, as markdown tables, JSON and plots.
+//! `kairos bench`: the harness of kairos-bench on the command line.
+//!
+//! - `kairos bench run PRESET[,PRESET...]`: the papers' workloads (see `kairos bench list`) as
+//!   offered-load sweeps, every policy side by side, on the simulator or the GPU; results JSON,
+//!   markdown tables, PNG/SVG plots, and the arrival traces the PyTorch peers replay.
+//! - `kairos bench report`: merges peer results (`scripts/peer_replay.py`) into a results file and
+//!   redraws its tables and plots.
+//! - `kairos bench paella`: Paella's four experiments as first written (kept for the fidelity runs).
 
 use crate::cmd_run::{Backend, sim_desc};
 use anyhow::{Result, bail};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
+use kairos_bench::experiment::{self as bx, SweepOptions};
 use kairos_bench::plot::{Chart, Series, draw};
+use kairos_bench::presets::{CustomSpec, Length, Preset, PresetOptions};
+use kairos_bench::progress::Bar;
+use kairos_bench::report::Results;
+use kairos_bench::target::{EngineTarget, Target, VirtualTarget};
+use kairos_bench::trace::PeerFile;
+use kairos_bench::workload::StreamClass;
 use kairos_gpu::Gpu;
 use kairos_gpu::profile::ProfileSet;
 use kairos_ir::DType;
 use kairos_ir::model::ModelSpec as IrModelSpec;
 use kairos_sched::experiments::{self, ExperimentParams, RunSummary};
-use kairos_sched::{ModelSpec, synthetic};
+use kairos_sched::{EngineConfig, ModelSpec, synthetic};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,8 +31,138 @@ use std::time::Instant;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
+    /// Run workload presets (`kairos bench list`) as offered-load sweeps, every policy side by side.
+    Run(Box<RunArgs>),
+    /// List the presets: what each models, its loads and its default policies.
+    List,
+    /// Merge peer results into a results file and redraw its tables and plots.
+    Report(ReportArgs),
     /// Paella's experiments: (a) head-of-line blocking, (b) vision mix, (c) short vs long, (d) fairness.
     Paella(PaellaArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineMode {
+    /// The dispatcher driven on the generator's thread in the GPU's clock (virtual on the simulator).
+    Virtual,
+    /// The threaded engine behind its bounded queue, as an application embeds it (wall clock).
+    Threaded,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Presets, comma-separated: paella-mix, paella-short-long, paella-hol, disb-a..disb-e, daris,
+    /// coldstart, custom (`kairos bench list`). PRESET:L1:L2 gives that preset its own loads.
+    #[arg(value_delimiter = ',', required = true)]
+    pub presets: Vec<String>,
+    #[arg(long, value_enum, env = "KAIROS_BACKEND", default_value = "sim")]
+    pub backend: Backend,
+    /// How the generator reaches kairos.
+    #[arg(long, value_enum, env = "KAIROS_BENCH_ENGINE", default_value = "virtual")]
+    pub engine: EngineMode,
+    /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
+    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h200")]
+    pub sim_gpu: String,
+    /// CUDA device ordinal (cuda backend).
+    #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
+    pub device: u32,
+    /// Policies (default: each preset's own list).
+    #[arg(long, env = "KAIROS_BENCH_POLICIES", value_delimiter = ',')]
+    pub policies: Option<Vec<String>>,
+    /// Offered loads (default: each preset's own; `kairos bench list` says what a load means).
+    #[arg(long, env = "KAIROS_BENCH_LOADS", value_delimiter = ',')]
+    pub loads: Option<Vec<f64>>,
+    /// Length of each point as a number of open-loop requests.
+    #[arg(long, env = "KAIROS_BENCH_REQUESTS", conflicts_with = "duration_ms")]
+    pub requests: Option<usize>,
+    /// Length of each point in milliseconds (of the target's clock).
+    #[arg(long, env = "KAIROS_BENCH_DURATION_MS")]
+    pub duration_ms: Option<f64>,
+    /// Fraction of each run left out of the statistics at its start.
+    #[arg(long, env = "KAIROS_BENCH_WARMUP", default_value_t = 0.1)]
+    pub warmup_frac: f64,
+    /// Time outstanding requests get after the last arrival (default: half the run, 50 ms to 5 s).
+    #[arg(long, env = "KAIROS_BENCH_DRAIN_MS")]
+    pub drain_ms: Option<f64>,
+    /// A policy's sweep stops after the first load at which it serves less than this fraction.
+    #[arg(long, env = "KAIROS_BENCH_SATURATION", default_value_t = 0.9)]
+    pub saturation: f64,
+    /// Latency SLO for goodput of requests without a deadline (ms).
+    #[arg(long, env = "KAIROS_BENCH_SLO_MS")]
+    pub slo_ms: Option<f64>,
+    #[arg(long, env = "KAIROS_SEED", default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, env = "KAIROS_DTYPE", default_value = "f16", value_parser = crate::model_args::parse_dtype)]
+    pub dtype: DType,
+    /// Measured profiles (the dispatcher's estimates, the simulator's kernel times); default: the
+    /// simulated GPU's folder under data/profiles/ (sim), data/profiles/h200 (cuda).
+    #[arg(long, env = "KAIROS_PROFILES")]
+    pub profiles: Option<PathBuf>,
+    /// Folder for results.json, results.md, plots/ and traces/.
+    #[arg(long, env = "KAIROS_BENCH_OUT", default_value = "out/bench")]
+    pub out: PathBuf,
+    /// Write each point's arrival trace under OUT/traces for the peers (scripts/peer_replay.py).
+    #[arg(long, env = "KAIROS_BENCH_TRACES")]
+    pub traces: bool,
+    /// Peer results to merge (JSON of scripts/peer_replay.py; traces are read from OUT/traces).
+    #[arg(long)]
+    pub peers: Vec<PathBuf>,
+    /// Also print the per-model table.
+    #[arg(long)]
+    pub per_model: bool,
+    /// paella-mix: lognormal sigmas (one variant each).
+    #[arg(long, value_delimiter = ',', default_value = "1.5,2")]
+    pub sigma: Vec<f64>,
+    /// coldstart: instances of each model.
+    #[arg(long, default_value_t = 3)]
+    pub instances: u32,
+    /// coldstart: memory budget in MiB (default: a third of all instances' weights and arenas).
+    #[arg(long)]
+    pub budget_mb: Option<f64>,
+    /// custom: models, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "resnet50")]
+    pub models: Vec<String>,
+    /// custom: poisson, lognormal:SIGMA, periodic, closed:CLIENTS or azure:FILE.csv (Azure Functions
+    /// invocation trace: HashOwner,HashApp,HashFunction,Trigger,1..1440).
+    #[arg(long, default_value = "poisson")]
+    pub arrival: String,
+    /// custom: requests per second at load 1.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// custom: rt or be.
+    #[arg(long, default_value = "be")]
+    pub class: String,
+    /// custom: relative deadline of every request (ms).
+    #[arg(long)]
+    pub deadline_ms: Option<f64>,
+    /// custom azure: functions replayed (busiest first), dealt to the models round robin.
+    #[arg(long, default_value_t = 16)]
+    pub functions: usize,
+    /// custom azure: trace minutes replayed (default: all), each lasting --minute-ms.
+    #[arg(long)]
+    pub minutes: Option<usize>,
+    #[arg(long, default_value_t = 1000.0)]
+    pub minute_ms: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A results.json written by `kairos bench run`.
+    #[arg(long)]
+    pub results: PathBuf,
+    /// Peer results to merge.
+    #[arg(long)]
+    pub peers: Vec<PathBuf>,
+    /// Folder of the trace files the peers replayed (default: traces/ beside the results).
+    #[arg(long)]
+    pub traces: Option<PathBuf>,
+    /// Where to write results.json, results.md and plots/ (default: the results' folder).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long)]
+    pub slo_ms: Option<f64>,
+    #[arg(long)]
+    pub per_model: bool,
 }
 
 #[derive(Args, Debug)]
@@ -260,42 +403,260 @@ fn paella_on<G: Gpu>(
     Ok(all)
 }
 
+fn run_paella(a: PaellaArgs) -> Result<()> {
+    if !["all", "hol", "mix", "short-long", "fairness"].contains(&a.experiment.as_str()) {
+        bail!("unknown experiment '{}': use hol, mix, short-long, fairness or all", a.experiment);
+    }
+    std::fs::create_dir_all(&a.out)?;
+    let t0 = Instant::now();
+    let profiles = match (&a.profiles, a.backend) {
+        (Some(dir), _) => ProfileSet::load_dir(dir).map_err(anyhow::Error::msg)?,
+        (None, Backend::Sim) => {
+            ProfileSet::load_dir(&sim_desc(&a.sim_gpu)?.profile_dir(std::path::Path::new("."))).map_err(anyhow::Error::msg)?
+        }
+        (None, _) => ProfileSet::default(),
+    };
+    eprintln!("{} measured profiles loaded; seed {}", profiles.models.len(), a.seed);
+    let results = match a.backend {
+        Backend::Cpu => bail!("the paella experiments need a GPU: use --backend sim or --backend cuda"),
+        Backend::Sim => {
+            let mut gpu = kairos_sim::SimGpu::new(sim_desc(&a.sim_gpu)?, kairos_sim::SimOptions::timing_only(a.seed));
+            let mut plans = Vec::new();
+            for n in VISION {
+                plans.push(model(n, a.dtype, &profiles)?.plan);
+            }
+            gpu.register_profiles(plans.iter().map(|p| &**p), &profiles).map_err(anyhow::Error::msg)?;
+            // The head-of-line jobs' kernels last 300 us on the simulator by their profile.
+            let chain = synthetic::chain_plan("hol", 8, 1024);
+            let chain_profile = synthetic::chain_profile(&chain, 300_000, "simulated", gpu.info().sm_count);
+            gpu.register_plan(&chain, &chain_profile).map_err(anyhow::Error::msg)?;
+            paella_on(gpu, &a, &profiles, true)?
+        }
+        Backend::Cuda => paella_on(kairos_cuda::CudaGpu::new(0)?, &a, &profiles, false)?,
+    };
+    let path = a.out.join("paella.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
+    eprintln!("wrote {} and plots under {} ({:.1} s)", path.display(), a.out.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
-        BenchCommand::Paella(a) => {
-            if !["all", "hol", "mix", "short-long", "fairness"].contains(&a.experiment.as_str()) {
-                bail!("unknown experiment '{}': use hol, mix, short-long, fairness or all", a.experiment);
-            }
-            std::fs::create_dir_all(&a.out)?;
-            let t0 = Instant::now();
-            let profiles = match (&a.profiles, a.backend) {
-                (Some(dir), _) => ProfileSet::load_dir(dir).map_err(anyhow::Error::msg)?,
-                (None, Backend::Sim) => ProfileSet::load_dir(&sim_desc(&a.sim_gpu)?.profile_dir(std::path::Path::new(".")))
-                    .map_err(anyhow::Error::msg)?,
-                (None, _) => ProfileSet::default(),
-            };
-            eprintln!("{} measured profiles loaded; seed {}", profiles.models.len(), a.seed);
-            let results = match a.backend {
-                Backend::Cpu => bail!("the paella experiments need a GPU: use --backend sim or --backend cuda"),
-                Backend::Sim => {
-                    let mut gpu = kairos_sim::SimGpu::new(sim_desc(&a.sim_gpu)?, kairos_sim::SimOptions::timing_only(a.seed));
-                    let mut plans = Vec::new();
-                    for n in VISION {
-                        plans.push(model(n, a.dtype, &profiles)?.plan);
-                    }
-                    gpu.register_profiles(plans.iter().map(|p| &**p), &profiles).map_err(anyhow::Error::msg)?;
-                    // The head-of-line jobs' kernels last 300 us on the simulator by their profile.
-                    let chain = synthetic::chain_plan("hol", 8, 1024);
-                    let chain_profile = synthetic::chain_profile(&chain, 300_000, "simulated", gpu.info().sm_count);
-                    gpu.register_plan(&chain, &chain_profile).map_err(anyhow::Error::msg)?;
-                    paella_on(gpu, &a, &profiles, true)?
-                }
-                Backend::Cuda => paella_on(kairos_cuda::CudaGpu::new(0)?, &a, &profiles, false)?,
-            };
-            let path = a.out.join("paella.json");
-            std::fs::write(&path, serde_json::to_string_pretty(&results)?)?;
-            eprintln!("wrote {} and plots under {} ({:.1} s)", path.display(), a.out.display(), t0.elapsed().as_secs_f64());
+        BenchCommand::Run(a) => run_presets(*a),
+        BenchCommand::List => {
+            list();
             Ok(())
         }
+        BenchCommand::Report(a) => report(a),
+        BenchCommand::Paella(a) => run_paella(a),
     }
+}
+
+fn list() {
+    let opts = PresetOptions::default();
+    println!("| preset | what it models | load means | default loads | default policies |");
+    println!("|---|---|---|---|---|");
+    for name in Preset::NAMES {
+        let p = Preset::by_name(name).expect("listed");
+        let loads: Vec<String> = p.default_loads().iter().map(|l| l.to_string()).collect();
+        println!(
+            "| {name} | {} (models: {}) | {} | {} | {} |",
+            p.about(),
+            p.archs(&opts).join(", "),
+            p.load_meaning(),
+            loads.join(", "),
+            p.default_policies().join(", ")
+        );
+    }
+    println!(
+        "\nSources: see the module doc of kairos_bench::presets (Paella SOSP'23 section 6; DISB: github.com/SJTU-IPADS/disb benchmarks/workloads; DARIS arXiv 2504.08795)."
+    );
+}
+
+fn ms_to_ns(v: f64) -> Result<u64> {
+    if !(v.is_finite() && v >= 0.0) {
+        bail!("{v} ms is not a valid time");
+    }
+    Ok((v * 1e6).round() as u64)
+}
+
+fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
+    let class = match a.class.as_str() {
+        "rt" => StreamClass::Rt,
+        "be" => StreamClass::Be,
+        other => bail!("--class '{other}': use rt or be"),
+    };
+    Ok(PresetOptions {
+        sigmas: a.sigma.clone(),
+        instances: a.instances,
+        budget_bytes: a.budget_mb.map(|m| (m * 1024.0 * 1024.0) as u64),
+        custom: CustomSpec {
+            models: a.models.clone(),
+            arrival: a.arrival.clone(),
+            rate_per_s: a.rate,
+            class,
+            deadline_ns: a.deadline_ms.map(ms_to_ns).transpose()?,
+            functions: a.functions,
+            minutes: a.minutes,
+            minute_ns: ms_to_ns(a.minute_ms)?,
+        },
+        ..PresetOptions::default()
+    })
+}
+
+fn run_presets(a: RunArgs) -> Result<()> {
+    let t0 = Instant::now();
+    // PRESET or PRESET:LOAD:LOAD... (loads for that preset only).
+    let mut presets: Vec<(Preset, Option<Vec<f64>>)> = Vec::new();
+    for token in &a.presets {
+        let mut parts = token.trim().split(':');
+        let name = parts.next().unwrap_or_default();
+        let p = Preset::by_name(name).ok_or_else(|| anyhow::anyhow!("unknown preset '{name}': {}", Preset::NAMES.join(", ")))?;
+        let loads: Vec<f64> = parts
+            .map(|l| l.parse::<f64>().map_err(|_| anyhow::anyhow!("'{token}': '{l}' is not a load")))
+            .collect::<Result<_>>()?;
+        presets.push((p, (!loads.is_empty()).then_some(loads)));
+    }
+    let popts = preset_options(&a)?;
+    let mut archs: Vec<String> = Vec::new();
+    for (p, _) in &presets {
+        for m in p.archs(&popts) {
+            if !archs.contains(&m) {
+                archs.push(m);
+            }
+        }
+    }
+    let profile_dir = match (&a.profiles, a.backend) {
+        (Some(d), _) => d.clone(),
+        (None, Backend::Sim) => sim_desc(&a.sim_gpu)?.profile_dir(Path::new(".")),
+        (None, _) => PathBuf::from("data/profiles/h200"),
+    };
+    let profiles = ProfileSet::load_dir(&profile_dir).map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "kairos bench: {} on the {:?} backend ({:?} engine); seed {} (reproduce with --seed {}); {} profiles from {}",
+        a.presets.join(","),
+        a.backend,
+        a.engine,
+        a.seed,
+        a.seed,
+        profiles.models.len(),
+        profile_dir.display()
+    );
+    let catalog = bx::lower_models(&archs, a.dtype, &profiles, |m, s| eprintln!("  lowered {m} in {s:.1} s"))?;
+    std::fs::create_dir_all(&a.out)?;
+    let trace_dir = a.out.join("traces");
+    let sweep = SweepOptions {
+        policies: a.policies.clone(),
+        loads: a.loads.clone(),
+        length: match (a.requests, a.duration_ms) {
+            (Some(n), _) => Some(Length::Requests(n)),
+            (None, Some(d)) => Some(Length::DurationNs(ms_to_ns(d)?)),
+            (None, None) => None,
+        },
+        warmup_fraction: a.warmup_frac,
+        drain_ns: a.drain_ms.map(ms_to_ns).transpose()?,
+        saturation: a.saturation,
+        slo_ns: a.slo_ms.map(ms_to_ns).transpose()?,
+        seed: a.seed,
+        trace_dir: a.traces.then(|| trace_dir.clone()),
+        preset: popts,
+        ..SweepOptions::default()
+    };
+    let mut results = match (a.backend, a.engine) {
+        (Backend::Cpu, _) => bail!("benchmarks need a GPU: use --backend sim or --backend cuda"),
+        (Backend::Sim, EngineMode::Virtual) => {
+            let mut gpu = kairos_sim::SimGpu::new(sim_desc(&a.sim_gpu)?, kairos_sim::SimOptions::timing_only(a.seed));
+            bx::register_on_sim(&mut gpu, &catalog)?;
+            sweep_all(&mut VirtualTarget::new(gpu, true), &presets, &catalog, &sweep, a.seed, &a.out)?
+        }
+        (Backend::Sim, EngineMode::Threaded) => {
+            eprintln!(
+                "  note: the threaded engine on the simulator measures wall time while the GPU keeps virtual time; use it to check the path, not for numbers"
+            );
+            let desc = sim_desc(&a.sim_gpu)?;
+            let (seed, cat) = (a.seed, Arc::new(catalog.clone()));
+            let factory = move || {
+                let mut g = kairos_sim::SimGpu::new(desc.clone(), kairos_sim::SimOptions::timing_only(seed));
+                bx::register_on_sim(&mut g, &cat).map_err(|e| kairos_gpu::GpuError::Invalid(e.to_string()))?;
+                Ok(g)
+            };
+            sweep_all(&mut EngineTarget::new(factory, EngineConfig::default(), true), &presets, &catalog, &sweep, a.seed, &a.out)?
+        }
+        (Backend::Cuda, EngineMode::Virtual) => {
+            let gpu = kairos_cuda::CudaGpu::new(a.device)?;
+            sweep_all(&mut VirtualTarget::new(gpu, false), &presets, &catalog, &sweep, a.seed, &a.out)?
+        }
+        (Backend::Cuda, EngineMode::Threaded) => {
+            let device = a.device;
+            let factory = move || kairos_cuda::CudaGpu::new(device);
+            sweep_all(
+                &mut EngineTarget::new(factory, EngineConfig::default(), false),
+                &presets,
+                &catalog,
+                &sweep,
+                a.seed,
+                &a.out,
+            )?
+        }
+    };
+    for p in &a.peers {
+        let peers = PeerFile::read(p)?;
+        let n = results.merge_peers(&peers, &trace_dir, sweep.slo_ns)?;
+        eprintln!("  merged {n} peer runs from {}", p.display());
+    }
+    write_results(&results, &a.out, a.per_model)?;
+    eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn sweep_all(
+    target: &mut dyn Target,
+    presets: &[(Preset, Option<Vec<f64>>)],
+    catalog: &kairos_bench::runner::Catalog,
+    sweep: &SweepOptions,
+    seed: u64,
+    out: &Path,
+) -> Result<Results> {
+    let mut results = Results::new(&target.label(), &target.device(), seed);
+    let mut bar = Bar::default();
+    for (p, loads) in presets {
+        eprintln!("\n{}: {}", p.name(), p.about());
+        let mut s = sweep.clone();
+        if loads.is_some() {
+            s.loads = loads.clone();
+        }
+        let r = bx::run_preset(target, p, catalog, &s, &mut bar)?;
+        results.presets.push(r);
+        // Written after every preset, so a run cut short keeps what it measured.
+        results.device = target.device();
+        results.write(&out.join("results.json"))?;
+    }
+    bar.finish();
+    results.device = target.device();
+    Ok(results)
+}
+
+fn write_results(results: &Results, out: &Path, per_model: bool) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let json = out.join("results.json");
+    results.write(&json)?;
+    let md = out.join("results.md");
+    std::fs::write(&md, results.markdown(true))?;
+    let plots = results.plot(&out.join("plots"))?;
+    eprintln!("wrote {}, {} and {} plots under {}", json.display(), md.display(), plots.len(), out.join("plots").display());
+    println!("{}", results.markdown(per_model));
+    Ok(())
+}
+
+fn report(a: ReportArgs) -> Result<()> {
+    let mut results = Results::read(&a.results)?;
+    let dir = a.results.parent().map(Path::to_path_buf).unwrap_or_default();
+    let traces = a.traces.clone().unwrap_or_else(|| dir.join("traces"));
+    let slo_ns = a.slo_ms.map(ms_to_ns).transpose()?;
+    for p in &a.peers {
+        let peers = PeerFile::read(p)?;
+        let n = results.merge_peers(&peers, &traces, slo_ns)?;
+        eprintln!("merged {n} peer runs from {}", p.display());
+    }
+    write_results(&results, &a.out.unwrap_or(dir), a.per_model)
 }

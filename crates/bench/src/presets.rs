@@ -1,0 +1,553 @@
+//! The workloads of the papers, as presets.
+//!
+//! | preset | models | arrivals | load 1.0 means |
+//! |---|---|---|---|
+//! | `paella-mix` | the 11 vision models of the zoo, uniform | one lognormal process (sigma 1.5 and 2) | serial capacity: 1 / mean isolated latency |
+//! | `paella-short-long` | resnet18 (tenant 0) vs inception_v3 (tenant 1), shares inverse to isolated latency | Poisson | serial capacity of the mix |
+//! | `paella-hol` | jobs of 8 chained one-CTA kernels of ~300 us | Poisson | 32 streams busy: 32 / isolated latency |
+//! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
+//! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | total utilization sum(C_i / T_i) |
+//! | `coldstart` | 3 instances each of 8 vision models, LRU within a byte budget | Poisson, uniform over instances | serial capacity of the warm models |
+//! | `custom` | `--models` | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` |
+//!
+//! Sources of the parameters:
+//! - Paella (SOSP'23, Ng et al.), section 6: the vision mix with lognormal inter-arrival times
+//!   (sigma 1.5 and 2), short vs long jobs with shares inverse to size, jobs of 8 kernels of one CTA
+//!   of ~300 us for head-of-line blocking. Loads as multiples of a capacity are kairos' axis.
+//! - DISB, REEF's benchmark (OSDI'22, Han et al.): `benchmarks/workloads/workloads.md` of
+//!   github.com/SJTU-IPADS/disb. A: vgg19 real-time uniform 100 req/s + resnet152 best-effort
+//!   closed loop. B: vgg19 real-time closed loop + resnet152 best-effort closed loop. C: vgg19
+//!   real-time uniform 100 req/s + best-effort closed loops of resnet152, densenet201, vgg19,
+//!   inception_v3, distilbert. D: those five real-time, uniform 20 req/s each, + the same five
+//!   best-effort closed loops. E: as D with Poisson 20 req/s. (The REEF artifact's Fig. 10 configs,
+//!   github.com/SJTU-IPADS/reef-artifacts `evaluation/fig10/*.json`, use the same rates; its E replays
+//!   a recorded trace instead of Poisson.) One closed-loop client per best-effort entry; DISB sets no
+//!   deadlines; distilbert runs at sequence length 128 here.
+//! - DARIS (Babaei and Chantem, arXiv 2504.08795, 2025): periodic real-time DNN tasks of high and
+//!   low priority, deadlines equal to periods; the paper reports zero high-priority misses and under
+//!   2% low-priority misses. Its evaluation's exact task set was not available to us: the task set,
+//!   the equal utilization share per task and the loads 100% and 150% (the issue's) are kairos' choice.
+//! - Cold starts (DeepPlan, EuroSys'23, models beyond GPU memory): Poisson requests spread
+//!   uniformly over more model instances than the budget holds. kairos has no residency manager yet,
+//!   so the harness keeps its own LRU over the engine's load and unload, within a byte budget that
+//!   stands in for GPU memory (the zoo's fp16 weights are far smaller than an H200's 141 GB).
+
+use crate::Error;
+use crate::azure::AzureTrace;
+use crate::runner::{Catalog, Residency};
+use crate::workload::{Arrival, Source, Stream, StreamClass, Workload};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The vision models of the zoo (Paella's mix).
+pub const VISION: [&str; 11] = [
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet152",
+    "mobilenet_v2",
+    "squeezenet1_1",
+    "vgg19",
+    "densenet121",
+    "densenet201",
+    "googlenet",
+    "inception_v3",
+];
+
+/// DISB's five models.
+pub const DISB_MODELS: [&str; 5] = ["vgg19", "resnet152", "densenet201", "inception_v3", "distilbert"];
+pub const DARIS_HIGH: [&str; 3] = ["resnet18", "mobilenet_v2", "resnet50"];
+pub const DARIS_LOW: [&str; 3] = ["googlenet", "inception_v3", "densenet121"];
+pub const COLDSTART_MODELS: [&str; 8] =
+    ["resnet18", "resnet34", "resnet50", "mobilenet_v2", "squeezenet1_1", "googlenet", "densenet121", "inception_v3"];
+/// The synthetic head-of-line job's model name.
+pub const HOL_MODEL: &str = "hol";
+pub const HOL_KERNELS: u32 = 8;
+pub const HOL_KERNEL_NS: u64 = 300_000;
+/// Streams busy at `paella-hol`'s load 1 (the `streams` policy's pool).
+pub const HOL_STREAMS: f64 = 32.0;
+
+/// What a preset's plots and headline column show.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+pub enum Headline {
+    /// p99 latency of all requests against throughput.
+    Overall,
+    /// p99 latency of one metrics group against total throughput.
+    Group(String),
+    /// p99 latency of one model against total throughput.
+    Model(String),
+    /// Deadline-miss rate per group against load.
+    Misses,
+}
+
+/// Options of the presets that take some (and of `custom`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PresetOptions {
+    /// Lognormal sigmas of `paella-mix` (one variant each).
+    pub sigmas: Vec<f64>,
+    /// Instances per model of `coldstart`.
+    pub instances: u32,
+    /// `coldstart`'s budget as a fraction of all instances' footprint (when `budget_bytes` is unset).
+    pub budget_fraction: f64,
+    pub budget_bytes: Option<u64>,
+    pub custom: CustomSpec,
+}
+
+impl Default for PresetOptions {
+    fn default() -> Self {
+        PresetOptions {
+            sigmas: vec![1.5, 2.0],
+            instances: 3,
+            budget_fraction: 1.0 / 3.0,
+            budget_bytes: None,
+            custom: CustomSpec::default(),
+        }
+    }
+}
+
+/// A workload from the command line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CustomSpec {
+    pub models: Vec<String>,
+    /// `poisson`, `lognormal:SIGMA`, `periodic`, `closed:CLIENTS`, or `azure:FILE.csv`.
+    pub arrival: String,
+    /// Requests per second at load 1 (all models together).
+    pub rate_per_s: f64,
+    pub class: StreamClass,
+    pub deadline_ns: Option<u64>,
+    /// Azure replay: functions kept (busiest first) and minutes replayed (from the first).
+    pub functions: usize,
+    pub minutes: Option<usize>,
+    /// How long one replayed minute lasts in the benchmark.
+    pub minute_ns: u64,
+}
+
+impl Default for CustomSpec {
+    fn default() -> Self {
+        CustomSpec {
+            models: vec!["resnet50".into()],
+            arrival: "poisson".into(),
+            rate_per_s: 100.0,
+            class: StreamClass::Be,
+            deadline_ns: None,
+            functions: 16,
+            minutes: None,
+            minute_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// How long each point runs by default.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Length {
+    /// About this many open-loop requests at the point's offered rate.
+    Requests(usize),
+    /// This long.
+    DurationNs(u64),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Preset {
+    PaellaMix,
+    PaellaShortLong,
+    PaellaHol,
+    /// 'a' to 'e'.
+    Disb(char),
+    Daris,
+    Coldstart,
+    Custom,
+}
+
+/// Isolated latency (one request alone) of each model the preset needs, measured on the target.
+pub type Isolated = BTreeMap<String, u64>;
+
+impl Preset {
+    pub const NAMES: [&'static str; 11] = [
+        "paella-mix",
+        "paella-short-long",
+        "paella-hol",
+        "disb-a",
+        "disb-b",
+        "disb-c",
+        "disb-d",
+        "disb-e",
+        "daris",
+        "coldstart",
+        "custom",
+    ];
+
+    pub fn by_name(name: &str) -> Option<Preset> {
+        Some(match name {
+            "paella-mix" => Preset::PaellaMix,
+            "paella-short-long" => Preset::PaellaShortLong,
+            "paella-hol" => Preset::PaellaHol,
+            "disb-a" => Preset::Disb('a'),
+            "disb-b" => Preset::Disb('b'),
+            "disb-c" => Preset::Disb('c'),
+            "disb-d" => Preset::Disb('d'),
+            "disb-e" => Preset::Disb('e'),
+            "daris" => Preset::Daris,
+            "coldstart" => Preset::Coldstart,
+            "custom" => Preset::Custom,
+            _ => return None,
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Preset::PaellaMix => "paella-mix".into(),
+            Preset::PaellaShortLong => "paella-short-long".into(),
+            Preset::PaellaHol => "paella-hol".into(),
+            Preset::Disb(c) => format!("disb-{c}"),
+            Preset::Daris => "daris".into(),
+            Preset::Coldstart => "coldstart".into(),
+            Preset::Custom => "custom".into(),
+        }
+    }
+
+    pub fn about(&self) -> String {
+        match self {
+            Preset::PaellaMix => "Paella (b): uniform mix of the 11 vision models, lognormal inter-arrival times".into(),
+            Preset::PaellaShortLong => {
+                "Paella (c): resnet18 (short) vs inception_v3 (long), shares inverse to size, Poisson".into()
+            }
+            Preset::PaellaHol => {
+                "Paella (a): jobs of 8 chained one-CTA kernels of ~300 us, Poisson (head-of-line blocking)".into()
+            }
+            Preset::Disb(c) => format!("REEF's DISB workload {}: {}", c.to_ascii_uppercase(), disb_text(*c)),
+            Preset::Daris => "DARIS: periodic high- and low-priority real-time tasks, deadlines = periods".into(),
+            Preset::Coldstart => {
+                "cold starts: Poisson requests over more model instances than fit the memory budget (LRU)".into()
+            }
+            Preset::Custom => "a workload from --models, --arrival and --rate".into(),
+        }
+    }
+
+    /// What "load" means for the preset.
+    pub fn load_meaning(&self) -> &'static str {
+        match self {
+            Preset::PaellaMix | Preset::PaellaShortLong => "multiple of the serial capacity (1 / mean isolated latency)",
+            Preset::PaellaHol => "fraction of the rate that keeps 32 streams busy",
+            Preset::Disb(_) => "multiple of DISB's real-time rates (best-effort clients stay closed-loop)",
+            Preset::Daris => "total utilization, sum of isolated latency / period",
+            Preset::Coldstart => "multiple of the warm models' serial capacity",
+            Preset::Custom => "multiple of --rate",
+        }
+    }
+
+    /// The zoo architectures (or [`HOL_MODEL`]) the preset needs.
+    pub fn archs(&self, opts: &PresetOptions) -> Vec<String> {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();
+        match self {
+            Preset::PaellaMix => v(&VISION),
+            Preset::PaellaShortLong => v(&["resnet18", "inception_v3"]),
+            Preset::PaellaHol => v(&[HOL_MODEL]),
+            Preset::Disb('a' | 'b') => v(&["vgg19", "resnet152"]),
+            Preset::Disb(_) => v(&DISB_MODELS),
+            Preset::Daris => DARIS_HIGH.iter().chain(DARIS_LOW.iter()).map(|s| s.to_string()).collect(),
+            Preset::Coldstart => v(&COLDSTART_MODELS),
+            Preset::Custom => opts.custom.models.clone(),
+        }
+    }
+
+    pub fn default_loads(&self) -> Vec<f64> {
+        match self {
+            Preset::PaellaMix => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0],
+            Preset::PaellaShortLong => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+            Preset::PaellaHol => vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+            Preset::Disb('b') => vec![1.0],
+            Preset::Disb(_) => vec![0.1, 0.25, 0.5, 1.0],
+            Preset::Daris => vec![1.0, 1.5],
+            Preset::Coldstart => vec![0.25, 0.5, 1.0],
+            Preset::Custom => vec![0.5, 1.0],
+        }
+    }
+
+    pub fn default_policies(&self) -> Vec<&'static str> {
+        match self {
+            Preset::PaellaMix | Preset::PaellaShortLong => vec!["fifo", "streams", "streams-kernel", "paella", "sjf", "rr"],
+            Preset::PaellaHol => vec!["streams", "paella"],
+            Preset::Disb(_) => vec!["fifo", "streams", "paella"],
+            Preset::Daris => vec!["fifo", "streams", "paella", "sjf"],
+            Preset::Coldstart | Preset::Custom => vec!["streams", "paella"],
+        }
+    }
+
+    pub fn default_length(&self) -> Length {
+        match self {
+            Preset::PaellaMix | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Coldstart => Length::Requests(600),
+            Preset::Disb(_) | Preset::Custom => Length::DurationNs(2_000_000_000),
+            Preset::Daris => Length::DurationNs(3_000_000_000),
+        }
+    }
+
+    pub fn headline(&self) -> Headline {
+        match self {
+            Preset::PaellaShortLong => Headline::Model("resnet18".into()),
+            Preset::Disb(_) => Headline::Group("rt".into()),
+            Preset::Daris => Headline::Misses,
+            _ => Headline::Overall,
+        }
+    }
+
+    /// Variants run side by side (paella-mix: one per sigma); "" when there is one.
+    pub fn variants(&self, opts: &PresetOptions) -> Vec<String> {
+        match self {
+            Preset::PaellaMix => opts.sigmas.iter().map(|s| format!("sigma={s}")).collect(),
+            _ => vec![String::new()],
+        }
+    }
+
+    /// Whether the workload depends on the models' isolated latencies.
+    pub fn needs_isolated(&self) -> bool {
+        matches!(self, Preset::PaellaMix | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Daris | Preset::Coldstart)
+    }
+
+    /// The workload at `load` for `variant`, and how models are kept resident.
+    pub fn workload(
+        &self,
+        load: f64,
+        variant: &str,
+        isolated: &Isolated,
+        catalog: &Catalog,
+        opts: &PresetOptions,
+    ) -> Result<(Workload, Residency), Error> {
+        if !(load.is_finite() && load > 0.0) {
+            return Err(Error::Invalid(format!("load {load} must be positive")));
+        }
+        let iso = |m: &str| -> Result<f64, Error> {
+            isolated
+                .get(m)
+                .map(|&v| v.max(1) as f64)
+                .ok_or_else(|| Error::Invalid(format!("no isolated latency measured for {m}")))
+        };
+        let mut w = Workload::default();
+        let mut residency = Residency::All;
+        match self {
+            Preset::PaellaMix => {
+                let sigma: f64 = variant
+                    .strip_prefix("sigma=")
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| Error::Invalid(format!("paella-mix variant '{variant}' is not sigma=S")))?;
+                let mean = VISION.iter().map(|m| iso(m)).sum::<Result<f64, Error>>()? / VISION.len() as f64;
+                let streams: Vec<(u32, f64)> = VISION.iter().map(|m| (w.stream(Stream::new(m, m)), 1.0)).collect();
+                w.sources.push(Source { arrival: Arrival::LogNormal { rate_per_s: load * 1e9 / mean, sigma }, streams });
+            }
+            Preset::PaellaShortLong => {
+                let (ls, ll) = (iso("resnet18")?, iso("inception_v3")?);
+                let (ws, wl) = (1.0 / ls, 1.0 / ll);
+                let (ps, pl) = (ws / (ws + wl), wl / (ws + wl));
+                let capacity = 1e9 / (ps * ls + pl * ll);
+                let s = w.stream(Stream::new("resnet18", "resnet18").with_tenant(0).with_class(StreamClass::Be, "short"));
+                let l = w.stream(Stream::new("inception_v3", "inception_v3").with_tenant(1).with_class(StreamClass::Be, "long"));
+                w.sources
+                    .push(Source { arrival: Arrival::Poisson { rate_per_s: load * capacity }, streams: vec![(s, ps), (l, pl)] });
+            }
+            Preset::PaellaHol => {
+                let capacity = HOL_STREAMS * 1e9 / iso(HOL_MODEL)?;
+                w.stream_with(Stream::new(HOL_MODEL, HOL_MODEL), Arrival::Poisson { rate_per_s: load * capacity });
+            }
+            Preset::Disb(c) => disb(&mut w, *c, load)?,
+            Preset::Daris => {
+                let n = (DARIS_HIGH.len() + DARIS_LOW.len()) as f64;
+                for (models, group, priority) in [(&DARIS_HIGH, "hp", 1), (&DARIS_LOW, "lp", 0)] {
+                    for m in models.iter() {
+                        // Equal utilization share per task: C / T = load / n.
+                        let period_ns = (iso(m)? * n / load).round() as u64;
+                        w.stream_with(
+                            Stream::new(&format!("{m}-{group}"), m)
+                                .with_class(StreamClass::Rt, group)
+                                .with_priority(priority)
+                                .with_deadline_ns(period_ns),
+                            Arrival::Periodic { period_ns, phase_ns: None },
+                        );
+                    }
+                }
+            }
+            Preset::Coldstart => {
+                let mean = COLDSTART_MODELS.iter().map(|m| iso(m)).sum::<Result<f64, Error>>()? / COLDSTART_MODELS.len() as f64;
+                let mut streams = Vec::new();
+                let mut total_bytes = 0u64;
+                for m in COLDSTART_MODELS {
+                    for k in 0..opts.instances.max(1) {
+                        let name = instance_name(m, k);
+                        total_bytes += catalog.footprint_bytes(m)?;
+                        streams.push((w.stream(Stream::new(&name, &name)), 1.0));
+                    }
+                }
+                w.sources.push(Source { arrival: Arrival::Poisson { rate_per_s: load * 1e9 / mean }, streams });
+                let budget_bytes = opts.budget_bytes.unwrap_or((total_bytes as f64 * opts.budget_fraction) as u64);
+                residency = Residency::Lru { budget_bytes };
+            }
+            Preset::Custom => custom(&mut w, &opts.custom, load)?,
+        }
+        w.validate().map_err(Error::Invalid)?;
+        Ok((w, residency))
+    }
+}
+
+/// The instance names of the coldstart preset ("resnet50.2").
+pub fn instance_name(model: &str, k: u32) -> String {
+    format!("{model}.{k}")
+}
+
+/// Adds the coldstart instances to a catalog holding the architectures.
+pub fn add_instances(catalog: &mut Catalog, instances: u32) -> Result<(), Error> {
+    for m in COLDSTART_MODELS {
+        let spec = catalog.get(m)?.clone();
+        for k in 0..instances.max(1) {
+            catalog.insert_as(&instance_name(m, k), &spec);
+        }
+    }
+    Ok(())
+}
+
+fn disb_text(c: char) -> &'static str {
+    match c {
+        'a' => "vgg19 real-time at 100 req/s, resnet152 best-effort closed loop",
+        'b' => "vgg19 real-time closed loop, resnet152 best-effort closed loop",
+        'c' => "vgg19 real-time at 100 req/s, five best-effort closed loops",
+        'd' => "five models real-time at 20 req/s each (uniform), five best-effort closed loops",
+        'e' => "five models real-time at 20 req/s each (Poisson), five best-effort closed loops",
+        _ => "unknown",
+    }
+}
+
+fn disb(w: &mut Workload, c: char, load: f64) -> Result<(), Error> {
+    let rt = |m: &str| Stream::new(&format!("{m}-rt"), m).with_class(StreamClass::Rt, "rt").with_priority(1);
+    let be = |m: &str| Stream::new(&format!("{m}-be"), m).with_class(StreamClass::Be, "be");
+    let uniform = |rate: f64| Arrival::Periodic { period_ns: (1e9 / (rate * load)).round() as u64, phase_ns: None };
+    let closed = Arrival::ClosedLoop { clients: 1, think_ns: 0 };
+    match c {
+        'a' => {
+            w.stream_with(rt("vgg19"), uniform(100.0));
+            w.stream_with(be("resnet152"), closed);
+        }
+        'b' => {
+            w.stream_with(rt("vgg19"), closed.clone());
+            w.stream_with(be("resnet152"), closed);
+        }
+        'c' => {
+            w.stream_with(rt("vgg19"), uniform(100.0));
+            for m in ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"] {
+                w.stream_with(be(m), closed.clone());
+            }
+        }
+        'd' | 'e' => {
+            for m in ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"] {
+                let a = if c == 'd' { uniform(20.0) } else { Arrival::Poisson { rate_per_s: 20.0 * load } };
+                w.stream_with(rt(m), a);
+            }
+            for m in ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"] {
+                w.stream_with(be(m), closed.clone());
+            }
+        }
+        _ => return Err(Error::Invalid(format!("DISB has workloads a to e, not '{c}'"))),
+    }
+    Ok(())
+}
+
+fn custom(w: &mut Workload, c: &CustomSpec, load: f64) -> Result<(), Error> {
+    if c.models.is_empty() {
+        return Err(Error::Invalid("custom workload: --models is empty".into()));
+    }
+    let rate = c.rate_per_s * load;
+    let group = c.class.label();
+    let streams: Vec<(u32, f64)> = c
+        .models
+        .iter()
+        .map(|m| {
+            let mut s = Stream::new(m, m).with_class(c.class, group);
+            s.deadline_ns = c.deadline_ns;
+            (w.stream(s), 1.0)
+        })
+        .collect();
+    let (kind, arg) = c.arrival.split_once(':').unwrap_or((c.arrival.as_str(), ""));
+    let bad = |what: &str| Error::Invalid(format!("custom arrival '{}': {what}", c.arrival));
+    match kind {
+        "poisson" => w.sources.push(Source { arrival: Arrival::Poisson { rate_per_s: rate }, streams }),
+        "lognormal" => {
+            let sigma: f64 = arg.parse().map_err(|_| bad("use lognormal:SIGMA"))?;
+            w.sources.push(Source { arrival: Arrival::LogNormal { rate_per_s: rate, sigma }, streams });
+        }
+        "periodic" => {
+            let per = rate / streams.len() as f64;
+            for (s, _) in streams {
+                w.sources.push(Source::one(Arrival::Periodic { period_ns: (1e9 / per).round() as u64, phase_ns: None }, s));
+            }
+        }
+        "closed" => {
+            let clients: u32 = arg.parse().map_err(|_| bad("use closed:CLIENTS"))?;
+            w.sources.push(Source { arrival: Arrival::ClosedLoop { clients, think_ns: 0 }, streams });
+        }
+        "azure" => {
+            let trace = AzureTrace::load(std::path::Path::new(arg)).map_err(Error::Invalid)?;
+            let minutes = c.minutes.unwrap_or(trace.minutes()).min(trace.minutes());
+            // Each replayed minute lasts `minute_ns` of the benchmark; the run's duration decides how
+            // many are replayed (they repeat when it is longer).
+            let n = streams.len();
+            let sources = trace
+                .sources(c.functions.min(trace.functions.len()), 0, minutes, c.minute_ns, rate, |k| streams[k % n].0)
+                .map_err(Error::Invalid)?;
+            w.sources.extend(sources);
+        }
+        _ => return Err(bad("use poisson, lognormal:SIGMA, periodic, closed:CLIENTS or azure:FILE.csv")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iso_all() -> Isolated {
+        VISION.iter().chain(DISB_MODELS.iter()).chain([HOL_MODEL].iter()).map(|m| (m.to_string(), 10_000_000)).collect()
+    }
+
+    #[test]
+    fn every_preset_builds_a_valid_workload() {
+        let opts = PresetOptions::default();
+        let iso = iso_all();
+        for name in Preset::NAMES {
+            let p = Preset::by_name(name).unwrap();
+            assert_eq!(p.name(), name);
+            if matches!(p, Preset::Coldstart) {
+                continue; // needs plans in the catalog: covered by the integration tests
+            }
+            for v in p.variants(&opts) {
+                for load in p.default_loads() {
+                    let (w, _) = p.workload(load, &v, &iso, &Catalog::default(), &opts).unwrap();
+                    let models = w.models();
+                    let archs = p.archs(&opts);
+                    assert!(models.iter().all(|m| archs.contains(m)), "{name}: {models:?} not in {archs:?}");
+                }
+            }
+        }
+        assert!(Preset::by_name("disb-f").is_none());
+    }
+
+    #[test]
+    fn rates_follow_the_papers() {
+        let opts = PresetOptions::default();
+        let iso = iso_all();
+        let (a, _) = Preset::Disb('a').workload(1.0, "", &iso, &Catalog::default(), &opts).unwrap();
+        assert_eq!(a.open_rate_per_s(), 100.0);
+        assert_eq!(a.streams.iter().filter(|s| s.class == StreamClass::Rt).count(), 1);
+        let (d, _) = Preset::Disb('d').workload(0.5, "", &iso, &Catalog::default(), &opts).unwrap();
+        assert!((d.open_rate_per_s() - 50.0).abs() < 1e-6);
+        assert_eq!(d.sources.iter().filter(|s| s.arrival.is_closed()).count(), 5);
+        // Paella's mix at load 2 with 10 ms models: 200 requests/s.
+        let (m, _) = Preset::PaellaMix.workload(2.0, "sigma=2", &iso, &Catalog::default(), &opts).unwrap();
+        assert!((m.open_rate_per_s() - 200.0).abs() < 1e-6);
+        assert!(Preset::PaellaMix.workload(2.0, "", &iso, &Catalog::default(), &opts).is_err());
+        // DARIS at 150%: utilization sums to 1.5, deadlines are the periods.
+        let (r, _) = Preset::Daris.workload(1.5, "", &iso, &Catalog::default(), &opts).unwrap();
+        let u: f64 = r.sources.iter().map(|s| s.arrival.rate_per_s().unwrap() * 0.010).sum();
+        assert!((u - 1.5).abs() < 1e-3, "utilization {u}");
+        for (s, src) in r.streams.iter().zip(&r.sources) {
+            let Arrival::Periodic { period_ns, .. } = src.arrival else { panic!() };
+            assert_eq!(s.deadline_ns, Some(period_ns));
+        }
+    }
+}

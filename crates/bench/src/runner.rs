@@ -1,0 +1,575 @@
+//! The load generator: one run of a [`Schedule`] against a [`Target`].
+//!
+//! Open-loop arrivals are submitted at their scheduled times; closed-loop clients send their next
+//! request `think_ns` after the previous one completed (at least [`RETRY_BACKOFF_NS`] after a
+//! refusal, so a refused client cannot spin). Arrivals stop at the end of the schedule's duration;
+//! requests still outstanding `drain_ns` later are left unfinished and cancelled when the target
+//! stops. With [`Residency::Lru`] models are loaded on first use and the least recently used ones
+//! unloaded to stay within a byte budget (the coldstart workload); a request that had to wait for
+//! its model's load is marked cold, and the load's time counts in its latency.
+
+use crate::Error;
+use crate::target::{Completion, Target};
+use crate::workload::{Arrival, Schedule, source_rng};
+use kairos_sched::{Config, ModelSpec};
+use rand::rngs::SmallRng;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+/// A closed-loop client waits this long after a refused or failed request before the next one.
+pub const RETRY_BACKOFF_NS: u64 = 1_000_000;
+/// Outstanding requests of one run at most (beyond, the generator stops submitting and says so).
+pub const OUTSTANDING_MAX: usize = 1 << 20;
+
+/// The models a workload may name, by the name streams use.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    specs: BTreeMap<String, ModelSpec>,
+}
+
+impl Catalog {
+    pub fn insert(&mut self, spec: ModelSpec) {
+        self.specs.insert(spec.name.clone(), spec);
+    }
+
+    /// Adds `spec` under another name (a model instance sharing the plan).
+    pub fn insert_as(&mut self, name: &str, spec: &ModelSpec) {
+        let mut s = spec.clone();
+        s.name = name.to_string();
+        self.specs.insert(name.to_string(), s);
+    }
+
+    pub fn specs(&self) -> impl Iterator<Item = &ModelSpec> {
+        self.specs.values()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.specs.contains_key(name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<&ModelSpec, Error> {
+        self.specs
+            .get(name)
+            .ok_or_else(|| Error::Invalid(format!("the workload names model '{name}', which is not in the catalog")))
+    }
+
+    /// GPU memory a loaded model holds: weights plus one activation arena.
+    pub fn footprint_bytes(&self, name: &str) -> Result<u64, Error> {
+        let p = &self.get(name)?.plan;
+        Ok(p.weight_bytes + p.arena_bytes)
+    }
+}
+
+/// Which models are on the GPU during a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Residency {
+    /// Every model of the workload is loaded before the run starts.
+    All,
+    /// Models load on first use; the least recently used are unloaded to keep the footprint of the
+    /// resident ones (weights + one arena each) within `budget_bytes`.
+    Lru { budget_bytes: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunOptions {
+    /// After the last arrival, outstanding requests get this long to finish.
+    pub drain_ns: u64,
+    /// The schedule's time 0 is this long after the models are loaded.
+    pub start_delay_ns: u64,
+    pub residency: Residency,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { drain_ns: 1_000_000_000, start_delay_ns: 1_000_000, residency: Residency::All }
+    }
+}
+
+/// How a request ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Status {
+    /// Completed: times relative to the run's start; `gpu_ns` from its first kernel issued to its end.
+    Done { done_ns: u64, queue_ns: u64, gpu_ns: u64 },
+    /// Refused at submission (overload: the 429 / RESOURCE_EXHAUSTED case).
+    Rejected(String),
+    /// Failed after admission (cancelled, GPU error).
+    Failed(String),
+    /// Still outstanding when the drain time ran out.
+    Unfinished,
+}
+
+/// One request of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub stream: u32,
+    /// Scheduled arrival, relative to the run's start.
+    pub arrival_ns: u64,
+    pub status: Status,
+    /// From a closed-loop source (not offered load).
+    pub closed: bool,
+    /// Its model had to be loaded first.
+    pub cold: bool,
+}
+
+impl Outcome {
+    pub fn latency_ns(&self) -> Option<u64> {
+        match self.status {
+            Status::Done { done_ns, .. } => Some(done_ns.saturating_sub(self.arrival_ns)),
+            _ => None,
+        }
+    }
+}
+
+/// What one run produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunRecord {
+    pub outcomes: Vec<Outcome>,
+    pub model_loads: u64,
+    pub model_unloads: u64,
+    /// Time the target spent in loads during the run.
+    pub load_ns: u64,
+    /// Host time the run took.
+    pub wall_ns: u64,
+}
+
+struct Resident {
+    loaded_as: String,
+    bytes: u64,
+    last_use: u64,
+}
+
+/// The harness' LRU of loaded models.
+struct Lru {
+    budget_bytes: u64,
+    used_bytes: u64,
+    resident: HashMap<String, Resident>,
+    generation: HashMap<String, u32>,
+    clock: u64,
+}
+
+impl Lru {
+    /// The name the model is loaded under, loading it (and evicting others) if needed; true when it
+    /// had to be loaded.
+    fn ensure(
+        &mut self,
+        model: &str,
+        target: &mut dyn Target,
+        catalog: &Catalog,
+        rec: &mut RunRecord,
+    ) -> Result<(String, bool), Error> {
+        self.clock += 1;
+        if let Some(r) = self.resident.get_mut(model) {
+            r.last_use = self.clock;
+            return Ok((r.loaded_as.clone(), false));
+        }
+        let bytes = catalog.footprint_bytes(model)?;
+        if bytes > self.budget_bytes {
+            return Err(Error::Invalid(format!("model '{model}' needs {bytes} bytes, the budget is {}", self.budget_bytes)));
+        }
+        while self.used_bytes + bytes > self.budget_bytes {
+            let victim =
+                self.resident.iter().min_by_key(|(_, r)| r.last_use).map(|(k, _)| k.clone()).expect("over budget: resident");
+            let r = self.resident.remove(&victim).expect("just found");
+            target.unload_model(&r.loaded_as)?;
+            self.used_bytes -= r.bytes;
+            rec.model_unloads += 1;
+        }
+        // A model being unloaded keeps its name until its last request is done: load under a new one.
+        let g = self.generation.entry(model.to_string()).or_insert(0);
+        *g += 1;
+        let loaded_as = format!("{model}@{g}");
+        let mut spec = catalog.get(model)?.clone();
+        spec.name = loaded_as.clone();
+        let t = target.now_ns();
+        target.load_model(&spec)?;
+        rec.load_ns += target.now_ns().saturating_sub(t);
+        rec.model_loads += 1;
+        self.used_bytes += bytes;
+        self.resident.insert(model.to_string(), Resident { loaded_as: loaded_as.clone(), bytes, last_use: self.clock });
+        Ok((loaded_as, true))
+    }
+}
+
+struct Client {
+    source: usize,
+}
+
+/// Runs `schedule` on `target` under `config`: starts the target, loads the models, generates the
+/// load, collects every request's outcome, stops the target. `progress` is called with the
+/// fraction of the schedule's duration done, at most about a hundred times.
+pub fn run(
+    target: &mut dyn Target,
+    config: &Config,
+    schedule: &Schedule,
+    catalog: &Catalog,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(f64),
+) -> Result<RunRecord, Error> {
+    let wall = std::time::Instant::now();
+    let w = &schedule.workload;
+    w.validate().map_err(Error::Invalid)?;
+    target.begin(config)?;
+    let result = generate(target, schedule, catalog, opts, progress);
+    let ended = target.end();
+    let mut rec = result?;
+    ended?;
+    rec.wall_ns = wall.elapsed().as_nanos() as u64;
+    Ok(rec)
+}
+
+fn generate(
+    target: &mut dyn Target,
+    schedule: &Schedule,
+    catalog: &Catalog,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(f64),
+) -> Result<RunRecord, Error> {
+    let w = &schedule.workload;
+    let mut rec = RunRecord::default();
+    let mut lru = match opts.residency {
+        Residency::All => {
+            for m in w.models() {
+                target.load_model(catalog.get(&m)?)?;
+            }
+            None
+        }
+        Residency::Lru { budget_bytes } => {
+            Some(Lru { budget_bytes, used_bytes: 0, resident: HashMap::new(), generation: HashMap::new(), clock: 0 })
+        }
+    };
+    let t0 = target.now_ns() + opts.start_delay_ns;
+    let end = t0 + schedule.duration_ns;
+    let drain_end = end + opts.drain_ns;
+
+    // Closed-loop clients: (next send time, client index), earliest first.
+    let mut clients: Vec<Client> = Vec::new();
+    let mut closed: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut rngs: Vec<SmallRng> = Vec::new();
+    let mut think: Vec<u64> = Vec::new();
+    for (i, src) in w.sources.iter().enumerate() {
+        rngs.push(source_rng(schedule.seed ^ 0xC105_ED00, i));
+        think.push(match src.arrival {
+            Arrival::ClosedLoop { think_ns, .. } => think_ns,
+            _ => 0,
+        });
+        if let Arrival::ClosedLoop { clients: n, .. } = src.arrival {
+            for _ in 0..n {
+                closed.push(Reverse((t0, clients.len())));
+                clients.push(Client { source: i });
+            }
+        }
+    }
+    // Per tag: the closed-loop client that sent it.
+    let mut sender: Vec<Option<usize>> = Vec::new();
+    let mut next_open = 0usize;
+    let mut outstanding = 0usize;
+    let mut comps: Vec<Completion> = Vec::new();
+    let mut last_progress = 0.0f64;
+    loop {
+        let now = target.now_ns();
+        // Submit everything due, in time order across open and closed sources.
+        loop {
+            let open_at = schedule.arrivals.get(next_open).map(|a| t0 + a.0);
+            let closed_at = closed.peek().map(|r| r.0.0);
+            let (at, stream, client) = match (open_at, closed_at) {
+                (Some(o), c) if o <= now && c.is_none_or(|c| o <= c) => {
+                    let s = schedule.arrivals[next_open].1;
+                    next_open += 1;
+                    (o, s, None)
+                }
+                (_, Some(c)) if c <= now => {
+                    let Reverse((_, k)) = closed.pop().expect("peeked");
+                    if c >= end {
+                        continue; // the client stops: arrivals end with the schedule
+                    }
+                    let src = clients[k].source;
+                    (c, w.sources[src].pick(&mut rngs[src]), Some(k))
+                }
+                _ => break,
+            };
+            if outstanding >= OUTSTANDING_MAX {
+                return Err(Error::Invalid(format!(
+                    "more than {OUTSTANDING_MAX} requests outstanding: the target is hopelessly overloaded"
+                )));
+            }
+            let s = &w.streams[stream as usize];
+            let (name, cold) = match lru.as_mut() {
+                Some(l) => l.ensure(&s.model, target, catalog, &mut rec)?,
+                None => (s.model.clone(), false),
+            };
+            let tag = rec.outcomes.len() as u64;
+            rec.outcomes.push(Outcome {
+                stream,
+                arrival_ns: at - t0,
+                status: Status::Unfinished,
+                closed: client.is_some(),
+                cold,
+            });
+            sender.push(client);
+            target.submit(tag, &name, at, s.options())?;
+            outstanding += 1;
+        }
+        let arrivals_left = next_open < schedule.arrivals.len() || !closed.is_empty();
+        if !arrivals_left && outstanding == 0 {
+            break;
+        }
+        if now >= drain_end {
+            break;
+        }
+        let mut until = drain_end;
+        if let Some(a) = schedule.arrivals.get(next_open) {
+            until = until.min(t0 + a.0);
+        }
+        if let Some(Reverse((c, _))) = closed.peek() {
+            until = until.min(*c);
+        }
+        target.wait(until.max(now), &mut comps)?;
+        for c in comps.drain(..) {
+            let tag = c.tag as usize;
+            let o = rec.outcomes.get_mut(tag).ok_or_else(|| Error::Invalid(format!("completion of unknown tag {tag}")))?;
+            if o.status != Status::Unfinished {
+                return Err(Error::Invalid(format!("request {tag} completed twice")));
+            }
+            outstanding -= 1;
+            let done_ns = c.done_ns.saturating_sub(t0);
+            let ok = c.result.is_ok();
+            o.status = match c.result {
+                Ok(t) => {
+                    let latency = done_ns.saturating_sub(o.arrival_ns);
+                    let gpu_ns = t.done_ns.saturating_sub(t.first_issue_ns).min(latency);
+                    Status::Done { done_ns, queue_ns: latency - gpu_ns, gpu_ns }
+                }
+                Err(e @ kairos_sched::Error::Overloaded { .. }) => Status::Rejected(e.to_string()),
+                Err(e) => Status::Failed(e.to_string()),
+            };
+            if let Some(k) = sender[tag] {
+                let src = clients[k].source;
+                let gap = if ok { think[src] } else { think[src].max(RETRY_BACKOFF_NS) };
+                let next = c.done_ns.max(t0) + gap;
+                if next < end {
+                    closed.push(Reverse((next, k)));
+                }
+            }
+        }
+        let f = (target.now_ns().saturating_sub(t0) as f64 / schedule.duration_ns as f64).min(1.0);
+        if f - last_progress >= 0.01 {
+            last_progress = f;
+            progress(f);
+        }
+    }
+    progress(1.0);
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Source, Stream, Workload};
+    use kairos_sched::{ModelInfo, RequestOptions, Timing};
+    use std::sync::Arc;
+
+    /// A target in virtual time where every request takes `service_ns` (no contention), or is
+    /// refused when its model is not loaded.
+    #[derive(Default)]
+    struct Fake {
+        now: u64,
+        service_ns: u64,
+        pending: std::collections::BTreeSet<(u64, u64)>,
+        refused: Vec<Completion>,
+        loaded: Vec<String>,
+        log: Vec<String>,
+    }
+
+    impl Target for Fake {
+        fn label(&self) -> String {
+            "fake".into()
+        }
+        fn device(&self) -> String {
+            "fake".into()
+        }
+        fn simulated(&self) -> bool {
+            true
+        }
+        fn begin(&mut self, _: &Config) -> Result<(), Error> {
+            self.loaded.clear();
+            Ok(())
+        }
+        fn end(&mut self) -> Result<(), Error> {
+            self.pending.clear();
+            Ok(())
+        }
+        fn now_ns(&self) -> u64 {
+            self.now
+        }
+        fn load_model(&mut self, spec: &ModelSpec) -> Result<ModelInfo, Error> {
+            self.log.push(format!("load {}", spec.name));
+            self.loaded.push(spec.name.clone());
+            self.now += 1000; // loading takes time
+            Ok(ModelInfo {
+                name: spec.name.clone(),
+                launches: 1,
+                weight_bytes: 0,
+                arena_bytes: 0,
+                estimated_ns: 0,
+                estimate_source: kairos_sched::EstimateSource::Roofline,
+            })
+        }
+        fn unload_model(&mut self, name: &str) -> Result<(), Error> {
+            self.log.push(format!("unload {name}"));
+            self.loaded.retain(|m| m != name);
+            Ok(())
+        }
+        fn submit(&mut self, tag: u64, model: &str, arrival_ns: u64, _: RequestOptions) -> Result<(), Error> {
+            if !self.loaded.iter().any(|m| m == model) {
+                self.refused.push(Completion {
+                    tag,
+                    done_ns: self.now,
+                    result: Err(kairos_sched::Error::Overloaded { what: "test", max: 0 }),
+                });
+            } else {
+                self.pending.insert((arrival_ns.max(self.now) + self.service_ns, tag));
+            }
+            Ok(())
+        }
+        fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error> {
+            out.append(&mut self.refused);
+            if !out.is_empty() {
+                return Ok(());
+            }
+            match self.pending.first().copied() {
+                Some((t, _)) if t <= until_ns => {
+                    self.now = self.now.max(t);
+                    while let Some(&(t2, tag)) = self.pending.first() {
+                        if t2 != t {
+                            break;
+                        }
+                        self.pending.pop_first();
+                        let timing = Timing { first_issue_ns: t - self.service_ns / 2, done_ns: t, ..Default::default() };
+                        out.push(Completion { tag, done_ns: t, result: Ok(timing) });
+                    }
+                }
+                _ => self.now = self.now.max(until_ns),
+            }
+            Ok(())
+        }
+    }
+
+    fn catalog(names: &[&str]) -> Catalog {
+        let mut c = Catalog::default();
+        for n in names {
+            let plan = kairos_sched::synthetic::chain_plan(n, 1, 256);
+            c.insert(ModelSpec { name: n.to_string(), plan: Arc::new(plan), profile: None });
+        }
+        c
+    }
+
+    #[test]
+    fn closed_loops_send_after_each_completion() {
+        let mut w = Workload::default();
+        w.stream_with(Stream::new("a", "m"), Arrival::ClosedLoop { clients: 2, think_ns: 5_000 });
+        let s = w.schedule(100_000, 10_000, 1).unwrap();
+        let mut t = Fake { service_ns: 10_000, ..Fake::default() };
+        let opts = RunOptions { drain_ns: 50_000, start_delay_ns: 0, residency: Residency::All };
+        let rec = run(&mut t, &Config::default(), &s, &catalog(&["m"]), &opts, &mut |_| {}).unwrap();
+        // Each client: sends at 0, 15, 30, ..., 90 us (service 10 + think 5), seven requests.
+        assert_eq!(rec.outcomes.len(), 14);
+        let arrivals: Vec<u64> = rec.outcomes.iter().map(|o| o.arrival_ns).step_by(2).collect();
+        assert_eq!(arrivals, vec![0, 15_000, 30_000, 45_000, 60_000, 75_000, 90_000]);
+        for o in &rec.outcomes {
+            assert!(o.closed);
+            assert_eq!(o.latency_ns(), Some(10_000));
+            assert_eq!(o.status, Status::Done { done_ns: o.arrival_ns + 10_000, queue_ns: 5_000, gpu_ns: 5_000 });
+        }
+    }
+
+    #[test]
+    fn requests_past_the_drain_are_unfinished() {
+        let mut w = Workload::default();
+        w.stream_with(Stream::new("a", "m"), Arrival::Periodic { period_ns: 10_000, phase_ns: Some(0) });
+        let s = w.schedule(100_000, 10_000, 1).unwrap();
+        let mut t = Fake { service_ns: 75_000, ..Fake::default() };
+        let opts = RunOptions { drain_ns: 20_000, start_delay_ns: 0, residency: Residency::All };
+        let rec = run(&mut t, &Config::default(), &s, &catalog(&["m"]), &opts, &mut |_| {}).unwrap();
+        assert_eq!(rec.outcomes.len(), 10);
+        // Arrivals at 0..90 us (+1 us of loading), done 75 us later; the drain ends at 121 us.
+        let done = rec.outcomes.iter().filter(|o| matches!(o.status, Status::Done { .. })).count();
+        assert_eq!(done, 5);
+        assert!(rec.outcomes[5..].iter().all(|o| o.status == Status::Unfinished));
+    }
+
+    #[test]
+    fn lru_loads_on_first_use_and_evicts_the_least_recent() {
+        let mut w = Workload::default();
+        for m in ["a", "b", "c"] {
+            w.stream(Stream::new(m, m));
+        }
+        w.sources
+            .push(Source { arrival: Arrival::Periodic { period_ns: 1_000_000, phase_ns: Some(0) }, streams: vec![(0, 1.0)] });
+        let mut s = w.schedule(10_000_000, 1_000_000, 1).unwrap();
+        // Replace the arrivals: a, b, c, a, c.
+        s.arrivals = vec![(0, 0), (1_000_000, 1), (2_000_000, 2), (3_000_000, 0), (4_000_000, 2)];
+        let cat = catalog(&["a", "b", "c"]);
+        let budget = 2 * cat.footprint_bytes("a").unwrap();
+        let mut t = Fake { service_ns: 100, ..Fake::default() };
+        let opts = RunOptions { drain_ns: 1_000_000, start_delay_ns: 0, residency: Residency::Lru { budget_bytes: budget } };
+        let rec = run(&mut t, &Config::default(), &s, &cat, &opts, &mut |_| {}).unwrap();
+        assert_eq!(t.log, ["load a@1", "load b@1", "unload a@1", "load c@1", "unload b@1", "load a@2"]);
+        assert_eq!((rec.model_loads, rec.model_unloads), (4, 2));
+        assert_eq!(rec.outcomes.iter().map(|o| o.cold).collect::<Vec<_>>(), [true, true, true, true, false]);
+        assert!(rec.outcomes.iter().all(|o| matches!(o.status, Status::Done { .. })));
+        assert_eq!(rec.load_ns, 4000);
+    }
+
+    #[test]
+    fn refused_closed_loop_clients_back_off() {
+        let mut w = Workload::default();
+        w.stream_with(Stream::new("a", "missing"), Arrival::ClosedLoop { clients: 1, think_ns: 0 });
+        let s = w.schedule(10 * RETRY_BACKOFF_NS, RETRY_BACKOFF_NS, 1).unwrap();
+        let mut c = catalog(&["m"]);
+        let spec = c.get("m").unwrap().clone();
+        c.insert_as("missing", &spec);
+        let opts = RunOptions { drain_ns: 0, start_delay_ns: 0, residency: Residency::All };
+        let mut target = Refusing(Fake { service_ns: 100, ..Fake::default() });
+        let rec = run(&mut target, &Config::default(), &s, &c, &opts, &mut |_| {}).unwrap();
+        assert_eq!(rec.outcomes.len(), 10, "one try per backoff period");
+        assert!(rec.outcomes.iter().all(|o| matches!(o.status, Status::Rejected(_))));
+    }
+
+    /// A fake whose loads do nothing, so every request is refused.
+    struct Refusing(Fake);
+    impl Target for Refusing {
+        fn label(&self) -> String {
+            self.0.label()
+        }
+        fn device(&self) -> String {
+            self.0.device()
+        }
+        fn simulated(&self) -> bool {
+            true
+        }
+        fn begin(&mut self, c: &Config) -> Result<(), Error> {
+            self.0.begin(c)
+        }
+        fn end(&mut self) -> Result<(), Error> {
+            self.0.end()
+        }
+        fn now_ns(&self) -> u64 {
+            self.0.now_ns()
+        }
+        fn load_model(&mut self, spec: &ModelSpec) -> Result<ModelInfo, Error> {
+            let info = self.0.load_model(spec)?;
+            self.0.loaded.clear();
+            self.0.now -= 1000;
+            Ok(info)
+        }
+        fn unload_model(&mut self, name: &str) -> Result<(), Error> {
+            self.0.unload_model(name)
+        }
+        fn submit(&mut self, tag: u64, model: &str, arrival_ns: u64, o: RequestOptions) -> Result<(), Error> {
+            self.0.submit(tag, model, arrival_ns, o)
+        }
+        fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error> {
+            self.0.wait(until_ns, out)
+        }
+    }
+}
