@@ -10,7 +10,7 @@
 
 use crate::Error;
 use crate::metrics::measure;
-use crate::presets::{HOL_KERNEL_NS, HOL_KERNELS, HOL_MODEL, Length, Preset, PresetOptions};
+use crate::presets::{Calibration, HOL_KERNEL_NS, HOL_KERNELS, HOL_MODEL, Length, Preset, PresetOptions};
 use crate::report::{Point, PresetResults};
 use crate::runner::{Catalog, RunOptions, run};
 use crate::target::{Completion, Target};
@@ -251,13 +251,26 @@ pub fn run_preset(
     if matches!(preset, Preset::Coldstart) {
         crate::presets::add_instances(&mut catalog, opts.preset.instances)?;
     }
-    let mut isolated = BTreeMap::new();
+    let mut calib = Calibration::default();
     if preset.needs_isolated() {
         for a in &archs {
             progress.message(&format!("isolated latency of {a}"));
             let ns = isolated_latency_ns(target, &opts.base, catalog.get(a)?, opts.isolated_repeats)?;
-            isolated.insert(a.clone(), ns);
+            calib.isolated.insert(a.clone(), ns);
         }
+    }
+    if let Some(w) = preset.capacity_workload(&calib)? {
+        let duration_ns = duration_for(length, 0.0).min(2_000_000_000);
+        let schedule = w.schedule(duration_ns, duration_ns / 5, opts.seed).map_err(Error::Invalid)?;
+        progress.message("throughput of the task mix in closed loop");
+        let run_opts = RunOptions { drain_ns: duration_ns / 2, ..RunOptions::default() };
+        let rec = run(target, &opts.base, &schedule, &catalog, &run_opts, &mut |_| {})?;
+        let m = measure(&schedule, &rec.outcomes, None);
+        if m.overall.throughput_per_s <= 0.0 {
+            return Err(Error::Invalid(format!("{}: no request completed in the capacity run", preset.name())));
+        }
+        progress.message(&format!("capacity: {:.1} requests/s", m.overall.throughput_per_s));
+        calib.capacity_per_s = Some(m.overall.throughput_per_s);
     }
 
     let variants = preset.variants(&opts.preset);
@@ -267,7 +280,8 @@ pub fn run_preset(
         about: preset.about(),
         load_meaning: preset.load_meaning().into(),
         headline: preset.headline(),
-        isolated_ms: isolated.iter().map(|(k, v)| (k.clone(), *v as f64 / 1e6)).collect(),
+        isolated_ms: calib.isolated.iter().map(|(k, v)| (k.clone(), *v as f64 / 1e6)).collect(),
+        capacity_per_s: calib.capacity_per_s,
         points: Vec::new(),
         skipped: Vec::new(),
     };
@@ -292,7 +306,7 @@ pub fn run_preset(
                     ));
                     continue;
                 }
-                let (workload, residency) = preset.workload(load, v, &isolated, &catalog, &opts.preset)?;
+                let (workload, residency) = preset.workload(load, v, &calib, &catalog, &opts.preset)?;
                 let duration_ns = duration_for(length, workload.open_rate_per_s());
                 let warmup_ns = (duration_ns as f64 * opts.warmup_fraction.clamp(0.0, 0.9)) as u64;
                 let schedule = workload.schedule(duration_ns, warmup_ns, opts.seed).map_err(Error::Invalid)?;

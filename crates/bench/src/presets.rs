@@ -6,7 +6,7 @@
 //! | `paella-short-long` | resnet18 (tenant 0) vs inception_v3 (tenant 1), shares inverse to isolated latency | Poisson | serial capacity of the mix |
 //! | `paella-hol` | jobs of 8 chained one-CTA kernels of ~300 us | Poisson | 32 streams busy: 32 / isolated latency |
 //! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
-//! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | total utilization sum(C_i / T_i) |
+//! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | the GPU's throughput for this task mix, measured in closed loop |
 //! | `coldstart` | 3 instances each of 8 vision models, LRU within a byte budget | Poisson, uniform over instances | serial capacity of the warm models |
 //! | `custom` | `--models` | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` |
 //!
@@ -26,7 +26,12 @@
 //! - DARIS (Babaei and Chantem, arXiv 2504.08795, 2025): periodic real-time DNN tasks of high and
 //!   low priority, deadlines equal to periods; the paper reports zero high-priority misses and under
 //!   2% low-priority misses. Its evaluation's exact task set was not available to us: the task set,
-//!   the equal utilization share per task and the loads 100% and 150% (the issue's) are kairos' choice.
+//!   the periods (6x each model's isolated latency at 100%, so equal GPU time per task), and the loads
+//!   100% and 150% (the issue's) are kairos' choice. 100% is the throughput the target sustains on
+//!   this task mix, measured before the sweep with 4 closed-loop clients per task under the base
+//!   policy; the task set is replicated until it offers that much (a GPU runs many of these models
+//!   at once: the serial utilization sum(C_i / T_i) would call a load "150%" that leaves the GPU
+//!   half idle), and higher loads shorten every period (150%: 4x the isolated latency).
 //! - Cold starts (DeepPlan, EuroSys'23, models beyond GPU memory): Poisson requests spread
 //!   uniformly over more model instances than the budget holds. kairos has no residency manager yet,
 //!   so the harness keeps its own LRU over the engine's load and unload, within a byte budget that
@@ -58,6 +63,10 @@ pub const VISION: [&str; 11] = [
 pub const DISB_MODELS: [&str; 5] = ["vgg19", "resnet152", "densenet201", "inception_v3", "distilbert"];
 pub const DARIS_HIGH: [&str; 3] = ["resnet18", "mobilenet_v2", "resnet50"];
 pub const DARIS_LOW: [&str; 3] = ["googlenet", "inception_v3", "densenet121"];
+/// A DARIS task's period (and deadline) at load 1, in multiples of its isolated latency.
+pub const DARIS_PERIOD_FACTOR: f64 = 6.0;
+/// Copies of the DARIS task set at most.
+pub const DARIS_REPLICAS_MAX: u32 = 256;
 pub const COLDSTART_MODELS: [&str; 8] =
     ["resnet18", "resnet34", "resnet50", "mobilenet_v2", "squeezenet1_1", "googlenet", "densenet121", "inception_v3"];
 /// The synthetic head-of-line job's model name.
@@ -162,6 +171,14 @@ pub enum Preset {
 /// Isolated latency (one request alone) of each model the preset needs, measured on the target.
 pub type Isolated = BTreeMap<String, u64>;
 
+/// What the workloads of a preset are scaled by, measured on the target before the sweep.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Calibration {
+    pub isolated: Isolated,
+    /// Requests per second the target completes on the preset's capacity workload (DARIS).
+    pub capacity_per_s: Option<f64>,
+}
+
 impl Preset {
     pub const NAMES: [&'static str; 11] = [
         "paella-mix",
@@ -230,7 +247,7 @@ impl Preset {
             Preset::PaellaMix | Preset::PaellaShortLong => "multiple of the serial capacity (1 / mean isolated latency)",
             Preset::PaellaHol => "fraction of the rate that keeps 32 streams busy",
             Preset::Disb(_) => "multiple of DISB's real-time rates (best-effort clients stay closed-loop)",
-            Preset::Daris => "total utilization, sum of isolated latency / period",
+            Preset::Daris => "fraction of the GPU's measured throughput on this task mix (closed loop, base policy)",
             Preset::Coldstart => "multiple of the warm models' serial capacity",
             Preset::Custom => "multiple of --rate",
         }
@@ -304,18 +321,39 @@ impl Preset {
         matches!(self, Preset::PaellaMix | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Daris | Preset::Coldstart)
     }
 
+    /// The closed-loop workload whose throughput defines load 1 (DARIS: its tasks, in their
+    /// shares, 4 clients per task), if the preset has one.
+    pub fn capacity_workload(&self, calib: &Calibration) -> Result<Option<Workload>, Error> {
+        match self {
+            Preset::Daris => {
+                let mut w = Workload::default();
+                let mut streams = Vec::new();
+                for (i, m) in DARIS_HIGH.iter().chain(DARIS_LOW.iter()).enumerate() {
+                    let c =
+                        calib.isolated.get(*m).copied().ok_or_else(|| Error::Invalid(format!("no isolated latency for {m}")))?;
+                    streams.push((w.stream(Stream::new(&format!("{m}-{i}"), m)), 1.0 / c.max(1) as f64));
+                }
+                let clients = 4 * streams.len() as u32;
+                w.sources.push(Source { arrival: Arrival::ClosedLoop { clients, think_ns: 0 }, streams });
+                Ok(Some(w))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The workload at `load` for `variant`, and how models are kept resident.
     pub fn workload(
         &self,
         load: f64,
         variant: &str,
-        isolated: &Isolated,
+        calib: &Calibration,
         catalog: &Catalog,
         opts: &PresetOptions,
     ) -> Result<(Workload, Residency), Error> {
         if !(load.is_finite() && load > 0.0) {
             return Err(Error::Invalid(format!("load {load} must be positive")));
         }
+        let isolated = &calib.isolated;
         let iso = |m: &str| -> Result<f64, Error> {
             isolated
                 .get(m)
@@ -350,18 +388,30 @@ impl Preset {
             }
             Preset::Disb(c) => disb(&mut w, *c, load)?,
             Preset::Daris => {
-                let n = (DARIS_HIGH.len() + DARIS_LOW.len()) as f64;
+                let capacity = calib
+                    .capacity_per_s
+                    .ok_or_else(|| Error::Invalid("daris: the GPU's throughput on the task mix was not measured".into()))?;
+                // Each task's period is DARIS_PERIOD_FACTOR x its isolated latency at load 1 (equal GPU
+                // time per task); the task set is replicated until it offers the measured capacity.
+                let base_per_s: f64 = DARIS_HIGH
+                    .iter()
+                    .chain(DARIS_LOW.iter())
+                    .map(|m| iso(m).map(|c| 1e9 / (DARIS_PERIOD_FACTOR * c)))
+                    .sum::<Result<f64, Error>>()?;
+                let replicas = (capacity / base_per_s).round().clamp(1.0, DARIS_REPLICAS_MAX as f64) as u32;
+                let scale = capacity / (replicas as f64 * base_per_s);
                 for (models, group, priority) in [(&DARIS_HIGH, "hp", 1), (&DARIS_LOW, "lp", 0)] {
                     for m in models.iter() {
-                        // Equal utilization share per task: C / T = load / n.
-                        let period_ns = (iso(m)? * n / load).round() as u64;
-                        w.stream_with(
-                            Stream::new(&format!("{m}-{group}"), m)
-                                .with_class(StreamClass::Rt, group)
-                                .with_priority(priority)
-                                .with_deadline_ns(period_ns),
-                            Arrival::Periodic { period_ns, phase_ns: None },
-                        );
+                        let period_ns = (DARIS_PERIOD_FACTOR * iso(m)? / (load * scale)).round() as u64;
+                        for r in 0..replicas {
+                            w.stream_with(
+                                Stream::new(&format!("{m}-{group}-{r}"), m)
+                                    .with_class(StreamClass::Rt, group)
+                                    .with_priority(priority)
+                                    .with_deadline_ns(period_ns),
+                                Arrival::Periodic { period_ns, phase_ns: None },
+                            );
+                        }
                     }
                 }
             }
@@ -501,8 +551,16 @@ fn custom(w: &mut Workload, c: &CustomSpec, load: f64) -> Result<(), Error> {
 mod tests {
     use super::*;
 
-    fn iso_all() -> Isolated {
-        VISION.iter().chain(DISB_MODELS.iter()).chain([HOL_MODEL].iter()).map(|m| (m.to_string(), 10_000_000)).collect()
+    fn iso_all() -> Calibration {
+        Calibration {
+            isolated: VISION
+                .iter()
+                .chain(DISB_MODELS.iter())
+                .chain([HOL_MODEL].iter())
+                .map(|m| (m.to_string(), 10_000_000))
+                .collect(),
+            capacity_per_s: Some(400.0),
+        }
     }
 
     #[test]
@@ -541,10 +599,17 @@ mod tests {
         let (m, _) = Preset::PaellaMix.workload(2.0, "sigma=2", &iso, &Catalog::default(), &opts).unwrap();
         assert!((m.open_rate_per_s() - 200.0).abs() < 1e-6);
         assert!(Preset::PaellaMix.workload(2.0, "", &iso, &Catalog::default(), &opts).is_err());
-        // DARIS at 150%: utilization sums to 1.5, deadlines are the periods.
+        // DARIS at 150% of a measured 400 requests/s: four copies of the six tasks (each offers
+        // 1 / (6 x 10 ms) at load 1), 600 requests/s, periods 4x the isolated latency, deadlines = periods.
         let (r, _) = Preset::Daris.workload(1.5, "", &iso, &Catalog::default(), &opts).unwrap();
-        let u: f64 = r.sources.iter().map(|s| s.arrival.rate_per_s().unwrap() * 0.010).sum();
-        assert!((u - 1.5).abs() < 1e-3, "utilization {u}");
+        assert!((r.open_rate_per_s() - 600.0).abs() < 0.5, "{}", r.open_rate_per_s());
+        assert_eq!(r.streams.len(), 24);
+        assert!(r.sources.iter().all(|s| matches!(s.arrival, Arrival::Periodic { period_ns: 40_000_000, .. })));
+        let cap = Preset::Daris.capacity_workload(&iso).unwrap().unwrap();
+        assert_eq!(cap.streams.len(), 6);
+        assert!(!cap.has_open_loop());
+        let no_cap = Calibration { capacity_per_s: None, ..iso.clone() };
+        assert!(Preset::Daris.workload(1.0, "", &no_cap, &Catalog::default(), &opts).is_err());
         for (s, src) in r.streams.iter().zip(&r.sources) {
             let Arrival::Periodic { period_ns, .. } = src.arrival else { panic!() };
             assert_eq!(s.deadline_ns, Some(period_ns));

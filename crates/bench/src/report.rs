@@ -66,6 +66,9 @@ pub struct PresetResults {
     pub headline: Headline,
     /// Isolated latency (ms) of each model on the target, when the workload depends on it.
     pub isolated_ms: BTreeMap<String, f64>,
+    /// Requests per second the target sustained on the preset's capacity workload (load 1), if any.
+    #[serde(default)]
+    pub capacity_per_s: Option<f64>,
     pub points: Vec<Point>,
     /// Points not run (a policy's loads past its saturation).
     pub skipped: Vec<String>,
@@ -235,6 +238,9 @@ impl PresetResults {
             let iso: Vec<String> = self.isolated_ms.iter().map(|(m, v)| format!("{m} {v:.2}")).collect();
             let _ = writeln!(s, "Isolated latency (ms): {}.", iso.join(", "));
         }
+        if let Some(c) = self.capacity_per_s {
+            let _ = writeln!(s, "Load 1 = {c:.1} requests/s (measured).");
+        }
         s.push('\n');
         let groups = self.groups();
         let deadlines = self.points.iter().any(|p| p.metrics.overall.with_deadline > 0);
@@ -365,7 +371,7 @@ impl PresetResults {
                             }
                         }
                     }
-                    ("load (total utilization)".to_string(), "deadline misses (%)".to_string(), false)
+                    ("load".to_string(), "deadline misses (%)".to_string(), false)
                 }
                 h => {
                     for p in &pts {

@@ -169,7 +169,10 @@ fn disb_c_d_e() {
 fn daris_reports_deadline_misses_per_priority() {
     let r = run("daris", &small(&["streams", "paella"], &[1.0, 1.5], Length::DurationNs(600_000_000)));
     check_points(&r, min_isolated_ns(&r) / 2);
+    let capacity = r.capacity_per_s.expect("daris measures the GPU's throughput on its task mix");
     for p in &r.points {
+        let want = p.load * capacity;
+        assert!((p.metrics.offered_per_s / want - 1.0).abs() < 0.25, "offered {} for {want}", p.metrics.offered_per_s);
         for g in ["hp", "lp"] {
             let s = p.metrics.group(g).unwrap();
             assert!(s.with_deadline > 0 && s.with_deadline == s.requests, "{g}: {s:?}");
