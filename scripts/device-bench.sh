@@ -56,11 +56,13 @@ if has presets; then
     pout="$OUT/presets"
     step presets-kairos "${PRESETS_KAIROS_S:-210}" "$BIN/kairos" bench run \
         "${PRESETS:-paella-mix:1:2:4,disb-a:0.25:1,disb-b,disb-c:0.25:1,disb-d:0.5:1,disb-e:0.5:1}" \
-        --backend cuda --profiles "$profiles" --sigma 1.5 --policies "${PRESETS_POLICIES:-fifo,streams,paella}" \
+        --backend "${PRESETS_BACKEND:-cuda}" --profiles "$profiles" --sigma 1.5 --policies "${PRESETS_POLICIES:-fifo,streams,paella}" \
         --duration-ms "${PRESETS_DURATION_MS:-1500}" --traces --out "$pout"
     step presets-peers "${PRESETS_PEERS_S:-170}" python3 scripts/peer_replay.py --traces "$pout/traces" \
         --modes "${PRESETS_MODES:-single,streams:4,priority:4}" --budget-s "${PRESETS_PEERS_BUDGET_S:-150}" --out "$pout/peers.json"
-    step presets-report 60 "$BIN/kairos" bench report --results "$pout/results.json" --peers "$pout/peers.json"
+    peers_arg=()
+    [ -f "$pout/peers.json" ] && peers_arg=(--peers "$pout/peers.json")
+    step presets-report 60 "$BIN/kairos" bench report --results "$pout/results.json" ${peers_arg[@]+"${peers_arg[@]}"}
 fi
 if has suite; then
     # The GPU test suite and the protocol measurements (needs .carry/ from scripts/gpu-suite.sh build).
@@ -97,6 +99,8 @@ for p in r["presets"]:
         hs = m["overall"]
         if h.get("kind") == "group":
             hs = next((g for g in m["groups"] if g["name"] == h["name"]), hs)
+        elif h.get("kind") == "model":
+            hs = next((g for g in m["models"] if g["name"].split("/")[0] == h["name"]), hs)
         pol = pt["policy"].removeprefix(pt["system"] + "-")
         sat = " sat" if pt["saturated"] else ""
         print(f"{p['preset']:<11} {pt['system']:<8} {pol:<10} {pt['load']:>5} {m['overall']['throughput_per_s']:>9.1f} "
