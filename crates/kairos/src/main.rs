@@ -5,6 +5,7 @@ mod cmd_demo;
 mod cmd_inspect;
 mod cmd_profile;
 mod cmd_run;
+mod cmd_serve;
 mod cmd_zoo;
 mod model_args;
 
@@ -30,6 +31,8 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// Profile a model's kernels on the GPU: durations, resources, occupancy, KRISP's min SMs.
     Profile(cmd_profile::ProfileArgs),
+    /// Serve a model repository: Open Inference Protocol over REST and gRPC, shared memory, metrics.
+    Serve(Box<cmd_serve::ServeArgs>),
     /// Benchmarks: the papers' experiments on the simulator or the GPU.
     #[command(subcommand)]
     Bench(cmd_bench::BenchCommand),
@@ -44,6 +47,7 @@ fn main() {
         Command::Run(a) => cmd_run::run(a),
         Command::Profile(a) => cmd_profile::run(a),
         Command::Bench(c) => cmd_bench::run(c),
+        Command::Serve(a) => cmd_serve::run(*a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -69,6 +69,7 @@ struct Shared {
     jobs: AtomicU64,
     launches_in_flight: AtomicU64,
     launches: AtomicU64,
+    preemptions: AtomicU64,
 }
 
 /// A snapshot of the engine's counters (for metrics).
@@ -86,6 +87,8 @@ pub struct EngineStats {
     pub launches_in_flight: u64,
     /// Kernel launches issued so far.
     pub launches: u64,
+    /// Launches a policy preempted so far (they resume where they stopped).
+    pub preemptions: u64,
 }
 
 /// The in-process serving API: one dispatcher thread and its GPU.
@@ -216,6 +219,7 @@ impl Engine {
             jobs: s.jobs.load(Ordering::Relaxed),
             launches_in_flight: s.launches_in_flight.load(Ordering::Relaxed),
             launches: s.launches.load(Ordering::Relaxed),
+            preemptions: s.preemptions.load(Ordering::Relaxed),
         }
     }
 
@@ -417,6 +421,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.jobs.store(d.jobs() as u64, Ordering::Relaxed);
         shared.launches_in_flight.store(d.launches_in_flight() as u64, Ordering::Relaxed);
         shared.launches.store(s.launches, Ordering::Relaxed);
+        shared.preemptions.store(s.preemptions, Ordering::Relaxed);
         if d.is_shut_down() {
             return;
         }

@@ -1,0 +1,225 @@
+//! `kairos serve`: the inference server (Open Inference Protocol over REST and gRPC, the local
+//! shared-memory channel, Prometheus metrics) over a model repository folder.
+
+use crate::cmd_run::sim_desc;
+use anyhow::{Context, Result, bail};
+use clap::{ArgAction, Args, ValueEnum};
+use kairos_gpu::profile::ProfileSet;
+use kairos_sched::{Engine, EngineConfig, PolicyConfig};
+use kairos_server::state::PlannedModel;
+use kairos_server::{Backend, RunningServer, ServeError, ServerConfig, ShmConfig, SimBackend, StateConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ServeBackend {
+    /// The GPU when the NVIDIA driver reports one, else the simulator.
+    Auto,
+    /// The simulated GPU, with computation on (results come from the CPU reference kernels).
+    Sim,
+    /// Real NVIDIA GPUs through the CUDA driver.
+    Cuda,
+}
+
+const REPOSITORY_HELP: &str = "\
+MODEL REPOSITORY
+  One folder per model; the folder's name is the model's name. A folder holds an .onnx file and/or
+  a config.toml (flat `key = value` lines, # comments). Without config.toml, a folder with one .onnx
+  file serves it, and any other folder is the zoo model of its name (`kairos zoo list`).
+
+  model = \"resnet18\"        zoo name, or an .onnx file in this folder
+  dtype = \"f16\"             f32 (default) or f16
+  batch = 1                 batch size (zoo models; the dynamic batch dimension of .onnx files)
+  seq_len = 128             transformers' sequence length / other dynamic dimensions
+  class = \"real-time\"       real-time or best-effort (default)
+  priority = 10             higher is more urgent (default 0)
+  deadline_ms = 5.0         latency target per request (alias latency_target_ms; default none)
+  tenant = 1                fairness account (default 0)
+  instances = 2             copies of the model (default 1), spread round robin over `gpus`
+  gpus = [0, 1]             devices of the instances (default [0]; must be < --gpus)
+  version = \"1\"             the version clients name (default \"1\")
+  seed = 7                  zoo weights seed
+  profile = \"p.json\"        a `kairos profile` JSON (default: found in --profiles by name)
+
+REQUESTS
+  Open Inference Protocol (KServe v2) over REST (/v2/...) and gRPC (inference.GRPCInferenceService),
+  with Triton's repository (index/load/unload), model configuration and statistics extensions; the
+  binary tensor data extension on REST. Request parameters: priority (Triton's levels: 1 is the most
+  urgent, 0 the model's own), timeout (microseconds: becomes the request's deadline), kairos_class
+  (real-time / best-effort), kairos_tenant. Responses carry kairos_engine_ns, kairos_gpu_ns,
+  kairos_queue_ns and kairos_deadline_missed. Prometheus metrics on GET /metrics (REST port).
+  Local clients: the shared-memory channel on --shm-socket (kairos_client::shm::ShmClient).";
+
+#[derive(Args, Debug)]
+#[command(after_long_help = REPOSITORY_HELP)]
+pub struct ServeArgs {
+    /// The model repository folder (see `kairos serve --help`).
+    #[arg(long, short = 'r', env = "KAIROS_MODEL_REPOSITORY", default_value = "models")]
+    pub repository: PathBuf,
+    /// Where kernels run.
+    #[arg(long, value_enum, env = "KAIROS_BACKEND", default_value = "auto")]
+    pub backend: ServeBackend,
+    /// GPUs to drive (CUDA ordinals 0..N, or N simulated GPUs).
+    #[arg(long, env = "KAIROS_GPUS", default_value_t = 1)]
+    pub gpus: u32,
+    /// Models to load at start, comma-separated (default: every folder of the repository; `none`: none).
+    #[arg(long, env = "KAIROS_LOAD", value_delimiter = ',')]
+    pub load: Option<Vec<String>>,
+    /// REST address, or `off`.
+    #[arg(long, env = "KAIROS_HTTP", default_value = "0.0.0.0:8000")]
+    pub http: String,
+    /// gRPC address, or `off`.
+    #[arg(long, env = "KAIROS_GRPC", default_value = "0.0.0.0:8001")]
+    pub grpc: String,
+    /// Unix socket of the shared-memory channel (mode 0600), or `off`.
+    #[arg(long, env = "KAIROS_SHM_SOCKET", default_value = "/tmp/kairos.sock")]
+    pub shm_socket: String,
+    /// Scheduling policy: fifo, streams, streams-kernel, paella, sjf, rr.
+    #[arg(long, env = "KAIROS_POLICY", default_value = "paella")]
+    pub policy: String,
+    /// Largest REST body / gRPC message, bytes (413 / refused beyond).
+    #[arg(long, env = "KAIROS_REQUEST_BYTES_MAX", default_value_t = 64 << 20)]
+    pub request_bytes_max: usize,
+    /// Commands waiting for each dispatcher thread; more is 429 / RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KAIROS_SUBMIT_QUEUE_MAX", default_value_t = 4096)]
+    pub submit_queue_max: usize,
+    /// Requests each dispatcher holds (waiting or running); more is 429 / RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KAIROS_JOBS_MAX", default_value_t = 4096)]
+    pub jobs_max: usize,
+    /// Shared-memory clients served at once.
+    #[arg(long, env = "KAIROS_SHM_CLIENTS_MAX", default_value_t = 64)]
+    pub shm_clients_max: usize,
+    /// Largest shared-memory region one client may ask for, bytes.
+    #[arg(long, env = "KAIROS_SHM_REGION_BYTES_MAX", default_value_t = 1 << 30)]
+    pub shm_region_bytes_max: u64,
+    /// Microseconds a shared-memory client thread spins on its ring before it sleeps.
+    #[arg(long, env = "KAIROS_SHM_SPIN_US", default_value_t = 20)]
+    pub shm_spin_us: u64,
+    /// tokio worker threads for REST and gRPC.
+    #[arg(long, env = "KAIROS_THREADS", default_value_t = 2)]
+    pub threads: usize,
+    /// Simulated GPU: h100-sxm, h100-pcie or h200.
+    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
+    pub sim_gpu: String,
+    /// Run the CPU reference kernels on the simulator so results are real (`false`: timing only,
+    /// outputs are zeros).
+    #[arg(long, env = "KAIROS_SIM_COMPUTE", default_value_t = true, action = ArgAction::Set)]
+    pub sim_compute: bool,
+    /// Seed of the simulator.
+    #[arg(long, env = "KAIROS_SEED", default_value_t = 1)]
+    pub seed: u64,
+    /// Folder of `kairos profile` JSONs for kernel time estimates (default: data/profiles/<sim gpu>
+    /// on the simulator, data/profiles/h200 on CUDA, when present).
+    #[arg(long, env = "KAIROS_PROFILES")]
+    pub profiles: Option<PathBuf>,
+    /// Log filter (tracing's env-filter syntax), also read from RUST_LOG.
+    #[arg(long, env = "KAIROS_LOG", default_value = "info")]
+    pub log: String,
+}
+
+fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    Ok(Some(s.parse().with_context(|| format!("--{what} {s}: expected HOST:PORT or off"))?))
+}
+
+/// Real GPUs through kairos-cuda.
+struct CudaBackend {
+    engine: EngineConfig,
+    profiles: Option<ProfileSet>,
+}
+
+impl Backend for CudaBackend {
+    fn describe(&self) -> String {
+        "cuda".into()
+    }
+
+    fn start(&self, gpu: u32, _models: &[&PlannedModel]) -> Result<(Engine, String), ServeError> {
+        let engine = Engine::start(self.engine.clone(), move || kairos_cuda::CudaGpu::new(gpu))
+            .map_err(|e| ServeError::Internal(format!("GPU {gpu}: {e}")))?;
+        let name = engine.device().name.clone();
+        Ok((engine, name))
+    }
+
+    fn profiles(&self) -> Option<&ProfileSet> {
+        self.profiles.as_ref()
+    }
+}
+
+fn gpu_present() -> bool {
+    kairos_cuda::driver::is_present()
+        && kairos_cuda::driver::init().is_ok()
+        && kairos_cuda::driver::device_count().map(|n| n > 0).unwrap_or(false)
+}
+
+fn load_profiles(dir: Option<PathBuf>, default: PathBuf) -> Result<Option<ProfileSet>> {
+    let dir = dir.unwrap_or(default);
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let set = ProfileSet::load_dir(&dir).map_err(anyhow::Error::msg)?;
+    tracing::info!(folder = %dir.display(), profiles = set.models.len(), "kernel profiles");
+    Ok(Some(set))
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| args.log.clone());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).context("--log")?)
+        .with_writer(std::io::stderr)
+        .init();
+    let policy = PolicyConfig::by_name(&args.policy)
+        .with_context(|| format!("unknown policy {}: use fifo, streams, streams-kernel, paella, sjf or rr", args.policy))?;
+    let mut engine = EngineConfig { submit_queue_max: args.submit_queue_max, ..EngineConfig::default() };
+    engine.dispatcher = engine.dispatcher.with_policy(policy);
+    engine.dispatcher.jobs_max = args.jobs_max;
+    let backend: Box<dyn Backend> = match args.backend {
+        ServeBackend::Cuda => {
+            Box::new(CudaBackend { engine, profiles: load_profiles(args.profiles.clone(), PathBuf::from("data/profiles/h200"))? })
+        }
+        ServeBackend::Auto if gpu_present() => {
+            tracing::info!("an NVIDIA GPU is present: backend cuda");
+            Box::new(CudaBackend { engine, profiles: load_profiles(args.profiles.clone(), PathBuf::from("data/profiles/h200"))? })
+        }
+        ServeBackend::Auto | ServeBackend::Sim => {
+            if args.backend == ServeBackend::Auto {
+                tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
+            }
+            let desc = sim_desc(&args.sim_gpu)?;
+            let profiles = load_profiles(args.profiles.clone(), desc.profile_dir(std::path::Path::new(".")))?;
+            Box::new(SimBackend { desc, seed: args.seed, compute: args.sim_compute, engine, profiles })
+        }
+    };
+    let load = match &args.load {
+        Some(v) if v.len() == 1 && v[0] == "none" => Some(Vec::new()),
+        other => other.clone(),
+    };
+    if !args.repository.is_dir() {
+        bail!("the model repository {} is not a folder (see `kairos serve --help`)", args.repository.display());
+    }
+    let cfg = ServerConfig {
+        state: StateConfig { repository: args.repository.clone(), gpus: args.gpus, load },
+        http: address(&args.http, "http")?,
+        grpc: address(&args.grpc, "grpc")?,
+        shm: (!args.shm_socket.eq_ignore_ascii_case("off")).then(|| ShmConfig {
+            socket: PathBuf::from(&args.shm_socket),
+            clients_max: args.shm_clients_max,
+            region_bytes_max: args.shm_region_bytes_max,
+            spin_us: args.shm_spin_us,
+        }),
+        request_bytes_max: args.request_bytes_max,
+        threads: args.threads,
+    };
+    let server = RunningServer::start(cfg, backend).map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!(
+        "kairos serve: {} model(s) ready; REST {}, gRPC {}, shared memory {} (Ctrl-C stops)",
+        server.state.ready_models().len(),
+        server.http_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        server.grpc_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        server.shm_socket().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
+    );
+    server.wait_for_signal();
+    server.shutdown();
+    Ok(())
+}

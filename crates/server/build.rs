@@ -1,0 +1,19 @@
+//! Generates the gRPC service types from the project's own `proto/inference.proto` with protox
+//! (a protobuf compiler in Rust: no protoc needed) and tonic-prost-build.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let file = proto_dir.join("inference.proto");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let fds = protox::compile([&file], [&proto_dir])?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .build_transport(false)
+        // Malformed protobuf is the client's error: INVALID_ARGUMENT, not tonic's INTERNAL.
+        .codec_path("crate::grpc::codec::Codec")
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
+        .bytes(".inference.ModelInferResponse.raw_output_contents")
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! kairos-server: the front ends. The only layer of kairos that knows JSON, protobuf, HTTP, gRPC
+//! or tokio.
+//!
+//! - [`rest`]: the Open Inference Protocol (KServe v2) over HTTP/1.1 with axum, JSON tensors and
+//!   the binary tensor data extension, Triton's repository, configuration and statistics
+//!   extensions, and `/metrics`.
+//! - [`grpc`]: the same over gRPC with tonic (`proto/inference.proto`, compiled by protox in
+//!   build.rs: no protoc).
+//! - [`shm`]: the local shared-memory channel (Paella's client path; wire layout and ring in
+//!   `kairos_client::shm`).
+//! - [`repository`]: the model repository folder and its `config.toml` format.
+//! - [`state`]: one engine per GPU, the model table, load/unload, and the one submission path all
+//!   front ends share; [`metrics`]: Prometheus text; [`error`]: one error enum and the table that
+//!   maps it to HTTP statuses and gRPC codes.
+//!
+//! Architecture invariant: front ends never touch scheduler state. They resolve a model, check and
+//! decode tensors, and send the engine a command (`Engine::submit_with`, `load_model`,
+//! `unload_model`); results come back through the engine's completion callback. Every queue has a
+//! limit: the engine's submission queue and job limit (429 / RESOURCE_EXHAUSTED when full), the
+//! body and message limits (413), the shared-memory rings (back-pressure) and client count.
+
+pub mod error;
+pub mod fixtures;
+pub mod grpc;
+pub mod metrics;
+pub mod repository;
+pub mod rest;
+pub mod shm;
+pub mod state;
+
+pub use error::ServeError;
+pub use repository::{ModelConfig, ModelSource, Repository};
+pub use shm::ShmConfig;
+pub use state::{Backend, SimBackend, State, StateConfig};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::info;
+
+/// Everything `kairos serve` configures.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub state: StateConfig,
+    /// REST address (`None`: no REST). Port 0 picks a free port.
+    pub http: Option<SocketAddr>,
+    /// gRPC address (`None`: no gRPC).
+    pub grpc: Option<SocketAddr>,
+    /// The shared-memory channel (`None`: off).
+    pub shm: Option<ShmConfig>,
+    /// Largest REST body and gRPC message accepted.
+    pub request_bytes_max: usize,
+    /// tokio worker threads for REST and gRPC.
+    pub threads: usize,
+}
+
+impl ServerConfig {
+    /// Local defaults: REST on 8000, gRPC on 8001, no shared memory.
+    pub fn new(repository: impl Into<std::path::PathBuf>) -> ServerConfig {
+        ServerConfig {
+            state: StateConfig { repository: repository.into(), gpus: 1, load: None },
+            http: Some(SocketAddr::from(([127, 0, 0, 1], 8000))),
+            grpc: Some(SocketAddr::from(([127, 0, 0, 1], 8001))),
+            shm: None,
+            request_bytes_max: 64 << 20,
+            threads: 2,
+        }
+    }
+}
+
+/// A started server: its addresses, and the way to stop it.
+pub struct RunningServer {
+    pub state: Arc<State>,
+    runtime: Option<tokio::runtime::Runtime>,
+    http_addr: Option<SocketAddr>,
+    grpc_addr: Option<SocketAddr>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    shm: Option<shm::ShmServer>,
+}
+
+impl RunningServer {
+    /// Loads the repository (blocking, with progress in the log), binds the listeners and serves
+    /// on background threads.
+    pub fn start(cfg: ServerConfig, backend: Box<dyn Backend>) -> Result<RunningServer, ServeError> {
+        let state = State::start(cfg.state.clone(), backend)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.threads.max(1))
+            .thread_name("kairos-net")
+            .enable_all()
+            .build()
+            .map_err(|e| ServeError::Internal(format!("cannot start the tokio runtime: {e}")))?;
+        let (shutdown, rx) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        let bind = |addr: SocketAddr| {
+            runtime
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .map_err(|e| ServeError::Internal(format!("cannot listen on {addr}: {e}")))
+        };
+        let mut http_addr = None;
+        if let Some(addr) = cfg.http {
+            let listener = bind(addr)?;
+            http_addr = listener.local_addr().ok();
+            let app = rest::App { state: state.clone(), body_bytes_max: cfg.request_bytes_max };
+            let mut rx = rx.clone();
+            let router = rest::router(app);
+            tasks.push(runtime.spawn(async move {
+                use axum::serve::ListenerExt;
+                let listener = listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                let signal = async move {
+                    let _ = rx.wait_for(|&stop| stop).await;
+                };
+                if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(signal).await {
+                    tracing::error!(error = %e, "the REST server failed");
+                }
+            }));
+            info!(address = %http_addr.unwrap_or(addr), "REST (Open Inference Protocol) listening");
+        }
+        let mut grpc_addr = None;
+        if let Some(addr) = cfg.grpc {
+            let listener = bind(addr)?;
+            grpc_addr = listener.local_addr().ok();
+            let svc = grpc::service(state.clone(), cfg.request_bytes_max);
+            let mut rx = rx.clone();
+            tasks.push(runtime.spawn(async move {
+                let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                let signal = async move {
+                    let _ = rx.wait_for(|&stop| stop).await;
+                };
+                let r = tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(incoming, signal).await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "the gRPC server failed");
+                }
+            }));
+            info!(address = %grpc_addr.unwrap_or(addr), "gRPC (Open Inference Protocol) listening");
+        }
+        let shm = match &cfg.shm {
+            Some(c) => Some(
+                shm::ShmServer::start(state.clone(), c.clone())
+                    .map_err(|e| ServeError::Internal(format!("shared-memory socket {}: {e}", c.socket.display())))?,
+            ),
+            None => None,
+        };
+        Ok(RunningServer { state, runtime: Some(runtime), http_addr, grpc_addr, shutdown, tasks, shm })
+    }
+
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
+    }
+
+    pub fn shm_socket(&self) -> Option<&std::path::Path> {
+        self.shm.as_ref().map(|s| s.path())
+    }
+
+    /// Blocks until SIGINT (Ctrl-C) or SIGTERM.
+    pub fn wait_for_signal(&self) {
+        let Some(rt) = &self.runtime else { return };
+        rt.block_on(async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+            }
+        });
+    }
+
+    /// Stops accepting requests, lets the listeners finish their connections (5 s at most), stops
+    /// the shared-memory channel, then the engines.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.state.begin_shutdown();
+        let _ = self.shutdown.send(true);
+        if let Some(rt) = self.runtime.take() {
+            let tasks = std::mem::take(&mut self.tasks);
+            rt.block_on(async {
+                for t in tasks {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+                }
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+        if let Some(s) = self.shm.take() {
+            s.stop();
+        }
+        info!("kairos serve stopped");
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if self.runtime.is_some() {
+            self.stop();
+        }
+    }
+}

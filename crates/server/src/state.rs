@@ -1,0 +1,684 @@
+//! The server's state: one engine per GPU, the table of models, and the one submission path that
+//! every front end uses. Front ends never touch scheduler state: they resolve a model here, bind
+//! their decoded tensors to its inputs, and hand the request to an engine as a command.
+
+use crate::error::{Outcome, ServeError};
+use crate::metrics::{EngineView, Metrics, ModelMetrics, Protocol};
+use crate::repository::{ModelConfig, Repository};
+use kairos_gpu::profile::{ModelProfile, ProfileSet};
+use kairos_ir::plan::{IoTensor, Plan};
+use kairos_ir::{DType, Tensor};
+use kairos_sched::{Class, Engine, EngineConfig, ModelInfo, RequestOptions, TenantId, Timing};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+use tracing::{info, warn};
+
+/// Request priority levels as Triton numbers them: 1 is the most urgent, `PRIORITY_LEVELS_MAX` the
+/// least; level L becomes kairos priority `PRIORITY_LEVELS_MAX - L` (higher is more urgent).
+pub const PRIORITY_LEVELS_MAX: u64 = 1000;
+/// Request timeouts beyond an hour are refused.
+pub const TIMEOUT_US_MAX: u64 = 3_600_000_000;
+/// GPUs one server drives.
+pub const GPUS_MAX: u32 = 64;
+/// Engine load is sampled this often for the busy fraction.
+pub const BUSY_SAMPLE_PERIOD_US: u64 = 1000;
+/// Samples per busy-ratio window (one second).
+pub const BUSY_WINDOW_SAMPLES: u64 = 1000;
+
+/// A model lowered to its plan, ready to load.
+#[derive(Clone, Debug)]
+pub struct PlannedModel {
+    pub config: ModelConfig,
+    pub plan: Arc<Plan>,
+    pub profile: Option<ModelProfile>,
+}
+
+/// Starts the engine of one GPU. The simulator registers the measured profiles of the models known
+/// at start (`models`); models loaded later run on its roofline timing.
+pub trait Backend: Send + Sync {
+    /// "sim (h100-sxm)", "cuda", ...
+    fn describe(&self) -> String;
+    /// The engine of device `gpu`, and a name for the device.
+    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(Engine, String), ServeError>;
+    /// Kernel profiles for the dispatcher's estimates, if the backend has a folder of them.
+    fn profiles(&self) -> Option<&ProfileSet> {
+        None
+    }
+}
+
+/// The simulated GPU of `kairos-sim`, with computation on by default (results are real: the CPU
+/// reference kernels run every logical block).
+pub struct SimBackend {
+    pub desc: kairos_sim::GpuDesc,
+    pub seed: u64,
+    pub compute: bool,
+    pub engine: EngineConfig,
+    pub profiles: Option<ProfileSet>,
+}
+
+impl SimBackend {
+    pub fn new(desc: kairos_sim::GpuDesc, seed: u64) -> SimBackend {
+        SimBackend { desc, seed, compute: true, engine: EngineConfig::default(), profiles: None }
+    }
+}
+
+impl Backend for SimBackend {
+    fn describe(&self) -> String {
+        format!("sim ({}, seed {}, compute {})", self.desc.name, self.seed, if self.compute { "on" } else { "off" })
+    }
+
+    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(Engine, String), ServeError> {
+        let desc = self.desc.clone();
+        let opts = kairos_sim::SimOptions {
+            seed: self.seed.wrapping_add(gpu as u64),
+            compute: self.compute,
+            ..kairos_sim::SimOptions::default()
+        };
+        let pairs: Vec<(Arc<Plan>, Option<ModelProfile>)> = models.iter().map(|m| (m.plan.clone(), m.profile.clone())).collect();
+        let name = format!("simulated {}", desc.name);
+        let engine = Engine::start(self.engine.clone(), move || {
+            let mut g = kairos_sim::SimGpu::new(desc, opts);
+            for (plan, profile) in &pairs {
+                if let Some(p) = profile {
+                    g.register_plan(plan, p).map_err(kairos_gpu::GpuError::Invalid)?;
+                }
+            }
+            Ok(g)
+        })
+        .map_err(|e| ServeError::Internal(format!("cannot start the simulated GPU {gpu}: {e}")))?;
+        Ok((engine, name))
+    }
+
+    fn profiles(&self) -> Option<&ProfileSet> {
+        self.profiles.as_ref()
+    }
+}
+
+/// Limits and switches of the state (the network parts live in [`crate::ServerConfig`]).
+#[derive(Clone, Debug)]
+pub struct StateConfig {
+    pub repository: std::path::PathBuf,
+    pub gpus: u32,
+    /// Models to load at start: `None` loads every folder of the repository.
+    pub load: Option<Vec<String>>,
+}
+
+/// One copy of a model on one GPU.
+#[derive(Debug)]
+pub struct Instance {
+    pub gpu: u32,
+    pub engine_name: String,
+    outstanding: AtomicU32,
+}
+
+/// A loaded model.
+pub struct ModelEntry {
+    pub config: ModelConfig,
+    pub inputs: Vec<IoTensor>,
+    pub outputs: Vec<IoTensor>,
+    pub instances: Vec<Instance>,
+    pub info: ModelInfo,
+    pub metrics: Arc<ModelMetrics>,
+}
+
+impl std::fmt::Debug for ModelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelEntry").field("name", &self.config.name).field("instances", &self.instances.len()).finish()
+    }
+}
+
+/// What a request asks for beyond its tensors (every field defaults to the model's configuration).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestParams {
+    /// Triton's level: 1 is the most urgent.
+    pub priority_level: Option<u64>,
+    pub timeout_us: Option<u64>,
+    pub class: Option<Class>,
+    pub tenant: Option<u32>,
+}
+
+impl ModelEntry {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The engine options of a request: the model's configuration, overridden by the request.
+    pub fn options(&self, p: &RequestParams) -> Result<RequestOptions, ServeError> {
+        let c = &self.config;
+        let mut o = RequestOptions {
+            class: p.class.unwrap_or(c.class),
+            priority: c.priority,
+            deadline_ns: c.deadline_ns,
+            tenant: TenantId(p.tenant.unwrap_or(c.tenant)),
+            skip_io: false,
+        };
+        match p.priority_level {
+            None | Some(0) => {}
+            Some(l) if l <= PRIORITY_LEVELS_MAX => o.priority = (PRIORITY_LEVELS_MAX - l) as i32,
+            Some(l) => {
+                return Err(ServeError::invalid(format!(
+                    "priority {l} is outside 1..={PRIORITY_LEVELS_MAX} (1 is the most urgent)"
+                )));
+            }
+        }
+        match p.timeout_us {
+            None | Some(0) => {}
+            Some(t) if t <= TIMEOUT_US_MAX => o.deadline_ns = Some(t * 1000),
+            Some(t) => return Err(ServeError::invalid(format!("timeout {t} us exceeds {TIMEOUT_US_MAX} us"))),
+        }
+        Ok(o)
+    }
+
+    /// The input index of a name.
+    pub fn input_index(&self, name: &str) -> Option<usize> {
+        self.inputs.iter().position(|t| t.name == name)
+    }
+
+    pub fn output_index(&self, name: &str) -> Option<usize> {
+        self.outputs.iter().position(|t| t.name == name)
+    }
+
+    /// Checks one decoded input against the model and puts it in `slots` at its index.
+    pub fn bind_input(&self, slots: &mut [Option<Tensor>], name: &str, tensor: Tensor) -> Result<(), ServeError> {
+        let i = self.input_index(name).ok_or_else(|| {
+            ServeError::invalid(format!(
+                "model '{}' has no input '{name}' (inputs: {})",
+                self.name(),
+                self.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let decl = &self.inputs[i];
+        if tensor.dtype() != decl.dtype {
+            return Err(ServeError::invalid(format!(
+                "input '{name}' of model '{}' is {}, the request sent {}",
+                self.name(),
+                decl.dtype.kserve_name(),
+                tensor.dtype().kserve_name()
+            )));
+        }
+        if tensor.shape != decl.shape {
+            return Err(ServeError::invalid(format!(
+                "input '{name}' of model '{}' has shape {:?}, the request sent {:?}",
+                self.name(),
+                decl.shape,
+                tensor.shape
+            )));
+        }
+        if slots[i].is_some() {
+            return Err(ServeError::invalid(format!("input '{name}' is given twice")));
+        }
+        slots[i] = Some(tensor);
+        Ok(())
+    }
+
+    /// The bound inputs in plan order, or which are missing.
+    pub fn finish_inputs(&self, slots: Vec<Option<Tensor>>) -> Result<Vec<Tensor>, ServeError> {
+        let missing: Vec<&str> =
+            slots.iter().zip(&self.inputs).filter(|(s, _)| s.is_none()).map(|(_, t)| t.name.as_str()).collect();
+        if !missing.is_empty() {
+            return Err(ServeError::invalid(format!("model '{}' needs input(s) {}", self.name(), missing.join(", "))));
+        }
+        Ok(slots.into_iter().map(|s| s.unwrap()).collect())
+    }
+
+    /// Checks a declared input before its data is decoded (so a wrong dtype or shape is refused
+    /// before any allocation), and returns its element count.
+    pub fn check_declared(&self, name: &str, datatype: &str, shape: &[i64]) -> Result<(usize, DType), ServeError> {
+        let i = self.input_index(name).ok_or_else(|| {
+            ServeError::invalid(format!(
+                "model '{}' has no input '{name}' (inputs: {})",
+                self.name(),
+                self.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let decl = &self.inputs[i];
+        if datatype != decl.dtype.kserve_name() {
+            return Err(ServeError::invalid(format!(
+                "input '{name}' of model '{}' is {}, the request says {datatype}",
+                self.name(),
+                decl.dtype.kserve_name()
+            )));
+        }
+        let same =
+            shape.len() == decl.shape.len() && shape.iter().zip(&decl.shape).all(|(&a, &b)| a >= 0 && a as u64 == b as u64);
+        if !same {
+            return Err(ServeError::invalid(format!(
+                "input '{name}' of model '{}' has shape {:?}, the request says {shape:?}",
+                self.name(),
+                decl.shape
+            )));
+        }
+        Ok((decl.shape.iter().product(), decl.dtype))
+    }
+
+    fn pick_instance(&self) -> &Instance {
+        self.instances.iter().min_by_key(|i| i.outstanding.load(Ordering::Relaxed)).expect("a model has at least one instance")
+    }
+}
+
+/// A finished request.
+#[derive(Clone, Debug)]
+pub struct InferDone {
+    /// In plan order.
+    pub outputs: Vec<Tensor>,
+    pub timing: Timing,
+    /// Wall time from the engine submission to the completion callback.
+    pub engine_ns: u64,
+}
+
+impl InferDone {
+    pub fn gpu_ns(&self) -> u64 {
+        self.timing.done_ns.saturating_sub(self.timing.first_issue_ns)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum SlotState {
+    Loading,
+    Ready(Arc<ModelEntry>),
+    Unloading,
+    Unavailable(String),
+}
+
+#[derive(Clone, Debug)]
+struct ModelSlot {
+    version: String,
+    state: SlotState,
+}
+
+/// One row of the repository index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexRow {
+    pub name: String,
+    pub version: String,
+    pub state: &'static str,
+    pub reason: String,
+}
+
+struct EngineSlot {
+    engine: Engine,
+    device: String,
+}
+
+pub struct State {
+    pub repository: Repository,
+    backend: Box<dyn Backend>,
+    engines: Vec<EngineSlot>,
+    models: RwLock<BTreeMap<String, ModelSlot>>,
+    admin: Mutex<()>,
+    pub metrics: Metrics,
+    ready: AtomicBool,
+    shutting_down: AtomicBool,
+    sampler_stop: Arc<AtomicBool>,
+    pub started: Instant,
+}
+
+impl State {
+    /// Plans the models to load at start (with progress in the log), starts one engine per GPU,
+    /// loads the models, and starts the busy sampler. Models that fail are reported UNAVAILABLE with
+    /// their reason; the server still starts.
+    pub fn start(cfg: StateConfig, backend: Box<dyn Backend>) -> Result<Arc<State>, ServeError> {
+        if cfg.gpus == 0 || cfg.gpus > GPUS_MAX {
+            return Err(ServeError::invalid(format!("gpus = {} must be in 1..={GPUS_MAX}", cfg.gpus)));
+        }
+        let repository = Repository::new(cfg.repository.clone());
+        let names = match &cfg.load {
+            None => repository.model_names()?,
+            Some(v) => v.clone(),
+        };
+        info!(repository = %repository.root.display(), backend = %backend.describe(), gpus = cfg.gpus, models = names.len(), "kairos serve starting");
+        let mut planned = Vec::new();
+        let mut failed = BTreeMap::new();
+        for (i, name) in names.iter().enumerate() {
+            let t = Instant::now();
+            match plan_model(&repository, name, backend.profiles()) {
+                Ok(p) => {
+                    info!(
+                        progress = %format!("[{}/{}]", i + 1, names.len()),
+                        model = %name,
+                        source = %p.config.source.describe(),
+                        dtype = %p.config.dtype,
+                        kernels = p.plan.launches.len(),
+                        weight_mb = format!("{:.1}", p.plan.weight_bytes as f64 / 1e6),
+                        profile = p.profile.is_some(),
+                        lower_s = format!("{:.2}", t.elapsed().as_secs_f64()),
+                        "planned"
+                    );
+                    planned.push(p);
+                }
+                Err(e) => {
+                    warn!(progress = %format!("[{}/{}]", i + 1, names.len()), model = %name, error = %e, "cannot plan");
+                    failed.insert(name.clone(), e.to_string());
+                }
+            }
+        }
+        let mut engines = Vec::new();
+        for gpu in 0..cfg.gpus {
+            let here: Vec<&PlannedModel> = planned.iter().filter(|p| p.config.gpus.contains(&gpu)).collect();
+            let (engine, device) = backend.start(gpu, &here)?;
+            info!(gpu, device = %device, "engine started");
+            engines.push(EngineSlot { engine, device });
+        }
+        let state = Arc::new(State {
+            metrics: Metrics::new(cfg.gpus as usize),
+            repository,
+            backend,
+            engines,
+            models: RwLock::new(BTreeMap::new()),
+            admin: Mutex::new(()),
+            ready: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+            sampler_stop: Arc::new(AtomicBool::new(false)),
+            started: Instant::now(),
+        });
+        for (name, reason) in failed {
+            state.set_slot(&name, "1", SlotState::Unavailable(reason));
+        }
+        let _admin = state.admin.lock().unwrap_or_else(|e| e.into_inner());
+        for p in planned {
+            let name = p.config.name.clone();
+            if let Err(e) = state.load_planned(p) {
+                warn!(model = %name, error = %e, "cannot load");
+            }
+        }
+        drop(_admin);
+        state.start_sampler();
+        state.ready.store(true, Ordering::Release);
+        info!(ready = state.ready_models().len(), "kairos serve ready");
+        Ok(state)
+    }
+
+    /// Live and accepting: start-up finished and no shutdown began.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Refuse new requests from now on (the engines stop when the state is dropped).
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.sampler_stop.store(true, Ordering::Release);
+    }
+
+    pub fn backend_description(&self) -> String {
+        self.backend.describe()
+    }
+
+    pub fn gpus(&self) -> u32 {
+        self.engines.len() as u32
+    }
+
+    fn set_slot(&self, name: &str, version: &str, state: SlotState) {
+        let mut m = self.models.write().unwrap_or_else(|e| e.into_inner());
+        m.insert(name.to_string(), ModelSlot { version: version.to_string(), state });
+    }
+
+    pub fn ready_models(&self) -> Vec<Arc<ModelEntry>> {
+        let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+        m.values().filter_map(|s| if let SlotState::Ready(e) = &s.state { Some(e.clone()) } else { None }).collect()
+    }
+
+    /// A ready model by name and version ("" = the current one).
+    pub fn resolve(&self, name: &str, version: &str) -> Result<Arc<ModelEntry>, ServeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(ServeError::Unavailable("the server is shutting down".into()));
+        }
+        let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+        let Some(slot) = m.get(name) else {
+            return Err(ServeError::NotFound(format!("unknown model '{name}'")));
+        };
+        if !version.is_empty() && version != slot.version {
+            return Err(ServeError::NotFound(format!("model '{name}' has no version '{version}' (versions: {})", slot.version)));
+        }
+        match &slot.state {
+            SlotState::Ready(e) => Ok(e.clone()),
+            SlotState::Loading => Err(ServeError::Unavailable(format!("model '{name}' is loading"))),
+            SlotState::Unloading => Err(ServeError::Unavailable(format!("model '{name}' is unloading"))),
+            SlotState::Unavailable(reason) => Err(ServeError::NotFound(format!("model '{name}' is not loaded: {reason}"))),
+        }
+    }
+
+    /// Every model of the repository folder and of the table, with its state.
+    pub fn index(&self, ready_only: bool) -> Vec<IndexRow> {
+        let mut rows: BTreeMap<String, IndexRow> = BTreeMap::new();
+        if let Ok(names) = self.repository.model_names() {
+            for n in names {
+                let version = self.repository.config(&n).map(|c| c.version).unwrap_or_else(|_| "1".into());
+                rows.insert(n.clone(), IndexRow { name: n, version, state: "UNAVAILABLE", reason: "not loaded".into() });
+            }
+        }
+        let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+        for (name, s) in m.iter() {
+            let (state, reason) = match &s.state {
+                SlotState::Ready(_) => ("READY", String::new()),
+                SlotState::Loading => ("LOADING", String::new()),
+                SlotState::Unloading => ("UNLOADING", String::new()),
+                SlotState::Unavailable(r) => ("UNAVAILABLE", r.clone()),
+            };
+            rows.insert(name.clone(), IndexRow { name: name.clone(), version: s.version.clone(), state, reason });
+        }
+        rows.into_values().filter(|r| !ready_only || r.state == "READY").collect()
+    }
+
+    /// Loads (or reloads) a model from the repository. Blocks: lowering and weight upload.
+    pub fn load(&self, name: &str) -> Result<(), ServeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(ServeError::Unavailable("the server is shutting down".into()));
+        }
+        let _admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        let t = Instant::now();
+        let planned = match plan_model(&self.repository, name, self.backend.profiles()) {
+            Ok(p) => p,
+            Err(e) => {
+                // A model that was never loaded stays out of the table; a loaded one keeps serving.
+                warn!(model = %name, error = %e, "cannot plan");
+                return Err(e);
+            }
+        };
+        let loaded = {
+            let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+            matches!(m.get(name).map(|s| &s.state), Some(SlotState::Ready(_)))
+        };
+        if loaded {
+            info!(model = %name, "reloading");
+            self.unload_locked(name)?;
+        }
+        let r = self.load_planned(planned);
+        info!(model = %name, ok = r.is_ok(), seconds = format!("{:.2}", t.elapsed().as_secs_f64()), "load");
+        r
+    }
+
+    /// Loads a planned model on its GPUs (the admin lock is held by the caller).
+    fn load_planned(&self, p: PlannedModel) -> Result<(), ServeError> {
+        let name = p.config.name.clone();
+        let version = p.config.version.clone();
+        for &g in &p.config.gpus {
+            if g >= self.gpus() {
+                let e = ServeError::invalid(format!("model '{name}' asks for gpu {g}; the server drives {} GPU(s)", self.gpus()));
+                self.set_slot(&name, &version, SlotState::Unavailable(e.to_string()));
+                return Err(e);
+            }
+        }
+        self.set_slot(&name, &version, SlotState::Loading);
+        let mut instances = Vec::new();
+        let mut info = None;
+        for i in 0..p.config.instances {
+            let gpu = p.config.gpus[i as usize % p.config.gpus.len()];
+            let engine_name = if p.config.instances == 1 { name.clone() } else { format!("{name}#{i}") };
+            let spec = kairos_sched::ModelSpec { name: engine_name.clone(), plan: p.plan.clone(), profile: p.profile.clone() };
+            match self.engines[gpu as usize].engine.load_model(spec) {
+                Ok(mi) => {
+                    info!(model = %name, instance = i, gpu, estimated_ms = format!("{:.3}", mi.estimated_ns as f64 / 1e6), "instance loaded");
+                    info.get_or_insert(mi);
+                    instances.push(Instance { gpu, engine_name, outstanding: AtomicU32::new(0) });
+                }
+                Err(e) => {
+                    for inst in &instances {
+                        let _ = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name);
+                    }
+                    let e = ServeError::from(e);
+                    self.set_slot(&name, &version, SlotState::Unavailable(e.to_string()));
+                    return Err(e);
+                }
+            }
+        }
+        let entry = ModelEntry {
+            inputs: p.plan.inputs.clone(),
+            outputs: p.plan.outputs.clone(),
+            instances,
+            info: info.expect("instances >= 1"),
+            metrics: self.metrics.model(&name),
+            config: p.config,
+        };
+        self.set_slot(&name, &version, SlotState::Ready(Arc::new(entry)));
+        Ok(())
+    }
+
+    /// Unloads a model: new requests are refused at once; blocks until its requests finished.
+    pub fn unload(&self, name: &str) -> Result<(), ServeError> {
+        let _admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        self.unload_locked(name)
+    }
+
+    fn unload_locked(&self, name: &str) -> Result<(), ServeError> {
+        let (entry, version) = {
+            let mut m = self.models.write().unwrap_or_else(|e| e.into_inner());
+            let Some(slot) = m.get_mut(name) else {
+                return Err(ServeError::NotFound(format!("unknown model '{name}'")));
+            };
+            let SlotState::Ready(e) = &slot.state else {
+                return Err(ServeError::NotFound(format!("model '{name}' is not loaded")));
+            };
+            let e = e.clone();
+            slot.state = SlotState::Unloading;
+            (e, slot.version.clone())
+        };
+        let mut first_error = None;
+        for inst in &entry.instances {
+            if let Err(e) = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name) {
+                first_error.get_or_insert(ServeError::from(e));
+            }
+        }
+        self.set_slot(name, &version, SlotState::Unavailable("unloaded".into()));
+        info!(model = %name, "unloaded");
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Submits a request; `on_done` runs on the engine's dispatcher thread (keep it short: send on
+    /// a channel, copy into a region). Records the engine-side metrics; front ends count outcomes.
+    pub fn submit(
+        &self,
+        model: &Arc<ModelEntry>,
+        inputs: Vec<Tensor>,
+        options: RequestOptions,
+        on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
+    ) -> Result<(), ServeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(ServeError::Unavailable("the server is shutting down".into()));
+        }
+        let inst = model.pick_instance();
+        inst.outstanding.fetch_add(1, Ordering::Relaxed);
+        let class = options.class;
+        let entry = model.clone();
+        let index = model.instances.iter().position(|i| std::ptr::eq(i, inst)).unwrap();
+        let t0 = Instant::now();
+        let r = self.engines[inst.gpu as usize].engine.submit_with(&inst.engine_name, inputs, options, move |r| {
+            let engine_ns = t0.elapsed().as_nanos() as u64;
+            entry.instances[index].outstanding.fetch_sub(1, Ordering::Relaxed);
+            let r = match r {
+                Ok(resp) => {
+                    entry.metrics.completed(class, true, engine_ns, Some(&resp.timing));
+                    Ok(InferDone { outputs: resp.outputs, timing: resp.timing, engine_ns })
+                }
+                Err(e) => {
+                    entry.metrics.completed(class, false, engine_ns, None);
+                    Err(ServeError::from(e))
+                }
+            };
+            on_done(r);
+        });
+        if let Err(e) = r {
+            inst.outstanding.fetch_sub(1, Ordering::Relaxed);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Counts a request's final outcome (every front end calls this exactly once per request).
+    pub fn count(&self, model: Option<&ModelEntry>, class: Class, protocol: Protocol, outcome: Outcome) {
+        match model {
+            Some(m) => m.metrics.count(class, protocol, outcome),
+            None => self.metrics.unknown().count(class, protocol, outcome),
+        }
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let views: Vec<EngineView> = self
+            .engines
+            .iter()
+            .enumerate()
+            .map(|(i, e)| EngineView {
+                gpu: i as u32,
+                device: e.device.clone(),
+                stats: e.engine.stats(),
+                sample_period_s: BUSY_SAMPLE_PERIOD_US as f64 * 1e-6,
+            })
+            .collect();
+        self.metrics.render(&views, self.ready_models().len())
+    }
+
+    fn start_sampler(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.sampler_stop.clone();
+        let spawned = std::thread::Builder::new().name("kairos-busy-sampler".into()).spawn(move || {
+            let period = std::time::Duration::from_micros(BUSY_SAMPLE_PERIOD_US);
+            let mut window: Vec<(u64, u64)> = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(period);
+                let Some(state) = weak.upgrade() else { return };
+                window.resize(state.engines.len(), (0, 0));
+                for (i, e) in state.engines.iter().enumerate() {
+                    let busy = e.engine.stats().launches_in_flight > 0;
+                    let g = &state.metrics.gpus[i];
+                    g.samples.fetch_add(1, Ordering::Relaxed);
+                    if busy {
+                        g.busy_samples.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let w = &mut window[i];
+                    w.0 += busy as u64;
+                    w.1 += 1;
+                    if w.1 >= BUSY_WINDOW_SAMPLES {
+                        g.busy_ratio_bits.store((w.0 as f64 / w.1 as f64).to_bits(), Ordering::Relaxed);
+                        *w = (0, 0);
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the busy sampler; kairos_gpu_busy_* stay at 0");
+        }
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.sampler_stop.store(true, Ordering::Release);
+    }
+}
+
+/// Reads a model's configuration and lowers it to a plan; finds its profile.
+pub fn plan_model(repo: &Repository, name: &str, profiles: Option<&ProfileSet>) -> Result<PlannedModel, ServeError> {
+    let config = repo.config(name)?;
+    let plan = config.ir_spec().plan().map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
+    let profile = match &config.profile {
+        Some(p) => Some(ModelProfile::load(p).map_err(|e| ServeError::invalid(format!("model '{name}': profile: {e}")))?),
+        None => {
+            let batch = plan.inputs.first().and_then(|t| t.shape.first().copied()).unwrap_or(1);
+            profiles
+                .and_then(|s| s.find(&plan.model, plan.dtype, batch).or_else(|| s.find(&config.profile_key(), plan.dtype, batch)))
+                .cloned()
+        }
+    };
+    Ok(PlannedModel { config, plan: Arc::new(plan), profile })
+}
