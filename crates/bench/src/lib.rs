@@ -12,6 +12,8 @@
 //! - [`runner`]: one run of a schedule (open and closed loops, LRU residency for cold starts).
 //! - [`metrics`]: HdrHistogram percentiles, throughput, goodput, deadline misses, queue and GPU time.
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
+//! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory
+//!   channel with hybrid wait or polling, its Unix socket), with the client's CPU use.
 //! - [`trace`]: the arrival traces the PyTorch peers replay (`scripts/peer_replay.py`), and their
 //!   results read back; [`report`]: results JSON, markdown tables, plots ([`plot`]).
 //!
@@ -28,6 +30,7 @@ pub mod presets;
 pub mod progress;
 pub mod report;
 pub mod runner;
+pub mod serving;
 pub mod target;
 pub mod trace;
 pub mod workload;

@@ -86,6 +86,9 @@ pub struct Summary {
     /// Requests with a deadline that arrived in the window, and how many missed it.
     pub with_deadline: u64,
     pub deadline_missed: u64,
+    /// The reason of the first failed request, if any failed (the rest are counted, not kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<String>,
 }
 
 impl Summary {
@@ -110,6 +113,7 @@ struct Acc {
     good_in_window: u64,
     with_deadline: u64,
     missed: u64,
+    first_failure: Option<String>,
 }
 
 impl Acc {
@@ -128,6 +132,7 @@ impl Acc {
             throughput_per_s: self.done_in_window as f64 / window_s,
             goodput_per_s: self.good_in_window as f64 / window_s,
             with_deadline: self.with_deadline,
+            first_failure: self.first_failure.clone(),
             deadline_missed: self.missed,
         }
     }
@@ -213,7 +218,12 @@ pub fn measure(schedule: &Schedule, outcomes: &[Outcome], slo_ns: Option<u64>) -
                     }
                 }
                 Status::Rejected(_) => acc.rejected += 1,
-                Status::Failed(_) => acc.failed += 1,
+                Status::Failed(why) => {
+                    acc.failed += 1;
+                    if acc.first_failure.is_none() {
+                        acc.first_failure = Some(why.clone());
+                    }
+                }
                 Status::Unfinished => acc.unfinished += 1,
             }
             if let Some(d) = s.deadline_ns {

@@ -311,6 +311,10 @@ impl PresetResults {
             }
             if o.unfinished + o.rejected + o.failed > 0 {
                 notes.push(format!("{} unfinished, {} refused, {} failed", o.unfinished, o.rejected, o.failed));
+                if let Some(why) = &o.first_failure {
+                    let short: String = why.chars().take(120).map(|c| if c == '|' { '/' } else { c }).collect();
+                    notes.push(format!("first failure: {short}"));
+                }
             }
             let _ = writeln!(s, " {} |", notes.join("; "));
         }

@@ -1,0 +1,418 @@
+//! The serving overhead of kairos' front ends, as a client sees it.
+//!
+//! One client on the calling thread sends requests one after another (closed loop, one in flight)
+//! to a running server, over each transport in turn: REST with JSON tensors, REST with the binary
+//! tensor extension, gRPC, the shared-memory channel with Paella's hybrid wait, the shared-memory
+//! channel polling, and the same channel's Unix socket carrying the tensors (the baseline of
+//! Paella's Figure 14). Per request it records the latency the client observed and the timing the
+//! server returned with the answer; the overhead of a request is its client latency minus its own
+//! GPU time (first kernel issued to last kernel done), and minus its engine time (submission to
+//! completion inside the dispatcher). Percentiles are of those per-request differences, not
+//! differences of percentiles.
+//!
+//! Client CPU use is the calling thread's CPU clock over the measured loop divided by its wall time
+//! (REST and gRPC run on a current-thread tokio runtime on that same thread, so their connection
+//! tasks count too). The server's own threads are not counted.
+//!
+//! The first answer of every transport is compared with the first transport's: the same request
+//! must give the same tensors whichever way it travelled.
+
+use crate::Error;
+use kairos_client::grpc::GrpcClient;
+use kairos_client::rest::RestClient;
+use kairos_client::shm::{ConnectOptions, ShmClient, ShmModel, Wait};
+use kairos_client::{InferOptions, ServerTiming};
+use kairos_ir::{DType, Tensor};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The most requests one transport may be asked for (every latency is kept for exact percentiles).
+pub const REQUESTS_MAX: usize = 1_000_000;
+
+/// How a request travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// KServe v2 over HTTP/1.1, tensors as JSON numbers.
+    RestJson,
+    /// KServe v2 over HTTP/1.1 with the binary tensor data extension.
+    RestBinary,
+    /// KServe v2 over gRPC (GRPCInferenceService/ModelInfer).
+    Grpc,
+    /// The shared-memory channel: tensors in place, the hybrid wait (eventfd sleep, then polling).
+    ShmHybrid,
+    /// The shared-memory channel, spinning on the completion ring.
+    ShmPoll,
+    /// The channel's Unix socket carrying the tensors both ways, the client blocked in `recv`.
+    Socket,
+}
+
+impl Transport {
+    pub const ALL: [Transport; 6] = [
+        Transport::RestJson,
+        Transport::RestBinary,
+        Transport::Grpc,
+        Transport::ShmHybrid,
+        Transport::ShmPoll,
+        Transport::Socket,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::RestJson => "rest-json",
+            Transport::RestBinary => "rest-binary",
+            Transport::Grpc => "grpc",
+            Transport::ShmHybrid => "shm-hybrid",
+            Transport::ShmPoll => "shm-poll",
+            Transport::Socket => "socket",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Transport, Error> {
+        Transport::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Transport::ALL.iter().map(|t| t.name()).collect();
+            Error::Invalid(format!("unknown transport '{s}' (known: {})", names.join(", ")))
+        })
+    }
+}
+
+/// Where the server listens.
+#[derive(Clone, Debug)]
+pub struct Endpoints {
+    /// `http://host:port` of the REST front end.
+    pub http: Option<String>,
+    /// `http://host:port` of the gRPC front end.
+    pub grpc: Option<String>,
+    /// The shared-memory channel's socket.
+    pub shm: Option<PathBuf>,
+}
+
+/// One measurement's size.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub requests: usize,
+    /// Requests sent first and not measured (connections, caches, the server's first-use paths).
+    pub warmup: usize,
+    pub seed: u64,
+}
+
+/// Percentiles of one quantity, microseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Spread {
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+}
+
+impl Spread {
+    /// Exact percentiles (nearest rank) of values in nanoseconds; an empty set gives zeros.
+    pub fn of_ns(values: &mut [i64]) -> Spread {
+        if values.is_empty() {
+            return Spread::default();
+        }
+        values.sort_unstable();
+        let rank = |q: f64| values[(((values.len() as f64) * q).ceil() as usize).clamp(1, values.len()) - 1] as f64 / 1e3;
+        let mean = values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64 / 1e3;
+        Spread { p50_us: rank(0.50), p90_us: rank(0.90), p99_us: rank(0.99), mean_us: mean }
+    }
+}
+
+/// What one transport measured for one model.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransportResult {
+    pub model: String,
+    pub transport: Transport,
+    pub requests: usize,
+    /// Latency the client observed (send to answer decoded).
+    pub client: Spread,
+    /// The server's GPU time of the same requests.
+    pub gpu: Spread,
+    /// The server's engine time (submission to completion inside the dispatcher).
+    pub engine: Spread,
+    /// Client latency minus the request's GPU time.
+    pub over_gpu: Spread,
+    /// Client latency minus the request's engine time: the front end and transport alone.
+    pub over_engine: Spread,
+    /// Client thread CPU time per request, microseconds.
+    pub client_cpu_per_request_us: f64,
+    /// Client thread CPU time over wall time during the loop (1.0: a core kept busy).
+    pub client_cpu_fraction: f64,
+    /// Requests per second the single closed-loop client achieved.
+    pub throughput_per_s: f64,
+}
+
+/// Seeded inputs for a model's input specs: floats in [-1, 1], token ids in [0, 100).
+pub fn seeded_inputs(specs: &[kairos_client::shm::TensorSpec], seed: u64) -> Vec<Tensor> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    specs
+        .iter()
+        .map(|d| {
+            let n: usize = d.shape.iter().product();
+            match d.dtype {
+                DType::I64 => Tensor::i64(d.shape.clone(), (0..n).map(|_| (next() % 100) as i64).collect()),
+                dt => Tensor::f32(d.shape.clone(), (0..n).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect()).cast(dt),
+            }
+        })
+        .collect()
+}
+
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn client_err(what: &str, e: kairos_client::ClientError) -> Error {
+    Error::Invalid(format!("{what}: {e}"))
+}
+
+/// One transport's client, connected.
+enum Client {
+    Rest { rt: tokio::runtime::Runtime, client: RestClient, binary: bool },
+    Grpc { rt: tokio::runtime::Runtime, client: GrpcClient },
+    Shm { client: Box<ShmClient>, wait: Option<Wait> },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Invalid(format!("cannot start a tokio runtime: {e}")))
+}
+
+impl Client {
+    fn connect(t: Transport, at: &Endpoints) -> Result<Client, Error> {
+        let need = |v: &Option<String>, what: &str| {
+            v.clone().ok_or_else(|| Error::Invalid(format!("transport {} needs the server's {what} address", t.name())))
+        };
+        Ok(match t {
+            Transport::RestJson | Transport::RestBinary => {
+                let rt = runtime()?;
+                let client = RestClient::new(&need(&at.http, "REST")?).map_err(|e| client_err("REST client", e))?;
+                Client::Rest { rt, client, binary: t == Transport::RestBinary }
+            }
+            Transport::Grpc => {
+                let rt = runtime()?;
+                let url = need(&at.grpc, "gRPC")?;
+                let client = rt.block_on(GrpcClient::connect(&url)).map_err(|e| client_err("gRPC connect", e))?;
+                Client::Grpc { rt, client }
+            }
+            Transport::ShmHybrid | Transport::ShmPoll | Transport::Socket => {
+                let path = at
+                    .shm
+                    .clone()
+                    .ok_or_else(|| Error::Invalid(format!("transport {} needs the server's shared-memory socket", t.name())))?;
+                let client = ShmClient::connect(&path, ConnectOptions::default()).map_err(|e| client_err("shm connect", e))?;
+                let wait = match t {
+                    Transport::ShmHybrid => Some(Wait::Hybrid),
+                    Transport::ShmPoll => Some(Wait::Poll),
+                    _ => None,
+                };
+                Client::Shm { client: Box::new(client), wait }
+            }
+        })
+    }
+
+    fn infer(&mut self, model: &ShmModel, inputs: &[Tensor], opts: &InferOptions) -> Result<(Vec<Tensor>, ServerTiming), Error> {
+        match self {
+            Client::Rest { rt, client, binary } => {
+                let named: Vec<(&str, &Tensor)> = model.inputs.iter().map(|s| s.name.as_str()).zip(inputs).collect();
+                let r = rt
+                    .block_on(client.infer(&model.name, &model.version, &named, opts, *binary))
+                    .map_err(|e| client_err("REST infer", e))?;
+                Ok((ordered(model, r.outputs)?, r.timing))
+            }
+            Client::Grpc { rt, client } => {
+                let named: Vec<(&str, &Tensor)> = model.inputs.iter().map(|s| s.name.as_str()).zip(inputs).collect();
+                let r = rt
+                    .block_on(client.infer(&model.name, &model.version, &named, opts))
+                    .map_err(|e| client_err("gRPC infer", e))?;
+                Ok((ordered(model, r.outputs)?, r.timing))
+            }
+            Client::Shm { client, wait: Some(w) } => {
+                let m = client.open_model(&model.name, &model.version).map_err(|e| client_err("shm open", e))?;
+                client.infer(&m, inputs, *w, opts).map_err(|e| client_err("shm infer", e))
+            }
+            Client::Shm { client, wait: None } => {
+                let m = client.open_model(&model.name, &model.version).map_err(|e| client_err("shm open", e))?;
+                client.infer_socket(&m, inputs, opts).map_err(|e| client_err("socket infer", e))
+            }
+        }
+    }
+}
+
+/// Outputs in the model's order (REST and gRPC name them).
+fn ordered(model: &ShmModel, mut named: Vec<(String, Tensor)>) -> Result<Vec<Tensor>, Error> {
+    model
+        .outputs
+        .iter()
+        .map(|s| {
+            let i = named
+                .iter()
+                .position(|(n, _)| n == &s.name)
+                .ok_or_else(|| Error::Invalid(format!("the answer lacks output '{}'", s.name)))?;
+            Ok(named.swap_remove(i).1.cast(s.dtype))
+        })
+        .collect()
+}
+
+/// The model's tensors as the server describes them (through the shared-memory channel).
+pub fn describe_model(at: &Endpoints, name: &str) -> Result<ShmModel, Error> {
+    let path = at.shm.as_ref().ok_or_else(|| Error::Invalid("describing a model needs the shared-memory socket".into()))?;
+    let mut c = ShmClient::connect(path, ConnectOptions::default()).map_err(|e| client_err("shm connect", e))?;
+    c.open_model(name, "").map_err(|e| client_err(&format!("model {name}"), e))
+}
+
+/// Largest relative L2 difference between two output lists (shapes must agree).
+fn relative_difference(a: &[Tensor], b: &[Tensor]) -> Result<f64, Error> {
+    if a.len() != b.len() {
+        return Err(Error::Invalid(format!("{} outputs against {}", a.len(), b.len())));
+    }
+    let mut worst = 0.0f64;
+    for (x, y) in a.iter().zip(b) {
+        if x.shape != y.shape {
+            return Err(Error::Invalid(format!("output shape {:?} against {:?}", x.shape, y.shape)));
+        }
+        let xs = x.cast(DType::F32).to_f32_vec();
+        let ys = y.cast(DType::F32).to_f32_vec();
+        let (mut d, mut n) = (0.0f64, 0.0f64);
+        for (p, q) in xs.iter().zip(&ys) {
+            d += ((p - q) as f64).powi(2);
+            n += (*q as f64).powi(2);
+        }
+        worst = worst.max(if n > 0.0 { (d / n).sqrt() } else { d.sqrt() });
+    }
+    Ok(worst)
+}
+
+/// Measures every transport for one model, in order; `progress` hears about each as it finishes.
+pub fn measure_model(
+    at: &Endpoints,
+    model: &ShmModel,
+    transports: &[Transport],
+    opts: Options,
+    mut progress: impl FnMut(&TransportResult),
+) -> Result<Vec<TransportResult>, Error> {
+    if opts.requests == 0 || opts.requests > REQUESTS_MAX {
+        return Err(Error::Invalid(format!("requests must be 1..={REQUESTS_MAX}, got {}", opts.requests)));
+    }
+    let inputs = seeded_inputs(&model.inputs, opts.seed);
+    let request = InferOptions::default();
+    let mut first_answer: Option<(Transport, Vec<Tensor>)> = None;
+    let mut results = Vec::new();
+    for &t in transports {
+        let mut client = Client::connect(t, at)?;
+        for _ in 0..opts.warmup {
+            client.infer(model, &inputs, &request)?;
+        }
+        let mut client_ns = Vec::with_capacity(opts.requests);
+        let mut gpu_ns = Vec::with_capacity(opts.requests);
+        let mut engine_ns = Vec::with_capacity(opts.requests);
+        let mut over_gpu = Vec::with_capacity(opts.requests);
+        let mut over_engine = Vec::with_capacity(opts.requests);
+        let cpu0 = thread_cpu_ns();
+        let wall0 = Instant::now();
+        for i in 0..opts.requests {
+            let t0 = Instant::now();
+            let (outputs, timing) = client.infer(model, &inputs, &request)?;
+            let latency = t0.elapsed().as_nanos() as i64;
+            if i == 0 {
+                match &first_answer {
+                    None => first_answer = Some((t, outputs)),
+                    Some((t_ref, reference)) => {
+                        let d = relative_difference(&outputs, reference)?;
+                        if d > 1e-6 {
+                            return Err(Error::Invalid(format!(
+                                "model {}: {} answered differently from {} (relative difference {d:.2e})",
+                                model.name,
+                                t.name(),
+                                t_ref.name()
+                            )));
+                        }
+                    }
+                }
+            }
+            client_ns.push(latency);
+            gpu_ns.push(timing.gpu_ns as i64);
+            engine_ns.push(timing.engine_ns as i64);
+            over_gpu.push(latency - timing.gpu_ns as i64);
+            over_engine.push(latency - timing.engine_ns as i64);
+        }
+        let wall = wall0.elapsed().as_nanos() as f64;
+        let cpu = (thread_cpu_ns() - cpu0) as f64;
+        let r = TransportResult {
+            model: model.name.clone(),
+            transport: t,
+            requests: opts.requests,
+            client: Spread::of_ns(&mut client_ns),
+            gpu: Spread::of_ns(&mut gpu_ns),
+            engine: Spread::of_ns(&mut engine_ns),
+            over_gpu: Spread::of_ns(&mut over_gpu),
+            over_engine: Spread::of_ns(&mut over_engine),
+            client_cpu_per_request_us: cpu / opts.requests as f64 / 1e3,
+            client_cpu_fraction: if wall > 0.0 { cpu / wall } else { 0.0 },
+            throughput_per_s: if wall > 0.0 { opts.requests as f64 / (wall / 1e9) } else { 0.0 },
+        };
+        progress(&r);
+        results.push(r);
+    }
+    Ok(results)
+}
+
+/// The results as a markdown table.
+pub fn markdown(results: &[TransportResult]) -> String {
+    let mut s = String::from(
+        "| model | transport | client p50 (µs) | client p99 (µs) | GPU p50 (µs) | over GPU p50 (µs) | over GPU p99 (µs) | over engine p50 (µs) | over engine p99 (µs) | client CPU / request (µs) | client CPU busy |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in results {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |\n",
+            r.model,
+            r.transport.name(),
+            r.client.p50_us,
+            r.client.p99_us,
+            r.gpu.p50_us,
+            r.over_gpu.p50_us,
+            r.over_gpu.p99_us,
+            r.over_engine.p50_us,
+            r.over_engine.p99_us,
+            r.client_cpu_per_request_us,
+            r.client_cpu_fraction * 100.0
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v: Vec<i64> = (1..=100).map(|x| x * 1000).collect();
+        let s = Spread::of_ns(&mut v);
+        assert_eq!(s.p50_us, 50.0);
+        assert_eq!(s.p90_us, 90.0);
+        assert_eq!(s.p99_us, 99.0);
+        assert!((s.mean_us - 50.5).abs() < 1e-9);
+        let mut one = vec![-3000];
+        assert_eq!(Spread::of_ns(&mut one).p99_us, -3.0);
+        assert_eq!(Spread::of_ns(&mut []).p50_us, 0.0);
+    }
+
+    #[test]
+    fn transport_names_round_trip() {
+        for t in Transport::ALL {
+            assert_eq!(Transport::parse(t.name()).unwrap(), t);
+        }
+        assert!(Transport::parse("carrier-pigeon").is_err());
+    }
+}
