@@ -2,7 +2,9 @@
 //
 // conv2d with groups == 1 is an implicit GEMM on the tile engine: A[m][k] is the input patch of
 // output pixel m (k runs over kernel_h, kernel_w, in_c with in_c fastest, matching the weight
-// layout [out_c][kernel_h][kernel_w][in_c]), B[k][n] = weights[n][k]. Grouped convolutions and
+// layout [out_c][kernel_h][kernel_w][in_c]), B[k][n] = weights[n][k]. fp16 runs on the tensor-core
+// engine (16-byte cp.async loads when in_c and the pixel stride are multiples of 8, element loads
+// otherwise, e.g. a 3-channel stem), f32 on the SIMT engine. Grouped convolutions and
 // tiles larger than the engine's maximum take a direct path, one output per thread.
 // dwconv2d (weights [kernel_h][kernel_w][c]) is direct, channel fastest for coalescing.
 // Epilogue: y = act(acc + bias[n] + residual[m][n]).
@@ -52,6 +54,76 @@ struct ConvTileLoader {
     }
 };
 
+// The tensor-core engine's loader (fp16). A's 8-element chunks along k stay inside one kernel tap
+// when in_c % 8 == 0, so they are 16 contiguous bytes of one input pixel (or padding).
+struct ConvTcLoader {
+    const ConvArgs& A;
+    const int* ih0;
+    const int* iw0;
+    const u32* img;
+    u32 K, m0, n0;
+    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest;
+
+    __device__ const h16* a_ptr(u32 mm, u32 k) const {
+        const u32 ci = k % A.in_c;
+        const u32 t = k / A.in_c;
+        const u32 kx = t % A.kw;
+        const u32 ky = t / A.kw;
+        const int ih = ih0[mm] + (int)(ky * A.dh);
+        const int iw = iw0[mm] + (int)(kx * A.dw);
+        if (ih < 0 || iw < 0 || ih >= (int)A.in_h || iw >= (int)A.in_w) return (const h16*)0;
+        return (const h16*)A.in + (u64)(img[mm] + (u32)ih * A.in_w + (u32)iw) * A.in_ps + ci;
+    }
+    __device__ h16 ah(u32 mm, u32 k) const {
+        const u32 ci = k % A.in_c;
+        const u32 t = k / A.in_c;
+        const u32 kx = t % A.kw;
+        const u32 ky = t / A.kw;
+        const int ih = ih0[mm] + (int)(ky * A.dh);
+        const int iw = iw0[mm] + (int)(kx * A.dw);
+        if (ih < 0 || iw < 0 || ih >= (int)A.in_h || iw >= (int)A.in_w) return (h16)0;
+        return ((const h16*)A.in)[(u64)(img[mm] + (u32)ih * A.in_w + (u32)iw) * A.in_ps + ci];
+    }
+    __device__ const h16* b_ptr(u32 k, u32 nn) const { return (const h16*)A.w + (u64)(n0 + nn) * K + k; }
+    __device__ h16 bh(u32 k, u32 nn) const { return *b_ptr(k, nn); }
+    __device__ void store(u32 mm, u32 nn, float v) const {
+        const u64 m = m0 + mm;
+        const u32 n = n0 + nn;
+        st((h16*)A.out + m * A.out_ps + n, conv_epilogue<h16>(A, m, n, v));
+    }
+};
+
+// One tile of a groups == 1 convolution: the tensor-core engine for fp16, the SIMT one for f32.
+template <typename T>
+__device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32 tm, u32 tn) {
+    __shared__ int s_ih0[TILE_MAX];
+    __shared__ int s_iw0[TILE_MAX];
+    __shared__ u32 s_img[TILE_MAX];
+    for (u32 mm = threadIdx.x; mm < tm; mm += blockDim.x) {
+        const u32 m = m0 + mm;
+        const u32 ow = m % A.out_w;
+        const u32 t = m / A.out_w;
+        const u32 oh = t % A.out_h;
+        const u32 ni = t / A.out_h;
+        s_ih0[mm] = (int)(oh * A.sh) - (int)A.ph;
+        s_iw0[mm] = (int)(ow * A.sw) - (int)A.pw;
+        s_img[mm] = ni * A.in_h * A.in_w;
+    }
+    __syncthreads();
+    const u32 K = A.kh * A.kw * A.in_c;
+    if constexpr (IsHalf<T>::value) {
+        __shared__ TcSmem smem;
+        const bool a_vec = A.in_c % 8u == 0u && A.in_ps % 8u == 0u && (A.in & 15ull) == 0ull;
+        const bool b_vec = K % 8u == 0u && (A.w & 15ull) == 0ull;
+        ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true};
+        tile_mma(L, smem, tm, tn, K);
+    } else {
+        __shared__ TileSmem smem;
+        ConvTileLoader<T> L{A, s_ih0, s_iw0, s_img, K, m0, n0, true, true};
+        tile_gemm(L, smem, tm, tn, K);
+    }
+}
+
 // One output of a (possibly grouped) convolution, computed directly.
 template <typename T>
 __device__ __forceinline__ float conv_direct(const ConvArgs& A, u32 m, u32 n) {
@@ -80,10 +152,6 @@ __device__ __forceinline__ float conv_direct(const ConvArgs& A, u32 m, u32 n) {
 
 template <typename T>
 __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs& A) {
-    __shared__ TileSmem smem;
-    __shared__ int s_ih0[TILE_MAX];
-    __shared__ int s_iw0[TILE_MAX];
-    __shared__ u32 s_img[TILE_MAX];
     const u32 M = A.batch * A.out_h * A.out_w;
     const u32 n_tiles = (A.out_c + A.tile_n - 1) / A.tile_n;
     const bool tiled = A.groups == 1 && A.tile_m <= TILE_MAX && A.tile_n <= TILE_MAX;
@@ -93,19 +161,7 @@ __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs
         const u32 tm = min(A.tile_m, M - m0);
         const u32 tn = min(A.tile_n, A.out_c - n0);
         if (tiled) {
-            for (u32 mm = threadIdx.x; mm < tm; mm += blockDim.x) {
-                const u32 m = m0 + mm;
-                const u32 ow = m % A.out_w;
-                const u32 t = m / A.out_w;
-                const u32 oh = t % A.out_h;
-                const u32 ni = t / A.out_h;
-                s_ih0[mm] = (int)(oh * A.sh) - (int)A.ph;
-                s_iw0[mm] = (int)(ow * A.sw) - (int)A.pw;
-                s_img[mm] = ni * A.in_h * A.in_w;
-            }
-            __syncthreads();
-            ConvTileLoader<T> L{A, s_ih0, s_iw0, s_img, A.kh * A.kw * A.in_c, m0, n0, true, true};
-            tile_gemm(L, smem, tm, tn, L.K);
+            conv_tile<T>(A, m0, n0, tm, tn);
         } else {
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
                 const u32 m = m0 + i / tn;

@@ -2,7 +2,8 @@
 // (kairos_ir::plan::GemmParams). Strides are in elements; C and the residual have unit column
 // stride. One logical block is one (batch, tile row, tile column) on the tile engine; operands
 // are staged in the order that makes their contiguous index the fast one, so both [m][k] and
-// [k][m] layouts of A (and [k][n] / [n][k] of B) load coalesced.
+// [k][m] layouts of A (and [k][n] / [n][k] of B) load coalesced. fp16 runs on the tensor-core
+// engine (16-byte cp.async loads where strides and alignment allow), f32 on the SIMT engine.
 
 #include "kairos/tile.cuh"
 
@@ -38,9 +39,55 @@ struct GemmTileLoader {
     }
 };
 
+// The tensor-core engine's loader (fp16): B is staged [n][k] when k is its contiguous index
+// (weights stored [n][k], K^T of attention), [k][n] when n is (b_kn).
+struct GemmTcLoader {
+    const GemmArgs& A;
+    const h16* pa;
+    const h16* pb;
+    h16* pc;
+    const h16* pr;
+    const h16* pbias;
+    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest;
+
+    __device__ const h16* a_ptr(u32 mm, u32 k) const { return pa + mm * A.a_sm + k; }
+    __device__ h16 ah(u32 mm, u32 k) const { return pa[mm * A.a_sm + k * A.a_sk]; }
+    __device__ const h16* b_ptr(u32 k, u32 nn) const { return pb + k * A.b_sk + nn * A.b_sn; }
+    __device__ h16 bh(u32 k, u32 nn) const { return pb[k * A.b_sk + nn * A.b_sn]; }
+    __device__ void store(u32 mm, u32 nn, float v) const {
+        v *= A.alpha;
+        if (pbias) v += ld(pbias + nn);
+        if (pr) v += ld(pr + mm * A.r_sm + nn);
+        st(pc + mm * A.c_sm + nn, kairos_act(A.act, v));
+    }
+};
+
+// One tile: the tensor-core engine for fp16, the SIMT one for f32.
+template <typename T>
+__device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T* b, T* c, const T* r, const T* bias, u32 tm,
+                                          u32 tn) {
+    const bool a_k_fastest = A.a_sk == 1 || A.a_sm != 1;
+    const bool b_k_fastest = A.b_sk == 1 && A.b_sn != 1;
+    if constexpr (IsHalf<T>::value) {
+        __shared__ TcSmem smem;
+        const bool a_vec = A.a_sk == 1 && A.a_sm % 8 == 0 && A.a_s0 % 8 == 0 && A.a_s1 % 8 == 0 && (A.a & 15ull) == 0 &&
+                           A.k % 8u == 0u;
+        const bool b_kn = A.b_sk != 1 && A.b_sn == 1;
+        const bool b_vec = b_kn ? (A.b_sk % 8 == 0 && A.b_s0 % 8 == 0 && A.b_s1 % 8 == 0 && (A.b & 15ull) == 0 &&
+                                   A.tile_n % 8u == 0u)
+                                : (A.b_sk == 1 && A.b_sn % 8 == 0 && A.b_s0 % 8 == 0 && A.b_s1 % 8 == 0 &&
+                                   (A.b & 15ull) == 0 && A.k % 8u == 0u);
+        GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest};
+        tile_mma(L, smem, tm, tn, A.k);
+    } else {
+        __shared__ TileSmem smem;
+        GemmTileLoader<T> L{A, a, b, c, r, bias, a_k_fastest, b_k_fastest};
+        tile_gemm(L, smem, tm, tn, A.k);
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& A) {
-    __shared__ TileSmem smem;
     const u32 m_tiles = (A.m + A.tile_m - 1) / A.tile_m;
     const u32 n_tiles = (A.n + A.tile_n - 1) / A.tile_n;
     const bool tiled = A.tile_m <= TILE_MAX && A.tile_n <= TILE_MAX;
@@ -58,10 +105,10 @@ __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& 
         T* c = (T*)A.c + b0 * A.c_s0 + b1 * A.c_s1 + m0 * A.c_sm + n0;
         const T* r = A.res ? (const T*)A.res + b0 * A.r_s0 + b1 * A.r_s1 + m0 * A.r_sm + n0 : (const T*)0;
         const T* bias = A.bias ? (const T*)A.bias + n0 : (const T*)0;
-        GemmTileLoader<T> L{A, a, b, c, r, bias, A.a_sk == 1 || A.a_sm != 1, A.b_sk == 1 && A.b_sn != 1};
         if (tiled) {
-            tile_gemm(L, smem, tm, tn, A.k);
+            gemm_tile<T>(A, a, b, c, r, bias, tm, tn);
         } else {
+            GemmTileLoader<T> L{A, a, b, c, r, bias, A.a_sk == 1 || A.a_sm != 1, A.b_sk == 1 && A.b_sn != 1};
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
                 const u32 mm = i / tn;
                 const u32 nn = i % tn;
