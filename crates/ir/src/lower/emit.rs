@@ -18,10 +18,64 @@ use crate::plan::*;
 use crate::tensor::{DType, Tensor, element_count};
 use std::collections::{BTreeSet, HashMap};
 
-/// Tile of the implicit-GEMM convolution and the matrix product (rows, columns).
+/// Tile of the implicit-GEMM convolution and the matrix product (rows, columns) in f32 (the SIMT
+/// engine); fp16 chooses per shape ([`tile_for`]).
 const CONV_TILE: (u32, u32) = (64, 64);
 const DWCONV_TILE: (u32, u32) = (32, 64);
 const GEMM_TILE: (u32, u32) = (64, 64);
+/// fp16 tiles of the tensor-core engine, preferred first (larger tiles reuse more of each
+/// operand), with the CTA size each runs best at.
+const TC_TILES: [(u32, u32, u32); 10] = [
+    (128, 128, 256),
+    (128, 64, 256),
+    (64, 128, 256),
+    (64, 64, 128),
+    (64, 32, 128),
+    (32, 64, 128),
+    (32, 32, 128),
+    (16, 64, 128),
+    (16, 32, 128),
+    (16, 16, 128),
+];
+/// Logical blocks a matrix product should have to spread over a whole GPU (132 SMs on the H100
+/// SXM and H200): below it, smaller tiles leave fewer SMs idle at batch 1.
+const TILE_BLOCKS_TARGET: u32 = 132;
+
+/// The tile (rows, columns) of a convolution or matrix product with `batches` independent
+/// products of m x n outputs. f32: the fixed SIMT tile. fp16: the first of [`TC_TILES`] that
+/// gives at least [`TILE_BLOCKS_TARGET`] logical blocks, skipping tiles more than 16 past the
+/// problem in either dimension; when none does, the one with the most blocks. Any tile up to
+/// TILE_MAX is correct; this only picks a fast default (the CUDA backend's autotuner refines it).
+pub fn tile_for(dtype: DType, batches: u32, m: u32, n: u32) -> (u32, u32) {
+    if dtype != DType::F16 {
+        return GEMM_TILE;
+    }
+    let round16 = |x: u32| x.max(1).div_ceil(16) * 16;
+    let fits = |t: &&(u32, u32, u32)| t.0 <= round16(m) && t.1 <= round16(n);
+    let blocks = |t: &(u32, u32, u32)| batches.max(1) * m.div_ceil(t.0) * n.div_ceil(t.1);
+    let t = TC_TILES
+        .iter()
+        .filter(fits)
+        .find(|t| blocks(t) >= TILE_BLOCKS_TARGET)
+        .or_else(|| TC_TILES.iter().filter(fits).rev().max_by_key(|t| blocks(t)))
+        .unwrap_or(&TC_TILES[TC_TILES.len() - 1]);
+    (t.0, t.1)
+}
+
+/// Threads per CTA of a launch: the tensor-core engine's choice for fp16 convolutions and
+/// matrix products (256 for tiles of 128 x 64 outputs and more, else 128), [`THREADS`] otherwise.
+pub fn threads_for(kernel: &Kernel, dtype: DType) -> u32 {
+    let tile = match kernel {
+        Kernel::Conv2d(p) if p.groups == 1 => (p.tile_m, p.tile_n),
+        Kernel::Gemm(p) => (p.tile_m, p.tile_n),
+        Kernel::Gather(_) => return 128,
+        _ => return THREADS,
+    };
+    if dtype != DType::F16 {
+        return THREADS;
+    }
+    TC_TILES.iter().find(|t| (t.0, t.1) == tile).map_or(if tile.0 * tile.1 >= 128 * 64 { 256 } else { 128 }, |t| t.2)
+}
 const ELTWISE_ELEMS_PER_BLOCK: u32 = 1024;
 const POOL_ELEMS_PER_BLOCK: u32 = 256;
 const REDUCE_ELEMS_PER_BLOCK: u32 = 256;
@@ -756,7 +810,13 @@ impl Emitter<'_> {
         if out.nhwc_pixel_stride().is_none() || out.dtype != self.dtype {
             out = self.fresh(&shape, &NHWC, self.dtype);
         }
-        let tile = if depthwise { DWCONV_TILE } else { CONV_TILE };
+        let tile = if depthwise {
+            DWCONV_TILE
+        } else if *groups == 1 {
+            tile_for(self.dtype, 1, (shape[0] * shape[2] * shape[3]) as u32, o as u32)
+        } else {
+            CONV_TILE
+        };
         let p = Conv2dParams {
             batch: shape[0] as u32,
             in_h: x.shape[2] as u32,
@@ -878,7 +938,7 @@ impl Emitter<'_> {
         while dims.len() < 2 {
             dims.insert(0, (1, vec![0; operands.len()]));
         }
-        let p = GemmParams {
+        let mut p = GemmParams {
             batch0: dims[0].0 as u32,
             batch1: dims[1].0 as u32,
             m: m as u32,
@@ -900,9 +960,10 @@ impl Emitter<'_> {
             r_stride_m: residual.as_ref().map(|r| r.strides[rank - 2] as u64).unwrap_or(0),
             alpha: 1.0,
             epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
-            tile_m: GEMM_TILE.0,
-            tile_n: GEMM_TILE.1,
+            tile_m: 0,
+            tile_n: 0,
         };
+        (p.tile_m, p.tile_n) = tile_for(self.dtype, p.batch0 * p.batch1, p.m, p.n);
         let mut args = vec![a, b];
         args.extend(bias);
         args.extend(residual);
@@ -1197,10 +1258,7 @@ impl Emitter<'_> {
             deps.extend(hazard[i].iter().copied());
             deps.remove(&(i as u32));
             let logical_blocks = p.kernel.logical_blocks();
-            let threads = match p.kernel {
-                Kernel::Gather(_) => 128,
-                _ => THREADS,
-            };
+            let threads = threads_for(&p.kernel, p.dtype);
             launches.push(Launch {
                 name: p.name,
                 flops: p.kernel.flops(),
