@@ -6,7 +6,11 @@
 #
 #   scripts/gpu-suite.sh build          here (no GPU): build and strip the binaries into .carry/
 #   scripts/gpu-suite.sh smoke|full     on the device, with .carry/ carried: run them
+#   scripts/gpu-suite.sh speed          on the device: the kernel tests, preemption and the zoo
+#                                       models in KAIROS_ZOO_MODELS, then the kernel_speed example
+#                                       (lowering's tiles vs autotuned) on SPEED_MODELS
 #
+# CARRY names the carry folder (default .carry), so engineers building side by side do not collide.
 # Logs and JSON go to $OUT (the device tool's output folder; out/gpu-suite otherwise):
 #   device.txt, tests.log, suite.log, measurements.json, profiles.json
 # Environment: KAIROS_ZOO_MODELS (comma list) limits the zoo tests; SUITE_ARGS is passed to the
@@ -14,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-full}
-CARRY=.carry
+CARRY=${CARRY:-.carry}
 
 if [ "$mode" = build ]; then
     set -e
@@ -25,10 +29,11 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])')
-    cargo build --release -p kairos-cuda --example gpu_suite
+    cargo build --release -p kairos-cuda --example gpu_suite --example kernel_speed
     strip -o "$CARRY/kairos-cuda-gpu-tests" "$test_bin"
     strip -o "$CARRY/gpu_suite" target/release/examples/gpu_suite
-    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite"
+    strip -o "$CARRY/kernel_speed" target/release/examples/kernel_speed
+    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite" "$CARRY/kernel_speed"
     ls -la "$CARRY"
     exit 0
 fi
@@ -37,7 +42,7 @@ OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
 BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
-for f in kairos-cuda-gpu-tests gpu_suite; do
+for f in kairos-cuda-gpu-tests gpu_suite kernel_speed; do
     gunzip -c "$CARRY/$f.gz" >"$BIN/$f" && chmod +x "$BIN/$f" || { echo "missing $CARRY/$f.gz: run scripts/gpu-suite.sh build first"; exit 1; }
 done
 export KAIROS_GPU_TESTS=1
@@ -45,6 +50,25 @@ export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
 export RUST_BACKTRACE=1
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nproc; } 2>&1 | tee "$OUT/device.txt"
+
+if [ "$mode" = speed ]; then
+    export KAIROS_ZOO_MODELS=${KAIROS_ZOO_MODELS:-resnet50,mobilenet_v2,bert_base,gpt2}
+    t0=$(date +%s)
+    "$BIN/kairos-cuda-gpu-tests" --test-threads=1 --nocapture kernels_match_cpu_reference preempted_launches_resume_exactly \
+        protocol_and_plain_builds_agree zoo_models_match 2>&1 | tee "$OUT/tests.log"
+    tests_rc=${PIPESTATUS[0]}
+    t1=$(date +%s)
+    # shellcheck disable=SC2086
+    "$BIN/kernel_speed" ${SPEED_ARGS:-} ${SPEED_MODELS:-resnet50 vgg19 bert_base} 2>&1 | tee "$OUT/speed.log"
+    speed_rc=${PIPESTATUS[0]}
+    t2=$(date +%s)
+    echo
+    echo "== tests (rc $tests_rc, $((t1 - t0)) s) =="
+    grep -E "FAIL|^test .* (ok|FAILED)$|^test result" "$OUT/tests.log"
+    echo "== kernel speed (rc $speed_rc, $((t2 - t1)) s) =="
+    sed -n '/^== kernel speed/,$p' "$OUT/speed.log"
+    exit $((tests_rc | speed_rc))
+fi
 
 if [ "$mode" = smoke ]; then
     export KAIROS_ZOO_MODELS=${KAIROS_ZOO_MODELS:-resnet18,distilbert}

@@ -437,6 +437,11 @@ impl CudaGpu {
         Ok(o)
     }
 
+    /// The kernel cache this GPU compiles through (its folder, arch and driver version).
+    pub fn kernel_cache(&self) -> &KernelCache {
+        &self.cache
+    }
+
     /// Compiles (or loads from the disk cache) every module of the library in the given
     /// variants, compiling in parallel threads; returns the milliseconds it took.
     pub fn prepare(&mut self, variants: &[Variant]) -> Result<f64> {

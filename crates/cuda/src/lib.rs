@@ -9,11 +9,13 @@
 //! - [`protocol`]: the host side of the kernel protocol (launch slots, preempt flags in mapped
 //!   pinned memory, the notification ring).
 //! - [`profile`]: `kairos profile` (per-kernel durations, resources, KRISP's min SMs).
+//! - [`autotune`]: tile configurations per launch shape, timed at model load and cached on disk.
 //!
 //! Entry points for the binary: [`CudaGpu::new`] (a clear `GpuError::NoDevice` without a driver
 //! or GPU), then `kairos_gpu::exec::{upload_weights, execute_plan}` for `kairos run --backend
 //! cuda`, and [`profile::profile_plan`] for `kairos profile`.
 
+pub mod autotune;
 pub mod driver;
 pub mod gpu;
 pub mod nvrtc;
@@ -22,6 +24,7 @@ pub mod protocol;
 pub mod safe;
 pub mod suite;
 
+pub use autotune::{TuneOptions, autotune_plan};
 pub use gpu::{CudaGpu, LaunchOptions, read_sm_bitmap};
 pub use nvrtc::Variant;
 pub use profile::profile_plan;

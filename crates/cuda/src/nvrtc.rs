@@ -163,7 +163,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// 128-bit FNV-1a (two 64-bit lanes with different offsets), hex: a content key, not a MAC.
-fn content_hash(parts: &[&[u8]]) -> String {
+pub(crate) fn content_hash(parts: &[&[u8]]) -> String {
     let mut h = [0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142u64];
     for part in parts {
         for lane in h.iter_mut() {
@@ -207,6 +207,27 @@ impl KernelCache {
             o.push("--ptxas-options=-v".to_string());
         }
         o
+    }
+
+    /// Where the autotuner keeps its choices for this device: next to the CUBIN images, keyed like
+    /// them by the sources of the tuned kernels (conv and gemm modules and every header), the
+    /// target, the driver and NVRTC versions, plus the device's name and SM count (an H100 and an
+    /// H200 share sm_90 but not their best tiles). None without a cache folder.
+    pub fn tuning_file(&self, device_name: &str, sm_count: u32) -> Option<PathBuf> {
+        let dir = self.dir.as_ref()?;
+        let (target, cubin) = self.target().ok()?;
+        let nvrtc = version().ok()?;
+        let mut parts: Vec<&[u8]> = vec![Module::Conv.source().as_bytes(), Module::Gemm.source().as_bytes()];
+        for h in HEADERS.iter() {
+            parts.push(h.0.as_bytes());
+            parts.push(h.1.as_bytes());
+        }
+        let opt_text = self.options(target, cubin, Variant::Protocol).join(" ");
+        let versions =
+            format!("driver {} nvrtc {}.{} device {device_name} sms {sm_count}", self.driver_version, nvrtc.0, nvrtc.1);
+        parts.push(opt_text.as_bytes());
+        parts.push(versions.as_bytes());
+        Some(dir.join(format!("autotune-sm{target}-{}.json", content_hash(&parts))))
     }
 
     /// A module's image: from the cache when present, else compiled (and cached).

@@ -137,6 +137,9 @@ pub enum GemmLayout {
     Transposed,
     /// Attention scores: A = Q and B = K^T read out of [batch, seq, heads, dim] tensors.
     Heads,
+    /// Attention output: A = P [b][h][m][k] contiguous, B = V read out of a [batch, seq, heads, dim]
+    /// tensor (n contiguous).
+    HeadsPv,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -196,6 +199,14 @@ fn gemm_case(
             (p.b_stride0, p.b_stride1, p.b_stride_k, p.b_stride_n) = (n64 * row, k64, 1, row);
             a_elems = b0 as u64 * m64 * row;
             b_elems = b0 as u64 * n64 * row;
+        }
+        GemmLayout::HeadsPv => {
+            // batch0 = batch, batch1 = heads, m = seq, k = seq, n = head dim.
+            let row = b164 * n64;
+            (p.a_stride0, p.a_stride1, p.a_stride_m, p.a_stride_k) = (b164 * m64 * k64, m64 * k64, k64, 1);
+            (p.b_stride0, p.b_stride1, p.b_stride_k, p.b_stride_n) = (k64 * row, n64, row, 1);
+            a_elems = b0 as u64 * b164 * m64 * k64;
+            b_elems = b0 as u64 * k64 * row;
         }
     }
     let c_elems = (b0 as u64 * b164 * m64 * n64) as usize;
@@ -385,6 +396,57 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             (128, 128),
             256,
         ),
+        // Cases for the fp16 tensor-core engine's paths (f32 runs them on the SIMT engine):
+        // 16-byte loads, ksplit, passes, both B layouts, element loads, tails in m, n and k.
+        conv_case(
+            "conv3x3 vec tile 128x128",
+            (1, 14, 14, 64, 96),
+            (3, 1, 1, 1, 1),
+            (true, false, Act::Relu),
+            (0, 0),
+            (128, 128, 256),
+            false,
+        ),
+        conv_case(
+            "conv3x3 vec tile 16x16 ksplit",
+            (1, 7, 7, 32, 48),
+            (3, 1, 1, 1, 1),
+            (true, true, Act::Relu),
+            (0, 8),
+            (16, 16, 256),
+            false,
+        ),
+        conv_case(
+            "conv vec 1 warp passes",
+            (1, 12, 12, 16, 130),
+            (3, 2, 1, 1, 1),
+            (false, false, Act::None),
+            (8, 0),
+            (128, 128, 32),
+            false,
+        ),
+        conv_case(
+            "conv1x1 vec s2 tile 64x32",
+            (2, 9, 9, 136, 72),
+            (1, 2, 0, 1, 1),
+            (true, true, Act::None),
+            (0, 0),
+            (64, 32, 128),
+            false,
+        ),
+        gemm_case(
+            "gemm linear vec 16x64",
+            GemmLayout::Linear,
+            (1, 1, 128, 192, 264),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::Gelu },
+            (16, 64),
+            128,
+        ),
+        gemm_case("gemm transposed kn vec", GemmLayout::Transposed, (1, 2, 32, 48, 40), 1.0, none, (32, 32), 128),
+        gemm_case("gemm heads qk vec", GemmLayout::Heads, (1, 2, 40, 40, 64), 0.125, none, (32, 64), 256),
+        gemm_case("gemm heads pv kn", GemmLayout::HeadsPv, (2, 3, 24, 32, 24), 1.0, none, (16, 32), 128),
+        gemm_case("gemm heads pv kn tail", GemmLayout::HeadsPv, (1, 2, 20, 20, 20), 1.0, none, (64, 16), 64),
         pool_case("maxpool 3x3 s2", PoolKindParam::Max, (2, 17, 17, 24), 3, 2, (1, 1), 0),
         pool_case("avgpool include pad", PoolKindParam::AvgIncludePad, (1, 9, 9, 16), 3, 1, (1, 1), 8),
         pool_case("avgpool exclude pad ceil", PoolKindParam::AvgExcludePad, (1, 10, 10, 16), 3, 2, (1, 2), 0),

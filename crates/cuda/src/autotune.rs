@@ -1,0 +1,501 @@
+//! The tile autotuner: per launch shape, the fastest tile configuration of convolutions and matrix
+//! products on this GPU, cached on disk next to the CUBIN images.
+//!
+//! Guarantee: a tuned plan computes exactly what the untuned plan computes, block for block. The
+//! tuner changes only what the logical-block contract of `kairos_ir::plan` leaves free — the
+//! tile (`tile_m`, `tile_n`, any size up to the engines' TILE_MAX of 128 is correct), the CTA size
+//! (whole warps, within the kernel's launch bounds) and, with them, the launch's logical-block
+//! count — and it rewrites the plan before any dispatcher sees it, so the CPU reference and the
+//! simulator run the same blocks as the GPU. The tuned plan passes `Plan::validate`.
+//!
+//! Behaviour: launches are grouped by shape (the kernel's parameters without its tile, and the
+//! dtype); only `conv2d` with one group and `gemm` are tuned (the other kernels' blocks are not
+//! tiles of a product). Each shape's candidates ([`CANDIDATES_F16`] / [`CANDIDATES_F32`], minus
+//! tiles more than 16 past the problem in either dimension, plus the plan's own choice) run on
+//! the whole GPU, one warm-up then `repeats` timed runs each, on the model's real weights and
+//! synthetic inputs; the kept time is the median of the device-measured spans (first CTA placed
+//! to LaunchDone, %globaltimer). The plan's own choice is kept unless a candidate beats it by
+//! more than [`KEEP_PLAN_SLACK`] (timing noise must not churn plans). Choices are saved in
+//! `autotune-sm<arch>-<key>.json` in the kernel cache folder (`$KAIROS_CACHE_DIR`, default
+//! `~/.cache/kairos/cubin`), the key hashing the tuned kernels' sources and headers, the compile
+//! options, the driver and NVRTC versions, the device's name and its SM count: a second load of
+//! the model times nothing, and editing a kernel or moving to another GPU starts afresh. At the
+//! time of writing, resnet50 (fp16, batch 1) has 22 distinct shapes and 9 to 11 candidates per
+//! shape; tuning it takes well under a second of GPU time plus the weight upload.
+//!
+//! Entry points: [`autotune_plan`] (the CUDA backend at model load), and [`apply_table`] (pure:
+//! the same rewrite from a saved table, e.g. for the simulator to agree with a tuned GPU).
+
+use crate::gpu::CudaGpu;
+use crate::profile::{PlanBuffers, synthetic_input};
+use kairos_gpu::*;
+use kairos_ir::DType;
+use kairos_ir::plan::{Kernel, LaunchShape, Plan};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// fp16 candidates (tile_m, tile_n, threads per CTA) for the tensor-core engine.
+pub const CANDIDATES_F16: [(u32, u32, u32); 16] = [
+    (128, 128, 256),
+    (128, 64, 256),
+    (64, 128, 256),
+    (128, 64, 128),
+    (64, 64, 256),
+    (64, 64, 128),
+    (64, 32, 128),
+    (32, 64, 128),
+    (32, 64, 256),
+    (32, 32, 128),
+    (32, 32, 64),
+    (16, 64, 128),
+    (16, 32, 128),
+    (16, 32, 64),
+    (16, 16, 128),
+    (16, 16, 64),
+];
+/// f32 candidates for the SIMT engine.
+pub const CANDIDATES_F32: [(u32, u32, u32); 8] =
+    [(128, 128, 256), (128, 64, 256), (64, 128, 256), (64, 64, 256), (64, 32, 128), (32, 64, 128), (32, 32, 128), (32, 32, 64)];
+/// The plan's own choice stays unless a candidate is faster by more than this factor.
+pub const KEEP_PLAN_SLACK: f64 = 0.97;
+/// Most shapes a table holds (a full table stops growing; tuning still rewrites the plan).
+pub const TABLE_ENTRIES_MAX: usize = 16_384;
+
+/// One tile configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileChoice {
+    pub tile_m: u32,
+    pub tile_n: u32,
+    pub threads: u32,
+}
+
+/// A tuned shape: the choice, its time and the time of the configuration it replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuneEntry {
+    pub choice: TileChoice,
+    pub duration_ns: u64,
+    pub plan_duration_ns: u64,
+}
+
+/// Choices by shape key ([`shape_key`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TuneTable {
+    pub device: String,
+    pub entries: BTreeMap<String, TuneEntry>,
+}
+
+impl TuneTable {
+    pub fn load(path: &Path) -> Result<TuneTable, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Writes the table (to a temporary file first, then renamed, so readers never see half of it).
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// The kernel's tile, when it is a tunable one.
+fn tile_of(kernel: &Kernel) -> Option<(u32, u32)> {
+    match kernel {
+        Kernel::Conv2d(p) if p.groups == 1 => Some((p.tile_m, p.tile_n)),
+        Kernel::Gemm(p) => Some((p.tile_m, p.tile_n)),
+        _ => None,
+    }
+}
+
+/// The kernel with another tile.
+pub fn with_tile(kernel: &Kernel, tile_m: u32, tile_n: u32) -> Kernel {
+    let mut k = *kernel;
+    match &mut k {
+        Kernel::Conv2d(p) | Kernel::DepthwiseConv2d(p) => (p.tile_m, p.tile_n) = (tile_m, tile_n),
+        Kernel::Gemm(p) => (p.tile_m, p.tile_n) = (tile_m, tile_n),
+        _ => {}
+    }
+    k
+}
+
+/// The shape a launch is tuned by: dtype and kernel parameters without the tile. None for kernels
+/// the tuner leaves alone.
+pub fn shape_key(kernel: &Kernel, dtype: DType) -> Option<String> {
+    tile_of(kernel)?;
+    if !matches!(dtype, DType::F16 | DType::F32) {
+        return None;
+    }
+    let k = with_tile(kernel, 0, 0);
+    Some(format!("{}:{}", dtype.name(), serde_json::to_string(&k).ok()?))
+}
+
+/// The problem a tunable kernel computes: (independent products, m, n).
+fn problem(kernel: &Kernel) -> (u32, u32, u32) {
+    match kernel {
+        Kernel::Conv2d(p) => (1, p.gemm_m(), p.out_c),
+        Kernel::Gemm(p) => (p.batch0 * p.batch1, p.m, p.n),
+        _ => (1, 1, 1),
+    }
+}
+
+/// Candidates for one launch: the dtype's list without tiles more than 16 past the problem, and
+/// the plan's own choice first.
+pub fn candidates(kernel: &Kernel, dtype: DType, plan_threads: u32) -> Vec<TileChoice> {
+    let Some((tm, tn)) = tile_of(kernel) else { return Vec::new() };
+    let (_, m, n) = problem(kernel);
+    let round16 = |x: u32| x.max(1).div_ceil(16) * 16;
+    let own = TileChoice { tile_m: tm, tile_n: tn, threads: plan_threads };
+    let list: &[(u32, u32, u32)] = if dtype == DType::F16 { &CANDIDATES_F16 } else { &CANDIDATES_F32 };
+    let mut v = vec![own];
+    for &(a, b, t) in list {
+        let c = TileChoice { tile_m: a, tile_n: b, threads: t };
+        if a <= round16(m) && b <= round16(n) && c != own {
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// Rewrites every launch whose shape the table knows; returns how many launches changed.
+pub fn apply_table(plan: &mut Plan, table: &TuneTable) -> usize {
+    let mut changed = 0;
+    for l in &mut plan.launches {
+        let Some(key) = shape_key(&l.kernel, l.dtype) else { continue };
+        let Some(e) = table.entries.get(&key) else { continue };
+        let k = with_tile(&l.kernel, e.choice.tile_m, e.choice.tile_n);
+        let shape = LaunchShape { logical_blocks: k.logical_blocks(), threads_per_block: e.choice.threads, ..l.shape };
+        if k != l.kernel || shape != l.shape {
+            l.kernel = k;
+            l.shape = shape;
+            changed += 1;
+        }
+    }
+    changed
+}
+
+/// How to tune.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// Timed runs per candidate (the median is kept), after one warm-up.
+    pub repeats: usize,
+    /// Launch dtypes to tune.
+    pub dtypes: Vec<DType>,
+    /// Read and write the on-disk table.
+    pub use_cache: bool,
+    /// Progress lines on stderr.
+    pub progress: bool,
+    /// Stop timing new shapes after this long (they keep the plan's choice, and are not saved).
+    pub time_budget_ms: u64,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions { repeats: 5, dtypes: vec![DType::F16], use_cache: true, progress: true, time_budget_ms: 60_000 }
+    }
+}
+
+/// What a tuning did.
+#[derive(Clone, Debug, Default)]
+pub struct TuneReport {
+    /// Distinct tunable shapes in the plan.
+    pub shapes: usize,
+    /// Shapes timed now.
+    pub timed: usize,
+    /// Shapes whose choice came from the table.
+    pub from_table: usize,
+    /// Launches whose tile or CTA size changed.
+    pub launches_changed: usize,
+    /// Sum over tunable launches of the plan's and the chosen configuration's durations (ns).
+    pub plan_kernel_ns: u64,
+    pub tuned_kernel_ns: u64,
+    pub elapsed_ms: f64,
+    pub table_file: Option<PathBuf>,
+}
+
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn describe(kernel: &Kernel, dtype: DType) -> String {
+    match kernel {
+        Kernel::Conv2d(p) => format!(
+            "conv2d {dtype} {}x{} {}->{} k{}x{} s{} (m {}, k {})",
+            p.out_h,
+            p.out_w,
+            p.in_c,
+            p.out_c,
+            p.kernel_h,
+            p.kernel_w,
+            p.stride_h,
+            p.gemm_m(),
+            p.kernel_h * p.kernel_w * p.in_c
+        ),
+        Kernel::Gemm(p) => format!("gemm {dtype} {}x{} m {} n {} k {}", p.batch0, p.batch1, p.m, p.n, p.k),
+        k => k.name().to_string(),
+    }
+}
+
+/// Tunes a plan on this GPU and rewrites it (see the module doc). The table file is read first
+/// and written back with the shapes timed now.
+pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> Result<TuneReport> {
+    let t0 = Instant::now();
+    let table_file = if opts.use_cache { gpu.kernel_cache().tuning_file(&gpu.info().name, gpu.info().sm_count) } else { None };
+    let mut table = table_file.as_deref().and_then(|p| TuneTable::load(p).ok()).unwrap_or_default();
+    table.device = gpu.info().name.clone();
+
+    // Distinct shapes, each with its first launch.
+    let mut shapes: Vec<(String, usize)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, l) in plan.launches.iter().enumerate() {
+        if !opts.dtypes.contains(&l.dtype) {
+            continue;
+        }
+        if let Some(key) = shape_key(&l.kernel, l.dtype)
+            && seen.insert(key.clone())
+        {
+            shapes.push((key, i));
+        }
+    }
+    let mut report = TuneReport { shapes: shapes.len(), table_file: table_file.clone(), ..Default::default() };
+    let todo: Vec<&(String, usize)> = shapes.iter().filter(|(k, _)| !table.entries.contains_key(k)).collect();
+    report.from_table = shapes.len() - todo.len();
+    if opts.progress {
+        eprintln!(
+            "autotune {} ({}): {} shapes, {} from {}",
+            plan.model,
+            gpu.info().name,
+            shapes.len(),
+            report.from_table,
+            table_file.as_ref().map_or("no table".to_string(), |p| p.display().to_string())
+        );
+    }
+
+    let mut chosen: BTreeMap<String, TuneEntry> = BTreeMap::new();
+    if !todo.is_empty() {
+        let inputs: Vec<_> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
+        let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
+        let r = time_shapes(gpu, plan, &bufs, &todo, opts, t0, &mut chosen);
+        bufs.free(gpu)?;
+        r?;
+    }
+    report.timed = chosen.len();
+    for (k, e) in &chosen {
+        if table.entries.len() < TABLE_ENTRIES_MAX || table.entries.contains_key(k) {
+            table.entries.insert(k.clone(), *e);
+        }
+    }
+    if let Some(path) = &table_file
+        && !chosen.is_empty()
+        && let Err(e) = table.save(path)
+    {
+        eprintln!("autotune: could not save {e} (the next load tunes again)");
+    }
+    // Rewrite with the saved choices and the ones timed now (also when the table was full).
+    let mut all = table.clone();
+    all.entries.extend(chosen);
+    for l in &plan.launches {
+        if let Some(key) = shape_key(&l.kernel, l.dtype)
+            && let Some(e) = all.entries.get(&key)
+            && opts.dtypes.contains(&l.dtype)
+        {
+            report.plan_kernel_ns += e.plan_duration_ns;
+            report.tuned_kernel_ns += e.duration_ns;
+        }
+    }
+    all.entries.retain(|k, _| shapes.iter().any(|(s, _)| s == k));
+    report.launches_changed = apply_table(plan, &all);
+    plan.validate().map_err(|e| GpuError::Invalid(format!("autotuned plan is invalid: {e}")))?;
+    report.elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if opts.progress {
+        eprintln!(
+            "autotune {}: {} launches changed; tunable kernels {:.3} ms -> {:.3} ms; {:.0} ms",
+            plan.model,
+            report.launches_changed,
+            report.plan_kernel_ns as f64 / 1e6,
+            report.tuned_kernel_ns as f64 / 1e6,
+            report.elapsed_ms
+        );
+    }
+    Ok(report)
+}
+
+fn time_shapes(
+    gpu: &mut CudaGpu,
+    plan: &Plan,
+    bufs: &PlanBuffers,
+    todo: &[&(String, usize)],
+    opts: &TuneOptions,
+    t0: Instant,
+    chosen: &mut BTreeMap<String, TuneEntry>,
+) -> Result<()> {
+    let stream = gpu.utility_stream()?;
+    let whole = gpu.info().partitions[0].sms;
+    let mut args = Vec::new();
+    for (n, (key, i)) in todo.iter().enumerate() {
+        if t0.elapsed().as_millis() as u64 > opts.time_budget_ms {
+            if opts.progress {
+                eprintln!("autotune: time budget spent; {} shapes keep the plan's tiles", todo.len() - n);
+            }
+            break;
+        }
+        let l = &plan.launches[*i];
+        bufs.bases.resolve_all(&l.args, &mut args);
+        let mut best: Option<(TileChoice, u64)> = None;
+        let mut own_ns = None;
+        for c in candidates(&l.kernel, l.dtype, l.shape.threads_per_block) {
+            let kernel = with_tile(&l.kernel, c.tile_m, c.tile_n);
+            let shape = LaunchShape { logical_blocks: kernel.logical_blocks(), threads_per_block: c.threads, ..l.shape };
+            let req = LaunchRequest {
+                kernel: &kernel,
+                dtype: l.dtype,
+                shape,
+                args: &args,
+                first_block: 0,
+                ctas: 0,
+                sm_mask: whole,
+                partition: PartitionId::WHOLE,
+                stream,
+            };
+            let timed = (|| {
+                gpu.time_span(&req)?;
+                let mut t: Vec<u64> = (0..opts.repeats.max(1)).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
+                Ok::<u64, GpuError>(median(&mut t))
+            })();
+            let ns = match timed {
+                Ok(ns) => ns,
+                Err(e) => {
+                    if opts.progress {
+                        eprintln!(
+                            "autotune: {} {}x{}x{} skipped: {e}",
+                            describe(&l.kernel, l.dtype),
+                            c.tile_m,
+                            c.tile_n,
+                            c.threads
+                        );
+                    }
+                    continue;
+                }
+            };
+            if own_ns.is_none() {
+                own_ns = Some(ns); // the plan's own choice comes first
+                best = Some((c, ns));
+            } else if let Some((_, b)) = best
+                && (ns as f64) < b as f64 * KEEP_PLAN_SLACK
+            {
+                best = Some((c, ns));
+            }
+        }
+        let Some((choice, duration_ns)) = best else { continue };
+        let plan_duration_ns = own_ns.unwrap_or(duration_ns);
+        if opts.progress {
+            eprintln!(
+                "autotune [{}/{}] {}: {}x{}x{} {:.1} us (plan's {}x{}x{} {:.1} us)",
+                n + 1,
+                todo.len(),
+                describe(&l.kernel, l.dtype),
+                choice.tile_m,
+                choice.tile_n,
+                choice.threads,
+                duration_ns as f64 / 1e3,
+                tile_of(&l.kernel).map_or(0, |t| t.0),
+                tile_of(&l.kernel).map_or(0, |t| t.1),
+                l.shape.threads_per_block,
+                plan_duration_ns as f64 / 1e3
+            );
+        }
+        chosen.insert(key.clone(), TuneEntry { choice, duration_ns, plan_duration_ns });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kairos_ir::graph::Act;
+    use kairos_ir::plan::{Conv2dParams, EpilogueParams};
+
+    fn conv(tile_m: u32, tile_n: u32, groups: u32) -> Kernel {
+        Kernel::Conv2d(Conv2dParams {
+            batch: 1,
+            in_h: 7,
+            in_w: 7,
+            in_c: 512,
+            out_h: 7,
+            out_w: 7,
+            out_c: 512,
+            kernel_h: 3,
+            kernel_w: 3,
+            stride_h: 1,
+            stride_w: 1,
+            pad_h: 1,
+            pad_w: 1,
+            dilation_h: 1,
+            dilation_w: 1,
+            groups,
+            in_pixel_stride: 512,
+            out_pixel_stride: 512,
+            res_pixel_stride: 0,
+            epilogue: EpilogueParams { bias: true, residual: false, act: Act::Relu },
+            tile_m,
+            tile_n,
+        })
+    }
+
+    #[test]
+    fn shape_keys_ignore_the_tile_and_skip_untunable_kernels() {
+        let a = shape_key(&conv(64, 64, 1), DType::F16).unwrap();
+        assert_eq!(Some(a.clone()), shape_key(&conv(16, 32, 1), DType::F16));
+        assert_ne!(Some(a), shape_key(&conv(64, 64, 1), DType::F32));
+        assert_eq!(shape_key(&conv(64, 64, 2), DType::F16), None);
+    }
+
+    #[test]
+    fn candidates_fit_the_problem_and_start_with_the_plans_choice() {
+        let c = candidates(&conv(64, 64, 1), DType::F16, 256);
+        assert_eq!(c[0], TileChoice { tile_m: 64, tile_n: 64, threads: 256 });
+        // m = 49 rounds to 64: no 128-row tiles.
+        assert!(c.iter().all(|c| c.tile_m <= 64));
+        assert!(c.iter().any(|c| (c.tile_m, c.tile_n) == (16, 16)));
+        assert_eq!(c.iter().filter(|x| **x == c[0]).count(), 1);
+    }
+
+    #[test]
+    fn applying_a_table_rewrites_tiles_blocks_and_threads() {
+        let k = conv(64, 64, 1);
+        let key = shape_key(&k, DType::F16).unwrap();
+        let mut table = TuneTable::default();
+        let choice = TileChoice { tile_m: 16, tile_n: 16, threads: 128 };
+        table.entries.insert(key, TuneEntry { choice, duration_ns: 1, plan_duration_ns: 2 });
+        let mut plan = Plan {
+            model: "t".into(),
+            dtype: DType::F16,
+            inputs: vec![],
+            outputs: vec![],
+            launches: vec![kairos_ir::plan::Launch {
+                name: "c".into(),
+                kernel: k,
+                dtype: DType::F16,
+                shape: LaunchShape { logical_blocks: k.logical_blocks(), threads_per_block: 256, shared_mem_bytes: 0 },
+                args: vec![],
+                deps: vec![],
+                flops: 0,
+                bytes: 0,
+                layer: None,
+            }],
+            arena_bytes: 0,
+            weight_bytes: 0,
+            layers: vec![],
+            weights: Default::default(),
+        };
+        assert_eq!(k.logical_blocks(), 8);
+        assert_eq!(apply_table(&mut plan, &table), 1);
+        let l = &plan.launches[0];
+        assert_eq!(l.kernel, conv(16, 16, 1));
+        assert_eq!((l.shape.logical_blocks, l.shape.threads_per_block), (4 * 32, 128));
+        assert_eq!(apply_table(&mut plan, &table), 0, "a second application changes nothing");
+    }
+}
