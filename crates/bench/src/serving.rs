@@ -141,6 +141,9 @@ pub struct TransportResult {
     pub client_cpu_fraction: f64,
     /// Requests per second the single closed-loop client achieved.
     pub throughput_per_s: f64,
+    /// Why this transport could not serve the model (the other fields are then zero).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Seeded inputs for a model's input specs: floats in [-1, 1], token ids in [0, 100).
@@ -308,9 +311,44 @@ pub fn measure_model(
     let mut first_answer: Option<(Transport, Vec<Tensor>)> = None;
     let mut results = Vec::new();
     for &t in transports {
+        let r = match measure_one(at, model, t, &inputs, &request, opts, &mut first_answer) {
+            Ok(r) => r,
+            // A difference in answers is a bug, not a limit of the transport: stop.
+            Err(e @ Error::Model { .. }) => return Err(e),
+            Err(e) => TransportResult {
+                model: model.name.clone(),
+                transport: t,
+                requests: 0,
+                client: Spread::default(),
+                gpu: Spread::default(),
+                engine: Spread::default(),
+                over_gpu: Spread::default(),
+                over_engine: Spread::default(),
+                client_cpu_per_request_us: 0.0,
+                client_cpu_fraction: 0.0,
+                throughput_per_s: 0.0,
+                error: Some(e.to_string()),
+            },
+        };
+        progress(&r);
+        results.push(r);
+    }
+    Ok(results)
+}
+
+fn measure_one(
+    at: &Endpoints,
+    model: &ShmModel,
+    t: Transport,
+    inputs: &[Tensor],
+    request: &InferOptions,
+    opts: Options,
+    first_answer: &mut Option<(Transport, Vec<Tensor>)>,
+) -> Result<TransportResult, Error> {
+    {
         let mut client = Client::connect(t, at)?;
         for _ in 0..opts.warmup {
-            client.infer(model, &inputs, &request)?;
+            client.infer(model, inputs, request)?;
         }
         let mut client_ns = Vec::with_capacity(opts.requests);
         let mut gpu_ns = Vec::with_capacity(opts.requests);
@@ -321,20 +359,22 @@ pub fn measure_model(
         let wall0 = Instant::now();
         for i in 0..opts.requests {
             let t0 = Instant::now();
-            let (outputs, timing) = client.infer(model, &inputs, &request)?;
+            let (outputs, timing) = client.infer(model, inputs, request)?;
             let latency = t0.elapsed().as_nanos() as i64;
             if i == 0 {
-                match &first_answer {
-                    None => first_answer = Some((t, outputs)),
+                match first_answer {
+                    None => *first_answer = Some((t, outputs)),
                     Some((t_ref, reference)) => {
                         let d = relative_difference(&outputs, reference)?;
                         if d > 1e-6 {
-                            return Err(Error::Invalid(format!(
-                                "model {}: {} answered differently from {} (relative difference {d:.2e})",
-                                model.name,
-                                t.name(),
-                                t_ref.name()
-                            )));
+                            return Err(Error::Model {
+                                model: model.name.clone(),
+                                message: format!(
+                                    "{} answered differently from {} (relative difference {d:.2e})",
+                                    t.name(),
+                                    t_ref.name()
+                                ),
+                            });
                         }
                     }
                 }
@@ -359,11 +399,10 @@ pub fn measure_model(
             client_cpu_per_request_us: cpu / opts.requests as f64 / 1e3,
             client_cpu_fraction: if wall > 0.0 { cpu / wall } else { 0.0 },
             throughput_per_s: if wall > 0.0 { opts.requests as f64 / (wall / 1e9) } else { 0.0 },
+            error: None,
         };
-        progress(&r);
-        results.push(r);
+        Ok(r)
     }
-    Ok(results)
 }
 
 /// The results as a markdown table.
@@ -373,6 +412,11 @@ pub fn markdown(results: &[TransportResult]) -> String {
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
+        if let Some(e) = &r.error {
+            let e: String = e.chars().map(|c| if c == '|' { '/' } else { c }).collect();
+            s.push_str(&format!("| {} | {} | not measured: {e} ||||||||||\n", r.model, r.transport.name()));
+            continue;
+        }
         s.push_str(&format!(
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |\n",
             r.model,

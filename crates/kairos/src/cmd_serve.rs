@@ -163,34 +163,59 @@ fn load_profiles(dir: Option<PathBuf>, default: PathBuf) -> Result<Option<Profil
     Ok(Some(set))
 }
 
+/// The engine factory of a server: CUDA when asked (or, for `auto`, when a GPU is present), else the
+/// simulator; the dispatcher configured with `policy` and the queue limits.
+#[allow(clippy::too_many_arguments)]
+pub fn make_backend(
+    kind: ServeBackend,
+    policy: &str,
+    submit_queue_max: usize,
+    jobs_max: usize,
+    sim_gpu: &str,
+    seed: u64,
+    sim_compute: bool,
+    profiles: Option<PathBuf>,
+) -> Result<Box<dyn Backend>> {
+    let policy = PolicyConfig::by_name(policy)
+        .with_context(|| format!("unknown policy {policy}: use fifo, streams, streams-kernel, paella, sjf or rr"))?;
+    let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
+    engine.dispatcher = engine.dispatcher.with_policy(policy);
+    engine.dispatcher.jobs_max = jobs_max;
+    Ok(match kind {
+        ServeBackend::Cuda => {
+            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))? })
+        }
+        ServeBackend::Auto if gpu_present() => {
+            tracing::info!("an NVIDIA GPU is present: backend cuda");
+            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))? })
+        }
+        ServeBackend::Auto | ServeBackend::Sim => {
+            if kind == ServeBackend::Auto {
+                tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
+            }
+            let desc = sim_desc(sim_gpu)?;
+            let profiles = load_profiles(profiles, desc.profile_dir(std::path::Path::new(".")))?;
+            Box::new(SimBackend { desc, seed, compute: sim_compute, engine, profiles })
+        }
+    })
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| args.log.clone());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
-    let policy = PolicyConfig::by_name(&args.policy)
-        .with_context(|| format!("unknown policy {}: use fifo, streams, streams-kernel, paella, sjf or rr", args.policy))?;
-    let mut engine = EngineConfig { submit_queue_max: args.submit_queue_max, ..EngineConfig::default() };
-    engine.dispatcher = engine.dispatcher.with_policy(policy);
-    engine.dispatcher.jobs_max = args.jobs_max;
-    let backend: Box<dyn Backend> = match args.backend {
-        ServeBackend::Cuda => {
-            Box::new(CudaBackend { engine, profiles: load_profiles(args.profiles.clone(), PathBuf::from("data/profiles/h200"))? })
-        }
-        ServeBackend::Auto if gpu_present() => {
-            tracing::info!("an NVIDIA GPU is present: backend cuda");
-            Box::new(CudaBackend { engine, profiles: load_profiles(args.profiles.clone(), PathBuf::from("data/profiles/h200"))? })
-        }
-        ServeBackend::Auto | ServeBackend::Sim => {
-            if args.backend == ServeBackend::Auto {
-                tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
-            }
-            let desc = sim_desc(&args.sim_gpu)?;
-            let profiles = load_profiles(args.profiles.clone(), desc.profile_dir(std::path::Path::new(".")))?;
-            Box::new(SimBackend { desc, seed: args.seed, compute: args.sim_compute, engine, profiles })
-        }
-    };
+    let backend = make_backend(
+        args.backend,
+        &args.policy,
+        args.submit_queue_max,
+        args.jobs_max,
+        &args.sim_gpu,
+        args.seed,
+        args.sim_compute,
+        args.profiles.clone(),
+    )?;
     let load = match &args.load {
         Some(v) if v.len() == 1 && v[0] == "none" => Some(Vec::new()),
         other => other.clone(),

@@ -63,3 +63,41 @@ pub fn write_tiny_repository(dir: &Path) -> std::io::Result<Vec<String>> {
     write(dir, "embed", &embed_onnx(), "embed.onnx", "# defaults\n")?;
     Ok(vec!["embed".into(), "mlp".into(), "mlp_f16".into(), "pair".into()])
 }
+
+/// An MLP of `depth` hidden layers of `width` (Gemm + ReLU) on a [1, width] input, 10 outputs: its
+/// compute (and so its time on the simulator with computation on) grows with width² x depth.
+pub fn mlp_sized_onnx(name: &str, width: usize, depth: usize) -> Vec<u8> {
+    let mut b = OnnxBuilder::new(name, 17, SEED + width as u64 + depth as u64);
+    let mut h = b.input("x", DType::F32, &[1, width]);
+    for i in 0..depth {
+        h = b.gemm_linear(&h, &format!("fc{i}"), width, width);
+        h = b.relu(&h);
+    }
+    let y = b.gemm_linear(&h, "out", width, 10);
+    b.output(&y, "y", DType::F32, &[1, 10]);
+    b.finish_bytes()
+}
+
+/// `gap224`: a global average pool over an ImageNet-sized input ([1, 3, 224, 224] FP32, 602 KB
+/// in, 12 bytes out): little compute, a large tensor to carry.
+pub fn gap224_onnx() -> Vec<u8> {
+    let mut b = OnnxBuilder::new("gap224", 17, SEED + 3);
+    let x = b.input("x", DType::F32, &[1, 3, 224, 224]);
+    let p = b.global_avgpool(&x);
+    let y = b.flatten(&p);
+    b.output(&y, "y", DType::F32, &[1, 3]);
+    b.finish_bytes()
+}
+
+/// The benchmark repository: `mlp`, `gap224`, and MLPs `mlp_w{width}_d{depth}` of growing compute.
+pub fn write_bench_repository(dir: &Path, sized: &[(usize, usize)]) -> std::io::Result<Vec<String>> {
+    write(dir, "mlp", &mlp_onnx(), "mlp.onnx", "class = \"real-time\"\n")?;
+    write(dir, "gap224", &gap224_onnx(), "gap224.onnx", "# defaults\n")?;
+    let mut names = vec!["mlp".to_string(), "gap224".to_string()];
+    for &(w, d) in sized {
+        let name = format!("mlp_w{w}_d{d}");
+        write(dir, &name, &mlp_sized_onnx(&name, w, d), "model.onnx", "# defaults\n")?;
+        names.push(name);
+    }
+    Ok(names)
+}

@@ -409,6 +409,11 @@ impl State {
         self.engines.len() as u32
     }
 
+    /// The devices the engines drive ("NVIDIA H200", "simulated H100 SXM"), one per GPU.
+    pub fn device_names(&self) -> Vec<String> {
+        self.engines.iter().map(|e| e.device.clone()).collect()
+    }
+
     fn set_slot(&self, name: &str, version: &str, state: SlotState) {
         let mut m = self.models.write().unwrap_or_else(|e| e.into_inner());
         m.insert(name.to_string(), ModelSlot { version: version.to_string(), state });
