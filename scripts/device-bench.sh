@@ -13,6 +13,9 @@
 # kairos' policies, then scripts/peer_replay.py replays the same traces with PyTorch (one stream,
 # 4 streams, 4+4 priority streams), then `kairos bench report` merges both into one set of tables and
 # plots under $OUT/presets (about 4 minutes on an H200; PRESETS_* below trim it).
+# BENCH_STEPS=latency: isolated latency of every zoo model at batch 1 and 8, kairos (`kairos bench
+# latency`, every kernel issued by the dispatcher) beside PyTorch eager and CUDA-graph replay
+# (scripts/pytorch_peer.py) in the same call; its table is printed last (LATENCY_* below trim it).
 # Logs, JSON and plots are packed into $OUT/results.tar (the device tool returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -107,3 +110,34 @@ for p in r["presets"]:
               f"{m['overall']['latency']['p99_ns'] / 1e6:>9.2f} {hs['latency']['p99_ns'] / 1e6:>16.2f}{sat}")
 PY
 fi
+
+# ---- latency step (kairos bench latency; owner: the latency benchmark) ----------------------------
+# PyTorch eager / CUDA graph at each batch size, then kairos on the same models with the peer's
+# JSON side by side; writes $OUT/latency/{pytorch_peer.json,latency.json,latency.md}, appends them
+# to results.tar and prints the tables last. LATENCY_MODELS (default: the zoo), LATENCY_BATCH
+# (1,8), LATENCY_REQUESTS (50), LATENCY_BUDGET_S (per model and batch, 4), LATENCY_PEER_REPS (20),
+# LATENCY_POLICY (fifo), LATENCY_PEER_S / LATENCY_KAIROS_S (step limits), LATENCY_PEER=FILE (reuse
+# a peer JSON instead of measuring it).
+if has latency; then
+    lout="$OUT/latency"
+    mkdir -p "$lout"
+    lmodels=()
+    [ -n "${LATENCY_MODELS:-}" ] && lmodels=(--models "$LATENCY_MODELS")
+    if [ -n "${LATENCY_PEER:-}" ]; then
+        cp "$LATENCY_PEER" "$lout/pytorch_peer.json" && echo "== latency-peers: reused $LATENCY_PEER" | tee -a "$OUT/summary.txt"
+    else
+        step latency-peers "${LATENCY_PEER_S:-270}" python3 scripts/pytorch_peer.py --batch "${LATENCY_BATCH:-1,8}" \
+            --reps "${LATENCY_PEER_REPS:-20}" --out "$lout/pytorch_peer.json" ${lmodels[@]+"${lmodels[@]}"}
+    fi
+    lpeer=()
+    [ -f "$lout/pytorch_peer.json" ] && lpeer=(--peer "$lout/pytorch_peer.json")
+    # The tables go to latency.md and are printed once, below; the log keeps the progress lines.
+    step latency-kairos "${LATENCY_KAIROS_S:-300}" bash -c 'exec "$@" >/dev/null' _ "$BIN/kairos" bench latency --backend cuda --batch "${LATENCY_BATCH:-1,8}" \
+        --requests "${LATENCY_REQUESTS:-50}" --budget-s "${LATENCY_BUDGET_S:-4}" --policy "${LATENCY_POLICY:-fifo}" \
+        --out "$lout" ${lmodels[@]+"${lmodels[@]}"} ${lpeer[@]+"${lpeer[@]}"}
+    (cd "$OUT" && tar rf results.tar latency 2>/dev/null)
+    echo
+    echo "== latency (kairos bench latency; $lout/latency.md)"
+    cat "$lout/latency.md" 2>/dev/null || echo "no latency table: see $OUT/latency-kairos.log"
+fi
+# ---- end of the latency step --------------------------------------------------------------------

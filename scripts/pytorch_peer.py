@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """PyTorch peer numbers for the zoo architectures, measured on the device in the same call as kairos.
 
-For each model (random weights, fp16, eval, cudnn.benchmark on): CUDA kernels per forward pass
-(torch.profiler, memcpy/memset excluded), eager latency and CUDA-graph replay latency (medians of
-CUDA-event timings). Writes JSON to the path given (default: $OUT/pytorch_peer.json).
+For each model (random weights, fp16, eval, cudnn.benchmark on) and each batch size: CUDA kernels
+per forward pass (torch.profiler, memcpy/memset excluded), eager latency and CUDA-graph replay
+latency (median and p99 of CUDA-event timings, input resident on the GPU). A model is built once
+and measured at every batch size. Writes JSON to the path given (default: $OUT/pytorch_peer.json):
+{device, torch, dtype, batches, seq, rows: [{model, batch, kernels_per_forward, eager_ms, graph_ms,
+eager_p99_ms, graph_p99_ms} or {model, batch, error}]}; `kairos bench latency --peer` reads it.
 
-    python3 scripts/pytorch_peer.py [--batch 1] [--models resnet50,bert_base] [--out file.json]
+    python3 scripts/pytorch_peer.py [--batch 1,8] [--models resnet50,bert_base] [--out file.json]
 """
 import argparse, json, os, statistics, sys, time
 
@@ -37,14 +40,27 @@ VISION = ["resnet18", "resnet34", "resnet50", "resnet152", "mobilenet_v2", "sque
 TRANSFORMERS = ["bert_base", "distilbert", "gpt2"]
 
 
-def build(name, batch, seq):
+def build_model(name):
+    """The model on the GPU in fp16 eval mode, and what its input looks like (see `inputs`)."""
     if name in VISION:
         m, shape = vision(name)
-        x = torch.randn(batch, *shape, device="cuda", dtype=torch.half)
-        return m.cuda().half().eval(), (x,)
-    m, vocab = transformer(name)
-    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
-    return m.cuda().half().eval(), (ids,)
+        return m.cuda().half().eval(), ("vision", shape)
+    if name in TRANSFORMERS:
+        m, vocab = transformer(name)
+        return m.cuda().half().eval(), ("tokens", vocab)
+    raise KeyError(f"unknown model {name!r}: use {', '.join(VISION + TRANSFORMERS)}")
+
+
+def inputs(kind, batch, seq):
+    if kind[0] == "vision":
+        return (torch.randn(batch, *kind[1], device="cuda", dtype=torch.half),)
+    return (torch.randint(0, kind[1], (batch, seq), device="cuda"),)
+
+
+def build(name, batch, seq):
+    """The model and its arguments at one batch size (scripts/peer_replay.py uses this)."""
+    model, kind = build_model(name)
+    return model, inputs(kind, batch, seq)
 
 
 def count_kernels(model, args):
@@ -66,6 +82,7 @@ def count_kernels(model, args):
 
 
 def time_ms(fn, reps):
+    """Median and p99 (nearest rank) of `reps` CUDA-event timings of fn, issued back to back."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
@@ -73,17 +90,18 @@ def time_ms(fn, reps):
         fn()
         ends[i].record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    t = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return statistics.median(t), t[max(0, -(-99 * len(t) // 100) - 1)]
 
 
-def measure(name, batch, seq, reps):
-    model, args = build(name, batch, seq)
+def measure(model, kind, name, batch, seq, reps):
+    args = inputs(kind, batch, seq)
     kernels = count_kernels(model, args)
     with torch.no_grad():
         for _ in range(10):
             model(*args)
         torch.cuda.synchronize()
-        eager = time_ms(lambda: model(*args), reps)
+        eager, eager_p99 = time_ms(lambda: model(*args), reps)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -96,33 +114,55 @@ def measure(name, batch, seq, reps):
         for _ in range(5):
             g.replay()
         torch.cuda.synchronize()
-        graph = time_ms(g.replay, reps)
-    del model, g
+        graph, graph_p99 = time_ms(g.replay, reps)
+    del g, args
     torch.cuda.empty_cache()
-    return {"model": name, "batch": batch, "kernels_per_forward": kernels, "eager_ms": eager, "graph_ms": graph}
+    r = {"model": name, "batch": batch, "kernels_per_forward": kernels, "eager_ms": eager, "graph_ms": graph,
+         "eager_p99_ms": eager_p99, "graph_p99_ms": graph_p99}
+    if name in TRANSFORMERS:
+        r["seq"] = seq
+    return r
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", default="1", help="batch sizes, comma-separated (e.g. 1,8)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--models", default=",".join(VISION + TRANSFORMERS))
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "out"), "pytorch_peer.json"))
     a = ap.parse_args()
+    batches = [int(b) for b in a.batch.split(",") if b.strip()]
     torch.backends.cudnn.benchmark = True
     rows = []
     print(f"# PyTorch {torch.__version__} on {torch.cuda.get_device_name(0)}, fp16, batch {a.batch}", flush=True)
+
+    def write():  # after every model, so a run cut short keeps what it measured
+        with open(a.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "dtype": "fp16",
+                       "batches": batches, "seq": a.seq, "rows": rows}, f, indent=1)
+
     for name in a.models.split(","):
-        t = time.time()
+        model = None
         try:
-            r = measure(name, a.batch, a.seq, a.reps)
+            model, kind = build_model(name)
         except Exception as e:  # one model failing must not lose the others
-            r = {"model": name, "batch": a.batch, "error": repr(e)}
-        rows.append(r)
-        print(json.dumps(r), f"({time.time() - t:.1f} s)", flush=True)
-    with open(a.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "dtype": "fp16", "rows": rows}, f, indent=1)
+            rows.extend({"model": name, "batch": b, "error": repr(e)} for b in batches)
+            print(name, "failed to build:", repr(e), flush=True)
+            continue
+        for b in batches:
+            t = time.time()
+            try:
+                r = measure(model, kind, name, b, a.seq, a.reps)
+            except Exception as e:  # out of memory at one batch size must not lose the others
+                r = {"model": name, "batch": b, "error": repr(e)}
+                torch.cuda.empty_cache()
+            rows.append(r)
+            print(json.dumps(r), f"({time.time() - t:.1f} s)", flush=True)
+        del model
+        torch.cuda.empty_cache()
+        write()
+    write()
 
 
 if __name__ == "__main__":

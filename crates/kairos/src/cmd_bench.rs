@@ -39,6 +39,8 @@ pub enum BenchCommand {
     Report(ReportArgs),
     /// Paella's experiments: (a) head-of-line blocking, (b) vision mix, (c) short vs long, (d) fairness.
     Paella(PaellaArgs),
+    /// Isolated latency per zoo model at batch 1 and 8, kairos beside PyTorch eager and CUDA graphs.
+    Latency(Box<crate::cmd_latency::LatencyArgs>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -449,6 +451,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Report(a) => report(a),
         BenchCommand::Paella(a) => run_paella(a),
+        BenchCommand::Latency(a) => crate::cmd_latency::run(*a),
     }
 }
 

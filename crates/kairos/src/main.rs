@@ -3,6 +3,7 @@
 mod cmd_bench;
 mod cmd_demo;
 mod cmd_inspect;
+mod cmd_latency;
 mod cmd_profile;
 mod cmd_run;
 mod cmd_serve;
