@@ -57,12 +57,17 @@ has fairness && step fairness 90 "$BIN/kairos" bench paella fairness --backend c
 if has presets; then
     # Workload presets, kairos and the PyTorch peers on the very same arrival traces.
     pout="$OUT/presets"
+    if [ -n "${PRESETS_REUSE:-}" ]; then
+        # Peers only: reuse kairos' results and traces of an earlier call (carried folder).
+        mkdir -p "$pout" && cp -r "$PRESETS_REUSE"/. "$pout"/ && echo "== presets-kairos: reused $PRESETS_REUSE" | tee -a "$OUT/summary.txt"
+    else
     step presets-kairos "${PRESETS_KAIROS_S:-210}" "$BIN/kairos" bench run \
         "${PRESETS:-paella-mix:1:2:4,disb-a:0.25:1,disb-b,disb-c:0.25:1,disb-d:0.5:1,disb-e:0.5:1}" \
         --backend "${PRESETS_BACKEND:-cuda}" --profiles "$profiles" --sigma 1.5 --policies "${PRESETS_POLICIES:-fifo,streams,paella}" \
         --duration-ms "${PRESETS_DURATION_MS:-1500}" --traces --out "$pout"
-    step presets-peers "${PRESETS_PEERS_S:-170}" python3 scripts/peer_replay.py --traces "$pout/traces" \
-        --modes "${PRESETS_MODES:-single,streams:4,priority:4}" --budget-s "${PRESETS_PEERS_BUDGET_S:-150}" --out "$pout/peers.json"
+    fi
+    step presets-peers "${PRESETS_PEERS_S:-360}" python3 scripts/peer_replay.py --traces "$pout/traces" \
+        --modes "${PRESETS_MODES:-single,streams:4,priority:4}" --budget-s "${PRESETS_PEERS_BUDGET_S:-330}" --out "$pout/peers.json"
     peers_arg=()
     [ -f "$pout/peers.json" ] && peers_arg=(--peers "$pout/peers.json")
     step presets-report 60 "$BIN/kairos" bench report --results "$pout/results.json" ${peers_arg[@]+"${peers_arg[@]}"}

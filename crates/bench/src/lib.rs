@@ -8,7 +8,8 @@
 //!   periodic high/low-priority tasks, cold starts beyond the memory budget, and `custom`.
 //! - [`target`]: what the generator drives, behind one trait: the dispatcher in the GPU's clock
 //!   ([`target::VirtualTarget`]: the simulator, or a real GPU on the calling thread), the threaded
-//!   engine ([`target::EngineTarget`]); remote front ends plug in the same way.
+//!   engine ([`target::EngineTarget`]), a kairos server over REST, gRPC or shared memory
+//!   ([`remote::RemoteTarget`]).
 //! - [`runner`]: one run of a schedule (open and closed loops, LRU residency for cold starts).
 //! - [`metrics`]: HdrHistogram percentiles, throughput, goodput, deadline misses, queue and GPU time.
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod plot;
 pub mod presets;
 pub mod progress;
+pub mod remote;
 pub mod report;
 pub mod runner;
 pub mod serving;

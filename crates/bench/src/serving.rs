@@ -177,7 +177,7 @@ fn client_err(what: &str, e: kairos_client::ClientError) -> Error {
 }
 
 /// One transport's client, connected.
-enum Client {
+pub(crate) enum Client {
     Rest { rt: tokio::runtime::Runtime, client: RestClient, binary: bool },
     Grpc { rt: tokio::runtime::Runtime, client: GrpcClient },
     Shm { client: Box<ShmClient>, wait: Option<Wait> },
@@ -191,7 +191,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 }
 
 impl Client {
-    fn connect(t: Transport, at: &Endpoints) -> Result<Client, Error> {
+    pub(crate) fn connect(t: Transport, at: &Endpoints) -> Result<Client, Error> {
         let need = |v: &Option<String>, what: &str| {
             v.clone().ok_or_else(|| Error::Invalid(format!("transport {} needs the server's {what} address", t.name())))
         };
@@ -223,36 +223,37 @@ impl Client {
         })
     }
 
-    fn infer(&mut self, model: &ShmModel, inputs: &[Tensor], opts: &InferOptions) -> Result<(Vec<Tensor>, ServerTiming), Error> {
+    pub(crate) fn infer(
+        &mut self,
+        model: &ShmModel,
+        inputs: &[Tensor],
+        opts: &InferOptions,
+    ) -> kairos_client::Result<(Vec<Tensor>, ServerTiming)> {
         match self {
             Client::Rest { rt, client, binary } => {
                 let named: Vec<(&str, &Tensor)> = model.inputs.iter().map(|s| s.name.as_str()).zip(inputs).collect();
-                let r = rt
-                    .block_on(client.infer(&model.name, &model.version, &named, opts, *binary))
-                    .map_err(|e| client_err("REST infer", e))?;
+                let r = rt.block_on(client.infer(&model.name, &model.version, &named, opts, *binary))?;
                 Ok((ordered(model, r.outputs)?, r.timing))
             }
             Client::Grpc { rt, client } => {
                 let named: Vec<(&str, &Tensor)> = model.inputs.iter().map(|s| s.name.as_str()).zip(inputs).collect();
-                let r = rt
-                    .block_on(client.infer(&model.name, &model.version, &named, opts))
-                    .map_err(|e| client_err("gRPC infer", e))?;
+                let r = rt.block_on(client.infer(&model.name, &model.version, &named, opts))?;
                 Ok((ordered(model, r.outputs)?, r.timing))
             }
             Client::Shm { client, wait: Some(w) } => {
-                let m = client.open_model(&model.name, &model.version).map_err(|e| client_err("shm open", e))?;
-                client.infer(&m, inputs, *w, opts).map_err(|e| client_err("shm infer", e))
+                let m = client.open_model(&model.name, &model.version)?;
+                client.infer(&m, inputs, *w, opts)
             }
             Client::Shm { client, wait: None } => {
-                let m = client.open_model(&model.name, &model.version).map_err(|e| client_err("shm open", e))?;
-                client.infer_socket(&m, inputs, opts).map_err(|e| client_err("socket infer", e))
+                let m = client.open_model(&model.name, &model.version)?;
+                client.infer_socket(&m, inputs, opts)
             }
         }
     }
 }
 
 /// Outputs in the model's order (REST and gRPC name them).
-fn ordered(model: &ShmModel, mut named: Vec<(String, Tensor)>) -> Result<Vec<Tensor>, Error> {
+fn ordered(model: &ShmModel, mut named: Vec<(String, Tensor)>) -> kairos_client::Result<Vec<Tensor>> {
     model
         .outputs
         .iter()
@@ -260,7 +261,7 @@ fn ordered(model: &ShmModel, mut named: Vec<(String, Tensor)>) -> Result<Vec<Ten
             let i = named
                 .iter()
                 .position(|(n, _)| n == &s.name)
-                .ok_or_else(|| Error::Invalid(format!("the answer lacks output '{}'", s.name)))?;
+                .ok_or_else(|| kairos_client::ClientError::Protocol(format!("the answer lacks output '{}'", s.name)))?;
             Ok(named.swap_remove(i).1.cast(s.dtype))
         })
         .collect()
@@ -348,7 +349,7 @@ fn measure_one(
     {
         let mut client = Client::connect(t, at)?;
         for _ in 0..opts.warmup {
-            client.infer(model, inputs, request)?;
+            client.infer(model, inputs, request).map_err(|e| client_err(t.name(), e))?;
         }
         let mut client_ns = Vec::with_capacity(opts.requests);
         let mut gpu_ns = Vec::with_capacity(opts.requests);
@@ -359,7 +360,7 @@ fn measure_one(
         let wall0 = Instant::now();
         for i in 0..opts.requests {
             let t0 = Instant::now();
-            let (outputs, timing) = client.infer(model, inputs, request)?;
+            let (outputs, timing) = client.infer(model, inputs, request).map_err(|e| client_err(t.name(), e))?;
             let latency = t0.elapsed().as_nanos() as i64;
             if i == 0 {
                 match first_answer {

@@ -11,8 +11,8 @@
 //! - [`EngineTarget`]: the threaded [`Engine`] as an application embeds it: requests cross the
 //!   bounded submission queue to the dispatcher thread and complete through callbacks; latency is
 //!   measured on the caller's wall clock.
-//! - Remote targets (KServe v2 over gRPC or REST, the shared-memory channel) implement the same
-//!   trait over `kairos-client` once that crate exists.
+//! - [`crate::remote::RemoteTarget`]: a kairos server reached over KServe v2 (gRPC or REST) or the
+//!   shared-memory channel, through `kairos-client`.
 //!
 //! Latency is always `completion - scheduled arrival` on the target's clock, so a late generator
 //! or a full queue shows as latency (no coordinated omission).

@@ -44,6 +44,32 @@ pub struct ModelProfile {
 }
 
 impl ModelProfile {
+    /// Whether this profile was measured on `plan`: same dtype, and every profiled launch exists in
+    /// the plan with the same logical block count. A profile of another lowering of the model
+    /// (other tiles, other launches) is stale and must not be used for that plan.
+    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), String> {
+        if self.dtype != plan.dtype {
+            return Err(format!("profile of '{}' is {:?}, the plan is {:?}", self.model, self.dtype, plan.dtype));
+        }
+        for k in &self.kernels {
+            let Some(l) = plan.launches.get(k.launch as usize) else {
+                return Err(format!(
+                    "profile of '{}' names launch {} of a plan of {}",
+                    self.model,
+                    k.launch,
+                    plan.launches.len()
+                ));
+            };
+            if l.shape.logical_blocks != k.logical_blocks {
+                return Err(format!(
+                    "profile of '{}' launch {} has {} logical blocks, the plan's has {}: profile and plan differ",
+                    self.model, k.launch, k.logical_blocks, l.shape.logical_blocks
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn load(path: &Path) -> Result<ModelProfile, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read profile {}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("profile {} is not valid: {e}", path.display()))

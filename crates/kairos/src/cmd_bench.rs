@@ -5,6 +5,7 @@
 //!   markdown tables, PNG/SVG plots, and the arrival traces the PyTorch peers replay.
 //! - `kairos bench report`: merges peer results (`scripts/peer_replay.py`) into a results file and
 //!   redraws its tables and plots.
+//! - `kairos bench serve`: the front ends' overhead and the client's CPU use (cmd_bench_serve).
 //! - `kairos bench paella`: Paella's four experiments as first written (kept for the fidelity runs).
 
 use crate::cmd_run::{Backend, sim_desc};
@@ -41,6 +42,8 @@ pub enum BenchCommand {
     Paella(PaellaArgs),
     /// Isolated latency per zoo model at batch 1 and 8, kairos beside PyTorch eager and CUDA graphs.
     Latency(Box<crate::cmd_latency::LatencyArgs>),
+    /// Serving overhead per front end (REST, gRPC, shared memory) and the client's CPU use per wait scheme.
+    Serve(Box<crate::cmd_bench_serve::ServeBenchArgs>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -49,6 +52,12 @@ pub enum EngineMode {
     Virtual,
     /// The threaded engine behind its bounded queue, as an application embeds it (wall clock).
     Threaded,
+    /// A kairos server over REST with binary tensors (in-process per run, or --server-http).
+    Rest,
+    /// A kairos server over gRPC (in-process per run, or --server-grpc).
+    Grpc,
+    /// A kairos server over the shared-memory channel, hybrid wait (in-process per run, or --server-shm).
+    Shm,
 }
 
 #[derive(Args, Debug)]
@@ -65,6 +74,18 @@ pub struct RunArgs {
     /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h200")]
     pub sim_gpu: String,
+    /// Remote engines: client threads (one request in flight each).
+    #[arg(long, env = "KAIROS_BENCH_CLIENTS", default_value_t = 64)]
+    pub clients: usize,
+    /// Remote engines: a running server's REST address (http://host:port) instead of an in-process one.
+    #[arg(long, env = "KAIROS_BENCH_SERVER_HTTP")]
+    pub server_http: Option<String>,
+    /// Remote engines: a running server's gRPC address (http://host:port).
+    #[arg(long, env = "KAIROS_BENCH_SERVER_GRPC")]
+    pub server_grpc: Option<String>,
+    /// Remote engines: a running server's shared-memory socket.
+    #[arg(long, env = "KAIROS_BENCH_SERVER_SHM")]
+    pub server_shm: Option<PathBuf>,
     /// CUDA device ordinal (cuda backend).
     #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
     pub device: u32,
@@ -452,6 +473,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Report(a) => report(a),
         BenchCommand::Paella(a) => run_paella(a),
         BenchCommand::Latency(a) => crate::cmd_latency::run(*a),
+        BenchCommand::Serve(a) => crate::cmd_bench_serve::run(*a),
     }
 }
 
@@ -567,6 +589,9 @@ fn run_presets(a: RunArgs) -> Result<()> {
     };
     let mut results = match (a.backend, a.engine) {
         (Backend::Cpu, _) => bail!("benchmarks need a GPU: use --backend sim or --backend cuda"),
+        (_, EngineMode::Rest | EngineMode::Grpc | EngineMode::Shm) => {
+            sweep_all(&mut remote_target(&a, &catalog)?, &presets, &catalog, &sweep, a.seed, &a.out)?
+        }
         (Backend::Sim, EngineMode::Virtual) => {
             let mut gpu = kairos_sim::SimGpu::new(sim_desc(&a.sim_gpu)?, kairos_sim::SimOptions::timing_only(a.seed));
             bx::register_on_sim(&mut gpu, &catalog)?;
@@ -610,6 +635,75 @@ fn run_presets(a: RunArgs) -> Result<()> {
     write_results(&results, &a.out, a.per_model)?;
     eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The generator against a kairos server: one started in-process for every run (with that run's
+/// dispatcher configuration, over a repository of the catalog's models), or a running one.
+fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result<kairos_bench::remote::RemoteTarget> {
+    use kairos_bench::remote::{Launched, Launcher, RemoteTarget};
+    use kairos_bench::serving::{Endpoints, Transport};
+    let transport = match a.engine {
+        EngineMode::Rest => Transport::RestBinary,
+        EngineMode::Grpc => Transport::Grpc,
+        _ => Transport::ShmHybrid,
+    };
+    let external = Endpoints { http: a.server_http.clone(), grpc: a.server_grpc.clone(), shm: a.server_shm.clone() };
+    let launcher: Launcher = if external.http.is_some() || external.grpc.is_some() || external.shm.is_some() {
+        eprintln!("  remote: a running server; its own policy applies (the policies swept only label the runs)");
+        Box::new(move |_| {
+            Ok(Launched { endpoints: external.clone(), device: "a running kairos server".into(), stop: Box::new(|| {}) })
+        })
+    } else {
+        let kind = match a.backend {
+            Backend::Cuda => crate::cmd_serve::ServeBackend::Cuda,
+            _ => crate::cmd_serve::ServeBackend::Sim,
+        };
+        let names: Vec<String> = catalog.specs().map(|s| s.name.clone()).collect();
+        let (dtype, sim_gpu, seed, profiles) = (a.dtype, a.sim_gpu.clone(), a.seed, a.profiles.clone());
+        let mut run = 0u32;
+        Box::new(move |cfg| {
+            let fail = |e: String| kairos_bench::Error::Invalid(format!("in-process server: {e}"));
+            run += 1;
+            let dir = std::env::temp_dir().join(format!("kairos-bench-remote-{}-{run}", std::process::id()));
+            let repo = dir.join("models");
+            for n in &names {
+                let d = repo.join(n);
+                std::fs::create_dir_all(&d).map_err(|e| fail(e.to_string()))?;
+                std::fs::write(d.join("config.toml"), format!("model = \"{n}\"\ndtype = \"{}\"\n", dtype.name()))
+                    .map_err(|e| fail(e.to_string()))?;
+            }
+            let engine = EngineConfig { dispatcher: cfg.clone(), ..EngineConfig::default() };
+            let backend = crate::cmd_serve::make_backend_with(kind, engine, &sim_gpu, seed, false, profiles.clone())
+                .map_err(|e| fail(e.to_string()))?;
+            let server = kairos_server::RunningServer::start(
+                kairos_server::ServerConfig {
+                    state: kairos_server::StateConfig { repository: repo, gpus: 1, load: None },
+                    http: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                    grpc: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                    shm: Some(kairos_server::ShmConfig { socket: dir.join("kairos.sock"), ..Default::default() }),
+                    request_bytes_max: 64 << 20,
+                    threads: 4,
+                },
+                backend,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            let endpoints = Endpoints {
+                http: server.http_addr().map(|x| format!("http://{x}")),
+                grpc: server.grpc_addr().map(|x| format!("http://{x}")),
+                shm: server.shm_socket().map(|p| p.to_path_buf()),
+            };
+            let device = server.state.device_names().join(", ");
+            Ok(Launched {
+                endpoints,
+                device,
+                stop: Box::new(move || {
+                    server.shutdown();
+                    let _ = std::fs::remove_dir_all(dir);
+                }),
+            })
+        })
+    };
+    RemoteTarget::new(transport, a.clients, a.seed, launcher).map_err(anyhow::Error::from)
 }
 
 fn sweep_all(

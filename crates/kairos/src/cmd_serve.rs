@@ -181,6 +181,18 @@ pub fn make_backend(
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
+    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles)
+}
+
+/// [`make_backend`] with the engine configured by the caller.
+pub fn make_backend_with(
+    kind: ServeBackend,
+    engine: EngineConfig,
+    sim_gpu: &str,
+    seed: u64,
+    sim_compute: bool,
+    profiles: Option<PathBuf>,
+) -> Result<Box<dyn Backend>> {
     Ok(match kind {
         ServeBackend::Cuda => {
             Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))? })

@@ -1,6 +1,7 @@
 //! kairos: a GPU inference server whose dispatcher owns every kernel launch.
 
 mod cmd_bench;
+mod cmd_bench_serve;
 mod cmd_demo;
 mod cmd_inspect;
 mod cmd_latency;

@@ -680,9 +680,19 @@ pub fn plan_model(repo: &Repository, name: &str, profiles: Option<&ProfileSet>) 
         Some(p) => Some(ModelProfile::load(p).map_err(|e| ServeError::invalid(format!("model '{name}': profile: {e}")))?),
         None => {
             let batch = plan.inputs.first().and_then(|t| t.shape.first().copied()).unwrap_or(1);
-            profiles
-                .and_then(|s| s.find(&plan.model, plan.dtype, batch).or_else(|| s.find(&config.profile_key(), plan.dtype, batch)))
-                .cloned()
+            let found = profiles.and_then(|s| {
+                s.find(&plan.model, plan.dtype, batch).or_else(|| s.find(&config.profile_key(), plan.dtype, batch))
+            });
+            // A profile of an older lowering would misplace every estimate: without it, the
+            // dispatcher and the simulator fall back to roofline estimates.
+            match found.map(|p| (p, p.check_plan(&plan))) {
+                Some((p, Ok(()))) => Some(p.clone()),
+                Some((_, Err(e))) => {
+                    tracing::warn!(model = name, "stale profile ignored: {e}");
+                    None
+                }
+                None => None,
+            }
         }
     };
     Ok(PlannedModel { config, plan: Arc::new(plan), profile })

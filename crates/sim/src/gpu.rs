@@ -460,6 +460,11 @@ impl SimGpu {
 
     /// Registers every plan that has a profile in `set` (matched by model name, dtype and the
     /// batch size, the first dimension of the plan's first input). Returns how many plans matched.
+    ///
+    /// A profile measured on another plan of the model (an older lowering: other tiles, other
+    /// launches) is stale: it is skipped with a warning on stderr and that model's kernels get
+    /// roofline estimates, so an outdated profile folder degrades estimates instead of refusing to
+    /// start. [`Self::register_plan`] stays strict.
     pub fn register_profiles<'a>(
         &mut self,
         plans: impl IntoIterator<Item = &'a Plan>,
@@ -469,8 +474,13 @@ impl SimGpu {
         for plan in plans {
             let batch = plan.inputs.first().and_then(|t| t.shape.first().copied()).unwrap_or(1);
             if let Some(p) = set.find(&plan.model, plan.dtype, batch) {
-                self.register_plan(plan, p)?;
-                matched += 1;
+                match crate::timing::check_profile(plan, p) {
+                    Ok(()) => {
+                        self.register_plan(plan, p)?;
+                        matched += 1;
+                    }
+                    Err(e) => eprintln!("kairos-sim: stale profile skipped, roofline estimates instead: {e}"),
+                }
             }
         }
         Ok(matched)

@@ -170,25 +170,7 @@ impl TimingTable {
     /// Returns how many entries were added. The profile must be of this plan: same launch count,
     /// and for each profiled launch the same logical block count.
     pub fn insert_plan(&mut self, plan: &Plan, profile: &ModelProfile) -> Result<usize, String> {
-        if profile.dtype != plan.dtype {
-            return Err(format!("profile of '{}' is {:?}, the plan is {:?}", profile.model, profile.dtype, plan.dtype));
-        }
-        for k in &profile.kernels {
-            let Some(l) = plan.launches.get(k.launch as usize) else {
-                return Err(format!(
-                    "profile of '{}' names launch {} of a plan of {}",
-                    profile.model,
-                    k.launch,
-                    plan.launches.len()
-                ));
-            };
-            if l.shape.logical_blocks != k.logical_blocks {
-                return Err(format!(
-                    "profile of '{}' launch {} has {} logical blocks, the plan's has {}: profile and plan differ",
-                    profile.model, k.launch, k.logical_blocks, l.shape.logical_blocks
-                ));
-            }
-        }
+        check_profile(plan, profile)?;
         // What the kernel-by-kernel latency adds to the kernels' durations, per launch.
         let kernel_sum: u64 = profile.kernels.iter().map(|k| k.duration_ns).sum();
         let tail = if profile.kernels.is_empty() {
@@ -203,6 +185,11 @@ impl TimingTable {
         }
         Ok(profile.kernels.len())
     }
+}
+
+/// Whether `profile` was measured on `plan` (see [`ModelProfile::check_plan`]).
+pub fn check_profile(plan: &Plan, profile: &ModelProfile) -> Result<(), String> {
+    profile.check_plan(plan)
 }
 
 fn measured_from_profile(k: &KernelProfile, sm_count: u32) -> MeasuredKernel {
