@@ -122,7 +122,15 @@ pub fn lower_models(
             let mut ir = kairos_ir::model::ModelSpec::new(a);
             ir.dtype = dtype;
             let plan = ir.plan().map_err(|e| Error::Model { model: a.clone(), message: e.to_string() })?;
-            ModelSpec { name: a.clone(), plan: Arc::new(plan), profile: profiles.find(a, dtype, 1).cloned() }
+            // A profile of an older lowering would misplace every estimate: roofline instead.
+            let profile = profiles.find(a, dtype, 1).and_then(|p| match p.check_plan(&plan) {
+                Ok(()) => Some(p.clone()),
+                Err(e) => {
+                    eprintln!("  stale profile skipped, roofline estimates instead: {e}");
+                    None
+                }
+            });
+            ModelSpec { name: a.clone(), plan: Arc::new(plan), profile }
         };
         on_model(a, t.elapsed().as_secs_f64());
         c.insert(spec);

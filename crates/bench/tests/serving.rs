@@ -66,3 +66,68 @@ fn a_transport_that_cannot_carry_the_model_is_reported() {
     server.shutdown();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_load_generator_drives_a_server_over_every_front_end() {
+    use kairos_bench::experiment::{Quiet, SweepOptions, run_preset};
+    use kairos_bench::presets::{Length, Preset};
+    use kairos_bench::remote::{Launched, RemoteTarget};
+    use kairos_bench::runner::Catalog;
+    use kairos_sched::{EngineConfig, ModelSpec};
+    use std::sync::Arc;
+
+    let mut ir = kairos_ir::model::ModelSpec::new("squeezenet1_1");
+    ir.dtype = kairos_ir::DType::F16;
+    let mut catalog = Catalog::default();
+    catalog.insert(ModelSpec { name: "squeezenet1_1".into(), plan: Arc::new(ir.plan().unwrap()), profile: None });
+    for transport in [Transport::RestBinary, Transport::Grpc, Transport::ShmHybrid] {
+        let mut runs = 0;
+        let launcher = Box::new(move |cfg: &kairos_sched::Config| {
+            runs += 1;
+            let dir =
+                std::env::temp_dir().join(format!("kairos-bench-remote-{}-{}-{runs}", transport.name(), std::process::id()));
+            let repo = dir.join("models").join("squeezenet1_1");
+            std::fs::create_dir_all(&repo).unwrap();
+            std::fs::write(repo.join("config.toml"), "model = \"squeezenet1_1\"\ndtype = \"f16\"\n").unwrap();
+            let mut c = ServerConfig::new(dir.join("models"));
+            c.http = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+            c.grpc = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+            c.shm = Some(ShmConfig { socket: dir.join("kairos.sock"), ..ShmConfig::default() });
+            let backend = SimBackend {
+                compute: false,
+                engine: EngineConfig { dispatcher: cfg.clone(), ..EngineConfig::default() },
+                ..SimBackend::new(kairos_sim::GpuDesc::h200(), 5)
+            };
+            let server = RunningServer::start(c, Box::new(backend)).map_err(|e| kairos_bench::Error::Invalid(e.to_string()))?;
+            let endpoints = Endpoints {
+                http: server.http_addr().map(|a| format!("http://{a}")),
+                grpc: server.grpc_addr().map(|a| format!("http://{a}")),
+                shm: server.shm_socket().map(|p| p.to_path_buf()),
+            };
+            Ok(Launched {
+                endpoints,
+                device: server.state.device_names().join(", "),
+                stop: Box::new(move || {
+                    server.shutdown();
+                    let _ = std::fs::remove_dir_all(dir);
+                }),
+            })
+        });
+        let mut target = RemoteTarget::new(transport, 4, 1, launcher).unwrap();
+        let mut opts = SweepOptions {
+            policies: Some(vec!["paella".into()]),
+            loads: Some(vec![1.0]),
+            length: Some(Length::DurationNs(300_000_000)),
+            seed: 1,
+            isolated_repeats: 1,
+            ..SweepOptions::default()
+        };
+        opts.preset.custom.models = vec!["squeezenet1_1".into()];
+        opts.preset.custom.rate_per_s = 100.0;
+        let r = run_preset(&mut target, &Preset::Custom, &catalog, &opts, &mut Quiet).unwrap();
+        let o = &r.points[0].metrics.overall;
+        assert!(o.requests > 10 && o.completed == o.requests, "{}: {o:?}", transport.name());
+        assert!(o.latency.p50_ns > 0 && o.latency.p50_ns <= o.latency.p99_ns, "{}: {o:?}", transport.name());
+        assert!(r.points[0].metrics.overall.gpu.p50_ns > 0, "the server's GPU time comes back");
+    }
+}
