@@ -64,15 +64,20 @@ struct ConvTcLoader {
     u32 K, m0, n0;
     bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest;
 
-    __device__ const h16* a_ptr(u32 mm, u32 k) const {
-        const u32 ci = k % A.in_c;
+    // The kernel tap (row and column offsets) and channel of reduction index k.
+    struct Col {
+        int dy, dx;
+        u32 ci;
+    };
+    __device__ Col a_col(u32 k) const {
         const u32 t = k / A.in_c;
-        const u32 kx = t % A.kw;
-        const u32 ky = t / A.kw;
-        const int ih = ih0[mm] + (int)(ky * A.dh);
-        const int iw = iw0[mm] + (int)(kx * A.dw);
+        return Col{(int)((t / A.kw) * A.dh), (int)((t % A.kw) * A.dw), k - t * A.in_c};
+    }
+    __device__ const h16* a_ptr(u32 mm, const Col& c) const {
+        const int ih = ih0[mm] + c.dy;
+        const int iw = iw0[mm] + c.dx;
         if (ih < 0 || iw < 0 || ih >= (int)A.in_h || iw >= (int)A.in_w) return (const h16*)0;
-        return (const h16*)A.in + (u64)(img[mm] + (u32)ih * A.in_w + (u32)iw) * A.in_ps + ci;
+        return (const h16*)A.in + (u64)(img[mm] + (u32)ih * A.in_w + (u32)iw) * A.in_ps + c.ci;
     }
     __device__ h16 ah(u32 mm, u32 k) const {
         const u32 ci = k % A.in_c;
@@ -112,11 +117,10 @@ __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32
     __syncthreads();
     const u32 K = A.kh * A.kw * A.in_c;
     if constexpr (IsHalf<T>::value) {
-        __shared__ TcSmem smem;
         const bool a_vec = A.in_c % 8u == 0u && A.in_ps % 8u == 0u && (A.in & 15ull) == 0ull;
         const bool b_vec = K % 8u == 0u && (A.w & 15ull) == 0ull;
         ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true};
-        tile_mma(L, smem, tm, tn, K);
+        tile_mma(L, tm, tn, K);
     } else {
         __shared__ TileSmem smem;
         ConvTileLoader<T> L{A, s_ih0, s_iw0, s_img, K, m0, n0, true, true};

@@ -50,6 +50,7 @@ struct GemmTcLoader {
     const h16* pbias;
     bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest;
 
+    __device__ u32 a_col(u32 k) const { return k; }
     __device__ const h16* a_ptr(u32 mm, u32 k) const { return pa + mm * A.a_sm + k; }
     __device__ h16 ah(u32 mm, u32 k) const { return pa[mm * A.a_sm + k * A.a_sk]; }
     __device__ const h16* b_ptr(u32 k, u32 nn) const { return pb + k * A.b_sk + nn * A.b_sn; }
@@ -69,7 +70,6 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
     const bool a_k_fastest = A.a_sk == 1 || A.a_sm != 1;
     const bool b_k_fastest = A.b_sk == 1 && A.b_sn != 1;
     if constexpr (IsHalf<T>::value) {
-        __shared__ TcSmem smem;
         const bool a_vec = A.a_sk == 1 && A.a_sm % 8 == 0 && A.a_s0 % 8 == 0 && A.a_s1 % 8 == 0 && (A.a & 15ull) == 0 &&
                            A.k % 8u == 0u;
         const bool b_kn = A.b_sk != 1 && A.b_sn == 1;
@@ -78,7 +78,7 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
                                 : (A.b_sk == 1 && A.b_sn % 8 == 0 && A.b_s0 % 8 == 0 && A.b_s1 % 8 == 0 &&
                                    (A.b & 15ull) == 0 && A.k % 8u == 0u);
         GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest};
-        tile_mma(L, smem, tm, tn, A.k);
+        tile_mma(L, tm, tn, A.k);
     } else {
         __shared__ TileSmem smem;
         GemmTileLoader<T> L{A, a, b, c, r, bias, a_k_fastest, b_k_fastest};

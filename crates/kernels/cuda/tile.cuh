@@ -103,15 +103,18 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 
 // ---------------------------------------------------------------------------------------------
 // The tensor-core tile engine (fp16 operands, f32 accumulate): mma.sync m16n8k16 through inline
-// PTX, operands staged in shared memory as fp16 and read with ldmatrix, two stages filled with
-// cp.async while the other is multiplied. Like the SIMT engine it computes any tile up to
-// TILE_MAX x TILE_MAX with any CTA size (whole warps); the plan's choice only moves speed.
+// PTX, operands staged in shared memory as fp16 and read with ldmatrix, a pipeline of stages
+// filled with cp.async while earlier ones are multiplied. Like the SIMT engine it computes any
+// tile up to TILE_MAX x TILE_MAX with any CTA size (whole warps); the plan's choice only moves speed.
 //
-// Per logical block, with tm x tn the (clipped) tile rounded up to tmp x tnp (multiples of 16):
-// - K is walked in stages of tk (32, 64 or 128: the largest whose two stages fit TC_SMEM_BYTES,
-//   capped near K). A stage holds A as [tmp][tk] and B as [tnp][tk] (K contiguous, padded rows
-//   so ldmatrix is free of bank conflicts), or B as [tk][tnp] when B's contiguous index is n
-//   (read with ldmatrix.trans).
+// Shared memory is the launch's dynamic shared memory (at least TC_SMEM_MIN_BYTES; the host
+// passes the plan's LaunchShape::shared_mem_bytes, raised to that minimum). Per logical block,
+// with tm x tn the (clipped) tile rounded up to tmp x tnp (multiples of 16):
+// - K is walked in stages of tk (32, 64 or 128, capped near K): the largest that leaves room for
+//   four stages, else three, else two. A stage holds A as [tmp][tk] and B as [tnp][tk] (K contiguous,
+//   rows padded by 16 bytes so ldmatrix is free of bank conflicts), or B as [tk][tnp] when B's
+//   contiguous index is n (read with ldmatrix.trans). As many stages as fit (up to
+//   TC_STAGES_MAX) form the pipeline: all but one are in flight while one is multiplied.
 // - Warps own warp tiles of up to 4 x 4 mma fragments (64 x 32 outputs, 64 f32 accumulators
 //   per thread). Tiles larger than 32 x 32 are halved while there are warps to spare; warps left
 //   over then split each stage's k16 steps among them (ksplit, a power of two) and their sums are
@@ -120,11 +123,23 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 //
 // The loader supplies the operands as fp16 bits and consumes f32 results:
 //   h16 ah(u32 mm, u32 k), h16 bh(u32 k, u32 nn)    scalar element (in range)
-//   const h16* a_ptr(u32 mm, u32 k)   8 halves at (mm, k..k+8), 16-byte aligned, or null (zeros);
-//                                     used when a_vec (k is a multiple of 8, K % 8 == 0)
+//   auto a_col(u32 k)                 what A's address needs of k alone (k a multiple of 8 below K)
+//   const h16* a_ptr(u32 mm, col)     8 halves at (mm, k..k+8), 16-byte aligned, or null (zeros);
+//                                     used when a_vec (K % 8 == 0)
 //   const h16* b_ptr(u32 k, u32 nn)   likewise 8 halves along k (b_kn false) or along n (b_kn true)
 //   bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest
 //   void store(u32 mm, u32 nn, float acc)
+
+#define TC_SMEM_MIN_BYTES 40960u  // two stages of the largest tile at tk = 32
+#define TC_STAGES_MAX 8u
+
+extern __shared__ float4 kairos_dyn_smem[];  // float4: 16-byte aligned
+
+__device__ __forceinline__ u32 tc_dyn_smem_bytes() {
+    u32 r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
 
 // Whether a storage type is fp16 (which engine a kernel instantiates).
 template <typename T>
@@ -134,13 +149,6 @@ struct IsHalf {
 template <>
 struct IsHalf<h16> {
     static constexpr bool value = true;
-};
-
-#define TC_SMEM_BYTES 40960u
-#define TC_STAGE_HALVES (TC_SMEM_BYTES / 4u)  // two stages of fp16
-
-struct TcSmem {
-    alignas(16) h16 buf[TC_SMEM_BYTES / 2u];
 };
 
 __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
@@ -161,8 +169,19 @@ __device__ __forceinline__ void tc_put16(h16* dst, const h16* src) {
     }
 }
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void tc_cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void tc_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most `n` (< TC_STAGES_MAX) of this thread's newest groups are still in flight.
+__device__ __forceinline__ void tc_cp_wait(u32 n) {
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    }
+}
 
 __device__ __forceinline__ void tc_ldmatrix_x4(u32 (&r)[4], const h16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -177,9 +196,10 @@ __device__ __forceinline__ void tc_ldmatrix_x4_trans(u32 (&r)[4], const h16* p) 
                  : "memory");
 }
 
-// d += a b for one m16n8k16 fragment (A row-major, B column-major, f32 accumulate).
+// d += a b for one m16n8k16 fragment (A row-major, B column-major, f32 accumulate). Registers
+// only, so not volatile: the compiler may interleave it with the shared-memory loads around it.
 __device__ __forceinline__ void tc_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -190,6 +210,8 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], const u32 (&a)[4], u32 b0,
 struct TcShape {
     u32 tmp, tnp, tk, lda, ldb;  // padded tile, stage depth, shared-memory row strides (halves)
     u32 a_halves;                // A's part of a stage
+    u32 stage_halves;            // one stage (A and B)
+    u32 nstages;                 // stages in the pipeline (2..TC_STAGES_MAX)
     u32 wtm, wtn;                // warp tile in fragments (m16, n8)
     u32 wgn;                     // warp tiles along n
     u32 wt;                      // warp tiles
@@ -197,22 +219,28 @@ struct TcShape {
     u32 passes;
 };
 
-__device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn) {
+__device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn, u32 smem_halves) {
     TcShape s;
     s.tmp = (tm + 15u) & ~15u;
     s.tnp = (tn + 15u) & ~15u;
-    s.tk = 32u;
-    for (u32 tk = 128u; tk > 32u; tk >>= 1) {
-        const u32 a = s.tmp * (tk + 8u);
-        const u32 b = b_kn ? tk * (s.tnp + 8u) : s.tnp * (tk + 8u);
-        if (a + b <= TC_STAGE_HALVES && tk / 2u < K) {
-            s.tk = tk;
-            break;
+    // The deepest stage that leaves room for 4 stages, else 3, else 2 (and no deeper than K needs).
+    s.tk = 0u;
+    for (u32 want = 4u; want >= 2u && s.tk == 0u; --want) {
+        for (u32 tk = 128u; tk >= 32u; tk >>= 1) {
+            const u32 a = s.tmp * (tk + 8u);
+            const u32 b = b_kn ? tk * (s.tnp + 8u) : s.tnp * (tk + 8u);
+            if ((a + b) * want <= smem_halves && (tk == 32u || tk / 2u < K)) {
+                s.tk = tk;
+                break;
+            }
         }
     }
+    if (s.tk == 0u) s.tk = 32u;  // less than two stages fit: tile_mma traps
     s.lda = s.tk + 8u;
     s.ldb = b_kn ? s.tnp + 8u : s.tk + 8u;
     s.a_halves = s.tmp * s.lda;
+    s.stage_halves = s.a_halves + (b_kn ? s.tk * s.ldb : s.tnp * s.ldb);
+    s.nstages = min(TC_STAGES_MAX, smem_halves / s.stage_halves);
     const u32 fm = s.tmp / 16u, fn = s.tnp / 8u;
     s.wtm = min(4u, fm);
     s.wtn = min(4u, fn);
@@ -239,12 +267,16 @@ __device__ __forceinline__ void tc_load_stage(const L& ld_, const TcShape& s, h1
     const u32 tid = threadIdx.x;
     const u32 kc = s.tk / 8u;  // 8-half chunks per row
     const u32 ks = kc == 4u ? 2u : kc == 8u ? 3u : 4u;
+    // A thread's 16-byte chunks all sit in one chunk column c (T is a multiple of kc), so what
+    // depends on k alone (for a convolution: the kernel tap and channel) is worked out once per
+    // stage, and the rows only add their own offsets.
+    const u32 c = tid & (kc - 1u);
+    const u32 k = k0 + c * 8u;
     if (ld_.a_vec) {
-        for (u32 i = tid; i < s.tmp * kc; i += T) {
-            const u32 mm = i >> ks;
-            const u32 k = k0 + (i & (kc - 1u)) * 8u;
-            const h16* src = (mm < tm && k < K) ? ld_.a_ptr(mm, k) : (const h16*)0;
-            tc_put16(As + mm * s.lda + (k - k0), src);
+        const bool kin = k < K;
+        const auto col = ld_.a_col(kin ? k : 0u);
+        for (u32 mm = tid >> ks; mm < s.tmp; mm += T >> ks) {
+            tc_put16(As + mm * s.lda + c * 8u, (mm < tm && kin) ? ld_.a_ptr(mm, col) : (const h16*)0);
         }
     } else if (ld_.a_k_fastest) {
         for (u32 i = tid; i < s.tmp * s.tk; i += T) {
@@ -261,11 +293,9 @@ __device__ __forceinline__ void tc_load_stage(const L& ld_, const TcShape& s, h1
     }
     if (!ld_.b_kn) {
         if (ld_.b_vec) {
-            for (u32 i = tid; i < s.tnp * kc; i += T) {
-                const u32 nn = i >> ks;
-                const u32 k = k0 + (i & (kc - 1u)) * 8u;
-                const h16* src = (nn < tn && k < K) ? ld_.b_ptr(k, nn) : (const h16*)0;
-                tc_put16(Bs + nn * s.ldb + (k - k0), src);
+            const bool kin = k < K;
+            for (u32 nn = tid >> ks; nn < s.tnp; nn += T >> ks) {
+                tc_put16(Bs + nn * s.ldb + c * 8u, (nn < tn && kin) ? ld_.b_ptr(k, nn) : (const h16*)0);
             }
         } else if (ld_.b_k_fastest) {
             for (u32 i = tid; i < s.tnp * s.tk; i += T) {
@@ -297,16 +327,18 @@ __device__ __forceinline__ void tc_load_stage(const L& ld_, const TcShape& s, h1
     }
 }
 
-template <typename L>
-__device__ __forceinline__ void tile_mma(L& ld_, TcSmem& sm, u32 tm, u32 tn, u32 K) {
+// One pass of the engine with warp tiles of at most MI x NI fragments (compile-time, so the
+// accumulators of small warp tiles take few registers).
+template <u32 MI, u32 NI, typename L>
+__device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes, u32 tm, u32 tn, u32 K, u32 pass) {
+    h16* const smem = (h16*)kairos_dyn_smem;
     const u32 warps = blockDim.x / 32u;
     const u32 warp = threadIdx.x / 32u;
     const u32 lane = threadIdx.x % 32u;
-    const TcShape s = tc_shape(tm, tn, K, warps, ld_.b_kn);
     const u32 stages = (K + s.tk - 1u) / s.tk;
     const u32 fm = s.tmp / 16u, fn = s.tnp / 8u;
     const u32 ksteps = s.tk / 16u;
-    for (u32 pass = 0; pass < s.passes; ++pass) {
+    {
         // This warp's role: warp tile `t` (row-major over the warp-tile grid), k16 slice `slice`.
         const u32 t = s.ksplit > 1u ? warp % s.wt : pass * warps + warp;
         const u32 slice = s.ksplit > 1u ? warp / s.wt : 0u;
@@ -315,32 +347,42 @@ __device__ __forceinline__ void tile_mma(L& ld_, TcSmem& sm, u32 tm, u32 tn, u32
         const u32 fn0 = (t % s.wgn) * s.wtn;
         const u32 mi_n = active ? min(s.wtm, fm > fm0 ? fm - fm0 : 0u) : 0u;
         const u32 nj_n = active ? min(s.wtn, fn > fn0 ? fn - fn0 : 0u) : 0u;
-        float acc[4][4][4];
+        float acc[MI][NI][4];
 #pragma unroll
-        for (u32 i = 0; i < 4u; ++i)
+        for (u32 i = 0; i < MI; ++i)
 #pragma unroll
-            for (u32 j = 0; j < 4u; ++j)
+            for (u32 j = 0; j < NI; ++j)
 #pragma unroll
                 for (u32 r = 0; r < 4u; ++r) acc[i][j][r] = 0.0f;
 
-        tc_load_stage(ld_, s, sm.buf, sm.buf + s.a_halves, tm, tn, K, 0u);
-        tc_cp_commit();
-        for (u32 st = 0; st < stages; ++st) {
-            h16* cur = sm.buf + (st & 1u) * TC_STAGE_HALVES;
-            if (st + 1u < stages) {
-                h16* nxt = sm.buf + ((st + 1u) & 1u) * TC_STAGE_HALVES;
-                tc_load_stage(ld_, s, nxt, nxt + s.a_halves, tm, tn, K, (st + 1u) * s.tk);
+        // Prologue: stages 0 .. nstages - 2 in flight (one commit group each, empty past K).
+        for (u32 p = 0; p + 1u < s.nstages; ++p) {
+            if (p < stages) {
+                h16* buf = smem + p * s.stage_halves;
+                tc_load_stage(ld_, s, buf, buf + s.a_halves, tm, tn, K, p * s.tk);
             }
             tc_cp_commit();
-            tc_cp_wait_one();
-            __syncthreads();
-            const h16* As = cur;
-            const h16* Bs = cur + s.a_halves;
+        }
+        u32 cur_buf = 0;                 // buffer of stage st
+        u32 next_buf = s.nstages - 1u;   // buffer of stage st + nstages - 1
+        for (u32 st = 0; st < stages; ++st) {
+            tc_cp_wait(s.nstages - 2u);  // stage st has landed (this thread's copies)
+            __syncthreads();             // everyone's copies are visible; stage st - 1 is consumed
+            const u32 ahead = st + s.nstages - 1u;
+            if (ahead < stages) {
+                h16* buf = smem + next_buf * s.stage_halves;
+                tc_load_stage(ld_, s, buf, buf + s.a_halves, tm, tn, K, ahead * s.tk);
+            }
+            tc_cp_commit();
+            next_buf = next_buf + 1u == s.nstages ? 0u : next_buf + 1u;
+            const h16* As = smem + cur_buf * s.stage_halves;
+            const h16* Bs = As + s.a_halves;
+            cur_buf = cur_buf + 1u == s.nstages ? 0u : cur_buf + 1u;
             const u32 kvalid = K - st * s.tk;  // > 0
             for (u32 kk = slice; kk < ksteps && kk * 16u < kvalid; kk += s.ksplit) {
-                u32 bf[4][2];
+                u32 bf[NI][2];
 #pragma unroll
-                for (u32 j = 0; j < 4u; j += 2u) {
+                for (u32 j = 0; j < NI; j += 2u) {
                     if (j < nj_n) {
                         u32 r[4];
                         const u32 n0 = (fn0 + j) * 8u;
@@ -358,35 +400,35 @@ __device__ __forceinline__ void tile_mma(L& ld_, TcSmem& sm, u32 tm, u32 tn, u32
                     }
                 }
 #pragma unroll
-                for (u32 i = 0; i < 4u; ++i) {
+                for (u32 i = 0; i < MI; ++i) {
                     if (i < mi_n) {
                         u32 af[4];
                         tc_ldmatrix_x4(af, As + ((fm0 + i) * 16u + (lane & 15u)) * s.lda + kk * 16u + (lane >> 4) * 8u);
 #pragma unroll
-                        for (u32 j = 0; j < 4u; ++j)
+                        for (u32 j = 0; j < NI; ++j)
                             if (j < nj_n) tc_mma(acc[i][j], af, bf[j][0], bf[j][1]);
                     }
                 }
             }
-            __syncthreads();
         }
-        tc_cp_wait_all();
+        tc_cp_wait_all();  // only empty groups can be left
+        __syncthreads();   // every warp is done with the stages (shared memory is reused below)
 
         // Warps of slices > 0 hand their sums to slice 0 through shared memory, in rounds of as
         // many slices as fit, always added in slice order.
         if (s.ksplit > 1u) {
-            float* red = (float*)sm.buf;
+            float* red = (float*)kairos_dyn_smem;
             const u32 per_tile = s.wtm * s.wtn * 128u;  // floats: fragments x 4 x 32 lanes
             const u32 per_slice = s.wt * per_tile;
-            const u32 fit = max(1u, (TC_SMEM_BYTES / 4u) / per_slice);
+            const u32 fit = max(1u, (smem_bytes / 4u) / per_slice);
             for (u32 s0 = 1u; s0 < s.ksplit; s0 += fit) {
                 const u32 s1 = min(s.ksplit, s0 + fit);
                 if (active && slice >= s0 && slice < s1) {
                     float* dst = red + (slice - s0) * per_slice + t * per_tile;
 #pragma unroll
-                    for (u32 i = 0; i < 4u; ++i)
+                    for (u32 i = 0; i < MI; ++i)
 #pragma unroll
-                        for (u32 j = 0; j < 4u; ++j)
+                        for (u32 j = 0; j < NI; ++j)
                             if (i < mi_n && j < nj_n)
 #pragma unroll
                                 for (u32 r = 0; r < 4u; ++r) dst[((i * s.wtn + j) * 4u + r) * 32u + lane] = acc[i][j][r];
@@ -396,9 +438,9 @@ __device__ __forceinline__ void tile_mma(L& ld_, TcSmem& sm, u32 tm, u32 tn, u32
                     for (u32 q = s0; q < s1; ++q) {
                         const float* src = red + (q - s0) * per_slice + t * per_tile;
 #pragma unroll
-                        for (u32 i = 0; i < 4u; ++i)
+                        for (u32 i = 0; i < MI; ++i)
 #pragma unroll
-                            for (u32 j = 0; j < 4u; ++j)
+                            for (u32 j = 0; j < NI; ++j)
                                 if (i < mi_n && j < nj_n)
 #pragma unroll
                                     for (u32 r = 0; r < 4u; ++r) acc[i][j][r] += src[((i * s.wtn + j) * 4u + r) * 32u + lane];
@@ -410,9 +452,9 @@ __device__ __forceinline__ void tile_mma(L& ld_, TcSmem& sm, u32 tm, u32 tn, u32
 
         if (active && slice == 0u) {
 #pragma unroll
-            for (u32 i = 0; i < 4u; ++i)
+            for (u32 i = 0; i < MI; ++i)
 #pragma unroll
-                for (u32 j = 0; j < 4u; ++j)
+                for (u32 j = 0; j < NI; ++j)
                     if (i < mi_n && j < nj_n) {
                         const u32 r0 = (fm0 + i) * 16u + (lane >> 2);
                         const u32 c0 = (fn0 + j) * 8u + (lane & 3u) * 2u;
@@ -425,5 +467,27 @@ __device__ __forceinline__ void tile_mma(L& ld_, TcSmem& sm, u32 tm, u32 tn, u32
                     }
         }
         __syncthreads();
+    }
+}
+
+template <typename L>
+__device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
+    const u32 smem_bytes = tc_dyn_smem_bytes();
+    const TcShape s = tc_shape(tm, tn, K, blockDim.x / 32u, ld_.b_kn, smem_bytes / 2u);
+    if (s.nstages < 2u) asm volatile("trap;");  // launched with less than TC_SMEM_MIN_BYTES
+    for (u32 pass = 0; pass < s.passes; ++pass) {
+        if (s.wtm <= 1u && s.wtn <= 2u) {
+            tc_pass<1, 2>(ld_, s, smem_bytes, tm, tn, K, pass);
+        } else if (s.wtm <= 1u) {
+            tc_pass<1, 4>(ld_, s, smem_bytes, tm, tn, K, pass);
+        } else if (s.wtm <= 2u && s.wtn <= 2u) {
+            tc_pass<2, 2>(ld_, s, smem_bytes, tm, tn, K, pass);
+        } else if (s.wtm <= 2u) {
+            tc_pass<2, 4>(ld_, s, smem_bytes, tm, tn, K, pass);
+        } else if (s.wtn <= 2u) {
+            tc_pass<4, 2>(ld_, s, smem_bytes, tm, tn, K, pass);
+        } else {
+            tc_pass<4, 4>(ld_, s, smem_bytes, tm, tn, K, pass);
+        }
     }
 }

@@ -113,6 +113,25 @@ pub fn threads_max(kernel: &Kernel) -> u32 {
     256
 }
 
+/// Dynamic shared memory the fp16 tensor-core engine needs at least (`TC_SMEM_MIN_BYTES` in
+/// tile.cuh: two pipeline stages of a 128 x 128 tile).
+pub const TC_SMEM_MIN_BYTES: u32 = 40960;
+/// Most dynamic shared memory a launch may ask for (an H100/H200 CTA may have 227 KiB in all).
+pub const DYNAMIC_SMEM_MAX_BYTES: u32 = 200 * 1024;
+
+/// Whether a launch runs on the tensor-core engine (fp16 convolutions of one group, fp16 gemm),
+/// whose operand pipeline lives in the launch's dynamic shared memory.
+pub fn uses_tensor_cores(kernel: &Kernel, dtype: DType) -> bool {
+    dtype == DType::F16 && matches!(kernel, Kernel::Conv2d(p) if p.groups == 1)
+        || dtype == DType::F16 && matches!(kernel, Kernel::Gemm(_))
+}
+
+/// Dynamic shared memory to launch with: the plan's `shared_mem_bytes`, raised to the
+/// tensor-core engine's minimum for its kernels (more memory only deepens the pipeline).
+pub fn dynamic_smem_bytes(kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> u32 {
+    if uses_tensor_cores(kernel, dtype) { shape.shared_mem_bytes.max(TC_SMEM_MIN_BYTES) } else { shape.shared_mem_bytes }
+}
+
 /// Checks that a launch shape suits the kernel's CUDA code: whole warps, within its launch bounds.
 pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), String> {
     let t = shape.threads_per_block;
@@ -121,6 +140,13 @@ pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), String> {
             "kernel {} takes 32..={} threads per block in whole warps, the launch asks for {t}",
             kernel.name(),
             threads_max(kernel)
+        ));
+    }
+    if shape.shared_mem_bytes > DYNAMIC_SMEM_MAX_BYTES {
+        return Err(format!(
+            "kernel {} launches with at most {DYNAMIC_SMEM_MAX_BYTES} bytes of dynamic shared memory, the launch asks for {}",
+            kernel.name(),
+            shape.shared_mem_bytes
         ));
     }
     if shape.logical_blocks != kernel.logical_blocks() {
@@ -558,6 +584,12 @@ mod tests {
                 assert!(m.source().contains(&needle), "module {} does not define {f}", m.name());
             }
         }
+    }
+
+    #[test]
+    fn tensor_core_smem_minimum_matches_tile_cuh() {
+        let tile = HEADERS.iter().find(|h| h.0 == "kairos/tile.cuh").unwrap().1;
+        assert!(tile.contains(&format!("#define TC_SMEM_MIN_BYTES {TC_SMEM_MIN_BYTES}u")));
     }
 
     #[test]
