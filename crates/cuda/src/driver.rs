@@ -333,6 +333,15 @@ pub unsafe fn func_get_attribute(f: CUfunction, attr: CUfunction_attribute) -> D
     Ok(v)
 }
 
+/// Sets a function attribute (e.g. the most dynamic shared memory its launches may ask for).
+///
+/// # Safety
+/// 1. `f` belongs to a live module.
+pub unsafe fn func_set_attribute(f: CUfunction, attr: CUfunction_attribute, value: i32) -> DResult<()> {
+    // SAFETY: contract 1.
+    check("cuFuncSetAttribute", unsafe { sys::cuFuncSetAttribute(f, attr, value) })
+}
+
 /// CTAs of `f` that fit on one SM at this CTA size and dynamic shared memory.
 ///
 /// # Safety

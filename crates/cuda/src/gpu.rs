@@ -61,6 +61,8 @@ struct FunctionInfo {
     registers: u32,
     static_smem_bytes: u32,
     threads_max: u32,
+    /// Most dynamic shared memory a launch of it may ask for.
+    dyn_smem_max_bytes: u32,
 }
 
 struct StreamState {
@@ -127,7 +129,9 @@ pub struct CudaGpu {
     allocations: BTreeMap<u64, Allocated>,
     functions: HashMap<(String, Variant), Arc<FunctionInfo>>,
     modules: HashMap<(source::Module, Variant), Arc<Module>>,
-    occupancy: HashMap<(String, Variant, u32), u32>,
+    occupancy: HashMap<(String, Variant, u32, u32), u32>,
+    /// Most shared memory one CTA may have (static and dynamic, opted in).
+    smem_optin_bytes: u32,
     cache: KernelCache,
     priority_range: (i32, i32),
     /// Streams must drop before the green contexts they belong to (field order).
@@ -216,6 +220,7 @@ impl CudaGpu {
             functions: HashMap::new(),
             modules: HashMap::new(),
             occupancy: HashMap::new(),
+            smem_optin_bytes: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
             cache,
             priority_range,
             streams: Vec::new(),
@@ -330,7 +335,7 @@ impl CudaGpu {
         let spin = SM_PROBE_SPIN_NS.to_le_bytes();
         // SAFETY: kairos_smmap(u32* bitmap, u64 spin_ns) takes exactly these two 8-byte
         // parameters; the bitmap buffer outlives the kernel (we synchronize before dropping it).
-        unsafe { f.f.launch(self.info.sm_count * 4, 128, stream, &[&ptr, &spin]) }.map_err(drv)?;
+        unsafe { f.f.launch(self.info.sm_count * 4, 128, 0, stream, &[&ptr, &spin]) }.map_err(drv)?;
         stream.synchronize().map_err(drv)?;
         let mut bytes = [0u8; source::SM_COUNT_MAX / 8];
         bitmap.read(0, &mut bytes).map_err(drv)?;
@@ -349,7 +354,7 @@ impl CudaGpu {
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             // SAFETY: kairos_clock(volatile u64* dst) takes one 8-byte pointer; the cell lives
             // until after the stream is synchronized below.
-            unsafe { f.f.launch(1, 32, &self.helper_stream, &[&ptr]) }.map_err(drv)?;
+            unsafe { f.f.launch(1, 32, 0, &self.helper_stream, &[&ptr]) }.map_err(drv)?;
             let t0 = Instant::now();
             while cell.load_u64(0) == 0 {
                 if t0.elapsed().as_secs() > 5 {
@@ -413,10 +418,20 @@ impl CudaGpu {
         self.bind()?;
         let module = self.module(m, v)?;
         let f = module.function(name).map_err(drv)?;
+        let static_smem_bytes = f.static_shared_bytes().map_err(drv)?;
+        // Let launches ask for dynamic shared memory up to the library's limit (the driver's
+        // default is 48 KiB in all); the tensor-core engine's pipeline lives there.
+        let dyn_smem_max_bytes = source::DYNAMIC_SMEM_MAX_BYTES.min(self.smem_optin_bytes.saturating_sub(static_smem_bytes));
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            dyn_smem_max_bytes as i32,
+        )
+        .map_err(drv)?;
         let info = Arc::new(FunctionInfo {
             registers: f.registers().map_err(drv)?,
-            static_smem_bytes: f.static_shared_bytes().map_err(drv)?,
+            static_smem_bytes,
             threads_max: f.threads_max().map_err(drv)?,
+            dyn_smem_max_bytes,
             f,
         });
         self.functions.insert((name.to_string(), v), Arc::clone(&info));
@@ -428,12 +443,12 @@ impl CudaGpu {
         self.function_by_name(&name, source::module_of(kernel), v)
     }
 
-    fn occupancy_of(&mut self, name: &str, f: &FunctionInfo, v: Variant, threads: u32) -> Result<u32> {
-        if let Some(&o) = self.occupancy.get(&(name.to_string(), v, threads)) {
+    fn occupancy_of(&mut self, name: &str, f: &FunctionInfo, v: Variant, threads: u32, dyn_smem_bytes: u32) -> Result<u32> {
+        if let Some(&o) = self.occupancy.get(&(name.to_string(), v, threads, dyn_smem_bytes)) {
             return Ok(o);
         }
-        let o = f.f.occupancy(threads, 0).map_err(drv)?;
-        self.occupancy.insert((name.to_string(), v, threads), o);
+        let o = f.f.occupancy(threads, dyn_smem_bytes).map_err(drv)?;
+        self.occupancy.insert((name.to_string(), v, threads, dyn_smem_bytes), o);
         Ok(o)
     }
 
@@ -520,6 +535,7 @@ impl CudaGpu {
         args: Option<&ParamBlock>,
         total_blocks: u32,
         threads: u32,
+        dyn_smem_bytes: u32,
         o: &LaunchOptions,
         variant: Variant,
     ) -> Result<LaunchId> {
@@ -542,7 +558,13 @@ impl CudaGpu {
                 o.sm_mask, o.partition.0, part_sms
             )));
         }
-        let per_sm = self.occupancy_of(name, f, variant, threads)?;
+        if dyn_smem_bytes > f.dyn_smem_max_bytes {
+            return Err(GpuError::Invalid(format!(
+                "{name} may use at most {} bytes of dynamic shared memory, asked for {dyn_smem_bytes}",
+                f.dyn_smem_max_bytes
+            )));
+        }
+        let per_sm = self.occupancy_of(name, f, variant, threads, dyn_smem_bytes)?;
         if per_sm == 0 {
             return Err(GpuError::Invalid(format!("{name} does not fit on an SM at {threads} threads per CTA")));
         }
@@ -587,7 +609,7 @@ impl CudaGpu {
             // kairos_kernels::source (sizes checked against the C structs); the protocol buffers
             // live as long as self; the caller keeps its own buffers alive until LaunchDone (the
             // Gpu trait's contract).
-            unsafe { f.f.launch(grid, threads, stream, &params) }.map_err(drv)
+            unsafe { f.f.launch(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
         })();
         match (result, slot) {
             (Err(e), Some(s)) => {
@@ -625,6 +647,7 @@ impl CudaGpu {
             Some(&block),
             request.shape.logical_blocks,
             request.shape.threads_per_block,
+            source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape),
             &o,
             Variant::Protocol,
         )
@@ -638,13 +661,13 @@ impl CudaGpu {
         args.u64(counts.0);
         args.u64(ns_per_block);
         args.finish();
-        self.launch_inner("kairos_spin", &f, Some(&args), blocks, 128, o, Variant::Protocol)
+        self.launch_inner("kairos_spin", &f, Some(&args), blocks, 128, 0, o, Variant::Protocol)
     }
 
     /// The `kairos_noop` helper: `blocks` empty logical blocks under the protocol.
     pub fn launch_noop(&mut self, blocks: u32, threads: u32, o: &LaunchOptions) -> Result<LaunchId> {
         let f = self.function_by_name("kairos_noop", source::Module::Util, Variant::Protocol)?;
-        self.launch_inner("kairos_noop", &f, None, blocks, threads, o, Variant::Protocol)
+        self.launch_inner("kairos_noop", &f, None, blocks, threads, 0, o, Variant::Protocol)
     }
 
     /// A bare empty kernel of `ctas` CTAs (no protocol, no notification), for launch-cost baselines.
@@ -653,7 +676,7 @@ impl CudaGpu {
         let f = self.function_by_name("kairos_empty", source::Module::Util, Variant::Protocol)?;
         let s = self.stream_for(stream, 0)?;
         // SAFETY: kairos_empty takes no parameters.
-        unsafe { f.f.launch(ctas, threads, s, &[]) }.map_err(drv)
+        unsafe { f.f.launch(ctas, threads, 0, s, &[]) }.map_err(drv)
     }
 
     /// Times work with device events around it on `stream` (in `partition`): `issue` queues the
@@ -700,8 +723,9 @@ impl CudaGpu {
             sm_bitmap: None,
         };
         let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
+        let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
         self.time_issue(o.stream, o.partition, |g| {
-            let id = g.launch_inner(&name, &f, Some(&block), blocks, threads, &o, variant)?;
+            let id = g.launch_inner(&name, &f, Some(&block), blocks, threads, dyn_smem, &o, variant)?;
             Ok((variant == Variant::Protocol).then_some(id))
         })
     }
@@ -1033,11 +1057,12 @@ impl Gpu for CudaGpu {
         if shape.threads_per_block > f.threads_max {
             return Err(GpuError::Invalid(format!("{name} runs at most {} threads per CTA", f.threads_max)));
         }
-        let ctas_per_sm_max = self.occupancy_of(&name, &f, Variant::Protocol, shape.threads_per_block)?;
+        let dyn_smem = source::dynamic_smem_bytes(kernel, dtype, shape);
+        let ctas_per_sm_max = self.occupancy_of(&name, &f, Variant::Protocol, shape.threads_per_block, dyn_smem)?;
         Ok(KernelResources {
             threads_per_cta: shape.threads_per_block,
             registers_per_thread: f.registers,
-            shared_mem_bytes: f.static_smem_bytes,
+            shared_mem_bytes: f.static_smem_bytes + dyn_smem,
             ctas_per_sm_max,
         })
     }

@@ -323,6 +323,11 @@ impl Function {
         unsafe { driver::func_get_attribute(self.raw, attr) }
     }
 
+    pub fn set_attribute(&self, attr: CUfunction_attribute, value: i32) -> DResult<()> {
+        // SAFETY: the module is alive while self lives.
+        unsafe { driver::func_set_attribute(self.raw, attr, value) }
+    }
+
     pub fn registers(&self) -> DResult<u32> {
         Ok(self.attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)? as u32)
     }
@@ -346,12 +351,22 @@ impl Function {
     /// 1. `params` match the kernel's parameter list in number, order and size.
     /// 2. Every device address inside them stays valid, and its memory is not freed, until the
     ///    kernel has finished.
-    pub unsafe fn launch(&self, grid: u32, block: u32, stream: &Stream, params: &[&[u8]]) -> DResult<()> {
+    ///
+    /// More `dynamic_smem_bytes` than the function's MAX_DYNAMIC_SHARED_SIZE_BYTES attribute
+    /// allows is a driver error, not undefined behaviour.
+    pub unsafe fn launch(
+        &self,
+        grid: u32,
+        block: u32,
+        dynamic_smem_bytes: u32,
+        stream: &Stream,
+        params: &[&[u8]],
+    ) -> DResult<()> {
         let mut ptrs: Vec<*mut c_void> = params.iter().map(|p| p.as_ptr() as *mut c_void).collect();
         // SAFETY: the function's module and the stream are live; ptrs point to live parameter
         // buffers of the right sizes (contract 1) that the driver copies during the call;
-        // addresses inside stay valid (contract 2).
-        unsafe { driver::launch_kernel(self.raw, grid, block, 0, stream.raw, &mut ptrs) }
+        // addresses inside stay valid (contract 2); the driver checks the shared memory size.
+        unsafe { driver::launch_kernel(self.raw, grid, block, dynamic_smem_bytes, stream.raw, &mut ptrs) }
     }
 }
 
