@@ -8,7 +8,9 @@
 #   scripts/gpu-suite.sh smoke|full     on the device, with .carry/ carried: run them
 #   scripts/gpu-suite.sh speed          on the device: the kernel tests, preemption and the zoo
 #                                       models in KAIROS_ZOO_MODELS, then the kernel_speed example
-#                                       (lowering's tiles vs autotuned) on SPEED_MODELS
+#                                       (lowering's tiles vs autotuned) on SPEED_MODELS; with
+#                                       PROFILE_ZOO=1 also the fp16 profiles of every zoo model
+#                                       (data/profiles/<gpu>/ layout) into $OUT/profiles.tgz
 #
 # CARRY names the carry folder (default .carry), so engineers building side by side do not collide.
 # Logs and JSON go to $OUT (the device tool's output folder; out/gpu-suite otherwise):
@@ -29,11 +31,12 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])')
-    cargo build --release -p kairos-cuda --example gpu_suite --example kernel_speed
+    cargo build --release -p kairos-cuda --example gpu_suite --example kernel_speed --example profile_zoo
     strip -o "$CARRY/kairos-cuda-gpu-tests" "$test_bin"
     strip -o "$CARRY/gpu_suite" target/release/examples/gpu_suite
     strip -o "$CARRY/kernel_speed" target/release/examples/kernel_speed
-    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite" "$CARRY/kernel_speed"
+    strip -o "$CARRY/profile_zoo" target/release/examples/profile_zoo
+    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite" "$CARRY/kernel_speed" "$CARRY/profile_zoo"
     ls -la "$CARRY"
     exit 0
 fi
@@ -42,7 +45,7 @@ OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
 BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
-for f in kairos-cuda-gpu-tests gpu_suite kernel_speed; do
+for f in kairos-cuda-gpu-tests gpu_suite kernel_speed profile_zoo; do
     gunzip -c "$CARRY/$f.gz" >"$BIN/$f" && chmod +x "$BIN/$f" || { echo "missing $CARRY/$f.gz: run scripts/gpu-suite.sh build first"; exit 1; }
 done
 export KAIROS_GPU_TESTS=1
@@ -62,12 +65,20 @@ if [ "$mode" = speed ]; then
     "$BIN/kernel_speed" ${SPEED_ARGS:-} ${SPEED_MODELS:-resnet50 vgg19 bert_base} 2>&1 | tee "$OUT/speed.log"
     speed_rc=${PIPESTATUS[0]}
     t2=$(date +%s)
+    prof_rc=0
+    if [ "${PROFILE_ZOO:-0}" = 1 ]; then
+        "$BIN/profile_zoo" /tmp/kairos-profiles --dtype f16 2>&1 | tee "$OUT/profiles.log"
+        prof_rc=${PIPESTATUS[0]}
+        tar -C /tmp/kairos-profiles -czf "$OUT/profiles.tgz" .
+    fi
+    t3=$(date +%s)
     echo
     echo "== tests (rc $tests_rc, $((t1 - t0)) s) =="
     grep -E "FAIL|^test .* (ok|FAILED)$|^test result" "$OUT/tests.log"
     echo "== kernel speed (rc $speed_rc, $((t2 - t1)) s) =="
     sed -n '/^== kernel speed/,$p' "$OUT/speed.log"
-    exit $((tests_rc | speed_rc))
+    [ "${PROFILE_ZOO:-0}" = 1 ] && { echo "== zoo profiles (rc $prof_rc, $((t3 - t2)) s) =="; cat "$OUT/profiles.log"; }
+    exit $((tests_rc | speed_rc | prof_rc))
 fi
 
 if [ "$mode" = smoke ]; then

@@ -112,6 +112,27 @@ fn main() {
     let mut gpu = CudaGpu::new(0).expect("a GPU");
     let t = gpu.prepare(&[kairos_cuda::Variant::Protocol]).expect("kernel library");
     eprintln!("kernel library ready in {t:.0} ms on {}", gpu.info().name);
+    // ptxas' resource report of the tile-engine kernels (registers, spills).
+    let verbose = kairos_cuda::nvrtc::KernelCache { verbose: true, ..gpu.kernel_cache().clone() };
+    for m in [kairos_kernels::source::Module::Conv, kairos_kernels::source::Module::Gemm] {
+        match verbose.image(m, kairos_cuda::Variant::Protocol) {
+            Ok(img) => {
+                for r in kairos_cuda::nvrtc::parse_ptxas_log(&img.log) {
+                    println!(
+                        "ptxas {:<14} {:>3} registers, {:>5} bytes smem, spills {} stores / {} loads, stack {} ({:.0} ms compile)",
+                        r.function,
+                        r.registers,
+                        r.shared_mem_bytes,
+                        r.spill_store_bytes,
+                        r.spill_load_bytes,
+                        r.stack_frame_bytes,
+                        img.compile_ms
+                    );
+                }
+            }
+            Err(e) => println!("ptxas report of {}: {e}", m.name()),
+        }
+    }
     let mut rows = Vec::new();
     std::thread::scope(|s| {
         // CPU references on the other cores while the GPU works.

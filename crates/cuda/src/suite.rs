@@ -71,7 +71,16 @@ pub struct KernelCase {
     pub name: String,
     pub kernel: Kernel,
     pub threads: u32,
+    /// The launch's dynamic shared memory (LaunchShape::shared_mem_bytes).
+    pub smem_bytes: u32,
     pub args: Vec<Arg>,
+}
+
+impl KernelCase {
+    fn with_smem(mut self, bytes: u32) -> KernelCase {
+        self.smem_bytes = bytes;
+        self
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -121,6 +130,7 @@ fn conv_case(
     }
     args.push(f(pixels_out * p.out_pixel_stride as usize));
     KernelCase {
+        smem_bytes: 0,
         name: name.into(),
         kernel: if depthwise { Kernel::DepthwiseConv2d(p) } else { Kernel::Conv2d(p) },
         threads,
@@ -218,7 +228,7 @@ fn gemm_case(
         args.push(f(c_elems));
     }
     args.push(f(c_elems));
-    KernelCase { name: name.into(), kernel: Kernel::Gemm(p), threads, args }
+    KernelCase { smem_bytes: 0, name: name.into(), kernel: Kernel::Gemm(p), threads, args }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -255,6 +265,7 @@ fn pool_case(
         elems_per_block: 256,
     };
     KernelCase {
+        smem_bytes: 0,
         name: name.into(),
         kernel: Kernel::Pool2d(p),
         threads: 256,
@@ -293,7 +304,7 @@ fn eltwise_case(
         scalars,
         elems_per_block: 1024,
     };
-    KernelCase { name: name.into(), kernel: Kernel::Eltwise(p), threads: 256, args }
+    KernelCase { smem_bytes: 0, name: name.into(), kernel: Kernel::Eltwise(p), threads: 256, args }
 }
 
 /// Row-major strides of a rank-6 shape.
@@ -447,11 +458,38 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         gemm_case("gemm heads qk vec", GemmLayout::Heads, (1, 2, 40, 40, 64), 0.125, none, (32, 64), 256),
         gemm_case("gemm heads pv kn", GemmLayout::HeadsPv, (2, 3, 24, 32, 24), 1.0, none, (16, 32), 128),
         gemm_case("gemm heads pv kn tail", GemmLayout::HeadsPv, (1, 2, 20, 20, 20), 1.0, none, (64, 16), 64),
+        // Warp tiles of 2 x 2 and 4 x 2 fragments (and 1 x 2 in the second row tile).
+        gemm_case("gemm 32x16 warp tiles 2x2", GemmLayout::Linear, (1, 1, 45, 40, 72), 1.0, none, (32, 16), 64),
+        gemm_case(
+            "gemm 64x16 one warp 4x2",
+            GemmLayout::Linear,
+            (1, 1, 70, 20, 72),
+            1.0,
+            EpilogueParams { bias: true, residual: false, act: Act::Relu },
+            (64, 16),
+            32,
+        ),
+        // Deeper pipelines (more dynamic shared memory): ring wrap-around, fewer stages than slots.
+        gemm_case("gemm linear deep pipeline", GemmLayout::Linear, (1, 1, 40, 48, 1000), 1.0, none, (16, 16), 128)
+            .with_smem(104 * 1024),
+        conv_case(
+            "conv3x3 vec deep pipeline",
+            (1, 10, 10, 64, 80),
+            (3, 1, 1, 1, 1),
+            (true, false, Act::Relu),
+            (0, 0),
+            (32, 64, 256),
+            false,
+        )
+        .with_smem(104 * 1024),
+        gemm_case("gemm heads pv kn deep", GemmLayout::HeadsPv, (1, 2, 24, 64, 200), 1.0, none, (16, 32), 128)
+            .with_smem(52 * 1024),
         pool_case("maxpool 3x3 s2", PoolKindParam::Max, (2, 17, 17, 24), 3, 2, (1, 1), 0),
         pool_case("avgpool include pad", PoolKindParam::AvgIncludePad, (1, 9, 9, 16), 3, 1, (1, 1), 8),
         pool_case("avgpool exclude pad ceil", PoolKindParam::AvgExcludePad, (1, 10, 10, 16), 3, 2, (1, 2), 0),
         pool_case("global avgpool", PoolKindParam::AvgExcludePad, (2, 7, 7, 64), 7, 1, (0, 0), 0),
         KernelCase {
+            smem_bytes: 0,
             name: "softmax scaled".into(),
             kernel: Kernel::Softmax(SoftmaxParams {
                 rows: 37,
@@ -465,6 +503,7 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             args: vec![f(37 * 129), f(37 * 129)],
         },
         KernelCase {
+            smem_bytes: 0,
             name: "softmax causal".into(),
             kernel: Kernel::Softmax(SoftmaxParams {
                 rows: 4 * 24,
@@ -478,6 +517,7 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             args: vec![f(96 * 24), f(96 * 24)],
         },
         KernelCase {
+            smem_bytes: 0,
             name: "softmax 1000 classes".into(),
             kernel: Kernel::Softmax(SoftmaxParams {
                 rows: 2,
@@ -491,12 +531,14 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             args: vec![f(2000), f(2000)],
         },
         KernelCase {
+            smem_bytes: 0,
             name: "layernorm 768".into(),
             kernel: Kernel::LayerNorm(LayerNormParams { rows: 19, cols: 768, eps: 1e-5, rows_per_block: 2 }),
             threads: 256,
             args: vec![f(19 * 768), f(768), f(768), f(19 * 768)],
         },
         KernelCase {
+            smem_bytes: 0,
             name: "gather ids".into(),
             kernel: Kernel::Gather(GatherParams { count: 40, table_rows: 50, cols: 72, rows_per_block: 3 }),
             threads: 128,
@@ -507,6 +549,7 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
     {
         for (outer, red, inner) in [(6, 77, 1), (3, 19, 50)] {
             v.push(KernelCase {
+                smem_bytes: 0,
                 name: format!("reduce {name} [{outer},{red},{inner}]"),
                 kernel: Kernel::Reduce(ReduceParams { kind, outer, reduce: red, inner, elems_per_block: 64 }),
                 threads: 256,
@@ -692,7 +735,7 @@ pub fn check_kernel_case(
         allocs.push(a);
     }
     let ptrs: Vec<DevicePtr> = allocs.iter().map(|a| a.ptr).collect();
-    let shape = LaunchShape { logical_blocks: blocks, threads_per_block: case.threads, shared_mem_bytes: 0 };
+    let shape = LaunchShape { logical_blocks: blocks, threads_per_block: case.threads, shared_mem_bytes: case.smem_bytes };
     let whole = gpu.info().partitions[0].sms;
     let req = LaunchRequest {
         kernel: &case.kernel,
@@ -839,7 +882,7 @@ mod tests {
                     &LaunchShape {
                         logical_blocks: case.kernel.logical_blocks(),
                         threads_per_block: case.threads,
-                        shared_mem_bytes: 0,
+                        shared_mem_bytes: case.smem_bytes,
                     },
                 )
                 .unwrap();
