@@ -24,22 +24,24 @@ const CONV_TILE: (u32, u32) = (64, 64);
 const DWCONV_TILE: (u32, u32) = (32, 64);
 const GEMM_TILE: (u32, u32) = (64, 64);
 /// fp16 tiles of the tensor-core engine, preferred first (larger tiles reuse more of each
-/// operand), with the CTA size each runs best at.
+/// operand), with the CTA size each ran best at on the H200 (256 threads let the engine split
+/// K between warp pairs of a 64 x 64 or 32 x 64 tile).
 const TC_TILES: [(u32, u32, u32); 10] = [
     (128, 128, 256),
     (128, 64, 256),
     (64, 128, 256),
-    (64, 64, 128),
+    (64, 64, 256),
     (64, 32, 128),
-    (32, 64, 128),
+    (32, 64, 256),
     (32, 32, 128),
     (16, 64, 128),
     (16, 32, 128),
     (16, 16, 128),
 ];
-/// Logical blocks a matrix product should have to spread over a whole GPU (132 SMs on the H100
-/// SXM and H200): below it, smaller tiles leave fewer SMs idle at batch 1.
-const TILE_BLOCKS_TARGET: u32 = 132;
+/// Logical blocks a matrix product should have to keep a whole GPU busy (about 1.5 per SM of the
+/// H100 SXM and H200, 132 SMs; 192 blocks): below it, smaller tiles leave fewer SMs idle at batch 1. The
+/// H200's autotuner picked tiles giving 192 to 416 blocks for most ResNet-50, VGG-19 and BERT shapes.
+const TILE_BLOCKS_TARGET: u32 = 192;
 
 /// The tile (rows, columns) of a convolution or matrix product with `batches` independent
 /// products of m x n outputs. f32: the fixed SIMT tile. fp16: the first of [`TC_TILES`] that
@@ -63,7 +65,8 @@ pub fn tile_for(dtype: DType, batches: u32, m: u32, n: u32) -> (u32, u32) {
 }
 
 /// Threads per CTA of a launch: the tensor-core engine's choice for fp16 convolutions and
-/// matrix products (256 for tiles of 128 x 64 outputs and more, else 128), [`THREADS`] otherwise.
+/// matrix products (as listed in [`TC_TILES`]; other tiles: 256 from 128 x 64 outputs up, else 128),
+/// [`THREADS`] otherwise.
 pub fn threads_for(kernel: &Kernel, dtype: DType) -> u32 {
     let tile = match kernel {
         Kernel::Conv2d(p) if p.groups == 1 => (p.tile_m, p.tile_n),
@@ -76,6 +79,27 @@ pub fn threads_for(kernel: &Kernel, dtype: DType) -> u32 {
     }
     TC_TILES.iter().find(|t| (t.0, t.1) == tile).map_or(if tile.0 * tile.1 >= 128 * 64 { 256 } else { 128 }, |t| t.2)
 }
+/// Dynamic shared memory of an fp16 convolution or matrix product on the tensor-core engine, by
+/// CTA size: as much as keeps the CTAs per SM that registers allow on an H100/H200 (228 KiB per
+/// SM, 1 KiB reserved per CTA; 128 registers per thread), so the operand pipeline is as deep as
+/// occupancy permits: 40 KiB (the engine's minimum) for 64 threads, 52 KiB for 128 (4 CTAs per
+/// SM), 104 KiB for 256 (2 CTAs per SM). 0 for every other kernel.
+pub fn smem_for(kernel: &Kernel, dtype: DType, threads: u32) -> u32 {
+    let tensor_cores = match kernel {
+        Kernel::Conv2d(p) => p.groups == 1,
+        Kernel::Gemm(_) => true,
+        _ => false,
+    };
+    if dtype != DType::F16 || !tensor_cores {
+        return 0;
+    }
+    match threads {
+        0..=64 => 40 * 1024,
+        65..=128 => 52 * 1024,
+        _ => 104 * 1024,
+    }
+}
+
 const ELTWISE_ELEMS_PER_BLOCK: u32 = 1024;
 const POOL_ELEMS_PER_BLOCK: u32 = 256;
 const REDUCE_ELEMS_PER_BLOCK: u32 = 256;
@@ -1265,7 +1289,11 @@ impl Emitter<'_> {
                 bytes: p.kernel.bytes_moved(p.dtype),
                 kernel: p.kernel,
                 dtype: p.dtype,
-                shape: LaunchShape { logical_blocks, threads_per_block: threads, shared_mem_bytes: 0 },
+                shape: LaunchShape {
+                    logical_blocks,
+                    threads_per_block: threads,
+                    shared_mem_bytes: smem_for(&p.kernel, p.dtype, threads),
+                },
                 args,
                 deps: deps.into_iter().collect(),
                 layer: layer_of_launch[i],
