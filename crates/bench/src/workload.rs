@@ -257,6 +257,7 @@ impl Stream {
             deadline_ns: self.deadline_ns,
             tenant: TenantId(self.tenant),
             skip_io: true,
+            notify_before_done: false,
         }
     }
 }

@@ -136,7 +136,9 @@ fn paella_hol_jobs_take_at_least_their_eight_kernels() {
 
 fn check_disb(preset: &str, loads: &[f64], rt_streams: usize) -> PresetResults {
     let r = run(preset, &small(&["streams", "paella"], loads, Length::DurationNs(250_000_000)));
-    check_points(&r, 1_000_000);
+    // DISB's models (vgg19, resnet152, densenet201, inception_v3, distilbert) take well over
+    // 100 us each on the simulated H200, from measured profiles or from the roofline.
+    check_points(&r, 100_000);
     for p in &r.points {
         let rt = p.metrics.group("rt").expect("rt group");
         let be = p.metrics.group("be").expect("be group");

@@ -219,6 +219,8 @@ struct Job {
     seq: u64,
     last_issue_seq: u64,
     counted_ready: bool,
+    /// `AlmostDone` was queued for this job.
+    notified: bool,
 }
 
 struct InFlight {
@@ -275,6 +277,8 @@ pub struct Dispatcher<G: Gpu> {
     args: Vec<kairos_gpu::DevicePtr>,
     stats: DispatcherStats,
     trace: Vec<IssueRecord>,
+    /// `AlmostDone` notices waiting for the next `dispatch` to hand them out (at most one per job).
+    almost_done: Vec<RequestId>,
     shutting_down: bool,
     shut_down: bool,
 }
@@ -336,6 +340,7 @@ impl<G: Gpu> Dispatcher<G> {
             args: Vec::new(),
             stats: DispatcherStats::default(),
             trace: Vec::new(),
+            almost_done: Vec::new(),
             shutting_down: false,
             shut_down: false,
             cfg,
@@ -668,6 +673,7 @@ impl<G: Gpu> Dispatcher<G> {
             seq: 0,
             last_issue_seq: 0,
             counted_ready: false,
+            notified: false,
         };
         let tenant = job.options.tenant;
         self.jobs[slot as usize] = Some(job);
@@ -972,6 +978,11 @@ impl<G: Gpu> Dispatcher<G> {
 
     /// Asks the policy for decisions and applies them until it has none (or the round's limit).
     pub fn dispatch(&mut self, out: &mut Vec<Output>) {
+        self.decide(out);
+        out.extend(self.almost_done.drain(..).map(|id| Output::AlmostDone { id }));
+    }
+
+    fn decide(&mut self, out: &mut Vec<Output>) {
         self.now_ns = self.gpu.now_ns();
         for _ in 0..self.cfg.decisions_per_round_max {
             let decision = self.policy.decide(&self.view());
@@ -1125,6 +1136,10 @@ impl<G: Gpu> Dispatcher<G> {
         self.issue_seq += 1;
         job.states[launch as usize] = LState::Issued(id);
         job.unissued -= 1;
+        if job.unissued == 0 && job.options.notify_before_done && !job.notified {
+            job.notified = true;
+            self.almost_done.push(job.id);
+        }
         job.in_flight += 1;
         job.running.insert(launch);
         job.last_issue_seq = self.issue_seq;

@@ -46,10 +46,13 @@ impl Default for EngineConfig {
 }
 
 type Completer = Box<dyn FnOnce(Result<Response, Error>) + Send>;
+type Notifier = Box<dyn FnOnce() + Send>;
 
 enum Reply {
     None,
     Request(Completer),
+    /// A request with a callback for [`Output::AlmostDone`].
+    RequestNotify(Completer, Notifier),
     Load(SyncSender<Result<ModelInfo, Error>>),
     Unload(SyncSender<Result<(), Error>>),
 }
@@ -204,6 +207,34 @@ impl Engine {
         }
     }
 
+    /// Like [`Engine::submit_with`], and `before_done` runs on the dispatcher thread when the
+    /// request's last launch is issued (see [`Output::AlmostDone`]; it does not run if the request
+    /// fails before that). Sets `notify_before_done` in the options.
+    pub fn submit_notify(
+        &self,
+        model: &str,
+        inputs: Vec<Tensor>,
+        mut options: RequestOptions,
+        before_done: impl FnOnce() + Send + 'static,
+        on_done: impl FnOnce(Result<Response, Error>) + Send + 'static,
+    ) -> Result<RequestId, Error> {
+        options.notify_before_done = true;
+        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let request = Request { id, model: model.to_string(), inputs, options, arrival_ns: None };
+        let reply = Reply::RequestNotify(Box::new(on_done), Box::new(before_done));
+        match self.tx.try_send(Envelope { command: Command::Submit(request), reply }) {
+            Ok(()) => {
+                self.shared.submitted.fetch_add(1, Ordering::Relaxed);
+                Ok(id)
+            }
+            Err(TrySendError::Full(_)) => {
+                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(Error::Overloaded { what: "submission queue", max: self.submit_queue_max as u64 })
+            }
+            Err(TrySendError::Disconnected(_)) => Err(Error::ShuttingDown),
+        }
+    }
+
     /// Cancels a request (see [`Command::Cancel`]); its completion reports [`Error::Cancelled`].
     pub fn cancel(&self, id: RequestId) -> Result<(), Error> {
         self.send_blocking(Envelope { command: Command::Cancel(id), reply: Reply::None })
@@ -322,6 +353,7 @@ impl RequestHandle {
 #[derive(Default)]
 struct Waiters {
     requests: HashMap<RequestId, Completer>,
+    almost: HashMap<RequestId, Notifier>,
     loads: HashMap<String, VecDeque<SyncSender<Result<ModelInfo, Error>>>>,
     unloads: HashMap<String, VecDeque<SyncSender<Result<(), Error>>>>,
 }
@@ -331,6 +363,10 @@ impl Waiters {
         match (std::mem::replace(&mut e.reply, Reply::None), &e.command) {
             (Reply::Request(c), Command::Submit(r)) => {
                 self.requests.insert(r.id, c);
+            }
+            (Reply::RequestNotify(c, n), Command::Submit(r)) => {
+                self.requests.insert(r.id, c);
+                self.almost.insert(r.id, n);
             }
             (Reply::Load(tx), Command::LoadModel(spec)) => self.loads.entry(spec.name.clone()).or_default().push_back(tx),
             (Reply::Unload(tx), Command::UnloadModel(name)) => self.unloads.entry(name.clone()).or_default().push_back(tx),
@@ -347,8 +383,14 @@ impl Waiters {
                     } else {
                         shared.failed.fetch_add(1, Ordering::Relaxed);
                     }
+                    self.almost.remove(&id);
                     if let Some(c) = self.requests.remove(&id) {
                         c(result);
+                    }
+                }
+                Output::AlmostDone { id } => {
+                    if let Some(n) = self.almost.remove(&id) {
+                        n();
                     }
                 }
                 Output::ModelLoaded { name, result } => {
@@ -368,6 +410,7 @@ impl Waiters {
 
     /// Completes everything still waiting with `e` (the GPU failed).
     fn abandon(&mut self, e: &Error) {
+        self.almost.clear();
         for (_, c) in self.requests.drain() {
             c(Err(e.clone()));
         }

@@ -36,6 +36,10 @@ pub struct RequestOptions {
     /// Benchmarks only: do not copy inputs in or outputs out (the response carries no outputs and
     /// the kernels run on whatever the request's buffers held). Timing is unchanged otherwise.
     pub skip_io: bool,
+    /// Ask for [`Output::AlmostDone`] when the request's last launch is issued (Paella's early
+    /// wake-up: a client sleeping on an event can be woken while that kernel runs and poll for the
+    /// result, instead of paying the wake-up after it).
+    pub notify_before_done: bool,
 }
 
 impl RequestOptions {
@@ -153,9 +157,24 @@ pub enum Command {
 /// What the dispatcher hands out.
 #[derive(Clone, Debug)]
 pub enum Output {
-    Done { id: RequestId, result: Result<Response, Error> },
-    ModelLoaded { name: String, result: Result<ModelInfo, Error> },
-    ModelUnloaded { name: String, result: Result<(), Error> },
+    Done {
+        id: RequestId,
+        result: Result<Response, Error>,
+    },
+    /// The request's last launch was issued (requests with `notify_before_done` only; at most once
+    /// per request, always before its `Done`). Policies that issue a whole job at once (`streams`,
+    /// `fifo`) issue its last launch with the first, so the notice comes early there.
+    AlmostDone {
+        id: RequestId,
+    },
+    ModelLoaded {
+        name: String,
+        result: Result<ModelInfo, Error>,
+    },
+    ModelUnloaded {
+        name: String,
+        result: Result<(), Error>,
+    },
     ShutDown,
 }
 

@@ -16,9 +16,11 @@
 //!   announcement);
 //! - answers OPEN_MODEL and the socket-mode INFER baseline.
 //!
-//! Completions are written by the engine's completion callback on the dispatcher thread: outputs
-//! copied into the client's output spans, a `Completion` pushed into the ring, and the client's
-//! eventfd written only if the client announced a sleep. Each submission reserves its completion
+//! When the dispatcher issues a ring request's last kernel, it fires the client's eventfd if the
+//! client announced a sleep (Paella's hybrid wake-up: the client wakes while that kernel runs and
+//! polls for the result). Completions are written by the engine's completion callback on the
+//! dispatcher thread: outputs copied into the client's output spans, a `Completion` pushed into the
+//! ring, and the eventfd written again only if the client is (still) asleep. Each submission reserves its completion
 //! slot when it is taken from the submission ring, so a completion never finds the ring full; when
 //! the client does not drain completions, the thread stops taking submissions (back-pressure), so
 //! nothing grows without bound. A client that writes impossible ring indices is disconnected.
@@ -228,6 +230,11 @@ impl Conn {
                 self.ring_doorbell();
             }
         }
+        self.wake_if_sleeping();
+    }
+
+    /// Writes the client's eventfd if it announced that it sleeps.
+    fn wake_if_sleeping(&self) {
         if ring::should_wake(self.region.client_waiting()) {
             let _ = rustix::io::write(&self.completion_event, &1u64.to_ne_bytes());
         }
@@ -606,7 +613,11 @@ impl Client<'_> {
             let conn = self.conn.clone();
             let tag = s.tag;
             let metrics = m.metrics.clone();
-            self.state.submit(&m, inputs, options, move |r| {
+            // Paella's hybrid wait: wake a sleeping client when the last kernel is issued; it polls
+            // the ring from then on.
+            let early = self.conn.clone();
+            let wake = move || early.wake_if_sleeping();
+            self.state.submit_notify(&m, inputs, options, Some(wake), move |r| {
                 let outcome = match &r {
                     Ok(_) => Outcome::Ok,
                     Err(e) => e.status().outcome,

@@ -153,6 +153,7 @@ impl ModelEntry {
             deadline_ns: c.deadline_ns,
             tenant: TenantId(p.tenant.unwrap_or(c.tenant)),
             skip_io: false,
+            notify_before_done: false,
         };
         match p.priority_level {
             None | Some(0) => {}
@@ -579,6 +580,19 @@ impl State {
         options: RequestOptions,
         on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
     ) -> Result<(), ServeError> {
+        self.submit_notify(model, inputs, options, None::<fn()>, on_done)
+    }
+
+    /// [`State::submit`], and `before_done` (if any) runs on the dispatcher thread when the
+    /// request's last kernel is issued: the shared-memory channel wakes a sleeping client then.
+    pub fn submit_notify<N: FnOnce() + Send + 'static>(
+        &self,
+        model: &Arc<ModelEntry>,
+        inputs: Vec<Tensor>,
+        options: RequestOptions,
+        before_done: Option<N>,
+        on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
+    ) -> Result<(), ServeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ServeError::Unavailable("the server is shutting down".into()));
         }
@@ -588,7 +602,7 @@ impl State {
         let entry = model.clone();
         let index = model.instances.iter().position(|i| std::ptr::eq(i, inst)).unwrap();
         let t0 = Instant::now();
-        let r = self.engines[inst.gpu as usize].engine.submit_with(&inst.engine_name, inputs, options, move |r| {
+        let done = move |r: Result<kairos_sched::Response, kairos_sched::Error>| {
             let engine_ns = t0.elapsed().as_nanos() as u64;
             entry.instances[index].outstanding.fetch_sub(1, Ordering::Relaxed);
             let r = match r {
@@ -602,7 +616,12 @@ impl State {
                 }
             };
             on_done(r);
-        });
+        };
+        let engine = &self.engines[inst.gpu as usize].engine;
+        let r = match before_done {
+            Some(n) => engine.submit_notify(&inst.engine_name, inputs, options, n, done),
+            None => engine.submit_with(&inst.engine_name, inputs, options, done),
+        };
         if let Err(e) = r {
             inst.outstanding.fetch_sub(1, Ordering::Relaxed);
             return Err(e.into());

@@ -51,6 +51,7 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
     let mut t = 0u64;
     let mut plan_of: HashMap<RequestId, Arc<Plan>> = HashMap::new();
     let mut cancelled: HashSet<RequestId> = HashSet::new();
+    let mut wants_notice: HashSet<RequestId> = HashSet::new();
     let mut expect_error: HashMap<RequestId, &'static str> = HashMap::new();
     for _ in 0..n {
         t += rng.random_range(0..60_000);
@@ -62,11 +63,16 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
             priority: rng.random_range(0..2),
             deadline_ns: rng.random_bool(0.3).then(|| rng.random_range(10_000..1_000_000)),
             skip_io,
+            notify_before_done: rng.random_bool(0.5),
         };
+        let notify = options.notify_before_done;
         let plan = &plans[m];
         let inputs = if skip_io { vec![] } else { plan.inputs.iter().map(|i| Tensor::zeros(i.dtype, i.shape.clone())).collect() };
         let id = driver.submit_at(t, &format!("m{m}"), inputs, options);
         plan_of.insert(id, plan.clone());
+        if notify {
+            wants_notice.insert(id);
+        }
         if rng.random_bool(0.15) {
             driver.cancel_at(t + rng.random_range(0..300_000), id);
             cancelled.insert(id);
@@ -111,6 +117,18 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
         }
     }
     assert_eq!(seen.len(), plan_of.len() + expect_error.len(), "requests lost");
+    // Early wake-up notices: only to requests that asked, at most once, and to every one of them
+    // that completed.
+    let mut noticed = HashSet::new();
+    for o in driver.take_other_outputs() {
+        if let kairos_sched::Output::AlmostDone { id } = o {
+            assert!(wants_notice.contains(&id), "request {id:?} got a notice it did not ask for");
+            assert!(noticed.insert(id), "request {id:?} got two notices");
+        }
+    }
+    for id in ok.iter().filter(|id| wants_notice.contains(id)) {
+        assert!(noticed.contains(id), "request {id:?} completed without its notice");
+    }
     assert_eq!(driver.outstanding(), 0);
 
     let d = driver.dispatcher();
