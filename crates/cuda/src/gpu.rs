@@ -200,6 +200,7 @@ impl CudaGpu {
             d2h_bytes_per_s: 0.0,
             device_mem_bytes_per_s: 0.0,
             host_mapped_read_bytes_per_s: 0.0,
+            launches_in_flight_max: LAUNCH_SLOTS_MAX,
         };
         let mut gpu = CudaGpu {
             info,

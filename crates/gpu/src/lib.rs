@@ -143,6 +143,10 @@ pub struct DeviceInfo {
     pub device_mem_bytes_per_s: f64,
     /// Rate at which kernels read mapped pinned host memory (direct host access).
     pub host_mapped_read_bytes_per_s: f64,
+    /// Launches the backend tracks at once (issued and not yet reported done); 0: no limit of its
+    /// own. The dispatcher keeps below it, so running out is back-pressure, not a failed request.
+    #[serde(default)]
+    pub launches_in_flight_max: u32,
 }
 
 /// An address in the device's address space (on the simulator, a synthetic one).

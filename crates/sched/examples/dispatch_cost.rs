@@ -46,6 +46,7 @@ impl NullGpu {
                 d2h_bytes_per_s: 55e9,
                 device_mem_bytes_per_s: 3.3e12,
                 host_mapped_read_bytes_per_s: 51e9,
+                launches_in_flight_max: 0,
             },
             now: 0,
             next: 1,

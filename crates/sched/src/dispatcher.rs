@@ -297,6 +297,12 @@ impl<G: Gpu> Dispatcher<G> {
         if info.sm_count == 0 || info.partitions.is_empty() {
             return Err(Error::Gpu(format!("device '{}' reports no SMs", info.name)));
         }
+        // The backend's own bound on launches in flight (CUDA: its launch slots) caps ours, so
+        // whole-job issue waits instead of failing requests when it runs out.
+        let mut cfg = cfg;
+        if info.launches_in_flight_max > 0 {
+            cfg.launches_in_flight_max = cfg.launches_in_flight_max.min(info.launches_in_flight_max);
+        }
         let stream_count =
             cfg.stream_count.unwrap_or(info.hardware_queues.max(STREAM_COUNT_DEFAULT_MIN)).clamp(1, STREAMS_MAX as u32);
         let mut stream_ids = Vec::with_capacity(stream_count as usize);

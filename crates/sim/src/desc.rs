@@ -250,6 +250,7 @@ impl GpuDesc {
             d2h_bytes_per_s: self.d2h_bytes_per_s,
             device_mem_bytes_per_s: self.device_mem_bytes_per_s,
             host_mapped_read_bytes_per_s: self.host_mapped_read_bytes_per_s,
+            launches_in_flight_max: 0,
         }
     }
 }

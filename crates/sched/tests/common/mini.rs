@@ -25,6 +25,9 @@ pub struct MiniConfig {
     /// Duration of one logical block of a kernel.
     pub block_ns: fn(&Kernel, &LaunchShape) -> u64,
     pub seed: u64,
+    /// Launches tracked at once (0: unbounded); one more is `GpuError::Exhausted`, as CUDA's
+    /// launch slots.
+    pub launches_in_flight_max: u32,
 }
 
 pub fn default_block_ns(k: &Kernel, s: &LaunchShape) -> u64 {
@@ -43,6 +46,7 @@ impl Default for MiniConfig {
             notify_jitter_ns: 0,
             block_ns: default_block_ns,
             seed: 0,
+            launches_in_flight_max: 0,
         }
     }
 }
@@ -104,6 +108,7 @@ impl MiniGpu {
             d2h_bytes_per_s: 50e9,
             device_mem_bytes_per_s: 3e12,
             host_mapped_read_bytes_per_s: 50e9,
+            launches_in_flight_max: cfg.launches_in_flight_max,
         };
         MiniGpu {
             rng: SmallRng::seed_from_u64(cfg.seed),
@@ -346,6 +351,10 @@ impl Gpu for MiniGpu {
         }
         if r.first_block >= r.shape.logical_blocks {
             return Err(GpuError::Invalid("nothing to run".into()));
+        }
+        let max = self.cfg.launches_in_flight_max;
+        if max > 0 && self.launches.len() >= max as usize {
+            return Err(GpuError::Exhausted { limit: "launch slots", max: max as u64 });
         }
         let id = self.next_launch;
         self.next_launch += 1;

@@ -126,6 +126,8 @@ pub fn random_mini_config(rng: &mut SmallRng, seed: u64) -> mini::MiniConfig {
         launch_latency_ns: rng.random_range(0..5_000),
         notify_delay_ns: rng.random_range(0..8_000),
         notify_jitter_ns: [0, 3_000][rng.random_range(0..2)],
+        // Random plans have at most 16 launches: a whole job always fits.
+        launches_in_flight_max: [0, 0, 16, 40][rng.random_range(0..4)],
         seed,
         ..mini::MiniConfig::default()
     }
