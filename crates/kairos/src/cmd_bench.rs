@@ -673,7 +673,7 @@ fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result
                     .map_err(|e| fail(e.to_string()))?;
             }
             let engine = EngineConfig { dispatcher: cfg.clone(), ..EngineConfig::default() };
-            let backend = crate::cmd_serve::make_backend_with(kind, engine, &sim_gpu, seed, false, profiles.clone())
+            let backend = crate::cmd_serve::make_backend_with(kind, engine, &sim_gpu, seed, false, profiles.clone(), false)
                 .map_err(|e| fail(e.to_string()))?;
             let server = kairos_server::RunningServer::start(
                 kairos_server::ServerConfig {

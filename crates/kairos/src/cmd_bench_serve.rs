@@ -97,7 +97,7 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
         let repo = dir.join("models");
         std::fs::create_dir_all(&repo)?;
         write_repository(&repo, &a.models)?;
-        let backend = make_backend(a.backend, &a.policy, 4096, 4096, &a.sim_gpu, a.seed, true, None)?;
+        let backend = make_backend(a.backend, &a.policy, 4096, 4096, &a.sim_gpu, a.seed, true, None, true)?;
         let cfg = ServerConfig {
             state: StateConfig { repository: repo, gpus: 1, load: Some(a.models.clone()) },
             http: Some(SocketAddr::from(([127, 0, 0, 1], 0))),

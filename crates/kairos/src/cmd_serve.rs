@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// on the simulator, data/profiles/h200 on CUDA, when present).
     #[arg(long, env = "KAIROS_PROFILES")]
     pub profiles: Option<PathBuf>,
+    /// CUDA: keep the lowering's tiles (by default fp16 convolution and matrix-product tiles are
+    /// autotuned when a model loads; choices are cached beside the CUBIN cache).
+    #[arg(long, env = "KAIROS_NO_AUTOTUNE")]
+    pub no_autotune: bool,
     /// Log filter (tracing's env-filter syntax), also read from RUST_LOG.
     #[arg(long, env = "KAIROS_LOG", default_value = "info")]
     pub log: String,
@@ -128,6 +132,8 @@ fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
 struct CudaBackend {
     engine: EngineConfig,
     profiles: Option<ProfileSet>,
+    /// Autotune fp16 convolution and matrix-product tiles when a model is loaded.
+    autotune: bool,
 }
 
 impl Backend for CudaBackend {
@@ -144,6 +150,27 @@ impl Backend for CudaBackend {
 
     fn profiles(&self) -> Option<&ProfileSet> {
         self.profiles.as_ref()
+    }
+
+    fn prepare(&self, plan: &mut kairos_ir::plan::Plan) -> Result<Option<String>, ServeError> {
+        if !self.autotune || plan.dtype != kairos_ir::DType::F16 {
+            return Ok(None);
+        }
+        // Tuned on GPU 0 (instances on other GPUs of the same kind share the choice); choices
+        // are cached beside the CUBIN cache, so a model seen before times nothing.
+        let mut gpu = kairos_cuda::CudaGpu::new(0).map_err(|e| ServeError::Internal(format!("autotuner: {e}")))?;
+        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], progress: false, ..Default::default() };
+        let r = kairos_cuda::autotune_plan(&mut gpu, plan, &opts).map_err(|e| ServeError::Internal(format!("autotuner: {e}")))?;
+        Ok(Some(format!(
+            "autotuned: {} shapes ({} timed now, {} from the cache), {} launches retiled, kernel time {:.3} -> {:.3} ms in {:.0} ms",
+            r.shapes,
+            r.timed,
+            r.from_table,
+            r.launches_changed,
+            r.plan_kernel_ns as f64 / 1e6,
+            r.tuned_kernel_ns as f64 / 1e6,
+            r.elapsed_ms
+        )))
     }
 }
 
@@ -175,13 +202,14 @@ pub fn make_backend(
     seed: u64,
     sim_compute: bool,
     profiles: Option<PathBuf>,
+    autotune: bool,
 ) -> Result<Box<dyn Backend>> {
     let policy = PolicyConfig::by_name(policy)
         .with_context(|| format!("unknown policy {policy}: use fifo, streams, streams-kernel, paella, sjf or rr"))?;
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
-    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles)
+    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles, autotune)
 }
 
 /// [`make_backend`] with the engine configured by the caller.
@@ -192,14 +220,15 @@ pub fn make_backend_with(
     seed: u64,
     sim_compute: bool,
     profiles: Option<PathBuf>,
+    autotune: bool,
 ) -> Result<Box<dyn Backend>> {
     Ok(match kind {
         ServeBackend::Cuda => {
-            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))? })
+            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))?, autotune })
         }
         ServeBackend::Auto if gpu_present() => {
             tracing::info!("an NVIDIA GPU is present: backend cuda");
-            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))? })
+            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))?, autotune })
         }
         ServeBackend::Auto | ServeBackend::Sim => {
             if kind == ServeBackend::Auto {
@@ -227,6 +256,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.seed,
         args.sim_compute,
         args.profiles.clone(),
+        !args.no_autotune,
     )?;
     let load = match &args.load {
         Some(v) if v.len() == 1 && v[0] == "none" => Some(Vec::new()),

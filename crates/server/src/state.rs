@@ -46,6 +46,12 @@ pub trait Backend: Send + Sync {
     fn profiles(&self) -> Option<&ProfileSet> {
         None
     }
+    /// Adapts a freshly lowered plan to the device before it is loaded (the CUDA backend's
+    /// autotuner chooses tiles; changes stay within the plan's logical-block contract). Returns a
+    /// line for the log, if there is anything to say.
+    fn prepare(&self, _plan: &mut Plan) -> Result<Option<String>, ServeError> {
+        Ok(None)
+    }
 }
 
 /// The simulated GPU of `kairos-sim`, with computation on by default (results are real: the CPU
@@ -334,7 +340,7 @@ impl State {
         let mut failed = BTreeMap::new();
         for (i, name) in names.iter().enumerate() {
             let t = Instant::now();
-            match plan_model(&repository, name, backend.profiles()) {
+            match plan_model_for(&repository, name, backend.as_ref()) {
                 Ok(p) => {
                     info!(
                         progress = %format!("[{}/{}]", i + 1, names.len()),
@@ -474,7 +480,7 @@ impl State {
         }
         let _admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
         let t = Instant::now();
-        let planned = match plan_model(&self.repository, name, self.backend.profiles()) {
+        let planned = match plan_model_for(&self.repository, name, self.backend.as_ref()) {
             Ok(p) => p,
             Err(e) => {
                 // A model that was never loaded stays out of the table; a loaded one keeps serving.
@@ -693,8 +699,29 @@ impl Drop for State {
 
 /// Reads a model's configuration and lowers it to a plan; finds its profile.
 pub fn plan_model(repo: &Repository, name: &str, profiles: Option<&ProfileSet>) -> Result<PlannedModel, ServeError> {
+    plan_with(repo, name, profiles, |_| Ok(()))
+}
+
+/// [`plan_model`] with the backend's profiles and its [`Backend::prepare`] step (autotuning on
+/// CUDA) between lowering and the profile lookup.
+pub fn plan_model_for(repo: &Repository, name: &str, backend: &dyn Backend) -> Result<PlannedModel, ServeError> {
+    plan_with(repo, name, backend.profiles(), |plan| {
+        if let Some(line) = backend.prepare(plan)? {
+            info!(model = name, "{line}");
+        }
+        Ok(())
+    })
+}
+
+fn plan_with(
+    repo: &Repository,
+    name: &str,
+    profiles: Option<&ProfileSet>,
+    prepare: impl FnOnce(&mut Plan) -> Result<(), ServeError>,
+) -> Result<PlannedModel, ServeError> {
     let config = repo.config(name)?;
-    let plan = config.ir_spec().plan().map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
+    let mut plan = config.ir_spec().plan().map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
+    prepare(&mut plan)?;
     let profile = match &config.profile {
         Some(p) => Some(ModelProfile::load(p).map_err(|e| ServeError::invalid(format!("model '{name}': profile: {e}")))?),
         None => {
