@@ -24,10 +24,10 @@ use kairos_client::{ClientError, Code, InferOptions};
 use kairos_ir::Tensor;
 use kairos_sched::{Class, Config, ModelInfo, ModelSpec, RequestOptions, Timing};
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Requests waiting for a client thread at most; beyond, a request is refused (as overload).
 pub const QUEUE_MAX: usize = 65_536;
@@ -279,21 +279,8 @@ impl Target for RemoteTarget {
     }
 
     fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error> {
-        out.append(&mut self.pending);
-        if out.is_empty() {
-            let now = self.now_ns();
-            if until_ns > now {
-                match self.rx.recv_timeout(Duration::from_nanos(until_ns - now)) {
-                    Ok(c) => out.push(c),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return Err(Error::Invalid("the client threads stopped".into())),
-                }
-            }
-        }
-        while let Ok(c) = self.rx.try_recv() {
-            out.push(c);
-        }
-        Ok(())
+        let now = self.now_ns();
+        crate::target::wait_on_channel(&self.rx, &mut self.pending, now, until_ns, out, "the client threads stopped")
     }
 }
 

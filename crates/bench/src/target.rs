@@ -314,22 +314,34 @@ where
     }
 
     fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error> {
-        out.append(&mut self.pending);
-        if out.is_empty() {
-            let now = self.now_ns();
-            if until_ns > now {
-                match self.rx.recv_timeout(Duration::from_nanos(until_ns - now)) {
-                    Ok(c) => out.push(c),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return Err(Error::Invalid("the engine's completions stopped".into())),
-                }
-            }
-        }
-        while let Ok(c) = self.rx.try_recv() {
-            out.push(c);
-        }
-        Ok(())
+        let now = self.now_ns();
+        wait_on_channel(&self.rx, &mut self.pending, now, until_ns, out, "the engine's completions stopped")
     }
+}
+
+/// [`Target::wait`] for targets whose completions arrive on a channel: `pending` (refusals found
+/// at submission) first; if there is nothing, waits on `rx` until `until_ns` (the clock read
+/// `now_ns`); then whatever else is already there.
+pub(crate) fn wait_on_channel(
+    rx: &Receiver<Completion>,
+    pending: &mut Vec<Completion>,
+    now_ns: u64,
+    until_ns: u64,
+    out: &mut Vec<Completion>,
+    stopped: &str,
+) -> Result<(), Error> {
+    out.append(pending);
+    if out.is_empty() && until_ns > now_ns {
+        match rx.recv_timeout(Duration::from_nanos(until_ns - now_ns)) {
+            Ok(c) => out.push(c),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Err(Error::Invalid(stopped.into())),
+        }
+    }
+    while let Ok(c) = rx.try_recv() {
+        out.push(c);
+    }
+    Ok(())
 }
 
 impl<G, F> Drop for EngineTarget<G, F>

@@ -222,22 +222,19 @@ pub fn make_backend_with(
     profiles: Option<PathBuf>,
     autotune: bool,
 ) -> Result<Box<dyn Backend>> {
-    Ok(match kind {
-        ServeBackend::Cuda => {
-            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))?, autotune })
-        }
-        ServeBackend::Auto if gpu_present() => {
+    let cuda = kind == ServeBackend::Cuda || (kind == ServeBackend::Auto && gpu_present());
+    Ok(if cuda {
+        if kind == ServeBackend::Auto {
             tracing::info!("an NVIDIA GPU is present: backend cuda");
-            Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))?, autotune })
         }
-        ServeBackend::Auto | ServeBackend::Sim => {
-            if kind == ServeBackend::Auto {
-                tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
-            }
-            let desc = sim_desc(sim_gpu)?;
-            let profiles = load_profiles(profiles, desc.profile_dir(std::path::Path::new(".")))?;
-            Box::new(SimBackend { desc, seed, compute: sim_compute, engine, profiles })
+        Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))?, autotune })
+    } else {
+        if kind == ServeBackend::Auto {
+            tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
         }
+        let desc = sim_desc(sim_gpu)?;
+        let profiles = load_profiles(profiles, desc.profile_dir(std::path::Path::new(".")))?;
+        Box::new(SimBackend { desc, seed, compute: sim_compute, engine, profiles })
     })
 }
 

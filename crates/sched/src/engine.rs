@@ -192,9 +192,13 @@ impl Engine {
         options: RequestOptions,
         on_done: impl FnOnce(Result<Response, Error>) + Send + 'static,
     ) -> Result<RequestId, Error> {
+        self.send_request(model, inputs, options, Reply::Request(Box::new(on_done)))
+    }
+
+    fn send_request(&self, model: &str, inputs: Vec<Tensor>, options: RequestOptions, reply: Reply) -> Result<RequestId, Error> {
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let request = Request { id, model: model.to_string(), inputs, options, arrival_ns: None };
-        match self.tx.try_send(Envelope { command: Command::Submit(request), reply: Reply::Request(Box::new(on_done)) }) {
+        match self.tx.try_send(Envelope { command: Command::Submit(request), reply }) {
             Ok(()) => {
                 self.shared.submitted.fetch_add(1, Ordering::Relaxed);
                 Ok(id)
@@ -219,20 +223,7 @@ impl Engine {
         on_done: impl FnOnce(Result<Response, Error>) + Send + 'static,
     ) -> Result<RequestId, Error> {
         options.notify_before_done = true;
-        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
-        let request = Request { id, model: model.to_string(), inputs, options, arrival_ns: None };
-        let reply = Reply::RequestNotify(Box::new(on_done), Box::new(before_done));
-        match self.tx.try_send(Envelope { command: Command::Submit(request), reply }) {
-            Ok(()) => {
-                self.shared.submitted.fetch_add(1, Ordering::Relaxed);
-                Ok(id)
-            }
-            Err(TrySendError::Full(_)) => {
-                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
-                Err(Error::Overloaded { what: "submission queue", max: self.submit_queue_max as u64 })
-            }
-            Err(TrySendError::Disconnected(_)) => Err(Error::ShuttingDown),
-        }
+        self.send_request(model, inputs, options, Reply::RequestNotify(Box::new(on_done), Box::new(before_done)))
     }
 
     /// Cancels a request (see [`Command::Cancel`]); its completion reports [`Error::Cancelled`].
