@@ -4,7 +4,8 @@
 // output pixel m (k runs over kernel_h, kernel_w, in_c with in_c fastest, matching the weight
 // layout [out_c][kernel_h][kernel_w][in_c]), B[k][n] = weights[n][k]. fp16 runs on the tensor-core
 // engine (16-byte cp.async loads when in_c and the pixel stride are multiples of 8, element loads
-// otherwise, e.g. a 3-channel stem), f32 on the SIMT engine. Grouped convolutions and
+// otherwise, e.g. a 3-channel stem; tiles of at most 8 output pixels, e.g. 1x1 convolutions on
+// 1x1 maps, stream the weights on the engine's small-M path), f32 on the SIMT engine. Grouped convolutions and
 // tiles larger than the engine's maximum take a direct path, one output per thread.
 // dwconv2d (weights [kernel_h][kernel_w][c]) is direct, channel fastest for coalescing.
 // Epilogue: y = act(acc + bias[n] + residual[m][n]).

@@ -3,7 +3,8 @@
 // stride. One logical block is one (batch, tile row, tile column) on the tile engine; operands
 // are staged in the order that makes their contiguous index the fast one, so both [m][k] and
 // [k][m] layouts of A (and [k][n] / [n][k] of B) load coalesced. fp16 runs on the tensor-core
-// engine (16-byte cp.async loads where strides and alignment allow), f32 on the SIMT engine.
+// engine (16-byte cp.async loads where strides and alignment allow; blocks of at most 8 rows
+// stream B along K on the engine's small-M path), f32 on the SIMT engine.
 
 #include "kairos/tile.cuh"
 

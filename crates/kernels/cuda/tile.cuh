@@ -106,6 +106,8 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 // PTX, operands staged in shared memory as fp16 and read with ldmatrix, a pipeline of stages
 // filled with cp.async while earlier ones are multiplied. Like the SIMT engine it computes any
 // tile up to TILE_MAX x TILE_MAX with any CTA size (whole warps); the plan's choice only moves speed.
+// Tiles of at most GV_ROWS_MAX (8) rows whose B has k contiguous take the small-M path below
+// (tile_gemv) instead: same loader, same results up to f32 summation order.
 //
 // Shared memory is the launch's dynamic shared memory (at least TC_SMEM_MIN_BYTES; the host
 // passes the plan's LaunchShape::shared_mem_bytes, raised to that minimum). Per logical block,
@@ -470,9 +472,198 @@ __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The small-M path of the tensor-core engine's loaders (fp16): a logical block of at most
+// GV_ROWS_MAX rows (batch-1 classifier layers, the last rows of a tall product) with B's k
+// contiguous. An m16n8k16 fragment would waste at least half of every mma on such a tile and the
+// block is bound by streaming its tn x K weights, so the CTA instead
+// - stages the tile's rows of A in shared memory (fp16, zeros past tm and K), a K chunk at a
+//   time (as much of K as fits beside the sums),
+// - streams B's columns GV_COLS at a time: every thread of the CTA takes 8-half chunks along K
+//   (16-byte non-caching loads when b_vec, element loads otherwise), two chunks per column in
+//   flight, and accumulates in f32 registers,
+// - adds each thread's sums across its warp (shuffles), then the warps' sums in warp order into
+//   the block's sums in shared memory, K chunk after K chunk,
+// - and hands every output to the loader's store (the fused epilogue) once K is done.
+// The order of every addition is fixed, so results do not depend on timing; any tn up to
+// TILE_MAX and any CTA size up to GV_WARPS_MAX warps (the kernels' launch bound) are correct.
+// Shared memory: warp sums [GV_WARPS_MAX][GV_ROWS_MAX][GV_COLS] f32, block sums
+// [GV_ROWS_MAX][TILE_MAX] f32, then A (GV_SMEM_FIXED_BYTES + 16 halves per row at least; the
+// engine's TC_SMEM_MIN_BYTES leaves room for K chunks of 2240 halves at 8 rows).
+
+#define GV_ROWS_MAX 8u
+#define GV_COLS 4u
+#define GV_WARPS_MAX 8u
+#define GV_RED_FLOATS (GV_WARPS_MAX * GV_ROWS_MAX * GV_COLS)
+#define GV_SMEM_FIXED_BYTES ((GV_RED_FLOATS + GV_ROWS_MAX * TILE_MAX) * 4u)
+
+// 16 bytes of streamed operand (read once per block: no L1 allocation). Volatile, so it is
+// never hoisted above the bounds check that guards it.
+__device__ __forceinline__ uint4 gv_ld_stream(const h16* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void gv_unpack(const uint4& v, float (&f)[8]) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (u32 i = 0; i < 4u; ++i) {
+        f[2u * i] = h2f((h16)(w[i] & 0xffffu));
+        f[2u * i + 1u] = h2f((h16)(w[i] >> 16));
+    }
+}
+
+// B at (k .. k + 8, nn) as 8 halves; zeros past K.
+template <bool BVEC, typename L>
+__device__ __forceinline__ uint4 gv_load_b(const L& ld_, u32 k, u32 nn, u32 K) {
+    if constexpr (BVEC) {
+        return gv_ld_stream(ld_.b_ptr(k, nn));
+    } else {
+        u32 w[4];
+#pragma unroll
+        for (u32 i = 0; i < 4u; ++i) {
+            const u32 lo = k + 2u * i < K ? (u32)ld_.bh(k + 2u * i, nn) : 0u;
+            const u32 hi = k + 2u * i + 1u < K ? (u32)ld_.bh(k + 2u * i + 1u, nn) : 0u;
+            w[i] = lo | (hi << 16);
+        }
+        uint4 r;
+        r.x = w[0];
+        r.y = w[1];
+        r.z = w[2];
+        r.w = w[3];
+        return r;
+    }
+}
+
+template <u32 MT, bool BVEC, typename L>
+__device__ __forceinline__ void tile_gemv_rows(L& ld_, u32 tm, u32 tn, u32 K, u32 smem_bytes) {
+    const u32 T = blockDim.x;
+    const u32 tid = threadIdx.x;
+    const u32 warps = T / 32u;
+    const u32 warp = tid / 32u;
+    const u32 lane = tid % 32u;
+    float* red = (float*)kairos_dyn_smem;  // [warps][MT][GV_COLS]
+    float* part = red + GV_RED_FLOATS;     // [MT][tn]
+    h16* As = (h16*)(part + GV_ROWS_MAX * TILE_MAX);
+    // Halves of A per row in one K chunk: a multiple of 8, no more than K needs.
+    const u32 kc = smem_bytes < GV_SMEM_FIXED_BYTES ? 8u : min(((smem_bytes - GV_SMEM_FIXED_BYTES) / 2u / MT) & ~7u, (K + 7u) & ~7u);
+    if (smem_bytes < GV_SMEM_FIXED_BYTES + 16u * MT || warps > GV_WARPS_MAX) asm volatile("trap;");
+    for (u32 i = tid; i < MT * tn; i += T) part[i] = 0.0f;
+    for (u32 k0 = 0; k0 < K; k0 += kc) {
+        const u32 nch = (min(kc, K - k0) + 7u) / 8u;  // 8-half chunks of this K chunk
+        __syncthreads();  // the previous K chunk's A is consumed (and the sums are zeroed)
+        for (u32 i = tid; i < MT * nch; i += T) {
+            const u32 mm = i / nch;
+            const u32 c = i % nch;
+            const u32 k = k0 + c * 8u;
+            h16* dst = As + mm * kc + c * 8u;
+            if (ld_.a_vec) {  // K % 8 == 0, so k + 8 <= K
+                uint4 v;
+                v.x = v.y = v.z = v.w = 0u;
+                if (mm < tm) {
+                    const h16* src = ld_.a_ptr(mm, ld_.a_col(k));
+                    if (src) v = *(const uint4*)src;
+                }
+                *(uint4*)dst = v;
+            } else {
+#pragma unroll
+                for (u32 j = 0; j < 8u; ++j) dst[j] = (mm < tm && k + j < K) ? ld_.ah(mm, k + j) : (h16)0;
+            }
+        }
+        __syncthreads();
+        for (u32 g = 0; g < tn; g += GV_COLS) {
+            u32 col[GV_COLS];
+#pragma unroll
+            for (u32 j = 0; j < GV_COLS; ++j) col[j] = min(g + j, tn - 1u);  // columns past tn: loaded, not kept
+            float acc[MT][GV_COLS];
+#pragma unroll
+            for (u32 mm = 0; mm < MT; ++mm)
+#pragma unroll
+                for (u32 j = 0; j < GV_COLS; ++j) acc[mm][j] = 0.0f;
+            for (u32 c = tid; c < nch; c += 2u * T) {
+                uint4 bv[2][GV_COLS];
+#pragma unroll
+                for (u32 u = 0; u < 2u; ++u) {
+                    const u32 cc = c + u * T;
+#pragma unroll
+                    for (u32 j = 0; j < GV_COLS; ++j) {
+                        if (cc < nch) {
+                            bv[u][j] = gv_load_b<BVEC>(ld_, k0 + cc * 8u, col[j], K);
+                        } else {
+                            bv[u][j].x = bv[u][j].y = bv[u][j].z = bv[u][j].w = 0u;
+                        }
+                    }
+                }
+#pragma unroll
+                for (u32 u = 0; u < 2u; ++u) {
+                    const u32 cc = c + u * T;
+                    if (cc < nch) {
+                        float bf[GV_COLS][8];
+#pragma unroll
+                        for (u32 j = 0; j < GV_COLS; ++j) gv_unpack(bv[u][j], bf[j]);
+#pragma unroll
+                        for (u32 mm = 0; mm < MT; ++mm) {
+                            float af[8];
+                            gv_unpack(*(const uint4*)(As + mm * kc + cc * 8u), af);
+#pragma unroll
+                            for (u32 j = 0; j < GV_COLS; ++j)
+#pragma unroll
+                                for (u32 e = 0; e < 8u; ++e) acc[mm][j] = fmaf(af[e], bf[j][e], acc[mm][j]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 mm = 0; mm < MT; ++mm)
+#pragma unroll
+                for (u32 j = 0; j < GV_COLS; ++j) {
+                    float v = acc[mm][j];
+#pragma unroll
+                    for (u32 off = 16u; off > 0u; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+                    if (lane == 0u) red[(warp * MT + mm) * GV_COLS + j] = v;
+                }
+            __syncthreads();
+            if (tid < MT * GV_COLS) {
+                const u32 mm = tid / GV_COLS;
+                const u32 j = tid % GV_COLS;
+                if (g + j < tn) {
+                    float s = 0.0f;
+                    for (u32 w = 0; w < warps; ++w) s += red[(w * MT + mm) * GV_COLS + j];
+                    part[mm * tn + g + j] += s;
+                }
+            }
+            __syncthreads();  // the warp sums are read before the next column group writes them
+        }
+    }
+    for (u32 i = tid; i < tm * tn; i += T) ld_.store(i / tn, i % tn, part[i]);
+    __syncthreads();  // the sums are read before the next logical block zeroes them
+}
+
+template <typename L>
+__device__ __forceinline__ void tile_gemv(L& ld_, u32 tm, u32 tn, u32 K, u32 smem_bytes) {
+    if (ld_.b_vec) {
+        if (tm <= 1u) tile_gemv_rows<1, true>(ld_, tm, tn, K, smem_bytes);
+        else if (tm <= 2u) tile_gemv_rows<2, true>(ld_, tm, tn, K, smem_bytes);
+        else if (tm <= 4u) tile_gemv_rows<4, true>(ld_, tm, tn, K, smem_bytes);
+        else tile_gemv_rows<8, true>(ld_, tm, tn, K, smem_bytes);
+    } else {
+        if (tm <= 1u) tile_gemv_rows<1, false>(ld_, tm, tn, K, smem_bytes);
+        else if (tm <= 2u) tile_gemv_rows<2, false>(ld_, tm, tn, K, smem_bytes);
+        else if (tm <= 4u) tile_gemv_rows<4, false>(ld_, tm, tn, K, smem_bytes);
+        else tile_gemv_rows<8, false>(ld_, tm, tn, K, smem_bytes);
+    }
+}
+
 template <typename L>
 __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
     const u32 smem_bytes = tc_dyn_smem_bytes();
+    if (tm <= GV_ROWS_MAX && !ld_.b_kn) {
+        tile_gemv(ld_, tm, tn, K, smem_bytes);
+        return;
+    }
     const TcShape s = tc_shape(tm, tn, K, blockDim.x / 32u, ld_.b_kn, smem_bytes / 2u);
     if (s.nstages < 2u) asm volatile("trap;");  // launched with less than TC_SMEM_MIN_BYTES
     for (u32 pass = 0; pass < s.passes; ++pass) {
