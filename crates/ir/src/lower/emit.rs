@@ -43,14 +43,39 @@ const TC_TILES: [(u32, u32, u32); 10] = [
 /// H200's autotuner picked tiles giving 192 to 416 blocks for most ResNet-50, VGG-19 and BERT shapes.
 const TILE_BLOCKS_TARGET: u32 = 192;
 
+/// Products of at most this many rows (per batch) get tiles of this many rows. Where B's k is
+/// contiguous (weights stored [n][k]) they run on the engine's small-M path (tile.cuh:
+/// `tile_gemv`: every logical block streams its columns of B along K; VGG-19's fc1 on the H200
+/// went from 237 to 64 us). Where it is not (the zoo's N = 1000 classifiers store weights
+/// [k][n]) they run on the mma path, where these narrow tiles measured slower than the 16 x 16
+/// of before (resnet50's fc 37 -> 49 us); the autotuner also tries the larger tiles.
+pub const SMALL_M_ROWS: u32 = 8;
+/// Columns per logical block of a small-M product, preferred first: each block streams
+/// tile_n x K weights, so fewer columns give more blocks to spread the weight traffic over SMs.
+const SMALL_M_TILE_N: [u32; 5] = [64, 32, 16, 8, 4];
+/// Logical blocks a small-M product should have so every SM streams weights (about 3 per SM of
+/// the H100/H200's 132; the 4 CTAs of 128 threads an SM holds keep enough 16-byte loads in flight).
+const SMALL_M_BLOCKS_TARGET: u32 = 384;
+
 /// The tile (rows, columns) of a convolution or matrix product with `batches` independent
-/// products of m x n outputs. f32: the fixed SIMT tile. fp16: the first of [`TC_TILES`] that
+/// products of m x n outputs. f32: the fixed SIMT tile. fp16 with m at most [`SMALL_M_ROWS`]:
+/// [`SMALL_M_ROWS`] rows and the widest of [`SMALL_M_TILE_N`] giving [`SMALL_M_BLOCKS_TARGET`]
+/// logical blocks (else the narrowest). Other fp16 products: the first of [`TC_TILES`] that
 /// gives at least [`TILE_BLOCKS_TARGET`] logical blocks, skipping tiles more than 16 past the
 /// problem in either dimension; when none does, the one with the most blocks. Any tile up to
 /// TILE_MAX is correct; this only picks a fast default (the CUDA backend's autotuner refines it).
 pub fn tile_for(dtype: DType, batches: u32, m: u32, n: u32) -> (u32, u32) {
     if dtype != DType::F16 {
         return GEMM_TILE;
+    }
+    if m <= SMALL_M_ROWS {
+        let blocks = |tn: u32| batches.max(1) * n.div_ceil(tn);
+        let tn = SMALL_M_TILE_N
+            .iter()
+            .copied()
+            .find(|&tn| blocks(tn) >= SMALL_M_BLOCKS_TARGET)
+            .unwrap_or(SMALL_M_TILE_N[SMALL_M_TILE_N.len() - 1]);
+        return (SMALL_M_ROWS, tn);
     }
     let round16 = |x: u32| x.max(1).div_ceil(16) * 16;
     let fits = |t: &&(u32, u32, u32)| t.0 <= round16(m) && t.1 <= round16(n);
