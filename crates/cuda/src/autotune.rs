@@ -31,7 +31,7 @@ use crate::gpu::CudaGpu;
 use crate::profile::{PlanBuffers, synthetic_input};
 use kairos_gpu::*;
 use kairos_ir::DType;
-use kairos_ir::lower::emit::smem_for;
+use kairos_ir::lower::emit::{SMALL_M_ROWS, smem_for};
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -61,6 +61,12 @@ pub const CANDIDATES_F16: [(u32, u32, u32); 20] = [
     (16, 16, 128),
     (16, 16, 64),
 ];
+/// Extra fp16 candidates (tile_n, threads per CTA, with tile_m 8) of products with at most
+/// `SMALL_M_ROWS` (8) rows: every tile of such a product has at most 8 rows, so when B's k is
+/// contiguous all of them take the engine's small-M path, where only the columns per block and
+/// the CTA size move speed.
+pub const CANDIDATES_F16_SMALL_M: [(u32, u32); 12] =
+    [(64, 128), (32, 128), (16, 128), (16, 256), (8, 64), (8, 128), (8, 256), (4, 64), (4, 128), (4, 256), (2, 64), (2, 128)];
 /// f32 candidates for the SIMT engine.
 pub const CANDIDATES_F32: [(u32, u32, u32); 8] =
     [(128, 128, 256), (128, 64, 256), (64, 128, 256), (64, 64, 256), (64, 32, 128), (32, 64, 128), (32, 32, 128), (32, 32, 64)];
@@ -154,15 +160,28 @@ fn problem(kernel: &Kernel) -> (u32, u32, u32) {
 pub const DEEP_SMEM_BYTES: u32 = 104 * 1024;
 
 /// Candidates for one launch: the dtype's list without tiles more than 16 past the problem, and
-/// the plan's own choice first.
+/// the plan's own choice first; fp16 products of at most `SMALL_M_ROWS` rows also try
+/// [`CANDIDATES_F16_SMALL_M`] (before the rest: where B's k is not contiguous, e.g. classifier
+/// weights stored [k][n], such tiles run on the mma path, and the larger tiles may win).
 pub fn candidates(kernel: &Kernel, dtype: DType, plan_shape: &LaunchShape) -> Vec<TileChoice> {
     let Some((tm, tn)) = tile_of(kernel) else { return Vec::new() };
     let (_, m, n) = problem(kernel);
     let round16 = |x: u32| x.max(1).div_ceil(16) * 16;
     let own =
         TileChoice { tile_m: tm, tile_n: tn, threads: plan_shape.threads_per_block, smem_bytes: plan_shape.shared_mem_bytes };
-    let list: &[(u32, u32, u32)] = if dtype == DType::F16 { &CANDIDATES_F16 } else { &CANDIDATES_F32 };
     let mut v = vec![own];
+    if dtype == DType::F16 && m <= SMALL_M_ROWS {
+        for &(b, t) in &CANDIDATES_F16_SMALL_M {
+            if b > round16(n) {
+                continue;
+            }
+            let c = TileChoice { tile_m: SMALL_M_ROWS, tile_n: b, threads: t, smem_bytes: smem_for(kernel, dtype, t) };
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        }
+    }
+    let list: &[(u32, u32, u32)] = if dtype == DType::F16 { &CANDIDATES_F16 } else { &CANDIDATES_F32 };
     for &(a, b, t) in list {
         if a > round16(m) || b > round16(n) {
             continue;
@@ -496,6 +515,32 @@ mod tests {
         assert!(c.iter().all(|c| c.tile_m <= 64));
         assert!(c.iter().any(|c| (c.tile_m, c.tile_n, c.smem_bytes) == (16, 16, DEEP_SMEM_BYTES)));
         assert_eq!(c.iter().filter(|x| **x == c[0]).count(), 1);
+    }
+
+    #[test]
+    fn small_m_products_get_narrow_tiles_and_small_m_candidates() {
+        use kairos_ir::lower::emit::tile_for;
+        // A batch-1 classifier: 1 x 25088 times 25088 x 4096 (VGG-19's fc1), and N = 1000.
+        assert_eq!(tile_for(DType::F16, 1, 1, 4096), (SMALL_M_ROWS, 8));
+        assert_eq!(tile_for(DType::F16, 1, 1, 1000), (SMALL_M_ROWS, 4));
+        assert_eq!(tile_for(DType::F16, 8, 8, 4096), (SMALL_M_ROWS, 64));
+        assert_eq!(tile_for(DType::F32, 1, 1, 4096), (64, 64));
+        assert_ne!(tile_for(DType::F16, 1, 9, 4096).0, SMALL_M_ROWS);
+        // conv(..) is a 7x7 map; one of 1x1 pixels is a product of one row.
+        let mut k = conv(SMALL_M_ROWS, 8, 1);
+        if let Kernel::Conv2d(p) = &mut k {
+            (p.in_h, p.in_w, p.out_h, p.out_w, p.kernel_h, p.kernel_w, p.pad_h, p.pad_w) = (1, 1, 1, 1, 1, 1, 0, 0);
+        }
+        let shape = LaunchShape { logical_blocks: k.logical_blocks(), threads_per_block: 128, shared_mem_bytes: 52 * 1024 };
+        let c = candidates(&k, DType::F16, &shape);
+        assert_eq!((c[0].tile_m, c[0].tile_n, c[0].threads), (SMALL_M_ROWS, 8, 128));
+        assert!(c.iter().any(|c| (c.tile_m, c.tile_n, c.threads) == (SMALL_M_ROWS, 4, 256)));
+        assert!(c.iter().any(|c| (c.tile_m, c.tile_n) == (16, 16)));
+        assert!(c.iter().all(|c| c.tile_m <= 16));
+        assert_eq!(c.iter().filter(|x| **x == c[0]).count(), 1);
+        // Not for f32 (beyond the plan's own choice) or taller products.
+        assert!(candidates(&conv(64, 64, 1), DType::F16, &shape).iter().all(|c| c.tile_m != SMALL_M_ROWS));
+        assert!(candidates(&k, DType::F32, &shape).iter().skip(1).all(|c| c.tile_m != SMALL_M_ROWS));
     }
 
     #[test]
