@@ -931,9 +931,11 @@ mod tests {
             assert!(p50 > 0.0 && p50 <= p99, "{r}");
             assert_eq!(t["geomean"]["models"].as_array().unwrap().len(), 1);
         }
-        let b1 = tables[0]["rows"][0]["p50_ms"].as_f64().unwrap();
-        let b2 = tables[1]["rows"][0]["p50_ms"].as_f64().unwrap();
-        assert!(b2 > b1, "batch 2 ({b2} ms) takes longer than batch 1 ({b1} ms)");
+        // Batch 1 runs on the measured H200 profile, batch 2 (no profile) on the roofline: the
+        // tables say which, since their times are not comparable.
+        let sections: Vec<&str> = report.markdown.split("### Batch ").skip(1).collect();
+        assert!(sections[0].contains("measured profiles for squeezenet1_1"), "{}", sections[0]);
+        assert!(sections[1].contains("roofline for squeezenet1_1"), "{}", sections[1]);
 
         // The markdown: per batch a heading and a table of header, rule, one row, geometric mean.
         let tables_md: Vec<Vec<&str>> =
