@@ -76,7 +76,19 @@ where
     // An all-zero series (no deadline missed) still gets a visible axis.
     let y_max = if y_max > 0.0 { y_max } else { 1.0 };
     let x_max = if x_max > 0.0 { x_max } else { 1.0 };
-    let mut builder = ChartBuilder::on(&root);
+    // The legend gets a panel of its own on the right, so it never hides a curve.
+    let label_chars = chart.series.iter().map(|s| s.label.chars().count()).max().unwrap_or(0) as u32;
+    let legend_px = (label_chars * 8 + 48).clamp(120, 360);
+    let (width, _) = root.dim_in_pixel();
+    let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(legend_px));
+    for (i, s) in chart.series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let y = 80 + 24 * i as i32;
+        legend_area.draw(&PathElement::new(vec![(4, y), (26, y)], color.stroke_width(3))).map_err(|e| err(&e))?;
+        legend_area.draw(&Circle::new((15, y), 3, color.filled())).map_err(|e| err(&e))?;
+        legend_area.draw(&Text::new(s.label.clone(), (32, y - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+    }
+    let mut builder = ChartBuilder::on(&plot_area);
     builder.caption(&chart.title, ("sans-serif", 24)).margin(16).x_label_area_size(48).y_label_area_size(72);
     macro_rules! finish {
         ($ctx:expr) => {{
@@ -95,23 +107,19 @@ where
                     .copied()
                     .filter(|p| p.0.is_finite() && p.1.is_finite() && (!chart.log_y || p.1 > 0.0))
                     .collect();
-                ctx.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                    .map_err(|e| err(&e))?
-                    .label(s.label.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                ctx.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2))).map_err(|e| err(&e))?;
                 ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
             }
-            ctx.configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 15))
-                .draw()
-                .map_err(|e| err(&e))?;
         }};
     }
     if chart.log_y {
         let lo = (y_min_pos * 0.8).max(1e-9);
-        finish!(builder.build_cartesian_2d(0.0..x_max, (lo..y_max.max(lo * 10.0)).log_scale()).map_err(|e| err(&e))?);
+        let hi = y_max.max(lo * 10.0);
+        finish!(
+            builder
+                .build_cartesian_2d(0.0..x_max, (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)))
+                .map_err(|e| err(&e))?
+        );
     } else {
         finish!(builder.build_cartesian_2d(0.0..x_max, 0.0..y_max).map_err(|e| err(&e))?);
     }
@@ -147,4 +155,20 @@ mod tests {
         assert!(draw(&empty, &dir.join("e.png")).is_err());
         std::fs::remove_dir_all(dir).ok();
     }
+}
+
+/// Ticks of a logarithmic axis: 1, 2 and 5 times each power of ten within [lo, hi].
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(lo.log10().floor());
+    while decade <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let t = decade * m;
+            if t >= lo && t <= hi {
+                ticks.push(t);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
 }
