@@ -49,22 +49,7 @@ impl PlanBuffers {
         let r = (|| {
             let w = kairos_gpu::exec::upload_weights(gpu, plan, weights)?;
             allocations.push(w);
-            let arena = gpu.alloc(plan.arena_bytes.max(1), MemKind::Device)?;
-            allocations.push(arena);
-            let mut bases = SpaceBases { arena: arena.ptr, weights: w.ptr, inputs: Vec::new(), outputs: Vec::new() };
-            for (i, t) in inputs.iter().enumerate() {
-                let bytes = kairos_gpu::exec::input_bytes(plan, i, t)?;
-                let a = gpu.alloc(bytes.len().max(1) as u64, MemKind::Device)?;
-                allocations.push(a);
-                gpu.write(a.ptr, &bytes)?;
-                bases.inputs.push(a.ptr);
-            }
-            for o in &plan.outputs {
-                let a = gpu.alloc(o.len_bytes().max(1), MemKind::Device)?;
-                allocations.push(a);
-                bases.outputs.push(a.ptr);
-            }
-            Ok(bases)
+            kairos_gpu::exec::alloc_request(gpu, plan, w.ptr, inputs, &mut allocations)
         })();
         match r {
             Ok(bases) => Ok(PlanBuffers { bases, allocations }),

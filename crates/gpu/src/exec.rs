@@ -41,6 +41,34 @@ pub fn upload_weights<G: Gpu + ?Sized>(gpu: &mut G, plan: &Plan, kind: MemKind) 
     Ok(a)
 }
 
+/// Allocates one request's device memory for `plan` (arena, inputs written from `inputs`,
+/// outputs) beside weights already at `weights`; every allocation is pushed to `allocations`, also
+/// those made before a failure, so the caller frees them either way.
+pub fn alloc_request<G: Gpu + ?Sized>(
+    gpu: &mut G,
+    plan: &Plan,
+    weights: DevicePtr,
+    inputs: &[Tensor],
+    allocations: &mut Vec<Allocation>,
+) -> Result<SpaceBases> {
+    let arena = gpu.alloc(plan.arena_bytes.max(1), MemKind::Device)?;
+    allocations.push(arena);
+    let mut bases = SpaceBases { arena: arena.ptr, weights, inputs: Vec::new(), outputs: Vec::new() };
+    for (i, t) in inputs.iter().enumerate() {
+        let bytes = input_bytes(plan, i, t)?;
+        let a = gpu.alloc(bytes.len().max(1) as u64, MemKind::Device)?;
+        allocations.push(a);
+        gpu.write(a.ptr, &bytes)?;
+        bases.inputs.push(a.ptr);
+    }
+    for o in &plan.outputs {
+        let a = gpu.alloc(o.len_bytes().max(1), MemKind::Device)?;
+        allocations.push(a);
+        bases.outputs.push(a.ptr);
+    }
+    Ok(bases)
+}
+
 /// Converts a request input to the plan's declared dtype and checks its shape.
 pub fn input_bytes(plan: &Plan, index: usize, t: &Tensor) -> Result<Vec<u8>> {
     let decl = plan.inputs.get(index).ok_or_else(|| GpuError::Invalid(format!("plan has no input {index}")))?;
@@ -101,21 +129,7 @@ pub fn execute_plan_on<G: Gpu + ?Sized>(
     let queue_depth = queue_depth.max(1);
     let mut allocations = Vec::new();
     let result = (|| {
-        let arena = gpu.alloc(plan.arena_bytes.max(1), MemKind::Device)?;
-        allocations.push(arena);
-        let mut bases = SpaceBases { arena: arena.ptr, weights, inputs: Vec::new(), outputs: Vec::new() };
-        for (i, t) in inputs.iter().enumerate() {
-            let bytes = input_bytes(plan, i, t)?;
-            let a = gpu.alloc(bytes.len().max(1) as u64, MemKind::Device)?;
-            allocations.push(a);
-            gpu.write(a.ptr, &bytes)?;
-            bases.inputs.push(a.ptr);
-        }
-        for o in &plan.outputs {
-            let a = gpu.alloc(o.len_bytes().max(1), MemKind::Device)?;
-            allocations.push(a);
-            bases.outputs.push(a.ptr);
-        }
+        let bases = alloc_request(gpu, plan, weights, inputs, &mut allocations)?;
         let start_ns = gpu.now_ns();
         let mut timings = vec![LaunchTiming { issued_ns: 0, done_ns: 0 }; plan.launches.len()];
         let mut ids = std::collections::HashMap::new();

@@ -218,19 +218,7 @@ pub struct PaellaArgs {
     pub out: PathBuf,
 }
 
-const VISION: [&str; 11] = [
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "resnet152",
-    "mobilenet_v2",
-    "squeezenet1_1",
-    "vgg19",
-    "densenet121",
-    "densenet201",
-    "googlenet",
-    "inception_v3",
-];
+use kairos_bench::presets::VISION;
 
 fn progress(p: &RunSummary) {
     eprintln!(

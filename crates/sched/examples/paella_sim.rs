@@ -112,19 +112,11 @@ fn main() {
     }
 
     if run("mix") {
-        let names = [
-            "resnet18",
-            "resnet34",
-            "resnet50",
-            "resnet152",
-            "mobilenet_v2",
-            "squeezenet1_1",
-            "vgg19",
-            "densenet121",
-            "densenet201",
-            "googlenet",
-            "inception_v3",
-        ];
+        let names: Vec<&str> = kairos_ir::zoo::ZOO
+            .iter()
+            .filter(|e| matches!(e.kind, kairos_ir::zoo::ZooKind::Vision { .. }))
+            .map(|e| e.name)
+            .collect();
         let t = Instant::now();
         let models = with_profiles(names.iter().map(|n| zoo_model(n, a.dtype)).collect(), &profiles, a.dtype);
         eprintln!("lowered {} models in {:.1} s", models.len(), t.elapsed().as_secs_f64());

@@ -235,6 +235,27 @@ pub fn isolated_latency_ns<G: Gpu>(gpu: G, spec: &ModelSpec, config: &Config, re
     Ok((driver.into_gpu(), median))
 }
 
+/// [`sweep`] over `params.loads` as multiples of `capacity_per_s`, with `params`' run settings.
+fn sweep_loads<G: Gpu>(
+    gpu: G,
+    models: &[WorkloadModel],
+    params: &ExperimentParams,
+    process: ArrivalProcess,
+    capacity_per_s: f64,
+    progress: impl FnMut(&RunSummary),
+) -> Result<(G, Vec<RunSummary>), Error> {
+    let base = OpenLoop {
+        config: params.config.clone(),
+        process,
+        rate_per_s: capacity_per_s,
+        requests: params.requests,
+        warmup: params.warmup,
+        seed: params.seed,
+    };
+    let rates: Vec<f64> = params.loads.iter().map(|l| l * capacity_per_s).collect();
+    sweep(gpu, models, &base, &params.policies, &rates, params.saturation, progress)
+}
+
 /// Runs every policy at every rate (ascending). A policy's sweep stops after the first rate at
 /// which it completes less than `saturation` of the offered load (e.g. 0.9), when given.
 pub fn sweep<G: Gpu>(
@@ -312,16 +333,7 @@ pub fn head_of_line<G: Gpu>(
     let capacity = pool as f64 / (kernels as f64 * kernel_ns as f64 * 1e-9);
     let isolated_ns = Some(kernels as u64 * kernel_ns);
     let models = [WorkloadModel { spec, share: 1.0, tenant: TenantId(0), class: Class::BestEffort, isolated_ns }];
-    let base = OpenLoop {
-        config: params.config.clone(),
-        process: ArrivalProcess::Poisson,
-        rate_per_s: capacity,
-        requests: params.requests,
-        warmup: params.warmup,
-        seed: params.seed,
-    };
-    let rates: Vec<f64> = params.loads.iter().map(|l| l * capacity).collect();
-    sweep(gpu, &models, &base, &params.policies, &rates, params.saturation, progress)
+    sweep_loads(gpu, &models, params, ArrivalProcess::Poisson, capacity, progress)
 }
 
 /// Finds the `reduce_len` at which one chain kernel takes about `target_ns` on this GPU: runs the
@@ -378,16 +390,7 @@ pub fn mix<G: Gpu>(
             isolated_ns: Some(iso),
         })
         .collect();
-    let base = OpenLoop {
-        config: params.config.clone(),
-        process: ArrivalProcess::LogNormal { sigma },
-        rate_per_s: capacity,
-        requests: params.requests,
-        warmup: params.warmup,
-        seed: params.seed,
-    };
-    let rates: Vec<f64> = params.loads.iter().map(|l| l * capacity).collect();
-    let (gpu, points) = sweep(gpu, &workload, &base, &params.policies, &rates, params.saturation, progress)?;
+    let (gpu, points) = sweep_loads(gpu, &workload, params, ArrivalProcess::LogNormal { sigma }, capacity, progress)?;
     Ok((gpu, points, isolated))
 }
 
@@ -428,16 +431,7 @@ pub fn short_long<G: Gpu>(
     progress: impl FnMut(&RunSummary),
 ) -> Result<(G, Vec<RunSummary>), Error> {
     let (gpu, workload, capacity) = short_long_workload(gpu, &params.config, short, long)?;
-    let base = OpenLoop {
-        config: params.config.clone(),
-        process: ArrivalProcess::Poisson,
-        rate_per_s: capacity,
-        requests: params.requests,
-        warmup: params.warmup,
-        seed: params.seed,
-    };
-    let rates: Vec<f64> = params.loads.iter().map(|l| l * capacity).collect();
-    sweep(gpu, &workload, &base, &params.policies, &rates, params.saturation, progress)
+    sweep_loads(gpu, &workload, params, ArrivalProcess::Poisson, capacity, progress)
 }
 
 /// (d) `paella` with each fairness threshold (ns; `u64::MAX` is pure SRPT) on the short/long
