@@ -57,6 +57,9 @@ typedef long long i64;
 // KairosProto.flags
 #define KAIROS_FLAG_NOTIFY 1u
 #define KAIROS_FLAG_SM_BITMAP 2u
+// The launch writes mapped pinned host memory (zero-copy request outputs): each CTA fences at
+// system scope before it counts as done, so the host never sees LaunchDone before the data.
+#define KAIROS_FLAG_FENCE_SYSTEM 4u
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -239,7 +242,10 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     }
     __syncthreads();
     if (leader) {
-        __threadfence();  // this CTA's outputs are visible before it counts as done
+        // This CTA's outputs are visible before it counts as done (to the host too, for outputs
+        // in mapped host memory).
+        if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
+        else __threadfence();
         s_last = atomicAdd(&S->ctas_done, 1u) == gridDim.x - 1;
     }
     __syncthreads();
@@ -263,7 +269,8 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
         if (leader) kairos_report_finished(P, S, sm, ran);
     }
     if (leader) {
-        __threadfence();
+        if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
+        else __threadfence();
         const u64 v = *(volatile u64*)&S->next;
         const u32 valid = (v & KAIROS_STOP_BIT) ? *(volatile u32*)&S->stop_at : (u32)v;
         const u32 next_block = P.first_block + (valid < left ? valid : left);

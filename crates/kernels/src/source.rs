@@ -186,6 +186,8 @@ pub const REC_DONE: u32 = 3;
 /// `KairosProto.flags` bits.
 pub const FLAG_NOTIFY: u32 = 1;
 pub const FLAG_SM_BITMAP: u32 = 2;
+/// The launch writes mapped pinned host memory: CTAs fence at system scope before counting as done.
+pub const FLAG_FENCE_SYSTEM: u32 = 4;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
