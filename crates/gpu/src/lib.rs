@@ -272,9 +272,84 @@ pub enum GpuError {
     Exhausted { limit: &'static str, max: u64 },
     #[error("driver error: {0}")]
     Driver(String),
+    /// The backend cannot do this at all (e.g. map caller memory); callers fall back or give up.
+    #[error("unsupported by this GPU backend: {0}")]
+    Unsupported(String),
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// Host memory that a caller lends to a GPU so kernels read and write it in place (zero-copy
+/// I/O, e.g. the shared-memory channel's region): see [`Gpu::map_host`].
+///
+/// The owner implements the byte accessors; a backend that emulates the mapping (the simulator)
+/// moves bytes through them, and one that maps the pages into the device (CUDA) asks for their
+/// address range through [`HostMemory::pinnable`]. Accesses from the device and from other
+/// threads or processes may race with these copies; they see some mix of old and new bytes, never
+/// undefined behaviour, which is why they copy instead of handing out references.
+pub trait HostMemory: Send + Sync + std::fmt::Debug {
+    /// Its size in bytes.
+    fn len_bytes(&self) -> u64;
+    /// Copies `out.len()` bytes from `offset`. Callers keep `offset + out.len() <= len_bytes()`
+    /// (an implementation may panic otherwise).
+    fn read_at(&self, offset: u64, out: &mut [u8]);
+    /// Copies `data` to `offset`, under the same bounds as [`HostMemory::read_at`].
+    fn write_at(&self, offset: u64, data: &[u8]);
+    /// The memory's address range in this process, for backends that map the pages themselves.
+    /// `None` (the default): only emulating backends can map it.
+    fn pinnable(&self) -> Option<HostRange<'_>> {
+        None
+    }
+}
+
+/// An address range of this process that stays valid while `'a` lasts: what
+/// [`HostMemory::pinnable`] returns, borrowed from the memory's owner so that it cannot outlive it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostRange<'a> {
+    addr: usize,
+    len: usize,
+    _owner: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> HostRange<'a> {
+    /// # Safety
+    /// 1. `[addr, addr + len)` is memory of this process, readable and writable, that stays
+    ///    allocated and mapped at this address (not unmapped, remapped, shrunk or moved) for all of
+    ///    `'a`, so a device may read and write it directly during that time.
+    /// 2. Nothing in this process holds a Rust reference (`&[u8]`, `&mut [u8]`) into the range
+    ///    while a device may write it: the owner accesses it through raw pointers only.
+    pub unsafe fn new(addr: usize, len: usize) -> HostRange<'a> {
+        HostRange { addr, len, _owner: std::marker::PhantomData }
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A mapping of host memory into a GPU's address space, named by the GPU that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HostMappingId(pub u64);
+
+/// What [`Gpu::map_host`] returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMapping {
+    pub id: HostMappingId,
+    /// The device address of the memory's first byte; byte `i` is at `ptr + i`.
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+    /// Kernel arguments placed in the mapping must start at a multiple of this (the alignment of
+    /// the backend's own allocations, which its kernels may assume).
+    pub align_bytes: u64,
+}
 
 /// A GPU as the dispatcher sees it.
 pub trait Gpu {
@@ -318,4 +393,22 @@ pub trait Gpu {
     /// Waits until an event is available or the clock reaches `until_ns`, whichever is first.
     /// On the simulator this advances virtual time.
     fn wait(&mut self, until_ns: u64) -> Result<()>;
+
+    /// Maps caller-owned host memory into the device's address space, so kernels read and write
+    /// it in place (zero-copy inputs and outputs). The backend keeps `memory` alive until
+    /// [`Gpu::unmap_host`]. Launches whose arguments lie in the mapping see the memory as it is
+    /// while they run, and their writes are visible to the host when their `LaunchDone` is
+    /// reported. [`Gpu::write`], [`Gpu::read`] and [`Gpu::copy_async`] do not take mapped
+    /// addresses: the host reads and writes its own memory. Backends that cannot map host memory
+    /// return [`GpuError::Unsupported`] (the default).
+    fn map_host(&mut self, memory: std::sync::Arc<dyn HostMemory>) -> Result<HostMapping> {
+        let _ = memory;
+        Err(GpuError::Unsupported("this backend cannot map host memory".into()))
+    }
+
+    /// Removes a mapping and releases the backend's hold on its memory. Unmapping while a launch
+    /// that uses it has not reported `LaunchDone` is an error; the mapping then stays.
+    fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {
+        Err(GpuError::Unsupported(format!("this backend has no host mapping {}", id.0)))
+    }
 }

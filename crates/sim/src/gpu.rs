@@ -16,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand_distr::{Distribution, StandardNormal};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Most streams one simulated GPU hands out.
 pub const STREAMS_MAX: usize = 4096;
@@ -33,6 +34,11 @@ pub const NOTIFY_RING_MAX: usize = 1 << 20;
 pub const CTAS_PER_LAUNCH_MAX: u32 = 1 << 24;
 /// Most trace events recorded (recording stops there; the hash goes on).
 pub const TRACE_EVENTS_MAX: usize = 1 << 24;
+/// Most host mappings (`Gpu::map_host`) alive at once.
+pub const HOST_MAPPINGS_MAX: usize = 4096;
+/// Alignment that arguments in a host mapping must keep: the alignment of the simulator's own
+/// allocations and of cudaMalloc, which the CUDA kernels may assume.
+pub const HOST_MAPPING_ALIGN_BYTES: u64 = 256;
 
 /// Resolution of cohort grouping: block times within one bucket of e^(1/64) (1.6%) share a cohort.
 const DURATION_BUCKETS_PER_E: f64 = 64.0;
@@ -1452,9 +1458,8 @@ impl SimGpu {
         self.record(TraceEvent::Done { launch: id, first_block: first, next_block: next, preempted, at_ns: t });
         if self.opts.compute && next > first {
             let grid = &self.grids[g];
-            match self.mem.kernel_view(&grid.args) {
-                Some(mut view) => kairos_kernels::cpu::run_blocks(&grid.kernel, grid.dtype, &mut view, first..next),
-                None => self.error = Some(format!("launch {id:?} ran on memory that was freed")),
+            if let Err(e) = self.mem.run_kernel(&grid.kernel, grid.dtype, &grid.args, first..next) {
+                self.error = Some(format!("launch {id:?} ran on memory that was freed: {e}"));
             }
         }
         self.schedule(t + self.desc.latency.grid_complete_ns, Ev::GridComplete(g));
@@ -1586,6 +1591,17 @@ impl SimGpu {
         None
     }
 
+    /// Refuses host and copy-engine access to caller memory mapped with `map_host`.
+    fn not_mapped(&self, r: &Resolved, what: &str) -> Result<()> {
+        if self.mem.is_mapping(r.base) {
+            return Err(GpuError::Invalid(format!(
+                "{what} at {:#x}: inside a host mapping, which the host reads and writes itself",
+                r.base + r.offset
+            )));
+        }
+        Ok(())
+    }
+
     fn sync_copy_ns(&self, bytes: usize, kind: MemKind, to_device: bool) -> u64 {
         let d = &self.desc;
         let rate = match (kind, to_device) {
@@ -1619,6 +1635,7 @@ impl Gpu for SimGpu {
 
     fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()> {
         let r = self.mem.resolve_range(dst, data.len() as u64, "write")?;
+        self.not_mapped(&r, "write")?;
         self.mem.write(r, data);
         let ns = self.sync_copy_ns(data.len(), r.kind, true);
         self.host_spend(ns);
@@ -1627,6 +1644,7 @@ impl Gpu for SimGpu {
 
     fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
         let r = self.mem.resolve_range(src, out.len() as u64, "read")?;
+        self.not_mapped(&r, "read")?;
         let ns = self.sync_copy_ns(out.len(), r.kind, false);
         self.host_spend(ns);
         self.mem.read(r, out);
@@ -1640,6 +1658,8 @@ impl Gpu for SimGpu {
         }
         let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
         let r = self.mem.resolve_range(src, bytes, "copy source")?;
+        self.not_mapped(&d, "copy destination")?;
+        self.not_mapped(&r, "copy source")?;
         if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
             return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
         }
@@ -1870,6 +1890,28 @@ impl Gpu for SimGpu {
             return Err(GpuError::Exhausted { limit: "notification ring", max: NOTIFY_RING_MAX as u64 });
         }
         Ok(())
+    }
+
+    fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping> {
+        if self.mem.mappings() >= HOST_MAPPINGS_MAX {
+            return Err(GpuError::Exhausted { limit: "host mappings", max: HOST_MAPPINGS_MAX as u64 });
+        }
+        let bytes = memory.len_bytes();
+        let base = self.mem.map_host(memory)?;
+        Ok(HostMapping { id: HostMappingId(base), ptr: DevicePtr(base), bytes, align_bytes: HOST_MAPPING_ALIGN_BYTES })
+    }
+
+    fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {
+        if !self.mem.is_mapping(id.0) {
+            return Err(GpuError::Invalid(format!("unmap of host mapping {:#x}, which is not mapped", id.0)));
+        }
+        // A launch computes its blocks when it ends (`finish_grid`); until then it still uses
+        // the mapping.
+        let user = self.grids.iter().find(|(_, g)| g.state != GridState::Finished && g.args.iter().any(|r| r.base == id.0));
+        if let Some((_, g)) = user {
+            return Err(GpuError::Invalid(format!("unmap of host mapping {:#x} while launch {:?} uses it", id.0, g.id)));
+        }
+        self.mem.unmap_host(id.0)
     }
 
     fn wait(&mut self, until_ns: u64) -> Result<()> {

@@ -84,7 +84,10 @@
 //!
 //! **Results.** With `compute` on, allocations are backed and when a launch ends, the CPU reference
 //! kernels run exactly the logical blocks it executed ([`kairos_kernels::cpu::run_blocks`]), so a
-//! preempted and resumed launch is checked functionally. Copies move bytes when they end.
+//! preempted and resumed launch is checked functionally. Copies move bytes when they end. Caller
+//! memory mapped with [`Gpu::map_host`](kairos_gpu::Gpu::map_host) is read and written in place at
+//! that instant, through the caller's own accessors (see [`hostmem`]), and its bytes cross PCIe in
+//! the timing model like any host-mapped memory.
 //!
 //! # What is deliberately absent
 //! No L2 cache model (its effect on measured kernels is inside their profile), no clock boost or
@@ -95,6 +98,7 @@
 pub mod bandwidth;
 pub mod desc;
 mod gpu;
+pub mod hostmem;
 mod memory;
 mod slab;
 pub mod timing;
@@ -102,8 +106,8 @@ pub mod trace;
 
 pub use desc::{GpuDesc, LatencyDesc, ModelDesc};
 pub use gpu::{
-    COPIES_IN_FLIGHT_MAX, CTAS_PER_LAUNCH_MAX, LAUNCHES_IN_FLIGHT_MAX, NOTIFY_RING_MAX, QUEUE_DEPTH_MAX, STREAMS_MAX, SimGpu,
-    SimOptions, SimStats, SmUsage, TRACE_EVENTS_MAX,
+    COPIES_IN_FLIGHT_MAX, CTAS_PER_LAUNCH_MAX, HOST_MAPPING_ALIGN_BYTES, HOST_MAPPINGS_MAX, LAUNCHES_IN_FLIGHT_MAX,
+    NOTIFY_RING_MAX, QUEUE_DEPTH_MAX, STREAMS_MAX, SimGpu, SimOptions, SimStats, SmUsage, TRACE_EVENTS_MAX,
 };
 pub use timing::{CtaResources, MeasuredKernel};
 pub use trace::TraceEvent;

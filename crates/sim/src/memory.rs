@@ -1,10 +1,13 @@
 //! Simulated allocations: synthetic addresses, optional backing bytes, and the `KernelMemory`
 //! view the CPU reference kernels run on.
 
-use kairos_gpu::{Allocation, DevicePtr, GpuError, MemKind, Result};
-use kairos_ir::plan::AlignedBytes;
+use kairos_gpu::{Allocation, DevicePtr, GpuError, HostMemory, MemKind, Result};
+use kairos_ir::DType;
+use kairos_ir::plan::{AlignedBytes, Kernel};
 use kairos_kernels::cpu::KernelMemory;
 use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Allocations are aligned like cudaMalloc's and separated by a guard gap, so that a pointer one
 /// past the end of an allocation is never inside the next one.
@@ -18,6 +21,8 @@ pub(crate) struct Alloc {
     pub kind: MemKind,
     /// Backing bytes, when the simulator computes results.
     pub data: Option<AlignedBytes>,
+    /// Caller memory mapped in with `Gpu::map_host` (kind `HostMapped`, no backing of its own).
+    pub host: Option<Arc<dyn HostMemory>>,
 }
 
 pub(crate) struct Memory {
@@ -77,7 +82,7 @@ impl Memory {
         let base = self.next_address;
         self.next_address = (base + rounded + GUARD_BYTES).next_multiple_of(ALLOC_ALIGN_BYTES);
         let data = self.backed.then(|| AlignedBytes::zeroed(bytes as usize));
-        self.allocs.insert(base, Alloc { bytes, kind, data });
+        self.allocs.insert(base, Alloc { bytes, kind, data, host: None });
         match kind {
             MemKind::Device => self.device_used_bytes += rounded,
             MemKind::HostMapped => self.host_used_bytes += rounded,
@@ -85,9 +90,45 @@ impl Memory {
         Ok(Allocation { ptr: DevicePtr(base), bytes, kind })
     }
 
+    /// Gives caller memory a synthetic address range of kind `HostMapped` (not counted against
+    /// the device's host-mapped budget: the caller owns it). Returns its base address.
+    pub fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<u64> {
+        let bytes = memory.len_bytes();
+        if bytes == 0 {
+            return Err(GpuError::Invalid("mapping of 0 bytes".into()));
+        }
+        if usize::try_from(bytes).is_err() {
+            return Err(GpuError::Invalid(format!("a mapping of {bytes} bytes does not fit this host's address space")));
+        }
+        let base = self.next_address;
+        self.next_address = (base + bytes.next_multiple_of(ALLOC_ALIGN_BYTES) + GUARD_BYTES).next_multiple_of(ALLOC_ALIGN_BYTES);
+        self.allocs.insert(base, Alloc { bytes, kind: MemKind::HostMapped, data: None, host: Some(memory) });
+        Ok(base)
+    }
+
+    /// Removes a mapping made by [`Memory::map_host`], dropping the simulator's hold on the memory.
+    pub fn unmap_host(&mut self, base: u64) -> Result<()> {
+        match self.allocs.get(&base) {
+            Some(a) if a.host.is_some() => {
+                self.allocs.remove(&base);
+                Ok(())
+            }
+            _ => Err(GpuError::Invalid(format!("unmap of {base:#x}: not a host mapping"))),
+        }
+    }
+
+    /// Whether an allocation is a host mapping.
+    pub fn is_mapping(&self, base: u64) -> bool {
+        self.allocs.get(&base).is_some_and(|a| a.host.is_some())
+    }
+
+    pub fn mappings(&self) -> usize {
+        self.allocs.values().filter(|a| a.host.is_some()).count()
+    }
+
     pub fn free(&mut self, a: &Allocation) -> Result<()> {
         match self.allocs.get(&a.ptr.0) {
-            Some(e) if e.bytes == a.bytes && e.kind == a.kind => {}
+            Some(e) if e.bytes == a.bytes && e.kind == a.kind && e.host.is_none() => {}
             _ => return Err(GpuError::Invalid(format!("free of {:?}: not a live allocation", a.ptr))),
         }
         let e = self.allocs.remove(&a.ptr.0).unwrap();
@@ -150,37 +191,134 @@ impl Memory {
         }
     }
 
-    /// The view a CPU reference kernel runs on: argument i starts at `args[i]` and ends at the end
-    /// of its allocation. `None` when memory is not backed or an argument's allocation is gone.
-    pub fn kernel_view<'a>(&'a mut self, args: &'a [Resolved]) -> Option<ArgView<'a>> {
-        if !self.backed || args.iter().any(|r| self.allocs.get(&r.base).is_none_or(|a| a.data.is_none())) {
-            return None;
+    /// Runs logical blocks `blocks` of a kernel on its arguments with the CPU reference: on the
+    /// backing bytes of device and host-mapped allocations, and on staged copies of arguments in
+    /// host mappings (see [`crate::hostmem`]). An error when an argument's allocation is gone or
+    /// not backed (the launch ran on freed memory).
+    pub fn run_kernel(&mut self, kernel: &Kernel, dtype: DType, args: &[Resolved], blocks: Range<u32>) -> Result<(), String> {
+        let mut sources = Vec::with_capacity(args.len());
+        let mut mapped = Vec::new();
+        for (i, r) in args.iter().enumerate() {
+            match self.allocs.get(&r.base) {
+                Some(a) if a.host.is_some() => {
+                    sources.push(ArgSource::Staged { buf: usize::MAX, offset: 0 });
+                    mapped.push(i);
+                }
+                Some(a) if a.data.is_some() => sources.push(ArgSource::Backed(*r)),
+                _ => return Err(format!("argument {i} at {:#x} is not live, backed memory", r.base + r.offset)),
+            }
         }
-        Some(ArgView { allocs: &mut self.allocs, args })
+        if mapped.is_empty() {
+            let mut view = ArgView { allocs: &mut self.allocs, staged: &mut [], sources: &sources };
+            kairos_kernels::cpu::run_blocks(kernel, dtype, &mut view, blocks);
+            return Ok(());
+        }
+        // Stage every mapped argument's extent; overlapping extents of one mapping share a buffer.
+        let extents = crate::hostmem::arg_extent_bytes(kernel, dtype);
+        let mut ranges: Vec<(u64, u64, u64, usize)> = mapped
+            .iter()
+            .map(|&i| {
+                let r = args[i];
+                let len = extents.get(i).copied().unwrap_or(r.len_to_end()).min(r.len_to_end());
+                (r.base, r.offset, r.offset + len, i)
+            })
+            .collect();
+        ranges.sort_unstable();
+        let mut staged: Vec<Staged> = Vec::new();
+        for (base, start, end, i) in ranges {
+            let merge = staged.last().is_some_and(|s| s.base == base && start <= s.end);
+            if !merge {
+                let start_aligned = start - start % ALLOC_ALIGN_BYTES;
+                staged.push(Staged { base, start: start_aligned, end, bytes: AlignedBytes::zeroed(0), before: Vec::new() });
+            }
+            let buf = staged.len() - 1;
+            let s = &mut staged[buf];
+            s.end = s.end.max(end);
+            sources[i] = ArgSource::Staged { buf, offset: (start - s.start) as usize };
+        }
+        for s in &mut staged {
+            let host = self.allocs[&s.base].host.clone().expect("a mapping");
+            s.bytes = AlignedBytes::zeroed((s.end - s.start) as usize);
+            host.read_at(s.start, s.bytes.as_mut_slice());
+            s.before = s.bytes.as_slice().to_vec();
+        }
+        {
+            let mut bufs: Vec<AlignedBytes> =
+                staged.iter_mut().map(|s| std::mem::replace(&mut s.bytes, AlignedBytes::zeroed(0))).collect();
+            let mut view = ArgView { allocs: &mut self.allocs, staged: &mut bufs, sources: &sources };
+            kairos_kernels::cpu::run_blocks(kernel, dtype, &mut view, blocks);
+            for (s, b) in staged.iter_mut().zip(bufs) {
+                s.bytes = b;
+            }
+        }
+        // Write back what the kernel changed, run by run: bytes it did not write stay the
+        // caller's, even if the caller changed them meanwhile.
+        for s in &staged {
+            let host = self.allocs[&s.base].host.clone().expect("a mapping");
+            let (now, before) = (s.bytes.as_slice(), s.before.as_slice());
+            let mut k = 0;
+            while k < now.len() {
+                if now[k] == before[k] {
+                    k += 1;
+                    continue;
+                }
+                let run_start = k;
+                while k < now.len() && now[k] != before[k] {
+                    k += 1;
+                }
+                host.write_at(s.start + run_start as u64, &now[run_start..k]);
+            }
+        }
+        Ok(())
     }
 }
 
-pub(crate) struct ArgView<'a> {
+/// A staged range `[start, end)` of one host mapping (at `base`).
+struct Staged {
+    base: u64,
+    start: u64,
+    end: u64,
+    bytes: AlignedBytes,
+    /// The bytes as read, to find what the kernel wrote.
+    before: Vec<u8>,
+}
+
+#[derive(Clone, Copy)]
+enum ArgSource {
+    Backed(Resolved),
+    Staged { buf: usize, offset: usize },
+}
+
+/// The memory a CPU reference kernel runs on: argument i starts at its address and ends at the end
+/// of its allocation (device or host-mapped backing) or of its staged range (host mappings).
+struct ArgView<'a> {
     allocs: &'a mut BTreeMap<u64, Alloc>,
-    args: &'a [Resolved],
+    staged: &'a mut [AlignedBytes],
+    sources: &'a [ArgSource],
 }
 
 impl KernelMemory for ArgView<'_> {
     fn arg(&self, i: usize) -> &[u8] {
-        let r = self.args[i];
-        &self.allocs[&r.base].data.as_ref().expect("checked in kernel_view").as_slice()[r.offset as usize..]
+        match self.sources[i] {
+            ArgSource::Backed(r) => {
+                &self.allocs[&r.base].data.as_ref().expect("checked in run_kernel").as_slice()[r.offset as usize..]
+            }
+            ArgSource::Staged { buf, offset } => &self.staged[buf].as_slice()[offset..],
+        }
     }
 
     fn arg_mut(&mut self, i: usize) -> &mut [u8] {
-        let r = self.args[i];
-        &mut self
-            .allocs
-            .get_mut(&r.base)
-            .expect("checked in kernel_view")
-            .data
-            .as_mut()
-            .expect("checked in kernel_view")
-            .as_mut_slice()[r.offset as usize..]
+        match self.sources[i] {
+            ArgSource::Backed(r) => &mut self
+                .allocs
+                .get_mut(&r.base)
+                .expect("checked in run_kernel")
+                .data
+                .as_mut()
+                .expect("checked in run_kernel")
+                .as_mut_slice()[r.offset as usize..],
+            ArgSource::Staged { buf, offset } => &mut self.staged[buf].as_mut_slice()[offset..],
+        }
     }
 }
 
