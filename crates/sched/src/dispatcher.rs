@@ -15,6 +15,16 @@
 //! enter its waitlist, a virtual stream with the plan's dependency semantics: a launch is ready
 //! when every launch it depends on is done. Policies see admitted jobs through [`JobView`]s.
 //!
+//! # Zero-copy I/O
+//! A request may bind its inputs and/or outputs to spans of caller memory that the dispatcher
+//! mapped into the GPU ([`Command::MapHost`], `Gpu::map_host`) instead of carrying tensors
+//! ([`Command::SubmitBound`]). Its slot's `Input(i)`/`Output(i)` buffers then resolve to those
+//! spans for that request: nothing is written in at admission, nothing is read out at completion,
+//! and the kernels read and write the caller's memory. Spans are checked at submission (sizes equal
+//! to the plan's, inside the mapping, at the mapping's alignment, outputs overlapping nothing). A
+//! mapping counts the jobs bound to it; [`Command::UnmapHost`] refuses new ones and unmaps when the
+//! last finishes, i.e. when nothing of it is on the GPU any more.
+//!
 //! # Occupancy and streams
 //! Launches go to a pool of GPU streams created at start. A kernel-level issue takes an idle stream
 //! (nothing in flight, no job bound), so an issued kernel only ever waits for SMs, never behind
@@ -27,7 +37,10 @@ use crate::policy::{Decision, GpuView, JobKey, JobView, Policy, PolicyConfig, Re
 use crate::request::*;
 use crate::*;
 use kairos_gpu::exec::{SpaceBases, input_bytes, upload_weights};
-use kairos_gpu::{Allocation, Gpu, GpuEvent, LaunchId, LaunchRequest, MemKind, PartitionId, SmMask, StreamId};
+use kairos_gpu::{
+    Allocation, DevicePtr, Gpu, GpuEvent, HostMapping, HostMappingId, HostMemory, LaunchId, LaunchRequest, MemKind, PartitionId,
+    SmMask, StreamId,
+};
 use kairos_ir::Tensor;
 use kairos_ir::plan::Plan;
 use std::cmp::Reverse;
@@ -170,6 +183,22 @@ struct IoSlot {
     bases: SpaceBases,
 }
 
+/// A host mapping the dispatcher made for zero-copy requests.
+struct HostMap {
+    mapping: HostMapping,
+    /// Jobs whose I/O is bound to it (waiting or admitted).
+    jobs: usize,
+    /// Unmap asked for: new requests are refused; it goes when `jobs` reaches 0.
+    closing: bool,
+}
+
+/// A job's inputs and outputs in a host mapping, as device addresses (empty: not bound).
+struct Bound {
+    mapping: HostMappingId,
+    inputs: Vec<DevicePtr>,
+    outputs: Vec<DevicePtr>,
+}
+
 struct Model {
     name: String,
     plan: Arc<Plan>,
@@ -199,6 +228,9 @@ struct Job {
     /// Input bytes held until the job gets a slot.
     inputs: Vec<Vec<u8>>,
     slot: Option<IoSlot>,
+    /// Zero-copy I/O, and the slot's bases with it applied (set when admitted).
+    bound: Option<Bound>,
+    bound_bases: Option<SpaceBases>,
     states: Vec<LState>,
     deps_left: Vec<u32>,
     ready: BinaryHeap<Reverse<u32>>,
@@ -279,6 +311,7 @@ pub struct Dispatcher<G: Gpu> {
     trace: Vec<IssueRecord>,
     /// `AlmostDone` notices waiting for the next `dispatch` to hand them out (at most one per job).
     almost_done: Vec<RequestId>,
+    host_maps: HashMap<HostMappingId, HostMap>,
     shutting_down: bool,
     shut_down: bool,
 }
@@ -347,6 +380,7 @@ impl<G: Gpu> Dispatcher<G> {
             stats: DispatcherStats::default(),
             trace: Vec::new(),
             almost_done: Vec::new(),
+            host_maps: HashMap::new(),
             shutting_down: false,
             shut_down: false,
             cfg,
@@ -417,6 +451,9 @@ impl<G: Gpu> Dispatcher<G> {
                 free_slot(&mut self.gpu, s);
             }
         }
+        for (id, _) in self.host_maps.drain() {
+            let _ = self.gpu.unmap_host(id);
+        }
         // Streams are a bounded resource of the backend (1024 on CUDA): a GPU reused for run
         // after run must get them back.
         for s in self.stream_ids.drain(..) {
@@ -448,7 +485,13 @@ impl<G: Gpu> Dispatcher<G> {
     pub fn on_command(&mut self, cmd: Command, out: &mut Vec<Output>) {
         self.now_ns = self.gpu.now_ns();
         match cmd {
-            Command::Submit(r) => self.submit(r, out),
+            Command::Submit(r) => self.submit(r, None, out),
+            Command::SubmitBound(r, binding) => self.submit(r, Some(binding), out),
+            Command::MapHost(memory) => {
+                let result = self.map_host(memory);
+                out.push(Output::HostMapped { result });
+            }
+            Command::UnmapHost(id) => self.unmap_host(id, out),
             Command::Cancel(id) => self.cancel(id, Error::Cancelled, out),
             Command::LoadModel(spec) => {
                 let name = spec.name.clone();
@@ -458,6 +501,120 @@ impl<G: Gpu> Dispatcher<G> {
             Command::UnloadModel(name) => self.unload_model(name, out),
             Command::Shutdown => self.shutdown(out),
         }
+    }
+
+    /// The host mappings held (zero-copy I/O regions).
+    pub fn host_mappings(&self) -> usize {
+        self.host_maps.len()
+    }
+
+    fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping, Error> {
+        if self.shutting_down {
+            return Err(Error::ShuttingDown);
+        }
+        if self.host_maps.len() >= HOST_MAPPINGS_MAX {
+            return Err(Error::Overloaded { what: "host mappings", max: HOST_MAPPINGS_MAX as u64 });
+        }
+        let mapping = self.gpu.map_host(memory)?;
+        self.host_maps.insert(mapping.id, HostMap { mapping, jobs: 0, closing: false });
+        Ok(mapping)
+    }
+
+    fn unmap_host(&mut self, id: HostMappingId, out: &mut Vec<Output>) {
+        let result = match self.host_maps.get_mut(&id) {
+            None => Err(Error::InvalidInput(format!("host mapping {} is not mapped", id.0))),
+            Some(h) if h.closing => Err(Error::InvalidInput(format!("host mapping {} is already being unmapped", id.0))),
+            Some(h) => {
+                h.closing = true;
+                self.maybe_unmap(id, out);
+                return;
+            }
+        };
+        out.push(Output::HostUnmapped { id, result });
+    }
+
+    /// Unmaps a closing mapping once no job uses it.
+    fn maybe_unmap(&mut self, id: HostMappingId, out: &mut Vec<Output>) {
+        if !self.host_maps.get(&id).is_some_and(|h| h.closing && h.jobs == 0) {
+            return;
+        }
+        self.host_maps.remove(&id);
+        let result = self.gpu.unmap_host(id).map_err(Error::from);
+        out.push(Output::HostUnmapped { id, result });
+    }
+
+    /// Checks a binding against the plan and the mapping; the device addresses it names.
+    fn bind(&self, plan: &Plan, r: &Request, b: &IoBinding) -> Result<Bound, Error> {
+        let h = match self.host_maps.get(&b.mapping) {
+            Some(h) if !h.closing => &h.mapping,
+            Some(_) => return Err(Error::InvalidInput(format!("host mapping {} is being unmapped", b.mapping.0))),
+            None => return Err(Error::InvalidInput(format!("host mapping {} is not mapped", b.mapping.0))),
+        };
+        if r.options.skip_io {
+            return Err(Error::InvalidInput("skip_io and I/O bound to a host mapping exclude each other".into()));
+        }
+        let spans = |what: &str, spans: &[MappedSpan], tensors: &[kairos_ir::plan::IoTensor]| -> Result<Vec<DevicePtr>, Error> {
+            if spans.is_empty() {
+                return Ok(Vec::new());
+            }
+            if spans.len() != tensors.len() {
+                return Err(Error::InvalidInput(format!(
+                    "model '{}' has {} {what}s, the binding names {}",
+                    r.model,
+                    tensors.len(),
+                    spans.len()
+                )));
+            }
+            let mut ptrs = Vec::with_capacity(spans.len());
+            for (s, t) in spans.iter().zip(tensors) {
+                if s.len_bytes != t.len_bytes() {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} '{}' takes {} bytes, its span holds {}",
+                        t.name,
+                        t.len_bytes(),
+                        s.len_bytes
+                    )));
+                }
+                if s.offset_bytes.checked_add(s.len_bytes).is_none_or(|end| end > h.bytes) {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} '{}': bytes {}..{} are outside the mapping of {} bytes",
+                        t.name,
+                        s.offset_bytes,
+                        s.offset_bytes as u128 + s.len_bytes as u128,
+                        h.bytes
+                    )));
+                }
+                let p = h.ptr.offset(s.offset_bytes);
+                if !p.0.is_multiple_of(h.align_bytes.max(1)) {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} '{}' at offset {} is not aligned to the {} bytes the GPU's kernels need",
+                        t.name, s.offset_bytes, h.align_bytes
+                    )));
+                }
+                ptrs.push(p);
+            }
+            Ok(ptrs)
+        };
+        let inputs = spans("input", &b.inputs, &plan.inputs)?;
+        let outputs = spans("output", &b.outputs, &plan.outputs)?;
+        if !inputs.is_empty() && !r.inputs.is_empty() {
+            return Err(Error::InvalidInput("inputs are bound to a host mapping and given as tensors too".into()));
+        }
+        let overlap = |a: &MappedSpan, c: &MappedSpan| {
+            a.len_bytes > 0
+                && c.len_bytes > 0
+                && a.offset_bytes < c.offset_bytes + c.len_bytes
+                && c.offset_bytes < a.offset_bytes + a.len_bytes
+        };
+        for (i, o) in b.outputs.iter().enumerate() {
+            if let Some(j) = b.outputs[..i].iter().position(|p| overlap(o, p)) {
+                return Err(Error::InvalidInput(format!("outputs {j} and {i} overlap in the host mapping")));
+            }
+            if let Some(j) = b.inputs.iter().position(|p| overlap(o, p)) {
+                return Err(Error::InvalidInput(format!("output {i} overlaps input {j} in the host mapping")));
+            }
+        }
+        Ok(Bound { mapping: b.mapping, inputs, outputs })
     }
 
     fn load_model(&mut self, spec: ModelSpec) -> Result<ModelInfo, Error> {
@@ -592,6 +749,13 @@ impl<G: Gpu> Dispatcher<G> {
                 free_model(&mut self.gpu, m);
             }
         }
+        let mut ids: Vec<HostMappingId> = self.host_maps.keys().copied().collect();
+        ids.sort();
+        for id in ids {
+            self.host_maps.remove(&id);
+            let result = self.gpu.unmap_host(id).map_err(Error::from);
+            out.push(Output::HostUnmapped { id, result });
+        }
         self.shut_down = true;
         out.push(Output::ShutDown);
     }
@@ -601,7 +765,7 @@ impl<G: Gpu> Dispatcher<G> {
         out.push(Output::Done { id, result: Err(e) });
     }
 
-    fn submit(&mut self, r: Request, out: &mut Vec<Output>) {
+    fn submit(&mut self, r: Request, binding: Option<IoBinding>, out: &mut Vec<Output>) {
         self.stats.submitted += 1;
         if self.shutting_down {
             return self.reject(r.id, Error::ShuttingDown, out);
@@ -622,8 +786,12 @@ impl<G: Gpu> Dispatcher<G> {
         if !self.tenant_index.contains_key(&r.options.tenant) && self.tenants.len() >= self.cfg.tenants_max {
             return self.reject(r.id, Error::Overloaded { what: "tenants", max: self.cfg.tenants_max as u64 }, out);
         }
+        let bound = match binding.map(|b| self.bind(&m.plan, &r, &b)).transpose() {
+            Ok(b) => b,
+            Err(e) => return self.reject(r.id, e, out),
+        };
         let mut inputs = Vec::new();
-        if !r.options.skip_io {
+        if !r.options.skip_io && bound.as_ref().is_none_or(|b| b.inputs.is_empty()) {
             if r.inputs.len() != m.plan.inputs.len() {
                 let e = Error::InvalidInput(format!(
                     "model '{}' takes {} inputs, got {}",
@@ -662,6 +830,8 @@ impl<G: Gpu> Dispatcher<G> {
             first_issue_ns: None,
             inputs,
             slot: None,
+            bound,
+            bound_bases: None,
             states: vec![LState::Waiting; n],
             deps_left: Vec::new(),
             ready: BinaryHeap::new(),
@@ -682,6 +852,9 @@ impl<G: Gpu> Dispatcher<G> {
             notified: false,
         };
         let tenant = job.options.tenant;
+        if let Some(b) = &job.bound {
+            self.host_maps.get_mut(&b.mapping).expect("bound to a live mapping").jobs += 1;
+        }
         self.jobs[slot as usize] = Some(job);
         self.by_id.insert(r.id, key);
         self.job_count += 1;
@@ -730,6 +903,16 @@ impl<G: Gpu> Dispatcher<G> {
                 write_error = Some(Error::from(e));
                 break;
             }
+        }
+        if let Some(b) = &job.bound {
+            let mut bases = slot.bases.clone();
+            if !b.inputs.is_empty() {
+                bases.inputs.clone_from(&b.inputs);
+            }
+            if !b.outputs.is_empty() {
+                bases.outputs.clone_from(&b.outputs);
+            }
+            job.bound_bases = Some(bases);
         }
         job.slot = Some(slot);
         job.admitted_ns = now;
@@ -1123,7 +1306,7 @@ impl<G: Gpu> Dispatcher<G> {
         let blocks_left = l.shape.logical_blocks - first_block;
         let ctas = ctas.unwrap_or(m.capacity_ctas[launch as usize]).clamp(1, blocks_left.max(1));
         let slot = job.slot.as_ref().expect("admitted job has a slot");
-        slot.bases.resolve_all(&l.args, &mut self.args);
+        job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
         let request = LaunchRequest {
             kernel: &l.kernel,
             dtype: l.dtype,
@@ -1251,7 +1434,9 @@ impl<G: Gpu> Dispatcher<G> {
                 let m = self.models[job.model].as_ref().expect("model of a job exists");
                 let mut outputs = Vec::new();
                 let mut read_error = None;
+                let outputs_bound = job.bound.as_ref().is_some_and(|b| !b.outputs.is_empty());
                 if !job.options.skip_io
+                    && !outputs_bound
                     && let Some(slot) = &job.slot
                 {
                     for (o, ptr) in m.plan.outputs.iter().zip(&slot.bases.outputs) {
@@ -1299,6 +1484,11 @@ impl<G: Gpu> Dispatcher<G> {
         m.jobs -= 1;
         if let Some(slot) = job.slot.take() {
             m.slots_free.push(slot);
+        }
+        if let Some(b) = job.bound.take() {
+            // Nothing of the job is on the GPU any more: the mapping may go if it is closing.
+            self.host_maps.get_mut(&b.mapping).expect("bound to a live mapping").jobs -= 1;
+            self.maybe_unmap(b.mapping, out);
         }
         self.admit_waiting(model, out);
         self.maybe_free_model(model, out);

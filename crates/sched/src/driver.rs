@@ -113,6 +113,37 @@ impl<G: Gpu> VirtualDriver<G> {
         id
     }
 
+    /// Maps caller memory into the GPU now, for [`VirtualDriver::submit_bound_at`].
+    pub fn map_host(&mut self, memory: Arc<dyn kairos_gpu::HostMemory>) -> Result<kairos_gpu::HostMapping, Error> {
+        let mut out = Vec::new();
+        self.d.on_command(Command::MapHost(memory), &mut out);
+        let mut result = Err(Error::Gpu("the dispatcher did not answer the mapping".into()));
+        for o in out {
+            match o {
+                Output::HostMapped { result: r } => result = r,
+                other => self.other.push(other),
+            }
+        }
+        result
+    }
+
+    /// Like [`VirtualDriver::submit_at`], with inputs and/or outputs in a host mapping.
+    pub fn submit_bound_at(
+        &mut self,
+        at_ns: u64,
+        model: &str,
+        inputs: Vec<Tensor>,
+        binding: IoBinding,
+        options: RequestOptions,
+    ) -> RequestId {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.meta.insert(id, Meta { model: model.into(), tenant: options.tenant, class: options.class, arrival_ns: at_ns });
+        let r = Request { id, model: model.to_string(), inputs, options, arrival_ns: Some(at_ns) };
+        self.schedule_command(at_ns, Command::SubmitBound(r, binding));
+        id
+    }
+
     pub fn cancel_at(&mut self, at_ns: u64, id: RequestId) {
         self.schedule_command(at_ns, Command::Cancel(id));
     }

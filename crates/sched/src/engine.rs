@@ -15,7 +15,7 @@
 use crate::SUBMIT_QUEUE_MAX;
 use crate::dispatcher::{Config, Dispatcher};
 use crate::request::*;
-use kairos_gpu::{DeviceInfo, Gpu};
+use kairos_gpu::{DeviceInfo, Gpu, HostMapping, HostMappingId, HostMemory};
 use kairos_ir::Tensor;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +55,8 @@ enum Reply {
     RequestNotify(Completer, Notifier),
     Load(SyncSender<Result<ModelInfo, Error>>),
     Unload(SyncSender<Result<(), Error>>),
+    Map(SyncSender<Result<HostMapping, Error>>),
+    Unmap(SyncSender<Result<(), Error>>),
 }
 
 struct Envelope {
@@ -196,9 +198,24 @@ impl Engine {
     }
 
     fn send_request(&self, model: &str, inputs: Vec<Tensor>, options: RequestOptions, reply: Reply) -> Result<RequestId, Error> {
+        self.send_any(model, inputs, None, options, reply)
+    }
+
+    fn send_any(
+        &self,
+        model: &str,
+        inputs: Vec<Tensor>,
+        binding: Option<IoBinding>,
+        options: RequestOptions,
+        reply: Reply,
+    ) -> Result<RequestId, Error> {
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let request = Request { id, model: model.to_string(), inputs, options, arrival_ns: None };
-        match self.tx.try_send(Envelope { command: Command::Submit(request), reply }) {
+        let command = match binding {
+            Some(b) => Command::SubmitBound(request, b),
+            None => Command::Submit(request),
+        };
+        match self.tx.try_send(Envelope { command, reply }) {
             Ok(()) => {
                 self.shared.submitted.fetch_add(1, Ordering::Relaxed);
                 Ok(id)
@@ -224,6 +241,46 @@ impl Engine {
     ) -> Result<RequestId, Error> {
         options.notify_before_done = true;
         self.send_request(model, inputs, options, Reply::RequestNotify(Box::new(on_done), Box::new(before_done)))
+    }
+
+    /// Maps caller memory into the GPU for zero-copy requests ([`Engine::submit_bound`]); blocks
+    /// until the dispatcher thread answered. Backends without mapped host memory answer
+    /// `Error::Gpu` with the backend's reason (the caller keeps copying).
+    pub fn map_host(&self, memory: std::sync::Arc<dyn HostMemory>) -> Result<HostMapping, Error> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_blocking(Envelope { command: Command::MapHost(memory), reply: Reply::Map(tx) })?;
+        rx.recv().map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Unmaps a mapping: requests naming it are refused from now on, and this blocks until the
+    /// ones already submitted have completed and the GPU let go of the memory.
+    pub fn unmap_host(&self, id: HostMappingId) -> Result<(), Error> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_blocking(Envelope { command: Command::UnmapHost(id), reply: Reply::Unmap(tx) })?;
+        rx.recv().map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Submits a request whose inputs and/or outputs live in a host mapping (see [`IoBinding`]):
+    /// `inputs` are the tensors of the inputs the binding does not name (none when it names
+    /// them); the response carries no outputs that the binding names. `before_done`, if given,
+    /// runs as in [`Engine::submit_notify`].
+    pub fn submit_bound(
+        &self,
+        model: &str,
+        inputs: Vec<Tensor>,
+        binding: IoBinding,
+        mut options: RequestOptions,
+        before_done: Option<Box<dyn FnOnce() + Send>>,
+        on_done: impl FnOnce(Result<Response, Error>) + Send + 'static,
+    ) -> Result<RequestId, Error> {
+        let reply = match before_done {
+            Some(n) => {
+                options.notify_before_done = true;
+                Reply::RequestNotify(Box::new(on_done), n)
+            }
+            None => Reply::Request(Box::new(on_done)),
+        };
+        self.send_any(model, inputs, Some(binding), options, reply)
     }
 
     /// Cancels a request (see [`Command::Cancel`]); its completion reports [`Error::Cancelled`].
@@ -347,20 +404,24 @@ struct Waiters {
     almost: HashMap<RequestId, Notifier>,
     loads: HashMap<String, VecDeque<SyncSender<Result<ModelInfo, Error>>>>,
     unloads: HashMap<String, VecDeque<SyncSender<Result<(), Error>>>>,
+    maps: VecDeque<SyncSender<Result<HostMapping, Error>>>,
+    unmaps: HashMap<HostMappingId, VecDeque<SyncSender<Result<(), Error>>>>,
 }
 
 impl Waiters {
     fn register(&mut self, e: &mut Envelope) {
         match (std::mem::replace(&mut e.reply, Reply::None), &e.command) {
-            (Reply::Request(c), Command::Submit(r)) => {
+            (Reply::Request(c), Command::Submit(r) | Command::SubmitBound(r, _)) => {
                 self.requests.insert(r.id, c);
             }
-            (Reply::RequestNotify(c, n), Command::Submit(r)) => {
+            (Reply::RequestNotify(c, n), Command::Submit(r) | Command::SubmitBound(r, _)) => {
                 self.requests.insert(r.id, c);
                 self.almost.insert(r.id, n);
             }
             (Reply::Load(tx), Command::LoadModel(spec)) => self.loads.entry(spec.name.clone()).or_default().push_back(tx),
             (Reply::Unload(tx), Command::UnloadModel(name)) => self.unloads.entry(name.clone()).or_default().push_back(tx),
+            (Reply::Map(tx), Command::MapHost(_)) => self.maps.push_back(tx),
+            (Reply::Unmap(tx), Command::UnmapHost(id)) => self.unmaps.entry(*id).or_default().push_back(tx),
             _ => {}
         }
     }
@@ -394,6 +455,21 @@ impl Waiters {
                         let _ = tx.send(result);
                     }
                 }
+                Output::HostMapped { result } => {
+                    if let Some(tx) = self.maps.pop_front() {
+                        let _ = tx.send(result);
+                    }
+                }
+                Output::HostUnmapped { id, result } => {
+                    if let Some(q) = self.unmaps.get_mut(&id) {
+                        if let Some(tx) = q.pop_front() {
+                            let _ = tx.send(result);
+                        }
+                        if q.is_empty() {
+                            self.unmaps.remove(&id);
+                        }
+                    }
+                }
                 Output::ShutDown => {}
             }
         }
@@ -409,6 +485,10 @@ impl Waiters {
             q.into_iter().for_each(|tx| drop(tx.send(Err(e.clone()))));
         }
         for (_, q) in self.unloads.drain() {
+            q.into_iter().for_each(|tx| drop(tx.send(Err(e.clone()))));
+        }
+        self.maps.drain(..).for_each(|tx| drop(tx.send(Err(e.clone()))));
+        for (_, q) in self.unmaps.drain() {
             q.into_iter().for_each(|tx| drop(tx.send(Err(e.clone()))));
         }
     }

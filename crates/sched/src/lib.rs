@@ -10,8 +10,9 @@
 //!
 //! - [`dispatcher`]: the core state machine, generic over [`kairos_gpu::Gpu`] and its clock.
 //! - [`engine`]: the core on its own thread behind `Engine::submit(model, inputs, options)`, for
-//!   the server and real-time benchmarks. The GPU is built on that thread (CUDA contexts are
-//!   thread-affine).
+//!   the server and real-time benchmarks; `Engine::map_host` + `Engine::submit_bound` for
+//!   zero-copy requests whose tensors live in caller memory mapped into the GPU. The GPU is built
+//!   on that thread (CUDA contexts are thread-affine).
 //! - [`driver`]: the same core driven synchronously in the GPU's time (virtual on the simulator):
 //!   arrivals at chosen times, deterministic, for tests and benchmarks.
 //! - [`policy`]: `fifo`, `streams`, `streams-kernel`, `paella`, `sjf`, `rr`.
@@ -40,8 +41,8 @@ pub use driver::{RequestRecord, VirtualDriver};
 pub use engine::{Engine, EngineConfig, EngineStats, RequestHandle};
 pub use policy::{Decision, Policy, PolicyConfig};
 pub use request::{
-    Class, Command, Error, EstimateSource, ModelInfo, ModelSpec, Output, Request, RequestId, RequestOptions, Response, TenantId,
-    Timing,
+    Class, Command, Error, EstimateSource, IoBinding, MappedSpan, ModelInfo, ModelSpec, Output, Request, RequestId,
+    RequestOptions, Response, TenantId, Timing,
 };
 
 /// Hard caps on the configurable limits.
@@ -57,6 +58,8 @@ pub const LAUNCHES_PER_PLAN_MAX: usize = 1 << 20;
 pub const DECISIONS_PER_ROUND_MAX: usize = 65_536;
 pub const SUBMIT_QUEUE_MAX: usize = 1 << 20;
 pub const TRACE_MAX: usize = 1 << 24;
+/// Host mappings (zero-copy I/O regions) one dispatcher holds at once.
+pub const HOST_MAPPINGS_MAX: usize = 1024;
 /// Distinct kernel resource shapes across all loaded models.
 pub const CLASSES_MAX: usize = 4096;
 /// Deficit counters saturate here (ns), far beyond any sensible fairness threshold.

@@ -2,6 +2,7 @@
 //! completions, and the one error enum of this layer.
 
 use kairos_gpu::profile::ModelProfile;
+use kairos_gpu::{HostMapping, HostMappingId, HostMemory};
 use kairos_ir::Tensor;
 use kairos_ir::plan::Plan;
 use std::sync::Arc;
@@ -79,6 +80,29 @@ pub struct Request {
     pub arrival_ns: Option<u64>,
 }
 
+/// A byte range of a host mapping (offsets from the mapping's first byte).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappedSpan {
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+}
+
+/// Zero-copy I/O: a request's inputs and/or outputs live in caller memory the engine mapped into
+/// its GPU ([`Command::MapHost`]), and its kernels read and write them there. Bound inputs are
+/// not copied in, bound outputs are not copied out (the response carries none: the caller reads
+/// its memory once the request completed). Each span must have exactly its tensor's size
+/// (`IoTensor::len_bytes`), lie inside the mapping, start at the mapping's `align_bytes`, and no
+/// output may overlap another output or a bound input; otherwise the request fails with
+/// [`Error::InvalidInput`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoBinding {
+    pub mapping: HostMappingId,
+    /// One span per plan input, in plan order, or none: the inputs come as tensors.
+    pub inputs: Vec<MappedSpan>,
+    /// One span per plan output, in plan order, or none: the outputs come back as tensors.
+    pub outputs: Vec<MappedSpan>,
+}
+
 /// A model to load: its plan (with the weight blob) and, when measured, its profile.
 #[derive(Clone, Debug)]
 pub struct ModelSpec {
@@ -132,7 +156,7 @@ impl Timing {
 #[derive(Clone, Debug)]
 pub struct Response {
     pub id: RequestId,
-    /// The model's outputs, in plan order (empty with `skip_io`).
+    /// The model's outputs, in plan order (empty with `skip_io` or outputs bound to a mapping).
     pub outputs: Vec<Tensor>,
     pub timing: Timing,
 }
@@ -141,6 +165,14 @@ pub struct Response {
 #[derive(Clone, Debug)]
 pub enum Command {
     Submit(Request),
+    /// A request whose inputs and/or outputs live in a host mapping (see [`IoBinding`]); its
+    /// `inputs` are empty when the binding names inputs.
+    SubmitBound(Request, IoBinding),
+    /// Maps caller memory into the GPU (`Gpu::map_host`); [`Output::HostMapped`] answers.
+    MapHost(std::sync::Arc<dyn HostMemory>),
+    /// New requests naming the mapping are refused at once; it is unmapped when the last request
+    /// using it completes (nothing of it on the GPU any more), and [`Output::HostUnmapped`] says so.
+    UnmapHost(HostMappingId),
     /// Stops a request: its unissued kernels never run, its running ones are preempted at a
     /// logical-block boundary, and it completes with [`Error::Cancelled`] once nothing of it is on
     /// the GPU. Cancelling a finished or unknown request does nothing.
@@ -173,6 +205,14 @@ pub enum Output {
     },
     ModelUnloaded {
         name: String,
+        result: Result<(), Error>,
+    },
+    /// The answer to [`Command::MapHost`] (in command order).
+    HostMapped {
+        result: Result<HostMapping, Error>,
+    },
+    HostUnmapped {
+        id: HostMappingId,
         result: Result<(), Error>,
     },
     ShutDown,

@@ -308,6 +308,12 @@ impl<G: Gpu> Gpu for Audit<G> {
     fn wait(&mut self, until_ns: u64) -> Result<()> {
         self.inner.wait(until_ns)
     }
+    fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping> {
+        self.inner.map_host(memory)
+    }
+    fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {
+        self.inner.unmap_host(id)
+    }
 }
 
 /// Checks a finished run: every logical block of every completed request ran exactly once
