@@ -143,6 +143,10 @@ pub struct CudaGpu {
     partition_by_size: HashMap<u32, PartitionId>,
     /// Why green contexts are unavailable, when they are.
     pub green_note: Option<String>,
+    /// Caller memory mapped for zero-copy I/O (released before the context: field order).
+    host_maps: crate::hostmap::HostMaps,
+    /// Protocol flags for the next `launch_inner` (taken there): the host-memory fence.
+    next_launch_flags: u32,
     protocol: Protocol,
     bound: Cell<Option<ThreadId>>,
     dev: CUdevice,
@@ -230,6 +234,8 @@ impl CudaGpu {
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
             green_note: None,
+            host_maps: Default::default(),
+            next_launch_flags: 0,
             protocol,
             bound: Cell::new(Some(std::thread::current().id())),
             dev,
@@ -540,6 +546,7 @@ impl CudaGpu {
         o: &LaunchOptions,
         variant: Variant,
     ) -> Result<LaunchId> {
+        let extra_flags = std::mem::take(&mut self.next_launch_flags);
         self.bind()?;
         if o.first_block > total_blocks {
             return Err(GpuError::Invalid(format!("first block {} beyond the launch's {total_blocks} blocks", o.first_block)));
@@ -593,7 +600,7 @@ impl CudaGpu {
         };
         let proto = match slot {
             Some(s) => {
-                let flags = if o.sm_bitmap.is_some() { source::FLAG_SM_BITMAP } else { 0 };
+                let flags = if o.sm_bitmap.is_some() { source::FLAG_SM_BITMAP } else { 0 } | extra_flags;
                 self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0))
             }
             None => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
@@ -642,7 +649,10 @@ impl CudaGpu {
             stream: request.stream,
             sm_bitmap,
         };
-        self.launch_inner(
+        // Arguments in mapped host memory: the CTAs fence at system scope before counting as done.
+        self.next_launch_flags = self.host_maps.fence_flags(request.args);
+        let fenced = self.next_launch_flags != 0;
+        let id = self.launch_inner(
             &name,
             &f,
             Some(&block),
@@ -651,7 +661,12 @@ impl CudaGpu {
             source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape),
             &o,
             Variant::Protocol,
-        )
+        )?;
+        if fenced {
+            let slot_of = &self.slot_of;
+            self.host_maps.note_launch(id, request.args, |l| slot_of.contains_key(&l));
+        }
+        Ok(id)
     }
 
     /// The `kairos_spin` helper: `blocks` logical blocks of `ns_per_block` each, counting every
@@ -1091,6 +1106,17 @@ impl Gpu for CudaGpu {
             return Ok(());
         }
         self.wait_device(until_ns)
+    }
+
+    fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping> {
+        self.bind()?;
+        self.host_maps.map(memory)
+    }
+
+    fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {
+        self.bind()?;
+        let slot_of = &self.slot_of;
+        self.host_maps.unmap(id, |l| slot_of.contains_key(&l))
     }
 }
 

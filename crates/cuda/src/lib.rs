@@ -10,6 +10,7 @@
 //!   pinned memory, the notification ring).
 //! - [`profile`]: `kairos profile` (per-kernel durations, resources, KRISP's min SMs).
 //! - [`autotune`]: tile configurations per launch shape, timed at model load and cached on disk.
+//! - [`hostmap`]: caller memory mapped into the device for zero-copy I/O (`Gpu::map_host`).
 //!
 //! Entry points for the binary: [`CudaGpu::new`] (a clear `GpuError::NoDevice` without a driver
 //! or GPU), then `kairos_gpu::exec::{upload_weights, execute_plan}` for `kairos run --backend
@@ -18,6 +19,7 @@
 pub mod autotune;
 pub mod driver;
 pub mod gpu;
+pub mod hostmap;
 pub mod nvrtc;
 pub mod profile;
 pub mod protocol;

@@ -422,3 +422,123 @@ fn weights_read_through_mapped_host_memory_give_the_same_outputs() {
         assert!(kairos_ir::tensor::rms(&on_host[0].to_f32_vec()) > 1e-3, "{name}: outputs near zero");
     }
 }
+
+/// Runs a plan launch after launch on the utility stream with its spaces at `bases`; `after_first`
+/// runs once the first launch with a request input or output is issued, before it is polled.
+fn run_with_bases(
+    gpu: &mut CudaGpu,
+    plan: &Plan,
+    bases: &kairos_gpu::exec::SpaceBases,
+    mut after_first: impl FnMut(&mut CudaGpu),
+) -> Result<()> {
+    let stream = gpu.utility_stream()?;
+    let whole = gpu.info().partitions[0].sms;
+    let mut args = Vec::new();
+    let mut called = false;
+    for (i, l) in plan.launches.iter().enumerate() {
+        bases.resolve_all(&l.args, &mut args);
+        let req = LaunchRequest {
+            kernel: &l.kernel,
+            dtype: l.dtype,
+            shape: l.shape,
+            args: &args,
+            first_block: 0,
+            ctas: 0,
+            sm_mask: whole,
+            partition: PartitionId::WHOLE,
+            stream,
+        };
+        let id = gpu.launch(&req)?;
+        if !called && l.args.iter().any(|a| matches!(a.space, Space::Input(_) | Space::Output(_))) {
+            called = true;
+            after_first(gpu);
+        }
+        let (next, preempted) = gpu.wait_done(id)?;
+        assert_eq!((next, preempted), (l.shape.logical_blocks, false), "launch {i} ({})", l.name);
+    }
+    Ok(())
+}
+
+/// Zero-copy I/O: a model's inputs read from and outputs written to page-aligned host memory mapped
+/// into the device (`map_host`: cuMemHostRegister + the system-scope fence on launches that touch
+/// it) give the copy path's bytes bit for bit, leave every other byte of the memory alone, and the
+/// outputs are in place when LaunchDone is seen. Unmapping is refused while a launch using the
+/// mapping is in flight, and a second mapping of the same memory keeps working after the first
+/// one's unmap (the process-wide registration is reference-counted).
+#[test]
+fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
+    use kairos_cuda::hostmap::PageBuffer;
+    use kairos_gpu::exec::{SpaceBases, input_bytes, upload_weights};
+    let Some(mut gpu) = gpu() else { return };
+    for (name, dtype) in [("resnet18", DType::F16), ("distilbert", DType::F32)] {
+        let m = suite::zoo_model(name, dtype, 1, 32).unwrap();
+        let want = suite::run_on_gpu(&mut gpu, &m.plan, &m.inputs, MemKind::Device).unwrap();
+        // Inputs, then outputs, each at a 256-byte boundary after a 4 KiB gap.
+        let mut at = 4096u64;
+        let mut place = |len: u64| {
+            let o = at;
+            at = (at + len).next_multiple_of(256) + 4096;
+            o
+        };
+        let in_offsets: Vec<u64> = m.plan.inputs.iter().map(|t| place(t.len_bytes())).collect();
+        let out_offsets: Vec<u64> = m.plan.outputs.iter().map(|t| place(t.len_bytes())).collect();
+        let buf = std::sync::Arc::new(PageBuffer::new(at as usize));
+        buf.write_at(0, &vec![0xa5u8; buf.len_bytes() as usize]);
+        for (i, (t, &o)) in m.inputs.iter().zip(&in_offsets).enumerate() {
+            buf.write_at(o, &input_bytes(&m.plan, i, t).unwrap());
+        }
+        let mut before = vec![0u8; buf.len_bytes() as usize];
+        buf.read_at(0, &mut before);
+        let first = gpu.map_host(buf.clone()).unwrap();
+        let second = gpu.map_host(buf.clone()).unwrap();
+        assert_eq!(first.bytes, buf.len_bytes());
+        assert_eq!(first.ptr.0 % first.align_bytes, 0);
+        let weights = upload_weights(&mut *gpu, &m.plan, MemKind::Device).unwrap();
+        let arena = gpu.alloc(m.plan.arena_bytes.max(1), MemKind::Device).unwrap();
+        let mut outputs_of_run = Vec::new();
+        for mapping in [first, second] {
+            let bases = SpaceBases {
+                arena: arena.ptr,
+                weights: weights.ptr,
+                inputs: in_offsets.iter().map(|&o| mapping.ptr.offset(o)).collect(),
+                outputs: out_offsets.iter().map(|&o| mapping.ptr.offset(o)).collect(),
+            };
+            let mut refused = None;
+            run_with_bases(&mut gpu, &m.plan, &bases, |g| {
+                let r = g.unmap_host(mapping.id);
+                assert!(r.is_err(), "{name}: unmapped while a launch using it was in flight");
+                refused = Some(true);
+            })
+            .unwrap();
+            assert_eq!(refused, Some(true), "{name}: unmapped while its first launch was in flight");
+            let outs: Vec<Vec<u8>> = m
+                .plan
+                .outputs
+                .iter()
+                .zip(&out_offsets)
+                .map(|(t, &o)| {
+                    let mut v = vec![0u8; t.len_bytes() as usize];
+                    buf.read_at(o, &mut v);
+                    v
+                })
+                .collect();
+            outputs_of_run.push(outs);
+            gpu.unmap_host(mapping.id).unwrap();
+            assert!(gpu.unmap_host(mapping.id).is_err(), "a mapping goes once");
+        }
+        let want_bytes: Vec<Vec<u8>> = want.iter().map(|t| t.to_bytes()).collect();
+        for (run, outs) in outputs_of_run.iter().enumerate() {
+            let same = *outs == want_bytes;
+            println!("{name} {dtype:?}: zero-copy run {run}, outputs identical to the copy path: {same}");
+            assert!(same, "{name} {dtype:?}: zero-copy outputs differ from the copy path (run {run})");
+        }
+        let mut after = vec![0u8; buf.len_bytes() as usize];
+        buf.read_at(0, &mut after);
+        let in_outputs = |b: u64| m.plan.outputs.iter().zip(&out_offsets).any(|(t, &o)| (o..o + t.len_bytes()).contains(&b));
+        let stray = (0..after.len()).filter(|&b| after[b] != before[b] && !in_outputs(b as u64)).count();
+        assert_eq!(stray, 0, "{name}: {stray} bytes outside the outputs changed");
+        gpu.free(arena).unwrap();
+        gpu.free(weights).unwrap();
+        assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the GPU let go of the memory");
+    }
+}

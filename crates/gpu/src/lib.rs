@@ -314,8 +314,10 @@ pub struct HostRange<'a> {
 impl<'a> HostRange<'a> {
     /// # Safety
     /// 1. `[addr, addr + len)` is memory of this process, readable and writable, that stays
-    ///    allocated and mapped at this address (not unmapped, remapped, shrunk or moved) for all of
-    ///    `'a`, so a device may read and write it directly during that time.
+    ///    allocated and mapped at this address (not unmapped, remapped, shrunk or moved) for as
+    ///    long as the value it is borrowed from for `'a` lives (the [`HostMemory`] whose `pinnable`
+    ///    returns it, which a backend keeps alive while mapped), so a device may read and write it
+    ///    directly during all that time.
     /// 2. Nothing in this process holds a Rust reference (`&[u8]`, `&mut [u8]`) into the range
     ///    while a device may write it: the owner accesses it through raw pointers only.
     pub unsafe fn new(addr: usize, len: usize) -> HostRange<'a> {
