@@ -18,6 +18,8 @@
 //! | `kairos_preemptions_total`, `kairos_launches_total` | counter | gpu |
 //! | `kairos_engine_jobs`, `kairos_engine_rejected_total` | gauge / counter | gpu |
 //! | `kairos_models_ready`, `kairos_shm_clients` | gauge | |
+//! | `kairos_shm_requests_total` | counter | path (`zero_copy`: the GPU read and wrote the client's region; `copy`: the server copied) |
+//! | `kairos_shm_mapped_regions` | gauge | (clients' regions mapped into a GPU, one per client and GPU) |
 
 use crate::error::Outcome;
 use kairos_sched::Class;
@@ -189,6 +191,10 @@ pub struct Metrics {
     unknown: Arc<ModelMetrics>,
     pub gpus: Vec<GpuSamples>,
     pub shm_clients: AtomicU64,
+    /// Shared-memory ring requests submitted to an engine: zero-copy, copied.
+    pub shm_zero_copy: AtomicU64,
+    pub shm_copied: AtomicU64,
+    pub shm_mapped_regions: AtomicU64,
 }
 
 fn escape(v: &str) -> String {
@@ -202,6 +208,9 @@ impl Metrics {
             unknown: Arc::new(ModelMetrics::default()),
             gpus: (0..gpus).map(|_| GpuSamples::default()).collect(),
             shm_clients: AtomicU64::new(0),
+            shm_zero_copy: AtomicU64::new(0),
+            shm_copied: AtomicU64::new(0),
+            shm_mapped_regions: AtomicU64::new(0),
         }
     }
 
@@ -348,6 +357,23 @@ impl Metrics {
             "gauge",
             "Connected shared-memory clients.",
             vec![(String::new(), self.shm_clients.load(Ordering::Relaxed).to_string())],
+        );
+        gauge(
+            &mut out,
+            "kairos_shm_requests_total",
+            "counter",
+            "Shared-memory ring requests submitted, by data path: zero_copy (the GPU reads and writes the client's region) or copy.",
+            vec![
+                ("{path=\"zero_copy\"}".to_string(), self.shm_zero_copy.load(Ordering::Relaxed).to_string()),
+                ("{path=\"copy\"}".to_string(), self.shm_copied.load(Ordering::Relaxed).to_string()),
+            ],
+        );
+        gauge(
+            &mut out,
+            "kairos_shm_mapped_regions",
+            "gauge",
+            "Shared-memory regions mapped into a GPU for zero-copy requests (one per client and GPU).",
+            vec![(String::new(), self.shm_mapped_regions.load(Ordering::Relaxed).to_string())],
         );
         out
     }

@@ -8,9 +8,18 @@
 //! only. The client thread:
 //!
 //! - pops submissions from the ring, checks them (model handle, tensor counts, every span inside
-//!   the data area, input spans exactly the input's size, output spans large enough), copies the
-//!   inputs out of the region and submits them to the engine; a bad submission completes at once
-//!   with INVALID_ARGUMENT / NOT_FOUND and the thread goes on;
+//!   the data area, input spans exactly the input's size, output spans large enough) and submits
+//!   them to the engine; a bad submission completes at once with INVALID_ARGUMENT / NOT_FOUND and
+//!   the thread goes on;
+//! - zero-copy: at connection the client's data area is mapped into every engine's GPU
+//!   (`State::map_host_memory`; on CUDA page-locked and mapped, on the simulator emulated), and a
+//!   request whose GPU has it mapped, whose spans start at the mapping's alignment (256 bytes, as
+//!   the client's allocator hands them out) and whose outputs overlap nothing is submitted with
+//!   its tensors bound to the region (`EngineIo::Bound`): the GPU reads the inputs and writes the
+//!   outputs in place, nothing is copied. Other requests take the copy path (inputs copied out of
+//!   the region, outputs copied back in), and the reason is logged once per client and kind. At
+//!   disconnection the region is unmapped once the client's requests in flight have completed
+//!   (the engine defers the unmap until then); `kairos_shm_requests_total{path}` counts both paths;
 //! - spins on the ring for `spin_us` after its last piece of work, then announces that it sleeps and
 //!   waits on the socket and its doorbell eventfd (which the client rings only when it sees the
 //!   announcement);
@@ -19,26 +28,26 @@
 //! When the dispatcher issues a ring request's last kernel, it fires the client's eventfd if the
 //! client announced a sleep (Paella's hybrid wake-up: the client wakes while that kernel runs and
 //! polls for the result). Completions are written by the engine's completion callback on the
-//! dispatcher thread: outputs copied into the client's output spans, a `Completion` pushed into the
-//! ring, and the eventfd written again only if the client is (still) asleep. Each submission reserves its completion
+//! dispatcher thread: outputs copied into the client's output spans (copy path only), a `Completion`
+//! pushed into the ring (flagged `COMPLETION_ZERO_COPY` on the zero-copy path), and the eventfd written again only if the client is (still) asleep. Each submission reserves its completion
 //! slot when it is taken from the submission ring, so a completion never finds the ring full; when
 //! the client does not drain completions, the thread stops taking submissions (back-pressure), so
 //! nothing grows without bound. A client that writes impossible ring indices is disconnected.
 
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{InferDone, ModelEntry, RequestParams, State};
+use crate::state::{EngineIo, HostRegion, InferDone, ModelEntry, RequestParams, State};
 use kairos_client::Code;
 use kairos_client::shm::layout::*;
-use kairos_client::shm::region::Region;
+use kairos_client::shm::region::{DataArea, Region};
 use kairos_client::shm::ring::{self, Consumer, Producer, RingError};
 use kairos_client::shm::wire::{self, Reader, TensorSpec, Writer};
 use kairos_ir::Tensor;
-use kairos_sched::Class;
+use kairos_sched::{Class, IoBinding, MappedSpan};
 use rustix::event::{PollFd, PollFlags};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::net::{RecvFlags, SendFlags};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -201,7 +210,7 @@ fn accept_loop(state: Arc<State>, cfg: ShmConfig, sock: OwnedFd, stop: Arc<Atomi
 
 /// What callbacks on the dispatcher thread need of a connection.
 struct Conn {
-    region: Region,
+    region: Arc<Region>,
     sock: OwnedFd,
     cq: Mutex<Producer>,
     completion_event: OwnedFd,
@@ -327,7 +336,7 @@ fn hello(cfg: &ShmConfig, sock: &OwnedFd) -> Result<Arc<Conn>, String> {
     drop(memfd);
     let sock = sock.try_clone().map_err(|e| e.to_string())?;
     Ok(Arc::new(Conn {
-        region,
+        region: Arc::new(region),
         sock,
         cq: Mutex::new(Producer::new()),
         completion_event,
@@ -342,6 +351,10 @@ fn hello(cfg: &ShmConfig, sock: &OwnedFd) -> Result<Arc<Conn>, String> {
 struct Client<'a> {
     state: &'a Arc<State>,
     conn: Arc<Conn>,
+    /// The region's data area as each GPU maps it (zero-copy), or why not.
+    host: HostRegion,
+    /// Reasons for the copy path already logged for this client.
+    copy_notes: HashSet<&'static str>,
     sq: Consumer,
     /// Handle -> (name, version), as opened.
     handles: Vec<(String, String)>,
@@ -352,45 +365,71 @@ fn serve_client(state: &Arc<State>, cfg: &ShmConfig, sock: OwnedFd, stop: &Atomi
     let conn = hello(cfg, &sock)?;
     let layout = *conn.region.layout();
     info!(sq = layout.sq_entries, cq = layout.cq_entries, data_bytes = layout.data_bytes, "shared-memory region mapped");
-    let mut c =
-        Client { state, conn, sq: Consumer::new(), handles: Vec::new(), recv_buf: vec![0u8; wire::MESSAGE_BYTES_MAX + 1] };
-    let spin = Duration::from_micros(cfg.spin_us);
-    let mut last_work = Instant::now();
-    let mut turns = 0u32;
-    loop {
-        if stop.load(Ordering::Acquire) {
-            return Err("server stopping".into());
+    let host = state.map_host_memory(Arc::new(DataArea(conn.region.clone())));
+    for (gpu, m) in host.mappings.iter().enumerate() {
+        match m {
+            Ok(m) => info!(gpu, bytes = m.bytes, "zero-copy: the client's data area is mapped into the GPU"),
+            Err(e) => info!(gpu, reason = %e, "zero-copy unavailable on this GPU: the client's requests there are copied"),
         }
-        if c.conn.broken.load(Ordering::Acquire) {
-            return Err("the client broke its completion ring".into());
-        }
-        let (taken, blocked) = c.drain_submissions()?;
-        let flushed = c.flush_pending()?;
-        if taken > 0 || flushed {
-            last_work = Instant::now();
-            continue;
-        }
-        turns = turns.wrapping_add(1);
-        if last_work.elapsed() < spin && !blocked {
-            if turns.is_multiple_of(64) && !c.poll_socket(0)? {
+    }
+    let mut c = Client {
+        state,
+        conn,
+        host,
+        copy_notes: HashSet::new(),
+        sq: Consumer::new(),
+        handles: Vec::new(),
+        recv_buf: vec![0u8; wire::MESSAGE_BYTES_MAX + 1],
+    };
+    let r = c.serve(cfg, stop);
+    // The engines unmap the region once the requests in flight that use it have completed; this
+    // waits for that.
+    let host = std::mem::replace(&mut c.host, HostRegion { mappings: Vec::new() });
+    state.unmap_host_memory(host);
+    r
+}
+
+impl Client<'_> {
+    fn serve(&mut self, cfg: &ShmConfig, stop: &AtomicBool) -> Result<(), String> {
+        let c = self;
+        let spin = Duration::from_micros(cfg.spin_us);
+        let mut last_work = Instant::now();
+        let mut turns = 0u32;
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Err("server stopping".into());
+            }
+            if c.conn.broken.load(Ordering::Acquire) {
+                return Err("the client broke its completion ring".into());
+            }
+            let (taken, blocked) = c.drain_submissions()?;
+            let flushed = c.flush_pending()?;
+            if taken > 0 || flushed {
+                last_work = Instant::now();
+                continue;
+            }
+            turns = turns.wrapping_add(1);
+            if last_work.elapsed() < spin && !blocked {
+                if turns.is_multiple_of(64) && !c.poll_socket(0)? {
+                    return Err("the client closed the connection".into());
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            // Sleep: announce, look once more, wait on the socket and the doorbell.
+            ring::prepare_sleep(c.conn.region.server_sleeping());
+            let ready = c.sq.available(&c.conn.region.sq()).map_err(|e| format!("submission ring: {e}"))?;
+            if ready > 0 && !blocked {
+                ring::end_sleep(c.conn.region.server_sleeping());
+                continue;
+            }
+            let alive = c.poll_socket(if blocked { 1 } else { 100 })?;
+            ring::end_sleep(c.conn.region.server_sleeping());
+            if !alive {
                 return Err("the client closed the connection".into());
             }
-            std::hint::spin_loop();
-            continue;
+            last_work = Instant::now();
         }
-        // Sleep: announce, look once more, wait on the socket and the doorbell.
-        ring::prepare_sleep(c.conn.region.server_sleeping());
-        let ready = c.sq.available(&c.conn.region.sq()).map_err(|e| format!("submission ring: {e}"))?;
-        if ready > 0 && !blocked {
-            ring::end_sleep(c.conn.region.server_sleeping());
-            continue;
-        }
-        let alive = c.poll_socket(if blocked { 1 } else { 100 })?;
-        ring::end_sleep(c.conn.region.server_sleeping());
-        if !alive {
-            return Err("the client closed the connection".into());
-        }
-        last_work = Instant::now();
     }
 }
 
@@ -555,6 +594,7 @@ impl Client<'_> {
     fn submission(&mut self, s: Submission) {
         let mut class = Class::BestEffort;
         let mut entry = None;
+        let mut path: Option<Result<(), &'static str>> = None;
         let r = (|| -> Result<(), ServeError> {
             let m = self.model(s.model)?;
             class = m.config.class;
@@ -572,7 +612,6 @@ impl Client<'_> {
                 )));
             }
             let data_bytes = self.conn.region.layout().data_bytes;
-            let mut inputs = Vec::with_capacity(ni);
             for (span, decl) in s.inputs[..ni].iter().zip(&m.inputs) {
                 if span.len != decl.len_bytes() {
                     return Err(ServeError::invalid(format!(
@@ -582,14 +621,17 @@ impl Client<'_> {
                         span.len
                     )));
                 }
-                let bytes = self
-                    .conn
-                    .region
-                    .read_data_vec(*span)
-                    .map_err(|e| ServeError::invalid(format!("input '{}': {e}", decl.name)))?;
-                inputs.push(Tensor::from_bytes(decl.dtype, decl.shape.clone(), &bytes).map_err(ServeError::Invalid)?);
+                if span.range_in(data_bytes).is_none() {
+                    return Err(ServeError::invalid(format!(
+                        "input '{}': bytes {}..{} are outside the data area of {data_bytes} bytes",
+                        decl.name,
+                        span.offset,
+                        span.offset as u128 + span.len as u128
+                    )));
+                }
             }
             let mut outputs = [Span::default(); OUTPUTS_MAX];
+            let mut out_lens = [0u64; OUTPUTS_MAX];
             for (i, (span, decl)) in s.outputs[..no].iter().zip(&m.outputs).enumerate() {
                 if span.range_in(data_bytes).is_none() {
                     return Err(ServeError::invalid(format!(
@@ -608,8 +650,55 @@ impl Client<'_> {
                     )));
                 }
                 outputs[i] = *span;
+                out_lens[i] = decl.len_bytes();
             }
-            m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
+            // Zero-copy when the request's GPU maps the region and the spans suit its kernels;
+            // otherwise the inputs are copied out of the region here.
+            let inputs = &s.inputs[..ni];
+            let written: Vec<MappedSpan> =
+                (0..no).map(|i| MappedSpan { offset_bytes: outputs[i].offset, len_bytes: out_lens[i] }).collect();
+            let overlap = |a: &MappedSpan, b: &MappedSpan| {
+                a.len_bytes > 0
+                    && b.len_bytes > 0
+                    && a.offset_bytes < b.offset_bytes + b.len_bytes
+                    && b.offset_bytes < a.offset_bytes + a.len_bytes
+            };
+            let read: Vec<MappedSpan> =
+                inputs.iter().map(|sp| MappedSpan { offset_bytes: sp.offset, len_bytes: sp.len }).collect();
+            let overlapping = written
+                .iter()
+                .enumerate()
+                .any(|(i, o)| written[..i].iter().any(|p| overlap(o, p)) || read.iter().any(|p| overlap(o, p)));
+            let region = &self.conn.region;
+            let host = &self.host;
+            let decls = &m.inputs;
+            let io = |gpu: u32| -> Result<EngineIo, ServeError> {
+                let why = match host.mapping(gpu) {
+                    Err(_) => "the GPU has no mapping of the region",
+                    Ok(_) if overlapping => "an output overlaps an input or another output",
+                    Ok(h)
+                        if read
+                            .iter()
+                            .chain(&written)
+                            .any(|sp| !(h.ptr.0 + sp.offset_bytes).is_multiple_of(h.align_bytes.max(1))) =>
+                    {
+                        "a span is not aligned for the GPU's kernels"
+                    }
+                    Ok(h) => {
+                        path = Some(Ok(()));
+                        let binding = IoBinding { mapping: h.id, inputs: read.clone(), outputs: written.clone() };
+                        return Ok(EngineIo::Bound { inputs: Vec::new(), binding });
+                    }
+                };
+                path = Some(Err(why));
+                let mut tensors = Vec::with_capacity(ni);
+                for (span, decl) in inputs.iter().zip(decls) {
+                    let bytes =
+                        region.read_data_vec(*span).map_err(|e| ServeError::invalid(format!("input '{}': {e}", decl.name)))?;
+                    tensors.push(Tensor::from_bytes(decl.dtype, decl.shape.clone(), &bytes).map_err(ServeError::Invalid)?);
+                }
+                Ok(EngineIo::Tensors(tensors))
+            };
             let conn = self.conn.clone();
             let tag = s.tag;
             let metrics = m.metrics.clone();
@@ -617,22 +706,32 @@ impl Client<'_> {
             // the ring from then on.
             let early = self.conn.clone();
             let wake = move || early.wake_if_sleeping();
-            self.state.submit_notify(&m, inputs, options, Some(wake), move |r| {
+            let submitted = self.state.submit_io(&m, io, options, Some(wake), move |r| {
                 let outcome = match &r {
                     Ok(_) => Outcome::Ok,
                     Err(e) => e.status().outcome,
                 };
                 metrics.count(class, Protocol::Shm, outcome);
-                complete_ring(&conn, tag, &outputs[..no], &metrics, r)
-            })?;
-            Ok(())
+                complete_ring(&conn, tag, &outputs[..no], &out_lens[..no], &metrics, r)
+            });
+            m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
+            submitted
         })();
-        match r {
-            Ok(()) => {}
-            Err(e) => {
-                self.state.count(entry.as_deref(), class, Protocol::Shm, e.status().outcome);
-                self.conn.fail(s.tag, &e);
+        match path {
+            Some(Ok(())) if r.is_ok() => {
+                self.state.metrics.shm_zero_copy.fetch_add(1, Ordering::Relaxed);
             }
+            Some(Err(why)) if r.is_ok() => {
+                self.state.metrics.shm_copied.fetch_add(1, Ordering::Relaxed);
+                if self.copy_notes.insert(why) {
+                    info!(reason = why, "shared-memory request copied instead of zero-copy (logged once per client and reason)");
+                }
+            }
+            _ => {}
+        }
+        if let Err(e) = r {
+            self.state.count(entry.as_deref(), class, Protocol::Shm, e.status().outcome);
+            self.conn.fail(s.tag, &e);
         }
     }
 
@@ -742,11 +841,13 @@ impl Client<'_> {
     }
 }
 
-/// The completion callback of a ring request (runs on the dispatcher thread).
+/// The completion callback of a ring request (runs on the dispatcher thread). On the zero-copy
+/// path the GPU already wrote the outputs (`out_lens` bytes at the start of each span).
 fn complete_ring(
     conn: &Conn,
     tag: u64,
     outputs: &[Span],
+    out_lens: &[u64],
     metrics: &crate::metrics::ModelMetrics,
     r: Result<InferDone, ServeError>,
 ) {
@@ -758,13 +859,17 @@ fn complete_ring(
     let mut c = Completion {
         tag,
         status: 0,
-        output_count: outputs.len() as u16,
+        output_count: outputs.len() as u8,
+        flags: if done.zero_copy { COMPLETION_ZERO_COPY } else { 0 },
         deadline_missed: done.timing.deadline_missed as u8,
         engine_ns: done.engine_ns,
         gpu_ns: done.gpu_ns(),
         queue_ns: done.timing.queue_ns(),
         ..Default::default()
     };
+    if done.zero_copy {
+        c.output_lens[..out_lens.len()].copy_from_slice(out_lens);
+    }
     for (i, (span, t)) in outputs.iter().zip(&done.outputs).enumerate() {
         let bytes = t.to_bytes();
         let target = Span { offset: span.offset, len: bytes.len() as u64 };

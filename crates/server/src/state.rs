@@ -6,9 +6,10 @@ use crate::error::{Outcome, ServeError};
 use crate::metrics::{EngineView, Metrics, ModelMetrics, Protocol};
 use crate::repository::{ModelConfig, Repository};
 use kairos_gpu::profile::{ModelProfile, ProfileSet};
+use kairos_gpu::{HostMapping, HostMemory};
 use kairos_ir::plan::{IoTensor, Plan};
 use kairos_ir::{DType, Tensor};
-use kairos_sched::{Class, Engine, EngineConfig, ModelInfo, RequestOptions, TenantId, Timing};
+use kairos_sched::{Class, Engine, EngineConfig, IoBinding, ModelInfo, RequestOptions, TenantId, Timing};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -273,6 +274,36 @@ pub struct InferDone {
     pub timing: Timing,
     /// Wall time from the engine submission to the completion callback.
     pub engine_ns: u64,
+    /// The request's I/O was bound to caller memory ([`EngineIo::Bound`]): the GPU wrote the
+    /// outputs there, and `outputs` holds only those not bound (none, when all are).
+    pub zero_copy: bool,
+}
+
+/// A request's tensors as an engine takes them.
+pub enum EngineIo {
+    /// Inputs copied in by the engine, outputs copied out.
+    Tensors(Vec<Tensor>),
+    /// Inputs and/or outputs in caller memory mapped into the engine's GPU; `inputs` are the
+    /// tensors of the inputs the binding does not name.
+    Bound { inputs: Vec<Tensor>, binding: IoBinding },
+}
+
+/// Caller memory (a shared-memory client's data area) mapped into every engine's GPU, for
+/// zero-copy requests; see [`State::map_host_memory`].
+#[derive(Debug)]
+pub struct HostRegion {
+    /// Per GPU: the mapping, or why there is none (that GPU's requests copy).
+    pub mappings: Vec<Result<HostMapping, String>>,
+}
+
+impl HostRegion {
+    pub fn mapping(&self, gpu: u32) -> Result<&HostMapping, &str> {
+        match self.mappings.get(gpu as usize) {
+            Some(Ok(m)) => Ok(m),
+            Some(Err(e)) => Err(e.as_str()),
+            None => Err("no such GPU"),
+        }
+    }
 }
 
 impl InferDone {
@@ -577,6 +608,35 @@ impl State {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Maps caller memory into every engine's GPU (blocking: a CUDA backend page-locks it on its
+    /// dispatcher thread). A GPU whose backend cannot map host memory gets the reason instead, and
+    /// requests going there take the copy path.
+    pub fn map_host_memory(&self, memory: Arc<dyn HostMemory>) -> HostRegion {
+        let mappings = self
+            .engines
+            .iter()
+            .map(|e| match e.engine.map_host(memory.clone()) {
+                Ok(m) => {
+                    self.metrics.shm_mapped_regions.fetch_add(1, Ordering::Relaxed);
+                    Ok(m)
+                }
+                Err(err) => Err(err.to_string()),
+            })
+            .collect();
+        HostRegion { mappings }
+    }
+
+    /// Unmaps a region from every GPU; blocks until the requests using it have completed.
+    pub fn unmap_host_memory(&self, region: HostRegion) {
+        for (gpu, m) in region.mappings.into_iter().enumerate() {
+            let Ok(m) = m else { continue };
+            if let Err(e) = self.engines[gpu].engine.unmap_host(m.id) {
+                warn!(gpu, error = %e, "cannot unmap a shared-memory region");
+            }
+            self.metrics.shm_mapped_regions.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Submits a request; `on_done` runs on the engine's dispatcher thread (keep it short: send on
     /// a channel, copy into a region). Records the engine-side metrics; front ends count outcomes.
     pub fn submit(
@@ -599,10 +659,25 @@ impl State {
         before_done: Option<N>,
         on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
     ) -> Result<(), ServeError> {
+        self.submit_io(model, |_| Ok(EngineIo::Tensors(inputs)), options, before_done, on_done)
+    }
+
+    /// [`State::submit_notify`] with the request's tensors chosen once its GPU is known: `io`
+    /// gets the GPU the request goes to (zero-copy needs that GPU's mapping of the caller's memory).
+    pub fn submit_io<N: FnOnce() + Send + 'static>(
+        &self,
+        model: &Arc<ModelEntry>,
+        io: impl FnOnce(u32) -> Result<EngineIo, ServeError>,
+        options: RequestOptions,
+        before_done: Option<N>,
+        on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
+    ) -> Result<(), ServeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ServeError::Unavailable("the server is shutting down".into()));
         }
         let inst = model.pick_instance();
+        let io = io(inst.gpu)?;
+        let zero_copy = matches!(io, EngineIo::Bound { .. });
         inst.outstanding.fetch_add(1, Ordering::Relaxed);
         let class = options.class;
         let entry = model.clone();
@@ -614,7 +689,7 @@ impl State {
             let r = match r {
                 Ok(resp) => {
                     entry.metrics.completed(class, true, engine_ns, Some(&resp.timing));
-                    Ok(InferDone { outputs: resp.outputs, timing: resp.timing, engine_ns })
+                    Ok(InferDone { outputs: resp.outputs, timing: resp.timing, engine_ns, zero_copy })
                 }
                 Err(e) => {
                     entry.metrics.completed(class, false, engine_ns, None);
@@ -624,9 +699,13 @@ impl State {
             on_done(r);
         };
         let engine = &self.engines[inst.gpu as usize].engine;
-        let r = match before_done {
-            Some(n) => engine.submit_notify(&inst.engine_name, inputs, options, n, done),
-            None => engine.submit_with(&inst.engine_name, inputs, options, done),
+        let r = match (io, before_done) {
+            (EngineIo::Tensors(inputs), Some(n)) => engine.submit_notify(&inst.engine_name, inputs, options, n, done),
+            (EngineIo::Tensors(inputs), None) => engine.submit_with(&inst.engine_name, inputs, options, done),
+            (EngineIo::Bound { inputs, binding }, n) => {
+                let n = n.map(|n| Box::new(n) as Box<dyn FnOnce() + Send>);
+                engine.submit_bound(&inst.engine_name, inputs, binding, options, n, done)
+            }
         };
         if let Err(e) = r {
             inst.outstanding.fetch_sub(1, Ordering::Relaxed);

@@ -228,12 +228,18 @@ async fn chunked_post(base: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n");
     s.write_all(head.as_bytes()).await.unwrap();
-    for c in body.chunks(1000) {
-        s.write_all(format!("{:x}\r\n", c.len()).as_bytes()).await.unwrap();
-        s.write_all(c).await.unwrap();
-        s.write_all(b"\r\n").await.unwrap();
+    // The server may answer 413 and close before the whole body is sent: stop writing then and
+    // read the answer.
+    let sent: std::io::Result<()> = async {
+        for c in body.chunks(1000) {
+            s.write_all(format!("{:x}\r\n", c.len()).as_bytes()).await?;
+            s.write_all(c).await?;
+            s.write_all(b"\r\n").await?;
+        }
+        s.write_all(b"0\r\n\r\n").await
     }
-    s.write_all(b"0\r\n\r\n").await.unwrap();
+    .await;
+    let _ = sent;
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out).await;
     let text = String::from_utf8_lossy(&out).into_owned();

@@ -17,11 +17,12 @@ use bytemuck::{Pod, Zeroable};
 
 /// "KAIROSHM" little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KAIROSHM");
-/// Bumped on any change of this file's types or offsets.
-pub const VERSION: u32 = 1;
+/// Bumped on any change of this file's types or offsets (2: `Completion::flags`).
+pub const VERSION: u32 = 2;
 /// Inputs and outputs one submission can name.
 pub const INPUTS_MAX: usize = 8;
 pub const OUTPUTS_MAX: usize = 8;
+const _: () = assert!(OUTPUTS_MAX <= u8::MAX as usize);
 /// Error text carried inline in a completion (longer messages are cut).
 pub const MESSAGE_BYTES_MAX: usize = 128;
 /// Ring sizes are powers of two in 2..=RING_ENTRIES_MAX.
@@ -67,6 +68,9 @@ pub const CLASS_REAL_TIME: u8 = 1;
 pub const CLASS_BEST_EFFORT: u8 = 2;
 /// `Submission::flags` bits.
 pub const FLAG_TENANT: u32 = 1;
+/// `Completion::flags` bits: the GPU read the inputs from and wrote the outputs into the region
+/// directly (zero-copy); without it the server copied them.
+pub const COMPLETION_ZERO_COPY: u8 = 1;
 
 /// One request, written by the client into the submission ring.
 #[repr(C)]
@@ -101,7 +105,9 @@ pub struct Completion {
     pub tag: u64,
     /// 0 when the outputs are in place; otherwise a [`crate::Code`] number (gRPC numbering).
     pub status: u32,
-    pub output_count: u16,
+    pub output_count: u8,
+    /// `COMPLETION_*` bits.
+    pub flags: u8,
     pub deadline_missed: u8,
     pub message_len: u8,
     /// Wall time in the engine: submission to completion, as the server measured it.

@@ -14,15 +14,14 @@
 //!                                                     write only if the client announced a sleep
 //! ```
 //!
-//! The server fires the eventfd when the request completes: kairos' engine has no hook "just
-//! before the request's last kernel" yet (Paella fires there, so that the client is awake and
-//! polling when the result lands). The client side already follows Paella's scheme: after the
-//! wake-up it polls and never sleeps again for that request, so an earlier signal needs no client
-//! change.
+//! The server fires the eventfd when the request's last kernel is issued (Paella's hybrid
+//! wake-up): after the wake-up the client polls and never sleeps again for that request.
 //!
-//! Inputs and outputs are copied between the region and the engine's buffers (the copy path); a
-//! GPU reading the region directly through mapped pinned memory needs a `Gpu` hook that takes
-//! caller memory, which does not exist yet.
+//! Where the backend can (CUDA: the region's data area page-locked and mapped into the GPU; the
+//! simulator emulates it), the GPU reads the inputs from and writes the outputs into the region
+//! directly: no copy on either side ([`ShmResult::zero_copy`] says so per request). Buffers are
+//! handed out at [`BUFFER_ALIGN_BYTES`] for that; spans a client places itself at other offsets,
+//! or inputs and outputs that overlap, take the copy path.
 
 pub mod layout;
 pub mod region;
@@ -88,6 +87,8 @@ pub struct ShmResult {
     pub timing: ServerTiming,
     /// Bytes written into each output buffer.
     pub output_lens: Vec<u64>,
+    /// The GPU read the inputs and wrote the outputs in the region itself (no copies).
+    pub zero_copy: bool,
 }
 
 /// Buffers kept per model by [`ShmClient::infer`].
@@ -96,8 +97,9 @@ struct Scratch {
     outputs: Vec<Buffer>,
 }
 
-/// Alignment of buffers handed out by [`ShmClient::alloc`].
-pub const BUFFER_ALIGN_BYTES: u64 = 64;
+/// Alignment of buffers handed out by [`ShmClient::alloc`]: what GPU allocations get (kernels may
+/// assume it), so that the GPU can read and write the buffers in place.
+pub const BUFFER_ALIGN_BYTES: u64 = 256;
 
 pub struct ShmClient {
     sock: OwnedFd,
@@ -114,6 +116,8 @@ pub struct ShmClient {
     free: BTreeMap<u64, u64>,
     scratch: HashMap<u32, Scratch>,
     recv_buf: Vec<u8>,
+    /// Completed requests by data path: (zero-copy, copied).
+    paths: (u64, u64),
 }
 
 impl std::fmt::Debug for ShmClient {
@@ -220,6 +224,7 @@ impl ShmClient {
             free,
             scratch: HashMap::new(),
             recv_buf: Vec::new(),
+            paths: (0, 0),
         })
     }
 
@@ -262,7 +267,7 @@ impl ShmClient {
         result
     }
 
-    /// A buffer of `len` bytes in the data area (first fit, 64-byte aligned).
+    /// A buffer of `len` bytes in the data area (first fit, [`BUFFER_ALIGN_BYTES`] aligned).
     pub fn alloc(&mut self, len: u64) -> Result<Buffer> {
         let want = len.max(1).div_ceil(BUFFER_ALIGN_BYTES) * BUFFER_ALIGN_BYTES;
         let found = self.free.iter().find(|&(_, &l)| l >= want).map(|(&o, &l)| (o, l));
@@ -311,6 +316,11 @@ impl ShmClient {
         // SAFETY: mutable slices need `&mut self`, so none is alive (1); reading an output before
         // its completion is outside the documented contract (2).
         unsafe { self.region.data(buf.span) }.map_err(|e| ClientError::Usage(e.to_string()))
+    }
+
+    /// Requests completed so far (successfully) by data path: (zero-copy, copied by the server).
+    pub fn data_paths(&self) -> (u64, u64) {
+        self.paths
     }
 
     /// Requests in flight (submitted, completion not yet returned by `wait`).
@@ -384,6 +394,12 @@ impl ShmClient {
             return Err(status_error(c.status, c.message()));
         }
         let n = (c.output_count as usize).min(OUTPUTS_MAX);
+        let zero_copy = c.flags & COMPLETION_ZERO_COPY != 0;
+        if zero_copy {
+            self.paths.0 += 1;
+        } else {
+            self.paths.1 += 1;
+        }
         Ok(ShmResult {
             tag: c.tag,
             timing: ServerTiming {
@@ -393,6 +409,7 @@ impl ShmClient {
                 deadline_missed: c.deadline_missed != 0,
             },
             output_lens: c.output_lens[..n].to_vec(),
+            zero_copy,
         })
     }
 

@@ -10,6 +10,7 @@
 
 use super::layout::*;
 use super::ring::RingMemory;
+use kairos_gpu::{HostMemory, HostRange};
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fd::OwnedFd;
 use std::marker::PhantomData;
@@ -207,6 +208,41 @@ impl Region {
     }
 }
 
+/// A region's data area lent to a GPU for zero-copy requests (`kairos_gpu::Gpu::map_host`): the
+/// server maps it into each engine's GPU, which then reads inputs and writes outputs in place.
+/// Offsets are relative to the data area. It holds the region alive, so a GPU that holds it keeps
+/// the mapping valid; the memfd is sealed, so the client cannot shrink the pages away under it.
+#[derive(Debug)]
+pub struct DataArea(pub std::sync::Arc<Region>);
+
+impl HostMemory for DataArea {
+    fn len_bytes(&self) -> u64 {
+        self.0.layout.data_bytes
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) {
+        let span = Span { offset, len: out.len() as u64 };
+        self.0.read_data(span, out).unwrap_or_else(|e| panic!("DataArea::read_at: {e}"));
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) {
+        let span = Span { offset, len: data.len() as u64 };
+        self.0.write_data(span, data).unwrap_or_else(|e| panic!("DataArea::write_at: {e}"));
+    }
+
+    fn pinnable(&self) -> Option<HostRange<'_>> {
+        let l = &self.0.layout;
+        // SAFETY: the data area lies inside the map (the layout says so, and the map is
+        // `region_bytes` long) and is readable and writable; the map lives as long as the Region,
+        // which this value holds, and is never remapped; the memfd behind it is sealed against
+        // shrinking, so no peer can take the pages away (1). This process touches the data area
+        // only through raw-pointer copies (`read_data`, `write_data`) except in the client's
+        // `data`/`data_mut`, whose contracts forbid a slice over a span the server (here: the
+        // GPU) may write, i.e. an output of an uncompleted request (2).
+        Some(unsafe { HostRange::new(self.0.map.as_ptr() as usize + l.data_offset as usize, l.data_bytes as usize) })
+    }
+}
+
 /// One of the region's two rings, as [`RingMemory`].
 pub struct ShmRing<'a, T> {
     region: &'a Region,
@@ -286,6 +322,26 @@ mod tests {
         p.push(&client.sq(), s).unwrap();
         assert_eq!(c.pop(&server.sq()).unwrap(), Some(s));
         assert_eq!(c.pop(&server.sq()).unwrap(), None);
+    }
+
+    #[test]
+    fn the_data_area_is_lent_as_host_memory() {
+        let layout = Layout::new(8, 8, 1 << 16).unwrap();
+        let (server, fd) = Region::create(layout, "kairos-test").unwrap();
+        let client = Region::open(fd).unwrap();
+        let area = DataArea(std::sync::Arc::new(server));
+        assert_eq!(area.len_bytes(), layout.data_bytes);
+        let r = area.pinnable().unwrap();
+        assert_eq!(r.addr() % PAGE_BYTES as usize, 0);
+        assert_eq!(r.len() as u64, layout.data_bytes);
+        // Bytes the client writes are what the lent memory reads, and the other way round.
+        client.write_data(Span { offset: 4096, len: 3 }, b"abc").unwrap();
+        let mut out = [0u8; 3];
+        area.read_at(4096, &mut out);
+        assert_eq!(&out, b"abc");
+        area.write_at(8192, b"xyz");
+        assert_eq!(client.read_data_vec(Span { offset: 8192, len: 3 }).unwrap(), b"xyz");
+        assert!(std::panic::catch_unwind(|| area.read_at(layout.data_bytes - 1, &mut [0u8; 2])).is_err());
     }
 
     #[test]
