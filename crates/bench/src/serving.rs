@@ -3,8 +3,9 @@
 //! One client on the calling thread sends requests one after another (closed loop, one in flight)
 //! to a running server, over each transport in turn: REST with JSON tensors, REST with the binary
 //! tensor extension, gRPC, the shared-memory channel with Paella's hybrid wait, the shared-memory
-//! channel polling, and the same channel's Unix socket carrying the tensors (the baseline of
-//! Paella's Figure 14). Per request it records the latency the client observed and the timing the
+//! channel polling, the same channel with its buffers placed so that the server must copy
+//! (`shm-copy`, the path zero-copy replaces), and the same channel's Unix socket carrying the
+//! tensors (the baseline of Paella's Figure 14). Per request it records the latency the client observed and the timing the
 //! server returned with the answer; the overhead of a request is its client latency minus its own
 //! GPU time (first kernel issued to last kernel done), and minus its engine time (submission to
 //! completion inside the dispatcher). Percentiles are of those per-request differences, not
@@ -16,11 +17,17 @@
 //!
 //! The first answer of every transport is compared with the first transport's: the same request
 //! must give the same tensors whichever way it travelled.
+//!
+//! The shared-memory transports report which data path the server took for the measured requests
+//! (`data_path`): `zero-copy` when the GPU read the inputs from and wrote the outputs into the
+//! client's region in place (mapped pinned memory on CUDA), `copy` when the server copied them
+//! between the region and the engine, or the mix.
 
 use crate::Error;
 use kairos_client::grpc::GrpcClient;
 use kairos_client::rest::RestClient;
-use kairos_client::shm::{ConnectOptions, ShmClient, ShmModel, Wait};
+use kairos_client::shm::layout::Span;
+use kairos_client::shm::{Buffer, ConnectOptions, ShmClient, ShmModel, Wait};
 use kairos_client::{InferOptions, ServerTiming};
 use kairos_ir::{DType, Tensor};
 use serde::Serialize;
@@ -44,17 +51,22 @@ pub enum Transport {
     ShmHybrid,
     /// The shared-memory channel, spinning on the completion ring.
     ShmPoll,
+    /// The shared-memory channel with the hybrid wait and buffers placed off the GPU's alignment,
+    /// so the server copies the tensors between the region and the engine (the path zero-copy
+    /// replaces), for comparison on the same server.
+    ShmCopy,
     /// The channel's Unix socket carrying the tensors both ways, the client blocked in `recv`.
     Socket,
 }
 
 impl Transport {
-    pub const ALL: [Transport; 6] = [
+    pub const ALL: [Transport; 7] = [
         Transport::RestJson,
         Transport::RestBinary,
         Transport::Grpc,
         Transport::ShmHybrid,
         Transport::ShmPoll,
+        Transport::ShmCopy,
         Transport::Socket,
     ];
 
@@ -65,6 +77,7 @@ impl Transport {
             Transport::Grpc => "grpc",
             Transport::ShmHybrid => "shm-hybrid",
             Transport::ShmPoll => "shm-poll",
+            Transport::ShmCopy => "shm-copy",
             Transport::Socket => "socket",
         }
     }
@@ -141,6 +154,10 @@ pub struct TransportResult {
     pub client_cpu_fraction: f64,
     /// Requests per second the single closed-loop client achieved.
     pub throughput_per_s: f64,
+    /// Shared-memory transports: the server's data path for the measured requests (`zero-copy`,
+    /// `copy`, or `mixed: Z zero-copy, C copied`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_path: Option<String>,
     /// Why this transport could not serve the model (the other fields are then zero).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -178,10 +195,29 @@ fn client_err(what: &str, e: kairos_client::ClientError) -> Error {
 
 /// One transport's client, connected.
 pub(crate) enum Client {
-    Rest { rt: tokio::runtime::Runtime, client: RestClient, binary: bool },
-    Grpc { rt: tokio::runtime::Runtime, client: GrpcClient },
-    Shm { client: Box<ShmClient>, wait: Option<Wait> },
+    Rest {
+        rt: tokio::runtime::Runtime,
+        client: RestClient,
+        binary: bool,
+    },
+    Grpc {
+        rt: tokio::runtime::Runtime,
+        client: GrpcClient,
+    },
+    Shm {
+        client: Box<ShmClient>,
+        wait: Option<Wait>,
+    },
+    /// The ring with buffers at 64 bytes past the GPU's alignment (kept per model handle).
+    ShmCopy {
+        client: Box<ShmClient>,
+        buffers: std::collections::HashMap<u32, (Vec<Buffer>, Vec<Buffer>)>,
+    },
 }
+
+/// How far past an aligned buffer `shm-copy` places its tensors: the client's buffers start on
+/// 256-byte boundaries (what GPU kernels may assume), 64 bytes off is not one.
+const SHM_COPY_SKEW_BYTES: u64 = 64;
 
 fn runtime() -> Result<tokio::runtime::Runtime, Error> {
     tokio::runtime::Builder::new_current_thread()
@@ -190,7 +226,25 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(|e| Error::Invalid(format!("cannot start a tokio runtime: {e}")))
 }
 
+/// How the server served `(zero-copy, copied)` requests.
+fn data_path_name((zero_copy, copied): (u64, u64)) -> String {
+    match (zero_copy, copied) {
+        (0, 0) => "none".into(),
+        (_, 0) => "zero-copy".into(),
+        (0, _) => "copy".into(),
+        (z, c) => format!("mixed: {z} zero-copy, {c} copied"),
+    }
+}
+
 impl Client {
+    /// Shared-memory ring clients: requests completed so far by data path (zero-copy, copied).
+    pub(crate) fn data_paths(&self) -> Option<(u64, u64)> {
+        match self {
+            Client::Shm { client, wait: Some(_) } | Client::ShmCopy { client, .. } => Some(client.data_paths()),
+            _ => None,
+        }
+    }
+
     pub(crate) fn connect(t: Transport, at: &Endpoints) -> Result<Client, Error> {
         let need = |v: &Option<String>, what: &str| {
             v.clone().ok_or_else(|| Error::Invalid(format!("transport {} needs the server's {what} address", t.name())))
@@ -206,6 +260,14 @@ impl Client {
                 let url = need(&at.grpc, "gRPC")?;
                 let client = rt.block_on(GrpcClient::connect(&url)).map_err(|e| client_err("gRPC connect", e))?;
                 Client::Grpc { rt, client }
+            }
+            Transport::ShmCopy => {
+                let path = at
+                    .shm
+                    .clone()
+                    .ok_or_else(|| Error::Invalid(format!("transport {} needs the server's shared-memory socket", t.name())))?;
+                let client = ShmClient::connect(&path, ConnectOptions::default()).map_err(|e| client_err("shm connect", e))?;
+                Client::ShmCopy { client: Box::new(client), buffers: std::collections::HashMap::new() }
             }
             Transport::ShmHybrid | Transport::ShmPoll | Transport::Socket => {
                 let path = at
@@ -247,6 +309,34 @@ impl Client {
             Client::Shm { client, wait: None } => {
                 let m = client.open_model(&model.name, &model.version)?;
                 client.infer_socket(&m, inputs, opts)
+            }
+            Client::ShmCopy { client, buffers } => {
+                let m = client.open_model(&model.name, &model.version)?;
+                if !buffers.contains_key(&m.handle) {
+                    let mut skewed = |len: u64| -> kairos_client::Result<Buffer> {
+                        let b = client.alloc(len + SHM_COPY_SKEW_BYTES)?;
+                        Ok(Buffer { span: Span { offset: b.span.offset + SHM_COPY_SKEW_BYTES, len } })
+                    };
+                    let ins = m.inputs.iter().map(|s| skewed(s.len_bytes())).collect::<kairos_client::Result<Vec<_>>>()?;
+                    let outs = m.outputs.iter().map(|s| skewed(s.len_bytes())).collect::<kairos_client::Result<Vec<_>>>()?;
+                    buffers.insert(m.handle, (ins, outs));
+                }
+                let (ins, outs) = &buffers[&m.handle];
+                for ((t, spec), b) in inputs.iter().zip(&m.inputs).zip(ins) {
+                    client.buffer_mut(b)?.copy_from_slice(&t.cast(spec.dtype).to_bytes());
+                }
+                let tag = client.submit(&m, ins, outs, opts)?;
+                let r = client.wait(tag, Wait::Hybrid)?;
+                let outputs = m
+                    .outputs
+                    .iter()
+                    .zip(outs)
+                    .map(|(spec, b)| {
+                        Tensor::from_bytes(spec.dtype, spec.shape.clone(), client.buffer(b)?)
+                            .map_err(kairos_client::ClientError::Protocol)
+                    })
+                    .collect::<kairos_client::Result<Vec<_>>>()?;
+                Ok((outputs, r.timing))
             }
         }
     }
@@ -328,6 +418,7 @@ pub fn measure_model(
                 client_cpu_per_request_us: 0.0,
                 client_cpu_fraction: 0.0,
                 throughput_per_s: 0.0,
+                data_path: None,
                 error: Some(e.to_string()),
             },
         };
@@ -356,6 +447,7 @@ fn measure_one(
         let mut engine_ns = Vec::with_capacity(opts.requests);
         let mut over_gpu = Vec::with_capacity(opts.requests);
         let mut over_engine = Vec::with_capacity(opts.requests);
+        let paths0 = client.data_paths();
         let cpu0 = thread_cpu_ns();
         let wall0 = Instant::now();
         for i in 0..opts.requests {
@@ -388,6 +480,10 @@ fn measure_one(
         }
         let wall = wall0.elapsed().as_nanos() as f64;
         let cpu = (thread_cpu_ns() - cpu0) as f64;
+        let data_path = match (paths0, client.data_paths()) {
+            (Some(a), Some(b)) => Some(data_path_name((b.0 - a.0, b.1 - a.1))),
+            _ => None,
+        };
         let r = TransportResult {
             model: model.name.clone(),
             transport: t,
@@ -400,6 +496,7 @@ fn measure_one(
             client_cpu_per_request_us: cpu / opts.requests as f64 / 1e3,
             client_cpu_fraction: if wall > 0.0 { cpu / wall } else { 0.0 },
             throughput_per_s: if wall > 0.0 { opts.requests as f64 / (wall / 1e9) } else { 0.0 },
+            data_path,
             error: None,
         };
         Ok(r)
@@ -409,19 +506,23 @@ fn measure_one(
 /// The results as a markdown table.
 pub fn markdown(results: &[TransportResult]) -> String {
     let mut s = String::from(
-        "| model | transport | client p50 (µs) | client p99 (µs) | GPU p50 (µs) | over GPU p50 (µs) | over GPU p99 (µs) | over engine p50 (µs) | over engine p99 (µs) | client CPU / request (µs) | client CPU busy |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| model | transport | data path | client p50 (µs) | client p99 (µs) | GPU p50 (µs) | over GPU p50 (µs) | over GPU p99 (µs) | over engine p50 (µs) | over engine p99 (µs) | client CPU / request (µs) | client CPU busy |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
         if let Some(e) = &r.error {
             let e: String = e.chars().map(|c| if c == '|' { '/' } else { c }).collect();
-            s.push_str(&format!("| {} | {} | not measured: {e} ||||||||||\n", r.model, r.transport.name()));
+            s.push_str(&format!("| {} | {} | not measured: {e} |||||||||||\n", r.model, r.transport.name()));
             continue;
         }
         s.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |\n",
             r.model,
             r.transport.name(),
+            r.data_path.as_deref().unwrap_or(match r.transport {
+                Transport::Socket => "socket message",
+                _ => "serialized",
+            }),
             r.client.p50_us,
             r.client.p99_us,
             r.gpu.p50_us,
@@ -451,6 +552,13 @@ mod tests {
         let mut one = vec![-3000];
         assert_eq!(Spread::of_ns(&mut one).p99_us, -3.0);
         assert_eq!(Spread::of_ns(&mut []).p50_us, 0.0);
+    }
+
+    #[test]
+    fn data_paths_are_named() {
+        assert_eq!(data_path_name((100, 0)), "zero-copy");
+        assert_eq!(data_path_name((0, 100)), "copy");
+        assert_eq!(data_path_name((3, 97)), "mixed: 3 zero-copy, 97 copied");
     }
 
     #[test]

@@ -42,6 +42,14 @@ fn every_transport_measures_the_small_model() {
         assert!(r.over_engine.p50_us >= 0.0, "{r:?}");
         assert!(r.client_cpu_per_request_us > 0.0 && r.client_cpu_fraction <= 1.05, "{r:?}");
         assert!(r.throughput_per_s > 0.0);
+        // The simulator maps the client's region, so the ring goes zero-copy unless the buffers
+        // are placed to prevent it.
+        let want = match r.transport {
+            Transport::ShmHybrid | Transport::ShmPoll => Some("zero-copy"),
+            Transport::ShmCopy => Some("copy"),
+            _ => None,
+        };
+        assert_eq!(r.data_path.as_deref(), want, "{:?}", r.transport);
     }
     let md = serving::markdown(&results);
     assert_eq!(md.lines().count(), 2 + Transport::ALL.len());

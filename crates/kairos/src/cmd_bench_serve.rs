@@ -19,12 +19,14 @@ pub struct ServeBenchArgs {
     /// (served in fp16 at batch 1).
     #[arg(long, env = "KAIROS_BENCH_MODELS", value_delimiter = ',', default_value = "mlp,gap224,mlp_w1024_d8")]
     pub models: Vec<String>,
-    /// Transports, in order: rest-json, rest-binary, grpc, shm-hybrid, shm-poll, socket.
+    /// Transports, in order: rest-json, rest-binary, grpc, shm-hybrid, shm-poll (both zero-copy
+    /// where the backend maps the client's region), shm-copy (the ring with buffers off the GPU's
+    /// alignment, so the server copies: the path zero-copy replaces), socket.
     #[arg(
         long,
         env = "KAIROS_BENCH_TRANSPORTS",
         value_delimiter = ',',
-        default_value = "rest-json,rest-binary,grpc,shm-hybrid,shm-poll,socket"
+        default_value = "rest-json,rest-binary,grpc,shm-hybrid,shm-poll,shm-copy,socket"
     )]
     pub transports: Vec<String>,
     /// Measured requests per model and transport (one in flight).
@@ -132,8 +134,9 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
                     return;
                 }
                 eprintln!(
-                    "  {:<12} client p50 {:>8.1} µs p99 {:>8.1} µs | over GPU p50 {:>8.1} µs | over engine p50 {:>7.1} µs | client CPU {:>6.1} µs/request ({:.0}% busy)",
+                    "  {:<12} {:<10} client p50 {:>8.1} µs p99 {:>8.1} µs | over GPU p50 {:>8.1} µs | over engine p50 {:>7.1} µs | client CPU {:>6.1} µs/request ({:.0}% busy)",
                     r.transport.name(),
+                    r.data_path.as_deref().unwrap_or(""),
                     r.client.p50_us,
                     r.client.p99_us,
                     r.over_gpu.p50_us,
@@ -165,7 +168,8 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
     std::fs::write(a.out.join("serve.json"), serde_json::to_string_pretty(&json)?)?;
     let table = format!(
         "Serving overhead on {device}: one client, one request in flight, {} requests per row after {} warm-up.\n\
-         \"over GPU\": client latency minus the request's GPU time; \"over engine\": minus its time inside the engine.\n\n{}",
+         \"over GPU\": client latency minus the request's GPU time; \"over engine\": minus its time inside the engine.\n\
+         \"data path\" of the shared-memory rows: zero-copy (the GPU reads and writes the client's region in place) or copy.\n\n{}",
         a.requests,
         a.warmup,
         serving::markdown(&all)
