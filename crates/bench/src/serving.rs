@@ -312,14 +312,14 @@ impl Client {
             }
             Client::ShmCopy { client, buffers } => {
                 let m = client.open_model(&model.name, &model.version)?;
-                if !buffers.contains_key(&m.handle) {
+                if let std::collections::hash_map::Entry::Vacant(slot) = buffers.entry(m.handle) {
                     let mut skewed = |len: u64| -> kairos_client::Result<Buffer> {
                         let b = client.alloc(len + SHM_COPY_SKEW_BYTES)?;
                         Ok(Buffer { span: Span { offset: b.span.offset + SHM_COPY_SKEW_BYTES, len } })
                     };
                     let ins = m.inputs.iter().map(|s| skewed(s.len_bytes())).collect::<kairos_client::Result<Vec<_>>>()?;
                     let outs = m.outputs.iter().map(|s| skewed(s.len_bytes())).collect::<kairos_client::Result<Vec<_>>>()?;
-                    buffers.insert(m.handle, (ins, outs));
+                    slot.insert((ins, outs));
                 }
                 let (ins, outs) = &buffers[&m.handle];
                 for ((t, spec), b) in inputs.iter().zip(&m.inputs).zip(ins) {
