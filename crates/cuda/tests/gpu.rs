@@ -459,12 +459,20 @@ fn run_with_bases(
     Ok(())
 }
 
+/// The same tensor with its elements in reverse order (new inputs with values in range).
+fn reversed(t: &kairos_ir::Tensor) -> kairos_ir::Tensor {
+    let e = t.dtype().size_bytes();
+    let bytes: Vec<u8> = t.to_bytes().chunks_exact(e).rev().flatten().copied().collect();
+    kairos_ir::Tensor::from_bytes(t.dtype(), t.shape.clone(), &bytes).unwrap()
+}
+
 /// Zero-copy I/O: a model's inputs read from and outputs written to page-aligned host memory mapped
 /// into the device (`map_host`: cuMemHostRegister + the system-scope fence on launches that touch
 /// it) give the copy path's bytes bit for bit, leave every other byte of the memory alone, and the
-/// outputs are in place when LaunchDone is seen. Unmapping is refused while a launch using the
-/// mapping is in flight, and a second mapping of the same memory keeps working after the first
-/// one's unmap (the process-wide registration is reference-counted).
+/// outputs are in place when LaunchDone is seen. The host then writes new inputs into the same
+/// bytes and the next run sees them (nothing stale cached on the device). Unmapping is refused
+/// while a launch using the mapping is in flight, and a second mapping of the same memory keeps
+/// working after the first one's unmap (the process-wide registration is reference-counted).
 #[test]
 fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
     use kairos_cuda::hostmap::PageBuffer;
@@ -472,7 +480,15 @@ fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
     let Some(mut gpu) = gpu() else { return };
     for (name, dtype) in [("resnet18", DType::F16), ("distilbert", DType::F32)] {
         let m = suite::zoo_model(name, dtype, 1, 32).unwrap();
-        let want = suite::run_on_gpu(&mut gpu, &m.plan, &m.inputs, MemKind::Device).unwrap();
+        let input_sets = [m.inputs.clone(), m.inputs.iter().map(reversed).collect::<Vec<_>>()];
+        let wants: Vec<Vec<Vec<u8>>> = input_sets
+            .iter()
+            .map(|inputs| {
+                let out = suite::run_on_gpu(&mut gpu, &m.plan, inputs, MemKind::Device).unwrap();
+                out.iter().map(|t| t.to_bytes()).collect()
+            })
+            .collect();
+        assert_ne!(wants[0], wants[1], "{name}: the two input sets give the same outputs");
         // Inputs, then outputs, each at a 256-byte boundary after a 4 KiB gap.
         let mut at = 4096u64;
         let mut place = |len: u64| {
@@ -484,19 +500,22 @@ fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
         let out_offsets: Vec<u64> = m.plan.outputs.iter().map(|t| place(t.len_bytes())).collect();
         let buf = std::sync::Arc::new(PageBuffer::new(at as usize));
         buf.write_at(0, &vec![0xa5u8; buf.len_bytes() as usize]);
-        for (i, (t, &o)) in m.inputs.iter().zip(&in_offsets).enumerate() {
-            buf.write_at(o, &input_bytes(&m.plan, i, t).unwrap());
-        }
-        let mut before = vec![0u8; buf.len_bytes() as usize];
-        buf.read_at(0, &mut before);
+        let write_inputs = |set: &[kairos_ir::Tensor]| {
+            for (i, (t, &o)) in set.iter().zip(&in_offsets).enumerate() {
+                buf.write_at(o, &input_bytes(&m.plan, i, t).unwrap());
+            }
+        };
         let first = gpu.map_host(buf.clone()).unwrap();
         let second = gpu.map_host(buf.clone()).unwrap();
         assert_eq!(first.bytes, buf.len_bytes());
         assert_eq!(first.ptr.0 % first.align_bytes, 0);
         let weights = upload_weights(&mut *gpu, &m.plan, MemKind::Device).unwrap();
         let arena = gpu.alloc(m.plan.arena_bytes.max(1), MemKind::Device).unwrap();
-        let mut outputs_of_run = Vec::new();
-        for mapping in [first, second] {
+        let in_outputs = |b: u64| m.plan.outputs.iter().zip(&out_offsets).any(|(t, &o)| (o..o + t.len_bytes()).contains(&b));
+        for (run, mapping) in [first, second].into_iter().enumerate() {
+            write_inputs(&input_sets[run]);
+            let mut before = vec![0u8; buf.len_bytes() as usize];
+            buf.read_at(0, &mut before);
             let bases = SpaceBases {
                 arena: arena.ptr,
                 weights: weights.ptr,
@@ -522,21 +541,16 @@ fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
                     v
                 })
                 .collect();
-            outputs_of_run.push(outs);
+            let same = outs == wants[run];
+            println!("{name} {dtype:?}: zero-copy run {run}, outputs identical to the copy path: {same}");
+            assert!(same, "{name} {dtype:?}: zero-copy outputs differ from the copy path (run {run})");
+            let mut after = vec![0u8; buf.len_bytes() as usize];
+            buf.read_at(0, &mut after);
+            let stray = (0..after.len()).filter(|&b| after[b] != before[b] && !in_outputs(b as u64)).count();
+            assert_eq!(stray, 0, "{name}: {stray} bytes outside the outputs changed (run {run})");
             gpu.unmap_host(mapping.id).unwrap();
             assert!(gpu.unmap_host(mapping.id).is_err(), "a mapping goes once");
         }
-        let want_bytes: Vec<Vec<u8>> = want.iter().map(|t| t.to_bytes()).collect();
-        for (run, outs) in outputs_of_run.iter().enumerate() {
-            let same = *outs == want_bytes;
-            println!("{name} {dtype:?}: zero-copy run {run}, outputs identical to the copy path: {same}");
-            assert!(same, "{name} {dtype:?}: zero-copy outputs differ from the copy path (run {run})");
-        }
-        let mut after = vec![0u8; buf.len_bytes() as usize];
-        buf.read_at(0, &mut after);
-        let in_outputs = |b: u64| m.plan.outputs.iter().zip(&out_offsets).any(|(t, &o)| (o..o + t.len_bytes()).contains(&b));
-        let stray = (0..after.len()).filter(|&b| after[b] != before[b] && !in_outputs(b as u64)).count();
-        assert_eq!(stray, 0, "{name}: {stray} bytes outside the outputs changed");
         gpu.free(arena).unwrap();
         gpu.free(weights).unwrap();
         assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the GPU let go of the memory");
