@@ -303,7 +303,8 @@ impl ShmClient {
     }
 
     /// The buffer's bytes, to write an input in place. Do not hold it across a submission that
-    /// names the buffer as an output.
+    /// names the buffer as an output, and do not change a submitted request's inputs before its
+    /// completion: on the zero-copy path the GPU reads them in place while the request runs.
     pub fn buffer_mut(&mut self, buf: &Buffer) -> Result<&mut [u8]> {
         // SAFETY: `&mut self` keeps every other slice of this client's region dead while this one
         // lives (1); the server writes a buffer only as the output of a submitted request, and the
@@ -328,7 +329,10 @@ impl ShmClient {
         self.in_flight
     }
 
-    /// Submits one request naming buffers of this region; returns its tag.
+    /// Submits one request naming buffers of this region; returns its tag. The buffers belong to
+    /// the request until its completion (the GPU may read the inputs and write the outputs in
+    /// place all that time). Buffers from [`ShmClient::alloc`] suit the zero-copy path; spans at
+    /// other alignments, and outputs overlapping an input or another output, are served by copies.
     pub fn submit(&mut self, model: &ShmModel, inputs: &[Buffer], outputs: &[Buffer], opts: &InferOptions) -> Result<u64> {
         if inputs.len() > INPUTS_MAX || outputs.len() > OUTPUTS_MAX {
             return Err(ClientError::Usage(format!("at most {INPUTS_MAX} inputs and {OUTPUTS_MAX} outputs per submission")));
