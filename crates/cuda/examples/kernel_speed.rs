@@ -4,7 +4,12 @@
 //! reference (computed on the other cores meanwhile). A table is printed last.
 //!
 //!   cargo run --release -p kairos-cuda --example kernel_speed -- [--dtype f16|f32] [--seq 128]
-//!       [--no-check] [--no-tune] [--top 8] MODEL...
+//!       [--no-check] [--no-tune] [--top 8] [--plain] MODEL...
+//!
+//! `--plain` also times every launch with device events twice, under the protocol and built as a
+//! plain grid (one CTA per logical block, no protocol), and lists the slowest launches with all
+//! three times (the span is from the first placement record to LaunchDone; events include the
+//! launch itself).
 //!
 //! Needs a GPU; `scripts/gpu-suite.sh speed` runs it on the device.
 
@@ -22,6 +27,8 @@ struct Timing {
     kernel_ns: u64,
     by_kind: BTreeMap<String, (u64, usize)>,
     slowest: Vec<(u64, String, String)>,
+    /// Per launch with `--plain`: (events under the protocol, events as a plain grid), ns.
+    plain: Vec<(u64, u64)>,
 }
 
 fn median(v: &mut [u64]) -> u64 {
@@ -29,7 +36,7 @@ fn median(v: &mut [u64]) -> u64 {
     v[v.len() / 2]
 }
 
-fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize) -> Result<Timing> {
+fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, plain: bool) -> Result<Timing> {
     let stream = gpu.utility_stream()?;
     run_plan(gpu, plan, bufs, stream)?;
     let mut lat: Vec<u64> = (0..15).map(|_| run_plan(gpu, plan, bufs, stream)).collect::<Result<_>>()?;
@@ -39,7 +46,8 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize) -> 
     let mut by_kind: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     let mut slowest = Vec::new();
     let mut kernel_ns = 0;
-    for l in &plan.launches {
+    let mut plain_ns = Vec::new();
+    for (i, l) in plan.launches.iter().enumerate() {
         bufs.bases.resolve_all(&l.args, &mut args);
         let req = LaunchRequest {
             kernel: &l.kernel,
@@ -55,6 +63,17 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize) -> 
         let mut t: Vec<u64> = (0..3).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
         let ns = median(&mut t);
         kernel_ns += ns;
+        let both = if plain {
+            let mut ev = |v| -> Result<u64> {
+                let mut t: Vec<u64> = (0..3).map(|_| gpu.time_launch(&req, v)).collect::<Result<_>>()?;
+                Ok(median(&mut t))
+            };
+            let p = (ev(kairos_cuda::Variant::Protocol)?, ev(kairos_cuda::Variant::Plain)?);
+            plain_ns.push(p);
+            format!(" events {:.1} / plain {:.1} us", p.0 as f64 / 1e3, p.1 as f64 / 1e3)
+        } else {
+            String::new()
+        };
         let e = by_kind.entry(l.kernel.name().to_string()).or_default();
         e.0 += ns;
         e.1 += 1;
@@ -69,11 +88,11 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize) -> 
             }
             _ => format!("blocks {} {res}", l.shape.logical_blocks),
         };
-        slowest.push((ns, l.name.clone(), tile));
+        slowest.push((ns, format!("#{i} {}", l.name), format!("{tile}{both}")));
     }
     slowest.sort_by(|a, b| b.0.cmp(&a.0));
     slowest.truncate(top);
-    Ok(Timing { latency_ns, kernel_ns, by_kind, slowest })
+    Ok(Timing { latency_ns, kernel_ns, by_kind, slowest, plain: plain_ns })
 }
 
 fn print_timing(label: &str, t: &Timing) {
@@ -86,12 +105,22 @@ fn print_timing(label: &str, t: &Timing) {
     for (ns, name, tile) in &t.slowest {
         println!("    {:>9.1} us  {name}  [{tile}]", *ns as f64 / 1e3);
     }
+    if !t.plain.is_empty() {
+        let (p, q) = t.plain.iter().fold((0u64, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+        println!(
+            "    device events over {} launches: protocol {:.3} ms, plain grid {:.3} ms ({:+.1}%)",
+            t.plain.len(),
+            p as f64 / 1e6,
+            q as f64 / 1e6,
+            (p as f64 / q.max(1) as f64 - 1.0) * 100.0
+        );
+    }
 }
 
 fn main() {
     let mut dtype = DType::F16;
     let mut seq = 128usize;
-    let (mut check, mut tune, mut top) = (true, true, 8usize);
+    let (mut check, mut tune, mut top, mut plain) = (true, true, 8usize, false);
     let mut models = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -101,6 +130,7 @@ fn main() {
             "--top" => top = it.next().and_then(|v| v.parse().ok()).expect("--top N"),
             "--no-check" => check = false,
             "--no-tune" => tune = false,
+            "--plain" => plain = true,
             m => models.push(m.to_string()),
         }
     }
@@ -110,7 +140,9 @@ fn main() {
     let zoo: Vec<suite::ZooModel> =
         models.iter().map(|m| suite::zoo_model(m, dtype, 1, seq).unwrap_or_else(|e| panic!("{m}: {e}"))).collect();
     let mut gpu = CudaGpu::new(0).expect("a GPU");
-    let t = gpu.prepare(&[kairos_cuda::Variant::Protocol]).expect("kernel library");
+    let variants: &[kairos_cuda::Variant] =
+        if plain { &[kairos_cuda::Variant::Protocol, kairos_cuda::Variant::Plain] } else { &[kairos_cuda::Variant::Protocol] };
+    let t = gpu.prepare(variants).expect("kernel library");
     eprintln!("kernel library ready in {t:.0} ms on {}", gpu.info().name);
     // ptxas' resource report of the tile-engine kernels (registers, spills).
     let verbose = kairos_cuda::nvrtc::KernelCache { verbose: true, ..gpu.kernel_cache().clone() };
@@ -148,7 +180,7 @@ fn main() {
             );
             let bufs = PlanBuffers::new(&mut gpu, &m.plan, &m.inputs, MemKind::Device).expect("buffers");
             let stream = gpu.utility_stream().unwrap();
-            let before = time_plan(&mut gpu, &m.plan, &bufs, top).expect("timing");
+            let before = time_plan(&mut gpu, &m.plan, &bufs, top, plain).expect("timing");
             run_plan(&mut gpu, &m.plan, &bufs, stream).unwrap();
             let out_before = bufs.outputs(&mut gpu, &m.plan).unwrap();
             print_timing("lowering's tiles", &before);
@@ -160,7 +192,7 @@ fn main() {
                     "  autotune: {} shapes ({} timed, {} from the table), {} launches changed, {:.0} ms",
                     r.shapes, r.timed, r.from_table, r.launches_changed, r.elapsed_ms
                 );
-                let after = time_plan(&mut gpu, &tuned, &bufs, top).expect("timing");
+                let after = time_plan(&mut gpu, &tuned, &bufs, top, plain).expect("timing");
                 run_plan(&mut gpu, &tuned, &bufs, stream).unwrap();
                 let out = bufs.outputs(&mut gpu, &tuned).unwrap();
                 print_timing("autotuned", &after);

@@ -445,8 +445,8 @@ impl CudaGpu {
         Ok(info)
     }
 
-    fn kernel_function(&mut self, kernel: &Kernel, dtype: DType, v: Variant) -> Result<Arc<FunctionInfo>> {
-        let name = source::function_name(kernel, dtype).map_err(GpuError::Invalid)?;
+    fn kernel_function(&mut self, kernel: &Kernel, dtype: DType, threads: u32, v: Variant) -> Result<Arc<FunctionInfo>> {
+        let name = source::function_name(kernel, dtype, threads).map_err(GpuError::Invalid)?;
         self.function_by_name(&name, source::module_of(kernel), v)
     }
 
@@ -637,8 +637,9 @@ impl CudaGpu {
     /// Launches a plan kernel with extra options (an SM bitmap for placement tests).
     pub fn launch_with(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
         source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
-        let f = self.kernel_function(request.kernel, request.dtype, Variant::Protocol)?;
-        let name = source::function_name(request.kernel, request.dtype).map_err(GpuError::Invalid)?;
+        let threads = request.shape.threads_per_block;
+        let f = self.kernel_function(request.kernel, request.dtype, threads, Variant::Protocol)?;
+        let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
         let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
         let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
         let o = LaunchOptions {
@@ -726,8 +727,9 @@ impl CudaGpu {
     /// plain grid of one CTA per logical block. Returns nanoseconds.
     pub fn time_launch(&mut self, request: &LaunchRequest<'_>, variant: Variant) -> Result<u64> {
         source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
-        let f = self.kernel_function(request.kernel, request.dtype, variant)?;
-        let name = source::function_name(request.kernel, request.dtype).map_err(GpuError::Invalid)?;
+        let threads = request.shape.threads_per_block;
+        let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
+        let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
         let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
         let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
         let o = LaunchOptions {
@@ -1068,8 +1070,8 @@ impl Gpu for CudaGpu {
 
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
         source::check_shape(kernel, shape).map_err(GpuError::Invalid)?;
-        let f = self.kernel_function(kernel, dtype, Variant::Protocol)?;
-        let name = source::function_name(kernel, dtype).map_err(GpuError::Invalid)?;
+        let f = self.kernel_function(kernel, dtype, shape.threads_per_block, Variant::Protocol)?;
+        let name = source::function_name(kernel, dtype, shape.threads_per_block).map_err(GpuError::Invalid)?;
         if shape.threads_per_block > f.threads_max {
             return Err(GpuError::Invalid(format!("{name} runs at most {} threads per CTA", f.threads_max)));
         }

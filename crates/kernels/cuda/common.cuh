@@ -96,3 +96,14 @@ __device__ __forceinline__ float warp_min(float v) {
         name##_f16(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                   \
         body<h16>(P, A);                                                                                      \
     }
+
+// The tensor-core kernels (fp16 conv2d and gemm) also get `name_f16n`: the body for CTAs of at
+// most 128 threads (the small tiles) with warp tiles of at most 4 fragments (tile.cuh: NARROW),
+// allowed up to 168 registers (3 CTAs per SM) instead of 128, so the fast operand loads keep
+// their state in registers (kairos_kernels::source::function_name picks it by the CTA size).
+#define KAIROS_KERNELS_TC(name, Args, body)                                                                   \
+    KAIROS_KERNELS(name, Args, body, 256)                                                                     \
+    extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
+        name##_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                  \
+        body<h16, true>(P, A);                                                                                \
+    }

@@ -63,7 +63,55 @@ struct ConvTcLoader {
     const int* iw0;
     const u32* img;
     u32 K, m0, n0;
-    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest;
+    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok;
+
+    // Fast loads (tile.cuh). A row's offset is that of its output pixel's window origin (input
+    // row ih0, column iw0, possibly in the padding), aux packs ih0 and iw0 as 16-bit integers;
+    // the column state is the kernel tap and channel of k, stepped without dividing.
+    struct ACol {
+        int dy, dx, coff;  // tap offsets in rows and columns; (dy * in_w + dx) * in_ps + ci
+        u32 ci, kx, ky;
+    };
+    __device__ void a_row(u32 mm, u32& off, u32& aux) const {
+        const int ih = ih0[mm];
+        const int iw = iw0[mm];
+        off = (u32)(((int)img[mm] + ih * (int)A.in_w + iw) * (int)A.in_ps);
+        aux = ((u32)ih & 0xffffu) | ((u32)iw << 16);
+    }
+    __device__ void a_col_fill(ACol& c) const {
+        c.dy = (int)(c.ky * A.dh);
+        c.dx = (int)(c.kx * A.dw);
+        c.coff = (c.dy * (int)A.in_w + c.dx) * (int)A.in_ps + (int)c.ci;
+    }
+    __device__ ACol a_col_at(u32 k) const {
+        ACol c;
+        const u32 t = k / A.in_c;
+        c.ci = k - t * A.in_c;
+        c.kx = t % A.kw;
+        c.ky = t / A.kw;
+        a_col_fill(c);
+        return c;
+    }
+    __device__ void a_col_step(ACol& c, u32 dk) const {
+        c.ci += dk;
+        while (c.ci >= A.in_c) {
+            c.ci -= A.in_c;
+            if (++c.kx == A.kw) {
+                c.kx = 0u;
+                ++c.ky;
+            }
+        }
+        a_col_fill(c);
+    }
+    __device__ const h16* a_src(u32 off, u32 aux, const ACol& c) const {
+        const int ih = (int)(short)(aux & 0xffffu) + c.dy;
+        const int iw = (int)(short)(aux >> 16) + c.dx;
+        if ((u32)ih >= A.in_h || (u32)iw >= A.in_w) return (const h16*)0;
+        return (const h16*)A.in + (i64)((int)off + c.coff);
+    }
+    __device__ const h16* b_base() const { return (const h16*)A.w + (u64)n0 * K; }
+    __device__ u32 b_row(u32 nn) const { return nn * K; }
+    __device__ u64 b_kstride() const { return 1ull; }
 
     // The kernel tap (row and column offsets) and channel of reduction index k.
     struct Col {
@@ -100,7 +148,7 @@ struct ConvTcLoader {
 };
 
 // One tile of a groups == 1 convolution: the tensor-core engine for fp16, the SIMT one for f32.
-template <typename T>
+template <typename T, bool NARROW>
 __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32 tm, u32 tn) {
     __shared__ int s_ih0[TILE_MAX];
     __shared__ int s_iw0[TILE_MAX];
@@ -120,8 +168,11 @@ __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32
     if constexpr (IsHalf<T>::value) {
         const bool a_vec = A.in_c % 8u == 0u && A.in_ps % 8u == 0u && (A.in & 15ull) == 0ull;
         const bool b_vec = K % 8u == 0u && (A.w & 15ull) == 0ull;
-        ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true};
-        tile_mma(L, tm, tn, K);
+        // Input offsets as 32-bit integers, rows and columns as 16-bit ones, weights below 2^32.
+        const bool fast_ok = (u64)A.batch * A.in_h * A.in_w * A.in_ps < (1ull << 31) && A.in_h < 32768u &&
+                             A.in_w < 32768u && (u64)A.out_c * K < (1ull << 32);
+        ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true, fast_ok};
+        tile_mma<NARROW>(L, tm, tn, K);
     } else {
         __shared__ TileSmem smem;
         ConvTileLoader<T> L{A, s_ih0, s_iw0, s_img, K, m0, n0, true, true};
@@ -155,7 +206,7 @@ __device__ __forceinline__ float conv_direct(const ConvArgs& A, u32 m, u32 n) {
     return acc;
 }
 
-template <typename T>
+template <typename T, bool NARROW = false>
 __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs& A) {
     const u32 M = A.batch * A.out_h * A.out_w;
     const u32 n_tiles = (A.out_c + A.tile_n - 1) / A.tile_n;
@@ -166,7 +217,7 @@ __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs
         const u32 tm = min(A.tile_m, M - m0);
         const u32 tn = min(A.tile_n, A.out_c - n0);
         if (tiled) {
-            conv_tile<T>(A, m0, n0, tm, tn);
+            conv_tile<T, NARROW>(A, m0, n0, tm, tn);
         } else {
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
                 const u32 m = m0 + i / tn;
@@ -211,5 +262,5 @@ __device__ __forceinline__ void dwconv2d_body(const KairosProto& P, const ConvAr
     });
 }
 
-KAIROS_KERNELS(conv2d, ConvArgs, conv2d_body, 256)
+KAIROS_KERNELS_TC(conv2d, ConvArgs, conv2d_body)
 KAIROS_KERNELS(dwconv2d, ConvArgs, dwconv2d_body, 256)

@@ -49,7 +49,20 @@ struct GemmTcLoader {
     h16* pc;
     const h16* pr;
     const h16* pbias;
-    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest;
+    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok;
+
+    // Fast loads (tile.cuh): A's column state is k itself.
+    typedef u32 ACol;
+    __device__ void a_row(u32 mm, u32& off, u32& aux) const {
+        off = mm * (u32)A.a_sm;
+        aux = 0u;
+    }
+    __device__ u32 a_col_at(u32 k) const { return k; }
+    __device__ void a_col_step(u32& k, u32 dk) const { k += dk; }
+    __device__ const h16* a_src(u32 off, u32, u32 k) const { return pa + off + k; }
+    __device__ const h16* b_base() const { return pb; }
+    __device__ u32 b_row(u32 nn) const { return nn * (u32)A.b_sn; }
+    __device__ u64 b_kstride() const { return A.b_sk; }
 
     __device__ u32 a_col(u32 k) const { return k; }
     __device__ const h16* a_ptr(u32 mm, u32 k) const { return pa + mm * A.a_sm + k; }
@@ -65,7 +78,7 @@ struct GemmTcLoader {
 };
 
 // One tile: the tensor-core engine for fp16, the SIMT one for f32.
-template <typename T>
+template <typename T, bool NARROW>
 __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T* b, T* c, const T* r, const T* bias, u32 tm,
                                           u32 tn) {
     const bool a_k_fastest = A.a_sk == 1 || A.a_sm != 1;
@@ -78,8 +91,12 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
                                    A.tile_n % 8u == 0u)
                                 : (A.b_sk == 1 && A.b_sn % 8 == 0 && A.b_s0 % 8 == 0 && A.b_s1 % 8 == 0 &&
                                    (A.b & 15ull) == 0 && A.k % 8u == 0u);
-        GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest};
-        tile_mma(L, tm, tn, A.k);
+        // Row offsets within a tile (and B's within a stage of at most 128 k) fit 32 bits.
+        const u64 lim = 1ull << 32;
+        const bool fast_ok = (u64)A.tile_m * A.a_sm < lim &&
+                             (b_kn ? 128ull * A.b_sk + A.tile_n < lim : (u64)A.tile_n * A.b_sn < lim);
+        GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok};
+        tile_mma<NARROW>(L, tm, tn, A.k);
     } else {
         __shared__ TileSmem smem;
         GemmTileLoader<T> L{A, a, b, c, r, bias, a_k_fastest, b_k_fastest};
@@ -87,7 +104,7 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
     }
 }
 
-template <typename T>
+template <typename T, bool NARROW = false>
 __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& A) {
     const u32 m_tiles = (A.m + A.tile_m - 1) / A.tile_m;
     const u32 n_tiles = (A.n + A.tile_n - 1) / A.tile_n;
@@ -107,7 +124,7 @@ __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& 
         const T* r = A.res ? (const T*)A.res + b0 * A.r_s0 + b1 * A.r_s1 + m0 * A.r_sm + n0 : (const T*)0;
         const T* bias = A.bias ? (const T*)A.bias + n0 : (const T*)0;
         if (tiled) {
-            gemm_tile<T>(A, a, b, c, r, bias, tm, tn);
+            gemm_tile<T, NARROW>(A, a, b, c, r, bias, tm, tn);
         } else {
             GemmTileLoader<T> L{A, a, b, c, r, bias, A.a_sk == 1 || A.a_sm != 1, A.b_sk == 1 && A.b_sn != 1};
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
@@ -121,4 +138,4 @@ __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& 
     });
 }
 
-KAIROS_KERNELS(gemm, GemmArgs, gemm_body, 256)
+KAIROS_KERNELS_TC(gemm, GemmArgs, gemm_body)

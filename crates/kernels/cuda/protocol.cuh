@@ -60,6 +60,10 @@ typedef long long i64;
 // The launch writes mapped pinned host memory (zero-copy request outputs): each CTA fences at
 // system scope before it counts as done, so the host never sees LaunchDone before the data.
 #define KAIROS_FLAG_FENCE_SYSTEM 4u
+// Every CTA of the launch lands inside its SM mask and there are at least as many CTAs as
+// blocks left: the takes hand out one block per CTA, so a CTA leaves after its first block
+// without the take that would only find the range exhausted (one L2 round trip less).
+#define KAIROS_FLAG_ONE_TAKE 8u
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -201,13 +205,27 @@ __device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S) 
 
 // The persistent loop: takes logical blocks until none are left or the launch is stopped.
 // Returns the blocks this CTA ran (in every thread).
+// `report` makes the leader report the CTA's placement too, with its atomic issued beside the
+// first take's so the two L2 round trips overlap. `one_take`: see KAIROS_FLAG_ONE_TAKE.
 template <typename Body>
-__device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot* S, u32 sm, Body& body) {
+__device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot* S, u32 sm, Body& body, bool report,
+                                                bool one_take) {
     __shared__ u32 s_block[2];
     const bool leader = threadIdx.x == 0;
     u32 ran = 0;
     for (u32 it = 0;; ++it) {
-        if (leader) s_block[it & 1] = kairos_take(P, S);
+        if (leader) {
+            if (it == 0 && report && (P.flags & KAIROS_FLAG_NOTIFY)) {
+                const u32 opened = atomicAdd(&S->placed[sm], 1u);
+                s_block[0] = kairos_take(P, S);
+                if (opened == 0u) {
+                    const u32 n = atomicExch(&S->placed[sm], 0u);
+                    kairos_emit(P, KAIROS_REC_PLACED, sm, n, 0, 0);
+                }
+            } else {
+                s_block[it & 1] = kairos_take(P, S);
+            }
+        }
         __syncthreads();
         const u32 b = s_block[it & 1];
         if (b == KAIROS_NO_BLOCK) break;
@@ -216,6 +234,7 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
         }
         body(b);
         ++ran;
+        if (one_take) break;
     }
     return ran;
 }
@@ -236,8 +255,7 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     const u32 sm = kairos_smid();
     const bool in_mask = sm < KAIROS_SM_COUNT_MAX && ((P.sm_mask[sm >> 6] >> (sm & 63)) & 1ull);
     if (in_mask) {  // uniform over the CTA: all its threads share the SM
-        if (leader) kairos_report_placed(P, S, sm);
-        u32 ran = kairos_take_loop(P, S, sm, body);
+        u32 ran = kairos_take_loop(P, S, sm, body, true, (P.flags & KAIROS_FLAG_ONE_TAKE) != 0u);
         if (leader) kairos_report_finished(P, S, sm, ran);
     }
     __syncthreads();
@@ -265,7 +283,7 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     }
     __syncthreads();
     if (s_rescue) {
-        u32 ran = kairos_take_loop(P, S, sm, body);
+        u32 ran = kairos_take_loop(P, S, sm, body, false, false);
         if (leader) kairos_report_finished(P, S, sm, ran);
     }
     if (leader) {

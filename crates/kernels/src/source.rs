@@ -78,9 +78,17 @@ impl Module {
             Module::Eltwise => &["eltwise"],
             Module::Util => return UTIL_FUNCTIONS.iter().map(|s| s.to_string()).collect(),
         };
-        kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect()
+        let mut f: Vec<String> = kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect();
+        f.extend(kernels.iter().filter(|k| TENSOR_CORE_KERNELS.contains(k)).map(|k| format!("{k}_f16n")));
+        f
     }
 }
+
+/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs.
+pub const TENSOR_CORE_KERNELS: [&str; 2] = ["conv2d", "gemm"];
+/// CTAs of at most this many threads run a tensor-core kernel's `_f16n` entry (launch bound
+/// 128 threads, 3 CTAs per SM: up to 168 registers per thread instead of 128).
+pub const TC_NARROW_THREADS_MAX: u32 = 128;
 
 /// Functions of [`Module::Util`].
 pub const UTIL_FUNCTIONS: [&str; 5] = ["kairos_spin", "kairos_noop", "kairos_empty", "kairos_smmap", "kairos_clock"];
@@ -98,9 +106,13 @@ pub fn module_of(kernel: &Kernel) -> Module {
     }
 }
 
-/// The CUDA function of a kernel at a launch dtype: `<name>_<f32|f16>`.
-pub fn function_name(kernel: &Kernel, dtype: DType) -> Result<String, String> {
+/// The CUDA function of a kernel at a launch dtype and CTA size: `<name>_<f32|f16>`, or
+/// `<name>_f16n` for tensor-core launches of at most [`TC_NARROW_THREADS_MAX`] threads.
+pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
     match dtype {
+        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => {
+            Ok(format!("{}_f16n", kernel.name()))
+        }
         DType::F32 | DType::F16 => Ok(format!("{}_{}", kernel.name(), dtype.name())),
         DType::I64 => Err(format!("kernel {} has no i64 variant (launch dtype must be f32 or f16)", kernel.name())),
     }
@@ -188,6 +200,8 @@ pub const FLAG_NOTIFY: u32 = 1;
 pub const FLAG_SM_BITMAP: u32 = 2;
 /// The launch writes mapped pinned host memory: CTAs fence at system scope before counting as done.
 pub const FLAG_FENCE_SYSTEM: u32 = 4;
+/// Every CTA lands in the launch's SM mask and the grid covers the blocks left: one take per CTA.
+pub const FLAG_ONE_TAKE: u32 = 8;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -579,10 +593,15 @@ mod tests {
         for m in Module::ALL {
             for f in m.functions() {
                 let (kernel, suffix) = match f.rsplit_once('_') {
-                    Some((k, s)) if s == "f32" || s == "f16" => (k.to_string(), true),
-                    _ => (f.clone(), false),
+                    Some((k, s)) if s == "f32" || s == "f16" || s == "f16n" => (k.to_string(), Some(s)),
+                    _ => (f.clone(), None),
                 };
-                let needle = if suffix { format!("KAIROS_KERNELS({kernel},") } else { format!("void {f}(") };
+                let needle = match suffix {
+                    Some("f16n") => format!("KAIROS_KERNELS_TC({kernel},"),
+                    Some(_) if TENSOR_CORE_KERNELS.contains(&kernel.as_str()) => format!("KAIROS_KERNELS_TC({kernel},"),
+                    Some(_) => format!("KAIROS_KERNELS({kernel},"),
+                    None => format!("void {f}("),
+                };
                 assert!(m.source().contains(&needle), "module {} does not define {f}", m.name());
             }
         }
