@@ -219,10 +219,11 @@ impl HostMaps {
     /// (`in_flight` says which launches still are).
     pub fn note_launch(&mut self, launch: LaunchId, args: &[DevicePtr], in_flight: impl Fn(LaunchId) -> bool) {
         for a in args {
-            if let Some(m) = self.find(a.0) {
-                let id = m.id;
-                if !self.users.contains(&(launch, id)) {
-                    self.users.push((launch, id));
+            // Every mapping the address lies in: the same memory may be mapped more than once
+            // (same device address), and unmapping any of them must wait for this launch.
+            for m in self.maps.values().filter(|m| m.dev <= a.0 && a.0 < m.dev + m.bytes) {
+                if !self.users.contains(&(launch, m.id)) {
+                    self.users.push((launch, m.id));
                 }
             }
         }
