@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// Microseconds a shared-memory client thread spins on its ring before it sleeps.
     #[arg(long, env = "KAIROS_SHM_SPIN_US", default_value_t = 20)]
     pub shm_spin_us: u64,
+    /// Largest shared-memory request (inputs plus outputs, bytes) whose tensors the GPU reads and
+    /// writes in place in the client's region; larger ones are copied (kernels reading host
+    /// memory over PCIe are slower than one copy of a large tensor).
+    #[arg(long, env = "KAIROS_SHM_ZERO_COPY_BYTES_MAX", default_value_t = kairos_server::shm::ZERO_COPY_BYTES_MAX)]
+    pub shm_zero_copy_bytes_max: u64,
     /// tokio worker threads for REST and gRPC.
     #[arg(long, env = "KAIROS_THREADS", default_value_t = 2)]
     pub threads: usize,
@@ -271,6 +276,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             clients_max: args.shm_clients_max,
             region_bytes_max: args.shm_region_bytes_max,
             spin_us: args.shm_spin_us,
+            zero_copy_bytes_max: args.shm_zero_copy_bytes_max,
         }),
         request_bytes_max: args.request_bytes_max,
         threads: args.threads,

@@ -14,7 +14,8 @@
 //! - zero-copy: at connection the client's data area is mapped into every engine's GPU
 //!   (`State::map_host_memory`; on CUDA page-locked and mapped, on the simulator emulated), and a
 //!   request whose GPU has it mapped, whose spans start at the mapping's alignment (256 bytes, as
-//!   the client's allocator hands them out) and whose outputs overlap nothing is submitted with
+//!   the client's allocator hands them out), whose outputs overlap nothing and whose tensors
+//!   total at most `ShmConfig::zero_copy_bytes_max` (64 KiB by default) is submitted with
 //!   its tensors bound to the region (`EngineIo::Bound`): the GPU reads the inputs and writes the
 //!   outputs in place, nothing is copied. Other requests take the copy path (inputs copied out of
 //!   the region, outputs copied back in), and the reason is logged once per client and kind. At
@@ -33,6 +34,14 @@
 //! slot when it is taken from the submission ring, so a completion never finds the ring full; when
 //! the client does not drain completions, the thread stops taking submissions (back-pressure), so
 //! nothing grows without bound. A client that writes impossible ring indices is disconnected.
+
+/// Default largest request (inputs plus outputs, bytes) that takes the zero-copy path
+/// ([`ShmConfig::zero_copy_bytes_max`], `kairos serve --shm-zero-copy-bytes-max`). Kernels read a
+/// mapped input over PCIe every time they touch it, in small scattered transactions: on an H200
+/// a 600 KB image read in place made its 370 µs model take 1.8 ms, while a one-off copy costs
+/// about 11 µs per 600 KB; small tensors (the cases the channel is for) gain the copies' fixed
+/// costs instead (`kairos bench serve`, docs/benchmarks.md).
+pub const ZERO_COPY_BYTES_MAX: u64 = 64 * 1024;
 
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
@@ -74,11 +83,20 @@ pub struct ShmConfig {
     pub region_bytes_max: u64,
     /// How long a client thread spins on its ring after its last piece of work before it sleeps.
     pub spin_us: u64,
+    /// Largest request (inputs plus outputs, bytes) served zero-copy; larger ones are copied
+    /// (see [`ZERO_COPY_BYTES_MAX`], the default).
+    pub zero_copy_bytes_max: u64,
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { socket: PathBuf::from("/tmp/kairos.sock"), clients_max: 64, region_bytes_max: 1 << 30, spin_us: 20 }
+        ShmConfig {
+            socket: PathBuf::from("/tmp/kairos.sock"),
+            clients_max: 64,
+            region_bytes_max: 1 << 30,
+            spin_us: 20,
+            zero_copy_bytes_max: ZERO_COPY_BYTES_MAX,
+        }
     }
 }
 
@@ -355,6 +373,7 @@ struct Client<'a> {
     host: HostRegion,
     /// Reasons for the copy path already logged for this client.
     copy_notes: HashSet<&'static str>,
+    zero_copy_bytes_max: u64,
     sq: Consumer,
     /// Handle -> (name, version), as opened.
     handles: Vec<(String, String)>,
@@ -377,6 +396,7 @@ fn serve_client(state: &Arc<State>, cfg: &ShmConfig, sock: OwnedFd, stop: &Atomi
         conn,
         host,
         copy_notes: HashSet::new(),
+        zero_copy_bytes_max: cfg.zero_copy_bytes_max,
         sq: Consumer::new(),
         handles: Vec::new(),
         recv_buf: vec![0u8; wire::MESSAGE_BYTES_MAX + 1],
@@ -671,11 +691,15 @@ impl Client<'_> {
                 .any(|(i, o)| written[..i].iter().any(|p| overlap(o, p)) || read.iter().any(|p| overlap(o, p)));
             let region = &self.conn.region;
             let host = &self.host;
+            let zero_copy_bytes_max = self.zero_copy_bytes_max;
             let decls = &m.inputs;
             let io = |gpu: u32| -> Result<EngineIo, ServeError> {
                 let why = match host.mapping(gpu) {
                     Err(_) => "the GPU has no mapping of the region",
                     Ok(_) if overlapping => "an output overlaps an input or another output",
+                    Ok(_) if read.iter().chain(&written).map(|sp| sp.len_bytes).sum::<u64>() > zero_copy_bytes_max => {
+                        "tensors larger than the zero-copy limit (kernels reading host memory are slower than one copy)"
+                    }
                     Ok(h)
                         if read
                             .iter()

@@ -95,6 +95,8 @@ fn a_disconnect_with_requests_in_flight_does_not_unmap_early() {
     // A model slow enough on the CPU reference kernels that requests are still queued when the
     // client goes.
     let s = start_with("zero-copy-leave", |cfg, _| {
+        // squeezenet's image (301 KB) is above the default zero-copy limit.
+        cfg.shm.as_mut().unwrap().zero_copy_bytes_max = u64::MAX;
         let d = cfg.state.repository.join("squeeze");
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(kairos_server::repository::CONFIG_FILE), "model = \"squeezenet1_1\"\ndtype = \"f16\"\n").unwrap();
@@ -153,4 +155,21 @@ fn kairos_bench_free_inputs(m: &kairos_client::shm::ShmModel) -> Vec<Tensor> {
             Tensor::f32(t.shape.clone(), (0..n).map(|k| ((k * 37 % 2001) as f32) / 1000.0 - 1.0).collect()).cast(t.dtype)
         })
         .collect()
+}
+
+/// Requests above the configured zero-copy size take the copy path (kernels reading large
+/// tensors over PCIe are slower than one copy), with the same answers.
+#[test]
+fn requests_above_the_zero_copy_limit_are_copied() {
+    let s = start_with("zero-copy-limit", |cfg, _| {
+        cfg.shm.as_mut().unwrap().zero_copy_bytes_max = 0;
+    });
+    let mut c = ShmClient::connect(&s.shm, ConnectOptions { sq_entries: 16, cq_entries: 16, data_bytes: 1 << 20 }).unwrap();
+    let opts = InferOptions::default();
+    let m = c.open_model("mlp", "").unwrap();
+    let inputs = s.inputs("mlp", 3);
+    let want = s.reference("mlp", &inputs);
+    let (got, _) = c.infer(&m, &inputs, Wait::Hybrid, &opts).unwrap();
+    assert_eq!(c.data_paths(), (0, 1), "a request above the limit is copied");
+    assert_same(&got[0], &want[0], "mlp above the zero-copy limit (copied)");
 }
