@@ -16,6 +16,8 @@
 # BENCH_STEPS=latency: isolated latency of every zoo model at batch 1 and 8, kairos (`kairos bench
 # latency`, every kernel issued by the dispatcher) beside PyTorch eager and CUDA-graph replay
 # (scripts/pytorch_peer.py) in the same call; its table is printed last (LATENCY_* below trim it).
+# BENCH_STEPS=serve: `kairos bench serve` (serving overhead per transport, incl. the zero-copy
+# shared-memory path; SERVE_MODELS, SERVE_REQUESTS).
 # Logs, JSON and plots are packed into $OUT/results.tar (the device tool returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +73,12 @@ if has presets; then
     peers_arg=()
     [ -f "$pout/peers.json" ] && peers_arg=(--peers "$pout/peers.json")
     step presets-report 60 "$BIN/kairos" bench report --results "$pout/results.json" ${peers_arg[@]+"${peers_arg[@]}"}
+fi
+if has serve; then
+    # Serving overhead (client latency minus GPU time) over REST, gRPC and the shared-memory
+    # channel (zero-copy, polling, copied, socket) on a kairos server in the same process tree.
+    step serve "${SERVE_S:-240}" "$BIN/kairos" bench serve --backend cuda --models "${SERVE_MODELS:-mlp,gap224,mlp_w1024_d8,resnet18}" \
+        --requests "${SERVE_REQUESTS:-1000}" --warmup 100 --out "$OUT/bench-serve"
 fi
 if has suite; then
     # The GPU test suite and the protocol measurements (needs .carry/ from scripts/gpu-suite.sh build).
