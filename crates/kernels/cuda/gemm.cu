@@ -91,10 +91,10 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
                                    A.tile_n % 8u == 0u)
                                 : (A.b_sk == 1 && A.b_sn % 8 == 0 && A.b_s0 % 8 == 0 && A.b_s1 % 8 == 0 &&
                                    (A.b & 15ull) == 0 && A.k % 8u == 0u);
-        // Row offsets within a tile (and B's within a stage of at most 128 k) fit 32 bits.
+        // Row offsets within a tile (and B's within a stage of at most TC_TK_MAX k) fit 32 bits.
         const u64 lim = 1ull << 32;
         const bool fast_ok = (u64)A.tile_m * A.a_sm < lim &&
-                             (b_kn ? 128ull * A.b_sk + A.tile_n < lim : (u64)A.tile_n * A.b_sn < lim);
+                             (b_kn ? (u64)TC_TK_MAX * A.b_sk + A.tile_n < lim : (u64)A.tile_n * A.b_sn < lim);
         GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok};
         tile_mma<NARROW>(L, tm, tn, A.k);
     } else {

@@ -112,7 +112,7 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 // Shared memory is the launch's dynamic shared memory (at least TC_SMEM_MIN_BYTES; the host
 // passes the plan's LaunchShape::shared_mem_bytes, raised to that minimum). Per logical block,
 // with tm x tn the (clipped) tile rounded up to tmp x tnp (multiples of 16):
-// - K is walked in stages of tk (32, 64 or 128, capped near K): the largest that leaves room for
+// - K is walked in stages of tk (32, 64, 128 or 256, capped near K): the largest that leaves room for
 //   four stages, else three, else two. A stage holds A as [tmp][tk] and B as [tnp][tk] (K contiguous,
 //   rows padded by 16 bytes so ldmatrix is free of bank conflicts), or B as [tk][tnp] when B's
 //   contiguous index is n (read with ldmatrix.trans). As many stages as fit (up to
@@ -140,6 +140,9 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 //                                     B at (k, nn) is b_base() + b_row(nn) + k * b_kstride()
 
 #define TC_SMEM_MIN_BYTES 40960u  // two stages of the largest tile at tk = 32
+// Deepest stage: fewer, deeper stages shorten the chain of dependent waits a block walks along K
+// (what bounds the small tiles of products with long K, e.g. BERT's 128 x 768 x 3072).
+#define TC_TK_MAX 256u
 #define TC_STAGES_MAX 8u
 
 extern __shared__ float4 kairos_dyn_smem[];  // float4: 16-byte aligned
@@ -235,7 +238,7 @@ __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bo
     // The deepest stage that leaves room for 4 stages, else 3, else 2 (and no deeper than K needs).
     s.tk = 0u;
     for (u32 want = 4u; want >= 2u && s.tk == 0u; --want) {
-        for (u32 tk = 128u; tk >= 32u; tk >>= 1) {
+        for (u32 tk = TC_TK_MAX; tk >= 32u; tk >>= 1) {
             const u32 a = s.tmp * (tk + 8u);
             const u32 b = b_kn ? tk * (s.tnp + 8u) : s.tnp * (tk + 8u);
             if ((a + b) * want <= smem_halves && (tk == 32u || tk / 2u < K)) {
@@ -279,7 +282,7 @@ __device__ __forceinline__ void tc_load_stage(const L& ld_, const TcShape& s, h1
     const u32 T = blockDim.x;
     const u32 tid = threadIdx.x;
     const u32 kc = s.tk / 8u;  // 8-half chunks per row
-    const u32 ks = kc == 4u ? 2u : kc == 8u ? 3u : 4u;
+    const u32 ks = __ffs(kc) - 1u;  // log2: kc is a power of two
     // A thread's 16-byte chunks all sit in one chunk column c (T is a multiple of kc), so what
     // depends on k alone (for a convolution: the kernel tap and channel) is worked out once per
     // stage, and the rows only add their own offsets.
@@ -370,7 +373,7 @@ template <typename L>
 __device__ __forceinline__ bool tc_fast_fits(const L& ld_, const TcShape& s, u32 tn) {
     if (!ld_.a_vec || !ld_.b_vec || !ld_.fast_ok) return false;
     const u32 kc = s.tk / 8u;
-    const u32 ks = kc == 4u ? 2u : kc == 8u ? 3u : 4u;
+    const u32 ks = __ffs(kc) - 1u;  // log2: kc is a power of two
     const u32 step = blockDim.x >> ks;
     if ((s.tmp + step - 1u) / step > TC_FAST_CHUNKS) return false;
     if (!ld_.b_kn) return (s.tnp + step - 1u) / step <= TC_FAST_CHUNKS;
@@ -381,7 +384,7 @@ template <typename L>
 __device__ __forceinline__ void tc_fast_init(const L& ld_, const TcShape& s, u32 tm, u32 tn, TcFast<L>& f) {
     const u32 tid = threadIdx.x;
     const u32 kc = s.tk / 8u;
-    const u32 ks = kc == 4u ? 2u : kc == 8u ? 3u : 4u;
+    const u32 ks = __ffs(kc) - 1u;  // log2: kc is a power of two
     f.c = tid & (kc - 1u);
     f.row0 = tid >> ks;
     f.step = blockDim.x >> ks;
