@@ -4,13 +4,15 @@
 // documents in kairos_ir::plan). Its physical CTAs are persistent:
 //
 //   1. A CTA whose SM (%smid) is outside the launch's SM mask leaves at once.
-//   2. Otherwise it reports its placement, then loops taking the next logical block with one
+//   2. Otherwise it reports its placement (its atomic issued beside its first take's, so the two
+//      round trips overlap), and loops taking the next logical block with one
 //      atomic add on the launch's 64-bit counter word (device memory): the low half counts takes,
 //      bit 63 is the launch's stop bit. A take that sees the stop bit, or a count past the end, is
 //      no block, and the CTA leaves. Counter values are handed out in order, so the blocks taken
 //      are always a prefix [first_block, first_block + taken) of the launch's range: a preempted
 //      launch stops at a logical-block boundary, and relaunching with first_block = that boundary
-//      runs exactly the blocks never taken.
+//      runs exactly the blocks never taken. With KAIROS_FLAG_ONE_TAKE (the host knows every CTA
+//      lands in the mask and the grid covers the blocks left) a CTA leaves after one block.
 //   3. The host's preempt flag is a word in mapped pinned host memory (set with one store, no
 //      copy). Reading it costs a PCIe round trip (~1.5 us) and such reads serialize across the
 //      device, so CTAs do not all poll it: after a take, the CTA that finds the launch's last poll
