@@ -143,17 +143,7 @@ fn model_overhead(gpu: &mut CudaGpu, stream: StreamId, model: &str, dtype: DType
     };
     for l in &m.plan.launches {
         bufs.bases.resolve_all(&l.args, &mut args);
-        let req = LaunchRequest {
-            kernel: &l.kernel,
-            dtype: l.dtype,
-            shape: l.shape,
-            args: &args,
-            first_block: 0,
-            ctas: 0,
-            sm_mask: whole,
-            partition: PartitionId::WHOLE,
-            stream,
-        };
+        let req = LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream);
         let mut tp = Vec::new();
         let mut tq = Vec::new();
         for _ in 0..repeats {

@@ -49,17 +49,7 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, pla
     let mut plain_ns = Vec::new();
     for (i, l) in plan.launches.iter().enumerate() {
         bufs.bases.resolve_all(&l.args, &mut args);
-        let req = LaunchRequest {
-            kernel: &l.kernel,
-            dtype: l.dtype,
-            shape: l.shape,
-            args: &args,
-            first_block: 0,
-            ctas: 0,
-            sm_mask: whole,
-            partition: PartitionId::WHOLE,
-            stream,
-        };
+        let req = LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream);
         let mut t: Vec<u64> = (0..3).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
         let ns = median(&mut t);
         kernel_ns += ns;

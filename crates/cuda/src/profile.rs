@@ -94,17 +94,7 @@ pub fn run_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: Stre
         while next < plan.launches.len() && next - done < QUEUE_DEPTH {
             let l = &plan.launches[next];
             bufs.bases.resolve_all(&l.args, &mut args);
-            let id = gpu.launch(&LaunchRequest {
-                kernel: &l.kernel,
-                dtype: l.dtype,
-                shape: l.shape,
-                args: &args,
-                first_block: 0,
-                ctas: 0,
-                sm_mask: whole,
-                partition: PartitionId::WHOLE,
-                stream,
-            })?;
+            let id = gpu.launch(&LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream))?;
             pending.insert(id);
             next += 1;
         }
@@ -182,17 +172,7 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
         bufs.bases.resolve_all(&l.args, &mut args);
         let mut by_sms = Vec::new();
         for &(count, partition, mask) in &places {
-            let req = LaunchRequest {
-                kernel: &l.kernel,
-                dtype: l.dtype,
-                shape: l.shape,
-                args: &args,
-                first_block: 0,
-                ctas: 0,
-                sm_mask: mask,
-                partition,
-                stream,
-            };
+            let req = LaunchRequest::of_launch(l, &args, mask, partition, stream);
             let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
             by_sms.push((count, median(&mut t)));
         }

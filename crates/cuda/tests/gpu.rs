@@ -437,17 +437,7 @@ fn run_with_bases(
     let mut called = false;
     for (i, l) in plan.launches.iter().enumerate() {
         bases.resolve_all(&l.args, &mut args);
-        let req = LaunchRequest {
-            kernel: &l.kernel,
-            dtype: l.dtype,
-            shape: l.shape,
-            args: &args,
-            first_block: 0,
-            ctas: 0,
-            sm_mask: whole,
-            partition: PartitionId::WHOLE,
-            stream,
-        };
+        let req = LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream);
         let id = gpu.launch(&req)?;
         if !called && l.args.iter().any(|a| matches!(a.space, Space::Input(_) | Space::Output(_))) {
             called = true;

@@ -143,17 +143,7 @@ pub fn execute_plan_on<G: Gpu + ?Sized>(
                 let l = &plan.launches[next];
                 gpu.kernel_resources(&l.kernel, l.dtype, &l.shape)?;
                 bases.resolve_all(&l.args, &mut args);
-                let req = LaunchRequest {
-                    kernel: &l.kernel,
-                    dtype: l.dtype,
-                    shape: l.shape,
-                    args: &args,
-                    first_block: 0,
-                    ctas: 0,
-                    sm_mask: whole,
-                    partition: PartitionId::WHOLE,
-                    stream,
-                };
+                let req = LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream);
                 let id = gpu.launch(&req)?;
                 timings[next].issued_ns = gpu.now_ns();
                 ids.insert(id, next);

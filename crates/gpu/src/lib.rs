@@ -16,7 +16,7 @@ pub mod exec;
 pub mod profile;
 
 use kairos_ir::DType;
-use kairos_ir::plan::{Kernel, LaunchShape};
+use kairos_ir::plan::{Kernel, Launch, LaunchShape};
 use serde::{Deserialize, Serialize};
 
 /// The most SMs a mask can name.
@@ -224,6 +224,29 @@ pub struct LaunchRequest<'a> {
     /// Hardware partition to launch into.
     pub partition: PartitionId,
     pub stream: StreamId,
+}
+
+impl<'a> LaunchRequest<'a> {
+    /// A plan launch from its first logical block, with the backend's choice of CTAs.
+    pub fn of_launch(
+        launch: &'a Launch,
+        args: &'a [DevicePtr],
+        sm_mask: SmMask,
+        partition: PartitionId,
+        stream: StreamId,
+    ) -> LaunchRequest<'a> {
+        LaunchRequest {
+            kernel: &launch.kernel,
+            dtype: launch.dtype,
+            shape: launch.shape,
+            args,
+            first_block: 0,
+            ctas: 0,
+            sm_mask,
+            partition,
+            stream,
+        }
+    }
 }
 
 /// What a GPU reports. Times are the backend's clock ([`Gpu::now_ns`]).
