@@ -600,17 +600,11 @@ impl<G: Gpu> Dispatcher<G> {
         if !inputs.is_empty() && !r.inputs.is_empty() {
             return Err(Error::InvalidInput("inputs are bound to a host mapping and given as tensors too".into()));
         }
-        let overlap = |a: &MappedSpan, c: &MappedSpan| {
-            a.len_bytes > 0
-                && c.len_bytes > 0
-                && a.offset_bytes < c.offset_bytes + c.len_bytes
-                && c.offset_bytes < a.offset_bytes + a.len_bytes
-        };
         for (i, o) in b.outputs.iter().enumerate() {
-            if let Some(j) = b.outputs[..i].iter().position(|p| overlap(o, p)) {
+            if let Some(j) = b.outputs[..i].iter().position(|p| o.overlaps(p)) {
                 return Err(Error::InvalidInput(format!("outputs {j} and {i} overlap in the host mapping")));
             }
-            if let Some(j) = b.inputs.iter().position(|p| overlap(o, p)) {
+            if let Some(j) = b.inputs.iter().position(|p| o.overlaps(p)) {
                 return Err(Error::InvalidInput(format!("output {i} overlaps input {j} in the host mapping")));
             }
         }

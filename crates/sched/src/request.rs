@@ -87,6 +87,16 @@ pub struct MappedSpan {
     pub len_bytes: u64,
 }
 
+impl MappedSpan {
+    /// Whether the two spans share a byte (empty spans share none).
+    pub fn overlaps(&self, other: &MappedSpan) -> bool {
+        self.len_bytes > 0
+            && other.len_bytes > 0
+            && self.offset_bytes < other.offset_bytes.saturating_add(other.len_bytes)
+            && other.offset_bytes < self.offset_bytes.saturating_add(self.len_bytes)
+    }
+}
+
 /// Zero-copy I/O: a request's inputs and/or outputs live in caller memory the engine mapped into
 /// its GPU ([`Command::MapHost`]), and its kernels read and write them there. Bound inputs are
 /// not copied in, bound outputs are not copied out (the response carries none: the caller reads

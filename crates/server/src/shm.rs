@@ -677,18 +677,12 @@ impl Client<'_> {
             let inputs = &s.inputs[..ni];
             let written: Vec<MappedSpan> =
                 (0..no).map(|i| MappedSpan { offset_bytes: outputs[i].offset, len_bytes: out_lens[i] }).collect();
-            let overlap = |a: &MappedSpan, b: &MappedSpan| {
-                a.len_bytes > 0
-                    && b.len_bytes > 0
-                    && a.offset_bytes < b.offset_bytes + b.len_bytes
-                    && b.offset_bytes < a.offset_bytes + a.len_bytes
-            };
             let read: Vec<MappedSpan> =
                 inputs.iter().map(|sp| MappedSpan { offset_bytes: sp.offset, len_bytes: sp.len }).collect();
             let overlapping = written
                 .iter()
                 .enumerate()
-                .any(|(i, o)| written[..i].iter().any(|p| overlap(o, p)) || read.iter().any(|p| overlap(o, p)));
+                .any(|(i, o)| written[..i].iter().any(|p| o.overlaps(p)) || read.iter().any(|p| o.overlaps(p)));
             let region = &self.conn.region;
             let host = &self.host;
             let zero_copy_bytes_max = self.zero_copy_bytes_max;
