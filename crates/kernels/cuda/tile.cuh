@@ -229,6 +229,7 @@ struct TcShape {
     u32 wt;                      // warp tiles
     u32 ksplit;                  // warps per warp tile (splitting the k16 steps)
     u32 passes;
+    u32 kc, ks;                  // 16-byte chunks per stage row (tk / 8, a power of two), log2 of it
 };
 
 __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn, u32 smem_halves, bool narrow) {
@@ -248,6 +249,8 @@ __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bo
         }
     }
     if (s.tk == 0u) s.tk = 32u;  // less than two stages fit: tile_mma traps
+    s.kc = s.tk / 8u;
+    s.ks = __ffs(s.kc) - 1u;
     s.lda = s.tk + 8u;
     s.ldb = b_kn ? s.tnp + 8u : s.tk + 8u;
     s.a_halves = s.tmp * s.lda;
@@ -281,8 +284,8 @@ template <typename L>
 __device__ __forceinline__ void tc_load_stage(const L& ld_, const TcShape& s, h16* As, h16* Bs, u32 tm, u32 tn, u32 K, u32 k0) {
     const u32 T = blockDim.x;
     const u32 tid = threadIdx.x;
-    const u32 kc = s.tk / 8u;  // 8-half chunks per row
-    const u32 ks = __ffs(kc) - 1u;  // log2: kc is a power of two
+    const u32 kc = s.kc;
+    const u32 ks = s.ks;
     // A thread's 16-byte chunks all sit in one chunk column c (T is a multiple of kc), so what
     // depends on k alone (for a convolution: the kernel tap and channel) is worked out once per
     // stage, and the rows only add their own offsets.
@@ -372,9 +375,7 @@ struct TcFast {
 template <typename L>
 __device__ __forceinline__ bool tc_fast_fits(const L& ld_, const TcShape& s, u32 tn) {
     if (!ld_.a_vec || !ld_.b_vec || !ld_.fast_ok) return false;
-    const u32 kc = s.tk / 8u;
-    const u32 ks = __ffs(kc) - 1u;  // log2: kc is a power of two
-    const u32 step = blockDim.x >> ks;
+    const u32 step = blockDim.x >> s.ks;
     if ((s.tmp + step - 1u) / step > TC_FAST_CHUNKS) return false;
     if (!ld_.b_kn) return (s.tnp + step - 1u) / step <= TC_FAST_CHUNKS;
     return tn % 8u == 0u && (s.tk * (s.tnp / 8u) + blockDim.x - 1u) / blockDim.x <= TC_FAST_CHUNKS;
@@ -383,11 +384,9 @@ __device__ __forceinline__ bool tc_fast_fits(const L& ld_, const TcShape& s, u32
 template <typename L>
 __device__ __forceinline__ void tc_fast_init(const L& ld_, const TcShape& s, u32 tm, u32 tn, TcFast<L>& f) {
     const u32 tid = threadIdx.x;
-    const u32 kc = s.tk / 8u;
-    const u32 ks = __ffs(kc) - 1u;  // log2: kc is a power of two
-    f.c = tid & (kc - 1u);
-    f.row0 = tid >> ks;
-    f.step = blockDim.x >> ks;
+    f.c = tid & (s.kc - 1u);
+    f.row0 = tid >> s.ks;
+    f.step = blockDim.x >> s.ks;
 #pragma unroll
     for (u32 r = 0; r < TC_FAST_CHUNKS; ++r) {
         const u32 mm = f.row0 + r * f.step;
