@@ -409,6 +409,7 @@ fn time_shapes(
                 sm_mask: whole,
                 partition: PartitionId::WHOLE,
                 stream,
+                after: None,
             };
             let timed = (|| {
                 gpu.time_span(&req)?;

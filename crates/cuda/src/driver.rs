@@ -375,6 +375,43 @@ pub unsafe fn launch_kernel(
     })
 }
 
+/// `cuLaunchKernelEx` with programmatic stream serialization (Hopper's programmatic dependent
+/// launch): the kernel may start while the kernel before it on `stream` finishes, and must wait
+/// for it (`griddepcontrol.wait`) before reading what that kernel wrote.
+///
+/// # Safety
+/// As [`launch_kernel`].
+pub unsafe fn launch_kernel_overlapped(
+    f: CUfunction,
+    grid: u32,
+    block: u32,
+    dynamic_smem_bytes: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> DResult<()> {
+    // SAFETY: CUlaunchAttribute is plain old data (an id and a union of plain fields) for which
+    // all-zero bytes are valid.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: dynamic_smem_bytes,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let p = if params.is_empty() { std::ptr::null_mut() } else { params.as_mut_ptr() };
+    // SAFETY: contracts 1-3 of launch_kernel; `config` and `attr` are live locals the driver
+    // reads during the call.
+    check("cuLaunchKernelEx", unsafe { sys::cuLaunchKernelEx(&config, f, p, std::ptr::null_mut()) })
+}
+
 /// The device's whole SM resource (for green contexts).
 pub fn device_sm_resource(dev: CUdevice) -> DResult<CUdevResource> {
     // SAFETY: CUdevResource is plain old data for which all-zero bytes are a valid value.

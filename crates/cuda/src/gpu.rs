@@ -19,7 +19,7 @@
 
 use crate::driver::{self, CUdevice, CUdevice_attribute as A, DriverError};
 use crate::nvrtc::{self, KernelCache, Variant};
-use crate::protocol::{LAUNCH_SLOTS_MAX, Protocol, RING_CAPACITY, Record, RingError};
+use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_CAPACITY, Record, RingError};
 use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
 use kairos_gpu::*;
 use kairos_ir::DType;
@@ -35,6 +35,10 @@ use std::time::Instant;
 pub const STREAMS_MAX: usize = 1024;
 /// Copies in flight.
 pub const COPIES_MAX: usize = 4096;
+/// Set to 1 to launch each protocol kernel as a programmatic dependent of the kernel before it on
+/// its stream (sm_90+), overlapping its start with that kernel's end. Off by default: on the
+/// H200 it did not lower latency (docs/benchmarks.md, "Overlapped launches").
+pub const OVERLAP_ENV: &str = "KAIROS_OVERLAP_LAUNCHES";
 /// Partitions (green contexts) a `CudaGpu` will create.
 pub const PARTITIONS_MAX: usize = 64;
 /// How long the start-up SM probe keeps each CTA on its SM, so a grid spreads over all SMs.
@@ -54,6 +58,8 @@ pub struct LaunchOptions {
     pub stream: StreamId,
     /// A device buffer of `SM_COUNT_MAX / 8` bytes where CTAs that run blocks set their SM's bit.
     pub sm_bitmap: Option<DevicePtr>,
+    /// See [`LaunchRequest::after`].
+    pub after: Option<LaunchId>,
 }
 
 struct FunctionInfo {
@@ -73,6 +79,11 @@ struct StreamState {
     last_partition: Option<u32>,
     /// Per partition, an event of that partition's context that orders a move to another.
     chain: HashMap<u32, Event>,
+    /// The stream's gate word in the protocol's device memory, and the last protocol launch
+    /// queued on the stream (its sequence number and id): see protocol.cuh, "Stream gate".
+    gate_word: u32,
+    last_seq: u32,
+    last_launch: Option<LaunchId>,
 }
 
 struct PartitionState {
@@ -138,6 +149,11 @@ pub struct CudaGpu {
     streams: Vec<StreamState>,
     /// Streams destroyed so far (their ids are retired; the limit counts live streams).
     streams_destroyed: usize,
+    /// Gate words of destroyed streams, with the stream's last launch: free once it is done.
+    retired_gate_words: Vec<(u32, Option<LaunchId>)>,
+    /// Protocol launches go out as programmatic dependents of the kernel before them on their
+    /// stream (sm_90+, opt-in through OVERLAP_ENV; protocol.cuh, "Overlapped launches").
+    overlap_launches: bool,
     helper_stream: Stream,
     partitions: Vec<PartitionState>,
     partition_by_size: HashMap<u32, PartitionId>,
@@ -230,6 +246,8 @@ impl CudaGpu {
             priority_range,
             streams: Vec::new(),
             streams_destroyed: 0,
+            retired_gate_words: Vec::new(),
+            overlap_launches: major >= 9 && std::env::var(OVERLAP_ENV).is_ok_and(|v| v == "1"),
             helper_stream,
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
@@ -580,6 +598,16 @@ impl CudaGpu {
         self.next_launch += 1;
         let remaining = total_blocks - o.first_block;
         if remaining == 0 && variant == Variant::Protocol {
+            // Nothing runs: to the stream gate it is transparent (a launch after it is gated on
+            // the launch before it).
+            if let Some(st) = self.streams.get_mut(o.stream.0 as usize).filter(|st| st.alive) {
+                if o.after.is_none() {
+                    st.last_seq = 0;
+                }
+                if o.after.is_none() || o.after == st.last_launch {
+                    st.last_launch = Some(id);
+                }
+            }
             self.host_events.push_back(GpuEvent::LaunchDone {
                 launch: id,
                 next_block: total_blocks,
@@ -598,14 +626,39 @@ impl CudaGpu {
             }
             Variant::Plain => (None, remaining.max(1)),
         };
+        let gate = match slot {
+            Some(s) => match self.streams.get(o.stream.0 as usize).filter(|st| st.alive) {
+                Some(st) => {
+                    if o.after.is_some() && o.after != st.last_launch {
+                        self.protocol.free_slot(s);
+                        return Err(GpuError::Invalid(format!(
+                            "launch gated after {:?}, but the last launch on stream {} is {:?}",
+                            o.after, o.stream.0, st.last_launch
+                        )));
+                    }
+                    let gate_seq = if o.after.is_some() { st.last_seq } else { 0 };
+                    Some(Gate { word: st.gate_word, seq: self.protocol.next_seq(), gate_seq })
+                }
+                None => None,
+            },
+            None => None,
+        };
         let proto = match slot {
             Some(s) => {
-                let flags = if o.sm_bitmap.is_some() { source::FLAG_SM_BITMAP } else { 0 } | extra_flags;
-                self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0))
+                let mut flags = if o.sm_bitmap.is_some() { source::FLAG_SM_BITMAP } else { 0 } | extra_flags;
+                // Every CTA lands inside the mask (it is the whole partition) and each has a block
+                // of its own: one take per CTA, no final take that would find the range exhausted.
+                if mask == part_sms && grid >= remaining {
+                    flags |= source::FLAG_ONE_TAKE;
+                }
+                // An unknown stream has no gate; stream_for below refuses it.
+                let gate = gate.unwrap_or_default();
+                self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0), gate)
             }
             None => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
         };
         let proto = proto.to_block();
+        let overlap = self.overlap_launches && variant == Variant::Protocol;
         let result = (|| {
             let stream = self.stream_for(o.stream, o.partition.0)?;
             let params: Vec<&[u8]> = match args {
@@ -616,8 +669,15 @@ impl CudaGpu {
             // takes the protocol block alone), and `args` was packed for this very function by
             // kairos_kernels::source (sizes checked against the C structs); the protocol buffers
             // live as long as self; the caller keeps its own buffers alive until LaunchDone (the
-            // Gpu trait's contract).
-            unsafe { f.f.launch(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
+            // Gpu trait's contract). Overlapped: kairos_run waits for the kernel before (every
+            // thread, before the gate read and the first block) as launch_overlapped requires.
+            if overlap {
+                // SAFETY: as above.
+                unsafe { f.f.launch_overlapped(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
+            } else {
+                // SAFETY: as above.
+                unsafe { f.f.launch(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
+            }
         })();
         match (result, slot) {
             (Err(e), Some(s)) => {
@@ -628,10 +688,29 @@ impl CudaGpu {
             (Ok(()), Some(s)) => {
                 self.in_flight[s as usize] = Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None });
                 self.slot_of.insert(id, s);
+                if let (Some(g), Some(st)) = (gate, self.streams.get_mut(o.stream.0 as usize)) {
+                    st.last_seq = g.seq;
+                    st.last_launch = Some(id);
+                }
                 Ok(id)
             }
             (Ok(()), None) => Ok(id),
         }
+    }
+
+    /// Whether protocol launches overlap their start with the end of the kernel before them on
+    /// their stream (see [`OVERLAP_ENV`]).
+    pub fn overlaps_launches(&self) -> bool {
+        self.overlap_launches
+    }
+
+    /// Turns overlapped launches on or off (on is refused before sm_90, which lacks them).
+    pub fn set_overlap_launches(&mut self, on: bool) -> Result<()> {
+        if on && !self.info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90) {
+            return Err(GpuError::Unsupported(format!("overlapped launches need sm_90 or newer, this is {}", self.info.arch)));
+        }
+        self.overlap_launches = on;
+        Ok(())
     }
 
     /// Launches a plan kernel with extra options (an SM bitmap for placement tests).
@@ -649,6 +728,7 @@ impl CudaGpu {
             partition: request.partition,
             stream: request.stream,
             sm_bitmap,
+            after: request.after,
         };
         // Arguments in mapped host memory: the CTAs fence at system scope before counting as done.
         self.next_launch_flags = self.host_maps.fence_flags(request.args);
@@ -739,6 +819,7 @@ impl CudaGpu {
             partition: request.partition,
             stream: request.stream,
             sm_bitmap: None,
+            after: request.after,
         };
         let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
         let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
@@ -1039,6 +1120,20 @@ impl Gpu for CudaGpu {
         // CUDA: lower numbers are more urgent, from `least` (0) down to `greatest` (-5 on Hopper).
         let (least, greatest) = self.priority_range;
         let cuda_priority = (-priority).clamp(greatest, least);
+        // Gate words of destroyed streams come back once their last launch is done.
+        let slot_of = &self.slot_of;
+        let protocol = &mut self.protocol;
+        self.retired_gate_words.retain(|&(word, last)| {
+            let busy = last.is_some_and(|l| slot_of.contains_key(&l));
+            if !busy {
+                protocol.free_gate_word(word);
+            }
+            busy
+        });
+        let gate_word = self
+            .protocol
+            .alloc_gate_word()
+            .ok_or(GpuError::Exhausted { limit: "stream gate words", max: GATE_WORDS_MAX as u64 })?;
         let id = StreamId(self.streams.len() as u32);
         self.streams.push(StreamState {
             alive: true,
@@ -1046,6 +1141,9 @@ impl Gpu for CudaGpu {
             by_partition: HashMap::new(),
             last_partition: None,
             chain: HashMap::new(),
+            gate_word,
+            last_seq: 0,
+            last_launch: None,
         });
         self.stream_for(id, 0)?;
         self.streams[id.0 as usize].last_partition = None;
@@ -1064,6 +1162,7 @@ impl Gpu for CudaGpu {
         st.chain.clear();
         st.last_partition = None;
         st.alive = false;
+        self.retired_gate_words.push((st.gate_word, st.last_launch));
         self.streams_destroyed += 1;
         Ok(())
     }

@@ -27,7 +27,7 @@ pub mod safe;
 pub mod suite;
 
 pub use autotune::{TuneOptions, autotune_plan};
-pub use gpu::{CudaGpu, LaunchOptions, read_sm_bitmap};
+pub use gpu::{CudaGpu, LaunchOptions, OVERLAP_ENV, read_sm_bitmap};
 pub use nvrtc::Variant;
 pub use profile::profile_plan;
 

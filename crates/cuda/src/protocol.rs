@@ -19,6 +19,8 @@ pub const RING_CAPACITY: u32 = 1 << 16;
 pub const LAUNCH_SLOTS_MAX: u32 = 1024;
 /// How long a producer waits for room in a full ring before it drops a record.
 pub const RING_TIMEOUT_NS: u64 = 50_000_000;
+/// Stream gate words (one per live stream; see protocol.cuh, "Stream gate").
+pub const GATE_WORDS_MAX: u32 = 2048;
 /// How often, at most, a launch's CTAs read the host's preempt flag (one PCIe read per launch per
 /// interval: such reads serialize across the device, so not every CTA may poll).
 pub const PREEMPT_POLL_NS: u32 = 4_000;
@@ -55,6 +57,19 @@ pub struct Protocol {
     slots: DeviceBuffer,
     consumed: u64,
     free_slots: Vec<u32>,
+    gate_words: DeviceBuffer,
+    free_gate_words: Vec<u32>,
+    /// Launch sequence numbers: the last one handed out (never 0).
+    seq: u32,
+}
+
+/// Where a launch sits in its stream's order: its gate word and the sequence numbers the device
+/// compares (see protocol.cuh, "Stream gate").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gate {
+    pub word: u32,
+    pub seq: u32,
+    pub gate_seq: u32,
 }
 
 impl Protocol {
@@ -68,6 +83,8 @@ impl Protocol {
         ring_dev.write(0, &init)?;
         let slots = DeviceBuffer::new(LAUNCH_SLOTS_MAX as u64 * source::SLOT_BYTES as u64)?;
         slots.fill(0)?;
+        let gate_words = DeviceBuffer::new(GATE_WORDS_MAX as u64 * 4)?;
+        gate_words.fill(0)?;
         Ok(Protocol {
             records,
             ring_host,
@@ -76,7 +93,28 @@ impl Protocol {
             slots,
             consumed: 0,
             free_slots: (0..LAUNCH_SLOTS_MAX).rev().collect(),
+            gate_words,
+            free_gate_words: (0..GATE_WORDS_MAX).rev().collect(),
+            seq: 0,
         })
+    }
+
+    /// A gate word for a new stream, or None when every word belongs to a stream.
+    pub fn alloc_gate_word(&mut self) -> Option<u32> {
+        self.free_gate_words.pop()
+    }
+
+    /// Returns a gate word no launch will write any more. A stale value in it is harmless: it is
+    /// the `seq` of a launch that no later launch names as its `gate_seq`.
+    pub fn free_gate_word(&mut self, word: u32) {
+        debug_assert!(!self.free_gate_words.contains(&word), "gate word {word} freed twice");
+        self.free_gate_words.push(word);
+    }
+
+    /// The next launch sequence number (wraps around, skipping 0).
+    pub fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq
     }
 
     /// Takes a free slot and clears its preempt flag, or None when all are in flight.
@@ -112,6 +150,7 @@ impl Protocol {
         mask: &SmMask,
         flags: u32,
         sm_bitmap: u64,
+        gate: Gate,
     ) -> ProtoParams {
         ProtoParams {
             slot_state: self.slots.ptr() + slot as u64 * source::SLOT_BYTES as u64,
@@ -128,6 +167,9 @@ impl Protocol {
             ring_capacity: RING_CAPACITY,
             flags: source::FLAG_NOTIFY | flags,
             poll_ns: PREEMPT_POLL_NS,
+            gate_word: self.gate_words.ptr() + gate.word as u64 * 4,
+            seq: gate.seq,
+            gate_seq: gate.gate_seq,
         }
     }
 

@@ -368,6 +368,27 @@ impl Function {
         // addresses inside stay valid (contract 2); the driver checks the shared memory size.
         unsafe { driver::launch_kernel(self.raw, grid, block, dynamic_smem_bytes, stream.raw, &mut ptrs) }
     }
+
+    /// [`launch`](Self::launch) as a programmatic dependent launch: the kernel's CTAs may start
+    /// while the previous kernel on `stream` finishes; the kernel executes `griddepcontrol.wait`
+    /// before touching anything that kernel wrote (every kernel of the library does, in the
+    /// protocol).
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch), and the kernel waits as said above.
+    pub unsafe fn launch_overlapped(
+        &self,
+        grid: u32,
+        block: u32,
+        dynamic_smem_bytes: u32,
+        stream: &Stream,
+        params: &[&[u8]],
+    ) -> DResult<()> {
+        let mut ptrs: Vec<*mut c_void> = params.iter().map(|p| p.as_ptr() as *mut c_void).collect();
+        // SAFETY: as in launch; the kernel's wait (contract) orders its reads after the previous
+        // kernel's writes.
+        unsafe { driver::launch_kernel_overlapped(self.raw, grid, block, dynamic_smem_bytes, stream.raw, &mut ptrs) }
+    }
 }
 
 /// A green context: a hardware partition of the device's SMs.

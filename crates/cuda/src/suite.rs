@@ -817,6 +817,7 @@ pub fn check_kernel_case(
         sm_mask: whole,
         partition: PartitionId::WHOLE,
         stream,
+        after: None,
     };
     let r = (|| {
         let id = gpu.launch(&req)?;
@@ -890,6 +891,7 @@ pub fn whole_device(gpu: &CudaGpu, stream: StreamId) -> LaunchOptions {
         partition: PartitionId::WHOLE,
         stream,
         sm_bitmap: None,
+        after: None,
     }
 }
 

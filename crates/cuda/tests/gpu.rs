@@ -157,6 +157,7 @@ impl GemmJob {
             sm_mask: o.sm_mask,
             partition: o.partition,
             stream: o.stream,
+            after: None,
         }
     }
     fn args(&self) -> Vec<DevicePtr> {
@@ -244,7 +245,7 @@ fn launches_stay_inside_partitions_and_masks() {
     ));
     for (label, partition, mask, allowed) in checks {
         job.clear(&mut gpu);
-        let o = LaunchOptions { first_block: 0, ctas: 0, sm_mask: mask, partition, stream, sm_bitmap: None };
+        let o = LaunchOptions { first_block: 0, ctas: 0, sm_mask: mask, partition, stream, sm_bitmap: None, after: None };
         let (ran, placed) = placement(&mut gpu, &job.request(DType::F32, &args, &o));
         println!("{label}: blocks ran on {ran:?}, placements on {placed:?}");
         assert!(!ran.is_empty(), "{label}: no SM ran a block");
@@ -287,7 +288,50 @@ fn preempted_launches_resume_exactly() {
     assert!(bad.is_empty(), "blocks not run exactly once (first: {bad:?}), preempted at {next}");
     gpu.free(counts).unwrap();
 
-    // 2. A real kernel, preempted repeatedly and resumed, matches an uninterrupted run bit for bit.
+    // 2. The stream gate: launches queued after a preempted launch stop before running a block;
+    //    one queued without `after` runs. With plain launches and, on sm_90+, overlapped ones.
+    let overlap_default = gpu.overlaps_launches();
+    for overlap in [false, true] {
+        if gpu.set_overlap_launches(overlap).is_err() {
+            println!("overlapped launches: not on {}", gpu.info().arch);
+            continue;
+        }
+        println!("stream gate, overlapped launches: {overlap}");
+        let blocks = 20_000;
+        let counts = gpu.alloc(3 * blocks as u64 * 4, MemKind::Device).unwrap();
+        gpu.write(counts.ptr, &vec![0u8; 3 * blocks as usize * 4]).unwrap();
+        let part = |i: u64| DevicePtr(counts.ptr.0 + i * blocks as u64 * 4);
+        let mut o = suite::whole_device(&gpu, stream);
+        o.ctas = sm_count;
+        let a = gpu.launch_spin(part(0), blocks, 5_000, &o).unwrap();
+        let b = gpu.launch_spin(part(1), blocks, 5_000, &LaunchOptions { after: Some(a), ..o }).unwrap();
+        let c = gpu.launch_spin(part(2), blocks, 5_000, &LaunchOptions { after: Some(b), ..o }).unwrap();
+        assert!(gpu.launch_spin(part(2), blocks, 5_000, &LaunchOptions { after: Some(a), ..o }).is_err(), "stale after");
+        let t0 = gpu.now_ns();
+        while gpu.now_ns() < t0 + 200_000 {}
+        gpu.preempt(a).unwrap();
+        let (next_a, preempted_a) = gpu.wait_done(a).unwrap();
+        assert!(preempted_a && next_a < blocks, "first launch not stopped: {next_a}");
+        assert_eq!(gpu.wait_done(b).unwrap(), (0, true), "launch after a stopped one");
+        assert_eq!(gpu.wait_done(c).unwrap(), (0, true), "launch after a gated one");
+        let d = gpu.launch_spin(part(1), blocks, 0, &o).unwrap();
+        assert_eq!(gpu.wait_done(d).unwrap(), (blocks, false), "a launch without `after` runs");
+        let mut c = vec![0u8; 3 * blocks as usize * 4];
+        gpu.read(counts.ptr, &mut c).unwrap();
+        let runs = |i: usize| -> Vec<u32> {
+            c[i * blocks as usize * 4..(i + 1) * blocks as usize * 4]
+                .chunks_exact(4)
+                .map(|x| u32::from_le_bytes(x.try_into().unwrap()))
+                .collect()
+        };
+        assert!(runs(0).iter().enumerate().all(|(i, &n)| n == (i < next_a as usize) as u32), "blocks of the stopped launch");
+        assert!(runs(1).iter().all(|&n| n == 1), "the gated launch ran blocks, or the ungated one skipped some");
+        assert!(runs(2).iter().all(|&n| n == 0), "the second gated launch ran blocks");
+        gpu.free(counts).unwrap();
+    }
+    gpu.set_overlap_launches(overlap_default).unwrap();
+
+    // 3. A real kernel, preempted repeatedly and resumed, matches an uninterrupted run bit for bit.
     for dtype in [DType::F32, DType::F16] {
         let job = gemm_job(&mut gpu, dtype, 1024, 64, 11);
         let args = job.args();

@@ -224,6 +224,10 @@ pub struct LaunchRequest<'a> {
     /// Hardware partition to launch into.
     pub partition: PartitionId,
     pub stream: StreamId,
+    /// The launch before this one on `stream` whose results this one reads (it must be the last
+    /// launch issued there): if it stops early, this one stops before running any block and
+    /// reports `preempted` at `first_block` (the protocol's stream gate). None: no such launch.
+    pub after: Option<LaunchId>,
 }
 
 impl<'a> LaunchRequest<'a> {
@@ -245,6 +249,7 @@ impl<'a> LaunchRequest<'a> {
             sm_mask,
             partition,
             stream,
+            after: None,
         }
     }
 }

@@ -154,7 +154,15 @@ struct EngineRunner {
 impl EngineRunner {
     fn start(config: EngineConfig, device: u32, tune: Option<kairos_cuda::TuneOptions>) -> Result<EngineRunner> {
         let engine = Self::engine(&config, device)?;
-        let name = engine.device().name.clone();
+        let info = engine.device();
+        let overlap_capable = info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90);
+        let overlap_on = std::env::var(kairos_cuda::OVERLAP_ENV).is_ok_and(|v| v == "1");
+        // Named in the table when launches overlap (opt-in on sm_90+).
+        let name = if overlap_capable && overlap_on {
+            format!("{} (overlapped launches: {}=1)", info.name, kairos_cuda::OVERLAP_ENV)
+        } else {
+            info.name.clone()
+        };
         Ok(EngineRunner { engine: Some(engine), config, device, name, tune, tuner: None })
     }
 

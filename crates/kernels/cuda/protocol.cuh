@@ -19,7 +19,22 @@
 //      older than `poll_ns` claims the poll (a CAS) and reads the flag; if it is set, it sets the
 //      stop bit (atomicOr) and records the count it saw, which is where the launch stops.
 //      Preemption latency is therefore at most poll_ns + one PCIe read + the longest block.
-//   4. On leaving, a CTA reports completion (blocks run). The last CTA of the grid to leave works
+//   4. Stream gate. A launch queued on a stream behind another launch must not run on the
+//      partial result of one that was stopped early. Every launch carries a sequence number
+//      (`seq`), the sequence number of the launch before it on its stream (`gate_seq`, 0: none)
+//      and its stream's gate word (device memory). A launch that ends with blocks never taken
+//      writes its `seq` to the gate word; each CTA leader reads the word beside its first take,
+//      and a launch that finds its `gate_seq` there stops before any block runs (stop at its
+//      first block) and, stopped itself, passes the gate on to the launch behind it. Stream
+//      order makes the word final before the next launch's CTAs start: one L2 read, overlapped.
+//   5. Overlapped launches (sm_90+, opt-in). The host may launch a kernel as a programmatic
+//      dependent of the one before it on its stream, so its CTAs start while that one finishes. Everything
+//      up to the first take touches only this launch's own slot and the ring; before the gate
+//      read and the first block every thread executes `griddepcontrol.wait` (until the kernel
+//      before has completed and its writes are visible; a no-op without such a launch), and a
+//      CTA that has run its last block lets the next kernel's CTAs start
+//      (`griddepcontrol.launch_dependents`).
+//   6. On leaving, a CTA reports completion (blocks run). The last CTA of the grid to leave works
 //      out the first block never taken, restores the slot to zero for the next launch, and
 //      reports LaunchDone. If no CTA landed inside the mask at all (possible only when the grid
 //      is too small to reach every SM of the mask), that last CTA runs the remaining blocks
@@ -116,11 +131,14 @@ struct KairosProto {
     u32 ring_capacity;  // a power of two
     u32 flags;
     u32 poll_ns;        // least interval between reads of the host's preempt flag
+    u64 gate_word;      // u32* (device memory): seq of the last launch on this stream that stopped early
+    u32 seq;            // this launch's sequence number (never 0)
+    u32 gate_seq;       // seq of the launch before this one on its stream, or 0
 };
 
 static_assert(sizeof(KairosRecord) == 32, "KairosRecord layout");
 static_assert(sizeof(KairosSlot) == 3096, "KairosSlot layout");
-static_assert(sizeof(KairosProto) == 112, "KairosProto layout");
+static_assert(sizeof(KairosProto) == 128, "KairosProto layout");
 
 __device__ __forceinline__ u32 kairos_smid() {
     u32 r;
@@ -132,6 +150,21 @@ __device__ __forceinline__ u64 kairos_globaltimer() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+// Waits until the kernel before this one on its stream (launched as our programmatic
+// prerequisite) has completed and its writes are visible. A no-op otherwise.
+__device__ __forceinline__ void kairos_wait_prerequisite() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the kernel after this one on its stream start its CTAs (this CTA runs no more blocks).
+__device__ __forceinline__ void kairos_allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Appends one record to the ring (called by one thread). Never overwrites an unconsumed record.
@@ -189,13 +222,28 @@ __device__ __forceinline__ void kairos_stop(KairosSlot* S) {
     if (!(old & KAIROS_STOP_BIT)) S->stop_at = (u32)old;
 }
 
+// Stops a launch whose stream gate is closed (the launch before it stopped early): no block of it
+// may run, so it stops at its first block. Every CTA of such a launch finds the gate closed
+// before running anything, and none of them polls the host flag, so nothing else writes stop_at.
+__device__ __forceinline__ void kairos_stop_at_gate(KairosSlot* S) {
+    atomicOr((unsigned long long*)&S->next, KAIROS_STOP_BIT);
+    *(volatile u32*)&S->stop_at = 0u;
+}
+
+// Whether the launch before this one on its stream stopped early (leader thread only).
+__device__ __forceinline__ bool kairos_gate_closed(const KairosProto& P) {
+    return P.gate_seq != 0u && *(volatile u32*)P.gate_word == P.gate_seq;
+}
+
 // One take (leader thread only): the next logical block, or KAIROS_NO_BLOCK when the launch is
 // exhausted or stopped. A CTA that takes a block also polls the host's preempt flag when the
-// launch's last poll is older than poll_ns.
-__device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S) {
+// launch's last poll is older than poll_ns, unless `gated` (the take of a CTA that still has to
+// check its stream gate, which no poll may race).
+__device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S, bool gated = false) {
     const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
     const u32 taken = (u32)v;
     if ((v & KAIROS_STOP_BIT) || taken >= P.total_blocks - P.first_block) return KAIROS_NO_BLOCK;
+    if (gated) return P.first_block + taken;
     const u64 now = kairos_globaltimer();
     const u64 last = *(volatile u64*)&S->last_poll_ns;
     if (now - last >= P.poll_ns && atomicCAS((unsigned long long*)&S->last_poll_ns, last, now) == last) {
@@ -217,15 +265,28 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
     u32 ran = 0;
     for (u32 it = 0;; ++it) {
         if (leader) {
+            // The first take's placement atomic is issued beside it (the round trips overlap);
+            // both touch only this launch's slot, so they run before the prerequisite wait.
+            const bool gated = it == 0 && P.gate_seq != 0u;
+            u32 b;
             if (it == 0 && report && (P.flags & KAIROS_FLAG_NOTIFY)) {
                 const u32 opened = atomicAdd(&S->placed[sm], 1u);
-                s_block[0] = kairos_take(P, S);
+                b = kairos_take(P, S, gated);
                 if (opened == 0u) {
                     const u32 n = atomicExch(&S->placed[sm], 0u);
                     kairos_emit(P, KAIROS_REC_PLACED, sm, n, 0, 0);
                 }
             } else {
-                s_block[it & 1] = kairos_take(P, S);
+                b = kairos_take(P, S, gated);
+            }
+            s_block[it & 1] = b;
+        }
+        if (it == 0) {
+            kairos_wait_prerequisite();
+            // The stream gate is final once the kernel before has completed.
+            if (leader && P.gate_seq != 0u && kairos_gate_closed(P)) {
+                kairos_stop_at_gate(S);
+                s_block[0] = KAIROS_NO_BLOCK;
             }
         }
         __syncthreads();
@@ -258,7 +319,10 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     const bool in_mask = sm < KAIROS_SM_COUNT_MAX && ((P.sm_mask[sm >> 6] >> (sm & 63)) & 1ull);
     if (in_mask) {  // uniform over the CTA: all its threads share the SM
         u32 ran = kairos_take_loop(P, S, sm, body, true, (P.flags & KAIROS_FLAG_ONE_TAKE) != 0u);
+        kairos_allow_dependents();
         if (leader) kairos_report_finished(P, S, sm, ran);
+    } else {
+        kairos_allow_dependents();
     }
     __syncthreads();
     if (leader) {
@@ -270,6 +334,8 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     }
     __syncthreads();
     if (!s_last) return;
+    // The gate and the rescue below may read what the kernel before wrote.
+    kairos_wait_prerequisite();
     __threadfence();
     // Last CTA out. Blocks are left only if the launch was stopped or no CTA ran inside the mask.
     __shared__ u32 s_rescue;
@@ -277,6 +343,11 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     if (leader) {
         const u64 v = *(volatile u64*)&S->next;
         s_rescue = !(v & KAIROS_STOP_BIT) && (u32)v < left;
+        if (s_rescue && kairos_gate_closed(P)) {
+            // No CTA landed in the mask (none took a block): the gate stops the launch whole.
+            kairos_stop_at_gate(S);
+            s_rescue = 0;
+        }
         if (s_rescue && *(volatile u32*)P.preempt_flag) {
             kairos_stop(S);
             s_rescue = 0;
@@ -298,6 +369,8 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
         S->stop_at = 0;
         S->last_poll_ns = 0;
         S->ctas_done = 0;
+        // Stopped early: close the gate of the launch behind this one on the stream.
+        if (next_block < P.total_blocks && P.gate_word != 0ull) *(volatile u32*)P.gate_word = P.seq;
         __threadfence();
         kairos_emit(P, KAIROS_REC_DONE, sm, 0, next_block, next_block < P.total_blocks ? 1u : 0u);
     }

@@ -173,7 +173,7 @@ pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), String> {
 }
 
 /// Bytes of `KairosProto`.
-pub const PROTO_BYTES: usize = 112;
+pub const PROTO_BYTES: usize = 128;
 /// Bytes of one `KairosRecord`.
 pub const RECORD_BYTES: usize = 32;
 /// Bytes of one `KairosSlot` (per-launch device state).
@@ -221,6 +221,14 @@ pub struct ProtoParams {
     pub flags: u32,
     /// Least interval between two reads of the host's preempt flag by the launch's CTAs.
     pub poll_ns: u32,
+    /// The stream's gate word (`u32`, device memory): the `seq` of the last launch on the stream
+    /// that stopped early. 0: no gate.
+    pub gate_word: u64,
+    /// This launch's sequence number (not 0 when `gate_word` is set).
+    pub seq: u32,
+    /// The `seq` of the launch before this one on its stream (0: none): if it stopped early, this
+    /// launch stops before running any block.
+    pub gate_seq: u32,
 }
 
 impl ProtoParams {
@@ -237,6 +245,9 @@ impl ProtoParams {
         for v in [self.slot, self.first_block, self.total_blocks, self.ring_capacity, self.flags, self.poll_ns] {
             w.u32(v);
         }
+        w.u64(self.gate_word);
+        w.u32(self.seq);
+        w.u32(self.gate_seq);
         w.finish();
         assert_eq!(w.len(), PROTO_BYTES, "ProtoParams layout drifted from KairosProto");
         w
@@ -577,6 +588,10 @@ mod tests {
         let b = p.to_block();
         assert_eq!(b.len(), PROTO_BYTES);
         assert_eq!(&b.as_bytes()[88..92], &7u32.to_le_bytes());
+        let g = ProtoParams { gate_word: 0xabc, seq: 5, gate_seq: 4, ..Default::default() }.to_block();
+        assert_eq!(&g.as_bytes()[112..120], &0xabcu64.to_le_bytes());
+        assert_eq!(&g.as_bytes()[120..124], &5u32.to_le_bytes());
+        assert_eq!(&g.as_bytes()[124..128], &4u32.to_le_bytes());
         assert_eq!(&b.as_bytes()[96..100], &9u32.to_le_bytes());
     }
 

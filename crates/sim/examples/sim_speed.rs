@@ -118,6 +118,7 @@ fn main() {
                     sm_mask: all_sms,
                     partition: PartitionId::WHOLE,
                     stream: s,
+                    after: None,
                 };
                 let id = gpu.launch(&req).unwrap();
                 owner.insert(id, i);

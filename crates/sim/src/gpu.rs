@@ -168,6 +168,8 @@ struct Grid {
     rescued: bool,
     /// End times of this launch's working cohorts (one cohort per end time).
     cohort_ends: BTreeMap<u64, u32>,
+    /// Issued `after` the launch before it on its stream: the stream gate applies.
+    gated: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,6 +240,11 @@ struct Stream {
     queue: u32,
     /// A command of this stream left its queue and is not complete.
     busy: bool,
+    /// The protocol's stream gate: the last launch of this stream that ran stopped early, so the
+    /// next one gated after it stops before running any block (protocol.cuh, "Stream gate").
+    gate_closed: bool,
+    /// The last launch issued on the stream (what `LaunchRequest::after` must name).
+    last_launch: Option<LaunchId>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -796,6 +803,10 @@ impl SimGpu {
                     Cmd::Kernel(g) => {
                         self.cwd_grids += 1;
                         self.grids[g].state = GridState::Dispatching;
+                        if self.grids[g].gated && self.streams[head.stream as usize].gate_closed {
+                            // Behind a launch that stopped early: every take finds the stop bit.
+                            self.grids[g].stop_ns = Some(0);
+                        }
                         let id = self.grids[g].id;
                         self.record(TraceEvent::Dispatch { launch: id, queue: q as u32, at_ns: t });
                         self.schedule(t + self.desc.latency.grid_dispatch_ns, Ev::GridReady(g));
@@ -1447,10 +1458,14 @@ impl SimGpu {
             let grid = &mut self.grids[g];
             debug_assert_eq!(grid.state, GridState::InCwd);
             grid.state = GridState::Finished;
-            // As the protocol reports it: stopped early (only a preemption can do that).
+            // As the protocol reports it: stopped early (only a preemption or the gate can do that).
             let preempted = grid.next_block < grid.end_block;
             (grid.id, grid.first_block, grid.next_block, preempted)
         };
+        let stream = self.grids[g].stream as usize;
+        if first < self.grids[g].end_block {
+            self.streams[stream].gate_closed = preempted;
+        }
         if let Some(pos) = self.cwd.iter().position(|&x| x == g) {
             self.cwd.remove(pos);
         }
@@ -1701,7 +1716,14 @@ impl Gpu for SimGpu {
             return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
         }
         let id = self.streams.len() as u32;
-        self.streams.push(Stream { alive: true, priority, queue: id % self.desc.hardware_queues, busy: false });
+        self.streams.push(Stream {
+            alive: true,
+            priority,
+            queue: id % self.desc.hardware_queues,
+            busy: false,
+            gate_closed: false,
+            last_launch: None,
+        });
         Ok(StreamId(id))
     }
 
@@ -1748,6 +1770,12 @@ impl Gpu for SimGpu {
         }
         if req.ctas > CTAS_PER_LAUNCH_MAX {
             return Err(GpuError::Invalid(format!("{} CTAs asked, at most {CTAS_PER_LAUNCH_MAX}", req.ctas)));
+        }
+        if req.after.is_some() && req.after != self.streams[s as usize].last_launch {
+            return Err(GpuError::Invalid(format!(
+                "launch gated after {:?}, but the last launch on stream {} is {:?}",
+                req.after, req.stream.0, self.streams[s as usize].last_launch
+            )));
         }
         if self.grids.len() >= LAUNCHES_IN_FLIGHT_MAX {
             return Err(GpuError::Exhausted { limit: "launches in flight", max: LAUNCHES_IN_FLIGHT_MAX as u64 });
@@ -1837,6 +1865,7 @@ impl Gpu for SimGpu {
             cohort_ends: BTreeMap::new(),
             rescued: false,
             stalled_at: NOT_STALLED,
+            gated: req.after.is_some(),
         });
         let (queue, arrive) = match self.enqueue(s, Cmd::Kernel(g)) {
             Ok(x) => x,
@@ -1846,6 +1875,7 @@ impl Gpu for SimGpu {
             }
         };
         self.next_launch += 1;
+        self.streams[s as usize].last_launch = Some(id);
         self.launch_slots.insert(id.0, g);
         self.stats.launches += 1;
         self.record(TraceEvent::Issue { launch: id, stream: req.stream, queue, at_ns: self.now_ns, arrive_ns: arrive });

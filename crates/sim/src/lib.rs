@@ -42,7 +42,10 @@
 //! blocks taken before that still run. When the last CTA leaves, `LaunchDone` reports the first
 //! block never taken and `preempted` when that is short of the end; the grid completes for its
 //! stream `grid_complete_ns` later. If the last CTA finds blocks left and no stop (no CTA landed
-//! inside the mask), it runs them itself on its SM, reporting its placement there. With `ctas = 0`
+//! inside the mask), it runs them itself on its SM, reporting its placement there. A launch issued
+//! `after` the launch before it on its stream, when that one stopped early, has its stop bit set
+//! from the start (the protocol's stream gate): it takes no block and reports `preempted` at its
+//! first block. Overlapped (programmatic dependent) launches are not modelled. With `ctas = 0`
 //! the simulator starts one CTA per block left up to the partition's capacity (at least one), or,
 //! with a mask narrower than the partition, enough CTAs to fill the whole partition, as kairos-cuda
 //! does.

@@ -203,3 +203,73 @@ fn timing_only_mode_keeps_the_schedule() {
     };
     assert_eq!(run(true), run(false));
 }
+
+/// The protocol's stream gate: a launch queued `after` one that is preempted stops before running
+/// any block (it would read a partial result), and so does the one after it; a launch queued
+/// without `after` runs whatever happened before it; `after` must name the stream's last launch.
+#[test]
+fn launches_queued_after_a_stopped_launch_stop_before_running() {
+    for seed in test_seeds(6, 0x9a7e) {
+        println!("seed {seed}");
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut gpu = SimGpu::new(GpuDesc::h100_pcie(), SimOptions { seed, check_invariants: true, ..SimOptions::default() });
+        let n = 200_000u32;
+        let k = eltwise_add(n, 1024);
+        gpu.register_kernel(
+            &k,
+            DType::F32,
+            MeasuredKernel { duration_ns: 400_000, sm_count: 114, duration_by_sms: vec![], resources: None },
+        );
+        let x = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+        let y = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+        let z = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+        let ones = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+        gpu.write(x.ptr, &bytes_of(&vec![0.0; n as usize])).unwrap();
+        gpu.write(y.ptr, &bytes_of(&vec![0.0; n as usize])).unwrap();
+        gpu.write(z.ptr, &bytes_of(&vec![0.0; n as usize])).unwrap();
+        gpu.write(ones.ptr, &bytes_of(&vec![1.0; n as usize])).unwrap();
+        let s = gpu.create_stream(0).unwrap();
+        // x = x + 1, then y = x + 1 after it, then z = y + 1 after that.
+        let (ax, ay, az) = ([x.ptr, ones.ptr, x.ptr], [x.ptr, ones.ptr, y.ptr], [y.ptr, ones.ptr, z.ptr]);
+        let mut ra = request(&k, DType::F32, shape(&k, 256, 0), &ax, s);
+        ra.ctas = 4;
+        let a = gpu.launch(&ra).unwrap();
+        let mut rb = request(&k, DType::F32, shape(&k, 256, 0), &ay, s);
+        rb.after = Some(a);
+        let b = gpu.launch(&rb).unwrap();
+        // Not the stream's last launch any more: refused.
+        let mut wrong = request(&k, DType::F32, shape(&k, 256, 0), &az, s);
+        wrong.after = Some(a);
+        assert!(matches!(gpu.launch(&wrong), Err(GpuError::Invalid(_))), "after must name the stream's last launch");
+        let mut rc = request(&k, DType::F32, shape(&k, 256, 0), &az, s);
+        rc.after = Some(b);
+        let c = gpu.launch(&rc).unwrap();
+        let now = gpu.now_ns();
+        gpu.wait(now + rng.random_range(50_000..300_000)).unwrap();
+        gpu.preempt(a).unwrap();
+        let ev = run_until_done(&mut gpu, &[a, b, c]);
+        let (next_a, preempted_a, _) = done_at(&ev, a);
+        assert!(preempted_a && next_a < k.logical_blocks(), "the first launch was not stopped ({next_a})");
+        for id in [b, c] {
+            assert_eq!(done_at(&ev, id), (0, true, done_at(&ev, id).2), "a launch behind the stopped one ran blocks");
+        }
+        let mut out = vec![0u8; n as usize * 4];
+        gpu.read(y.ptr, &mut out).unwrap();
+        assert!(f32s(&out).iter().all(|&v| v == 0.0), "seed {seed}: y was written behind a stopped launch");
+        // Resumed in order (a from where it stopped, b and c from scratch): exact results. The
+        // resume of a is issued without `after`: the host knows what happened before it.
+        let mut ra2 = request(&k, DType::F32, shape(&k, 256, 0), &ax, s);
+        ra2.first_block = next_a;
+        let a2 = gpu.launch(&ra2).unwrap();
+        rb.after = Some(a2);
+        let b2 = gpu.launch(&rb).unwrap();
+        rc.after = Some(b2);
+        let c2 = gpu.launch(&rc).unwrap();
+        let ev = run_until_done(&mut gpu, &[a2, b2, c2]);
+        for id in [a2, b2, c2] {
+            assert_eq!(done_at(&ev, id).0, k.logical_blocks());
+        }
+        gpu.read(z.ptr, &mut out).unwrap();
+        assert!(f32s(&out).iter().all(|&v| v == 3.0), "seed {seed}: z = ((0 + 1) + 1) + 1");
+    }
+}

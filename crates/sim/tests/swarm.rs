@@ -212,6 +212,7 @@ impl Swarm {
             sm_mask: mask,
             partition: PartitionId(partition as u32),
             stream,
+            after: None,
         };
         let id = self.gpu.launch(&req).unwrap_or_else(|e| panic!("seed {}: launch failed: {e}", self.seed));
         self.jobs[job].launches += 1;

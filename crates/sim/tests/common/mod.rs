@@ -92,6 +92,7 @@ pub fn request<'a>(
         sm_mask: SmMask::first(SM_COUNT_MAX as u32),
         partition: PartitionId::WHOLE,
         stream,
+        after: None,
     }
 }
 
