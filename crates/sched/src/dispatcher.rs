@@ -56,10 +56,12 @@ pub struct Config {
     /// fits on the SMs now, on top of the one kernel the gate always lets wait (see
     /// [`GpuView::fits`](crate::policy::GpuView::fits)).
     pub headroom_ctas: u32,
-    /// Lookahead of one kernel per job: once all CTAs of a job's running launch are placed, the
-    /// launch that waits only for it may be issued behind it on its stream, so it starts when its
-    /// dependency ends instead of a notification round trip later (see [`ReadyKernel::behind`]).
-    pub chain_launches: bool,
+    /// Lookahead per job: launches of one job that may wait on a stream behind the job's launch
+    /// running there (0: none). A launch whose unfinished dependencies are all on that stream's
+    /// chain is issued behind its tail, so it starts when they end instead of a notification round
+    /// trip later (see [`ReadyKernel::behind`]); the protocol's stream gate stops it before it
+    /// runs if a launch ahead of it stops early.
+    pub chain_depth_max: u32,
     /// Streams in the pool; `None` takes the device's hardware queue count, at least
     /// [`STREAM_COUNT_DEFAULT_MIN`] (streams beyond the hardware queues share them, which costs
     /// kernel-level dispatch nothing: its launches never wait on their own stream).
@@ -90,7 +92,7 @@ impl Default for Config {
         Config {
             policy: PolicyConfig::by_name("paella").unwrap(),
             headroom_ctas: 132,
-            chain_launches: true,
+            chain_depth_max: CHAIN_DEPTH_DEFAULT,
             stream_count: None,
             jobs_max: 4096,
             slots_per_model_max: 64,
@@ -124,6 +126,12 @@ impl Config {
         check("tenants_max", self.tenants_max as u64, TENANTS_MAX as u64)?;
         check("launches_in_flight_max", self.launches_in_flight_max as u64, LAUNCHES_IN_FLIGHT_MAX as u64)?;
         check("decisions_per_round_max", self.decisions_per_round_max as u64, DECISIONS_PER_ROUND_MAX as u64)?;
+        if self.chain_depth_max > CHAIN_DEPTH_MAX {
+            return Err(Error::InvalidInput(format!(
+                "chain_depth_max = {} must be at most {CHAIN_DEPTH_MAX}",
+                self.chain_depth_max
+            )));
+        }
         if let Some(s) = self.stream_count {
             check("stream_count", s as u64, STREAMS_MAX as u64)?;
         }
@@ -236,8 +244,11 @@ struct Job {
     ready: BinaryHeap<Reverse<u32>>,
     /// Launches in flight that no one asked to stop.
     running: BTreeSet<u32>,
-    /// A launch that may go behind its only unfinished dependency: (launch, stream, dependency).
+    /// A launch that may go behind the tail of a chain holding all its unfinished dependencies:
+    /// (launch, stream, tail).
     chainable: Option<(u32, u32, LaunchId)>,
+    /// Launches of this job in flight behind another one on its stream (not started).
+    queued: u32,
     unissued: u32,
     in_flight: u32,
     done: u32,
@@ -293,6 +304,9 @@ pub struct Dispatcher<G: Gpu> {
     tenant_index: HashMap<TenantId, usize>,
     stream_ids: Vec<StreamId>,
     streams: Vec<StreamView>,
+    /// Per stream, when its last launch ended (device clock as events report it): a launch that
+    /// started early behind it (an overlapped launch) ran from then on.
+    stream_last_done_ns: Vec<u64>,
     idle_streams: u32,
     /// Hardware queues the pool's streams share (stream s uses queue s mod this, as CUDA and the
     /// simulator assign streams to queues round robin), and per queue the launches waiting at
@@ -365,6 +379,7 @@ impl<G: Gpu> Dispatcher<G> {
             tenants: Vec::new(),
             tenant_index: HashMap::new(),
             streams: vec![StreamView::default(); stream_ids.len()],
+            stream_last_done_ns: vec![0; stream_ids.len()],
             idle_streams: stream_ids.len() as u32,
             hw_queues: info.hardware_queues.max(1) as usize,
             blocked_queues: vec![0; info.hardware_queues.max(1) as usize],
@@ -831,6 +846,7 @@ impl<G: Gpu> Dispatcher<G> {
             ready: BinaryHeap::new(),
             running: BTreeSet::new(),
             chainable: None,
+            queued: 0,
             unissued: n as u32,
             in_flight: 0,
             done: 0,
@@ -1027,9 +1043,9 @@ impl<G: Gpu> Dispatcher<G> {
                 }
                 f.live += ctas;
                 f.first_placed_ns.get_or_insert(at_ns);
-                if f.unplaced == 0 && f.behind.is_none() && f.ahead.is_none() && self.cfg.chain_launches {
-                    let (key, l, stream) = (f.job, f.launch, f.stream);
-                    self.mark_chainable(key, l, stream, launch);
+                if f.unplaced == 0 && f.behind.is_none() && f.ahead.is_none() {
+                    let key = f.job;
+                    self.mark_chainable(key);
                 }
             }
             GpuEvent::CtasFinished { launch, sm, ctas, blocks, .. } => {
@@ -1056,9 +1072,11 @@ impl<G: Gpu> Dispatcher<G> {
             self.stats.notification_anomalies += 1;
             return;
         };
+        let mut unqueued = 0u32;
         if f.behind.is_none() {
             self.pending_ctas -= f.unplaced as u64;
         } else {
+            unqueued += 1;
             self.blocked_queues[f.stream as usize % self.hw_queues] -= 1;
             if let Some(b) = f.behind.and_then(|b| self.in_flight.get_mut(&b)) {
                 // Ended before the launch it waited behind (it was stopped): nothing is behind that one now.
@@ -1068,6 +1086,7 @@ impl<G: Gpu> Dispatcher<G> {
         if let Some(a) = f.ahead.and_then(|a| self.in_flight.get_mut(&a)) {
             // The launch behind this one may start now: its CTAs become pending, its queue moves.
             a.behind = None;
+            unqueued += 1;
             self.pending_ctas += a.unplaced as u64;
             self.blocked_queues[a.stream as usize % self.hw_queues] -= 1;
         }
@@ -1075,6 +1094,7 @@ impl<G: Gpu> Dispatcher<G> {
             self.stats.notification_anomalies += 1;
         }
         let s = f.stream as usize;
+        let prev_done_ns = std::mem::replace(&mut self.stream_last_done_ns[s], at_ns);
         let was_idle = self.stream_is_idle(s);
         self.streams[s].in_flight -= 1;
         self.stream_update(s, was_idle);
@@ -1086,6 +1106,7 @@ impl<G: Gpu> Dispatcher<G> {
             return;
         };
         job.in_flight -= 1;
+        job.queued -= unqueued;
         job.running.remove(&f.launch);
         if job.chainable.is_some_and(|c| c.2 == launch) {
             job.chainable = None;
@@ -1118,7 +1139,8 @@ impl<G: Gpu> Dispatcher<G> {
             job.states[i] = LState::Done;
             job.done += 1;
             if f.first_block == 0 && !preempted {
-                let started = f.first_placed_ns.unwrap_or(f.issued_ns);
+                // Placed early behind the launch before it on its stream: it ran from that one's end.
+                let started = f.first_placed_ns.unwrap_or(f.issued_ns).max(prev_done_ns);
                 m.estimates.observe(f.launch, at_ns.saturating_sub(started));
             }
             job.remaining_ns = (job.remaining_ns - m.estimates.get(f.launch)).max(0.0);
@@ -1153,6 +1175,8 @@ impl<G: Gpu> Dispatcher<G> {
         } else if job_is_complete(job) {
             self.finish(key, None, out);
         } else {
+            // A dependency ended or the chain moved up: a launch may fit behind a chain now.
+            self.mark_chainable(key);
             self.refresh(key);
         }
     }
@@ -1199,8 +1223,12 @@ impl<G: Gpu> Dispatcher<G> {
                     }
                     let job = self.job_mut(key).unwrap();
                     job.chainable = None;
-                    match self.issue(key, launch, stream, 0, ctas, sm_mask, Some(after)) {
-                        Ok(id) => self.in_flight.get_mut(&after).expect("chained behind a launch in flight").ahead = Some(id),
+                    match self.issue(key, launch, stream, 0, ctas, sm_mask, Some(after), Some(after)) {
+                        Ok(id) => {
+                            self.in_flight.get_mut(&after).expect("chained behind a launch in flight").ahead = Some(id);
+                            self.job_mut(key).unwrap().queued += 1;
+                            self.mark_chainable(key);
+                        }
                         Err(e) => self.fail(key, e, out),
                     }
                     self.refresh(key);
@@ -1214,8 +1242,9 @@ impl<G: Gpu> Dispatcher<G> {
                 } else {
                     job.ready.retain(|r| r.0 != launch);
                 }
-                if let Err(e) = self.issue(key, launch, stream, first_block, ctas, sm_mask, None) {
-                    self.fail(key, e, out);
+                match self.issue(key, launch, stream, first_block, ctas, sm_mask, None, None) {
+                    Ok(_) => self.mark_chainable(key),
+                    Err(e) => self.fail(key, e, out),
                 }
                 self.refresh(key);
                 true
@@ -1232,11 +1261,16 @@ impl<G: Gpu> Dispatcher<G> {
                 if job.chainable.is_some_and(|c| c.2 == id) {
                     job.chainable = None;
                 }
-                let ahead = self.in_flight.get(&id).and_then(|f| f.ahead);
+                // Everything chained behind it goes too (the stream gate stops what has not started).
                 let mut result = self.gpu.preempt(id);
-                if let Some(a) = ahead {
-                    let behind_launch = self.in_flight[&a].launch;
-                    job.running.remove(&behind_launch);
+                let mut ahead = self.in_flight.get(&id).and_then(|f| f.ahead);
+                while let Some(a) = ahead {
+                    let f = &self.in_flight[&a];
+                    job.running.remove(&f.launch);
+                    if job.chainable.is_some_and(|c| c.2 == a) {
+                        job.chainable = None;
+                    }
+                    ahead = f.ahead;
                     result = result.and(self.gpu.preempt(a));
                 }
                 if let Err(e) = result {
@@ -1264,14 +1298,20 @@ impl<G: Gpu> Dispatcher<G> {
                 job.stream = Some(stream);
                 job.ready.clear();
                 let mut result = Ok(());
+                let mut previous = None;
                 for i in 0..n as u32 {
                     let first_block = match self.job(key).unwrap().states[i as usize] {
                         LState::Ready { first_block } => first_block,
                         _ => 0,
                     };
-                    result = self.issue(key, i, stream, first_block, None, None, None).map(|_| ());
-                    if result.is_err() {
-                        break;
+                    // Each launch reads what the ones before it on the stream wrote: the stream
+                    // gate stops the rest of the job if one of them stops early.
+                    match self.issue(key, i, stream, first_block, None, None, None, previous) {
+                        Ok(id) => previous = Some(id),
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
                     }
                 }
                 if let Err(e) = result {
@@ -1293,6 +1333,7 @@ impl<G: Gpu> Dispatcher<G> {
         ctas: Option<u32>,
         sm_mask: Option<SmMask>,
         behind: Option<LaunchId>,
+        after: Option<LaunchId>,
     ) -> Result<LaunchId, Error> {
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
@@ -1311,6 +1352,7 @@ impl<G: Gpu> Dispatcher<G> {
             sm_mask: sm_mask.unwrap_or(self.whole),
             partition: PartitionId::WHOLE,
             stream: self.stream_ids[stream as usize],
+            after,
         };
         let id = self.gpu.launch(&request)?;
         let cost = m.estimates.get(launch);
@@ -1374,22 +1416,50 @@ impl<G: Gpu> Dispatcher<G> {
         Ok(id)
     }
 
-    /// `launch` (with GPU id `id`, on `stream`) has all its CTAs placed: the first of its
-    /// dependents that waits for nothing else may be issued behind it.
-    fn mark_chainable(&mut self, key: JobKey, launch: u32, stream: u32, id: LaunchId) {
+    /// Offers the job's next lookahead launch: behind the tail of one of its chains (a launch
+    /// in flight with nothing behind it, that no one asked to stop: a running one with all CTAs
+    /// placed, or one waiting itself while fewer than `chain_depth_max` of the job's launches
+    /// wait), the first waiting dependent of that tail whose unfinished dependencies are all on
+    /// the tail's chain.
+    fn mark_chainable(&mut self, key: JobKey) {
         let Some(job) = self.jobs.get_mut(key.slot as usize).and_then(|j| j.as_mut()).filter(|j| j.key == key) else { return };
-        // Not behind a launch someone asked to stop: it would run on a partial result.
-        if job.cancelled || job.stream.is_some() || job.chainable.is_some() || !job.running.contains(&launch) {
+        if job.cancelled || job.stream.is_some() || job.chainable.is_some() || job.queued >= self.cfg.chain_depth_max {
+            // (A running tail with placed CTAs and no launch waiting still needs depth >= 1.)
             return;
         }
         let m = self.models[job.model].as_ref().expect("model of a job exists");
-        let next = m.dependents[launch as usize]
-            .iter()
-            .copied()
-            .find(|&d| job.deps_left[d as usize] == 1 && job.states[d as usize] == LState::Waiting);
-        if let Some(d) = next {
-            job.chainable = Some((d, stream, id));
-            self.refresh(key);
+        let mut chain: Vec<u32> = Vec::new();
+        for &tail in &job.running {
+            let LState::Issued(tail_id) = job.states[tail as usize] else { continue };
+            // Behind a running launch once all its CTAs are on SMs (then the launch behind waits
+            // for nothing but it), or deeper behind one that waits itself.
+            let Some(f) = self.in_flight.get(&tail_id).filter(|f| {
+                f.ahead.is_none() && if f.behind.is_none() { f.unplaced == 0 } else { job.queued < self.cfg.chain_depth_max }
+            }) else {
+                continue;
+            };
+            let stream = f.stream;
+            // The chain ending at `tail`: it and the launches it waits behind, all still running.
+            chain.clear();
+            let mut at = Some(tail_id);
+            while let Some(id) = at {
+                let g = &self.in_flight[&id];
+                chain.push(g.launch);
+                at = g.behind;
+            }
+            if chain.iter().any(|l| !job.running.contains(l)) {
+                continue;
+            }
+            let next = m.dependents[tail as usize].iter().copied().find(|&d| {
+                let deps = &m.plan.launches[d as usize].deps;
+                let on_chain = deps.iter().enumerate().filter(|&(i, x)| chain.contains(x) && !deps[..i].contains(x)).count();
+                job.states[d as usize] == LState::Waiting && job.deps_left[d as usize] as usize == on_chain
+            });
+            if let Some(d) = next {
+                job.chainable = Some((d, stream, tail_id));
+                self.refresh(key);
+                return;
+            }
         }
     }
 

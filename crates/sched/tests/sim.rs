@@ -59,8 +59,14 @@ fn results_are_exact_through_every_policy() {
                     let (checked, violations, _) = Checked::new(policy.clone());
                     let boxed: Box<dyn Policy> =
                         if preempt { Box::new(Preempting::new(Box::new(checked), 30)) } else { Box::new(checked) };
-                    let cfg =
-                        Config { slots_per_model_max: 3, trace_max: 1 << 16, ..Config::default().with_policy(policy.clone()) };
+                    // Chains of up to 4 launches behind a running one: the stream gate must stop
+                    // the rest of a chain whose head is preempted.
+                    let cfg = Config {
+                        slots_per_model_max: 3,
+                        trace_max: 1 << 16,
+                        chain_depth_max: rng.random_range(1..=4),
+                        ..Config::default().with_policy(policy.clone())
+                    };
                     let mut driver = VirtualDriver::with_policy(cfg, gpu, boxed).unwrap();
                     // Every kernel of a model covers the same elements, so the output is relu(x).
                     let models: Vec<_> = (0..2)

@@ -53,9 +53,10 @@ pub struct ReadyKernel {
     pub class: ResourceClass,
     /// Estimated duration on the whole GPU.
     pub est_ns: u64,
-    /// Its one unfinished dependency is running with all CTAs placed; issued, it goes behind
-    /// that dependency on its stream (no idle stream needed) and takes the room the dependency
-    /// leaves, so the occupancy gate passes it.
+    /// Its unfinished dependencies are all on one stream's chain of this job, whose tail is
+    /// running with all CTAs placed (or waits itself, with `chain_depth_max` > 1); issued, it goes
+    /// behind that tail on its stream (no idle stream needed) and takes the room the chain leaves,
+    /// so the occupancy gate passes it.
     pub behind: bool,
 }
 

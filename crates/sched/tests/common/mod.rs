@@ -114,6 +114,7 @@ pub fn random_config(rng: &mut SmallRng, policy: PolicyConfig) -> Config {
         tenants_max: [2, 64][rng.random_range(0..2)],
         launches_in_flight_max: [4, 16, 1024][rng.random_range(0..3)],
         decisions_per_round_max: [1, 7, 1024][rng.random_range(0..3)],
+        chain_depth_max: [0, 1, 1, 2, 4][rng.random_range(0..5)],
         trace_max: 1 << 20,
         ..Config::default()
     }
