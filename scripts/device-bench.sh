@@ -131,7 +131,8 @@ fi
 # (1,8), LATENCY_REQUESTS (50), LATENCY_BUDGET_S (per model and batch, 4), LATENCY_PEER_REPS (20),
 # LATENCY_POLICY (fifo), LATENCY_PEER_S / LATENCY_KAIROS_S (step limits), LATENCY_PEER=FILE (reuse
 # a peer JSON instead of measuring it), LATENCY_AB_OVERLAP=1 (also run kairos with overlapped
-# launches, KAIROS_OVERLAP_LAUNCHES=1, into $OUT/latency-overlap).
+# launches, KAIROS_OVERLAP_LAUNCHES=1, into $OUT/latency-overlap), LATENCY_AB_SPLIT_K=1 (also run
+# kairos with plans lowered with split-K, KAIROS_SPLIT_K=1, into $OUT/latency-splitk).
 if has latency; then
     lout="$OUT/latency"
     mkdir -p "$lout"
@@ -149,20 +150,28 @@ if has latency; then
     step latency-kairos "${LATENCY_KAIROS_S:-300}" bash -c 'exec "$@" >/dev/null' _ "$BIN/kairos" bench latency --backend cuda --batch "${LATENCY_BATCH:-1,8}" \
         --requests "${LATENCY_REQUESTS:-50}" --budget-s "${LATENCY_BUDGET_S:-4}" --policy "${LATENCY_POLICY:-fifo}" \
         --out "$lout" ${lmodels[@]+"${lmodels[@]}"} ${lpeer[@]+"${lpeer[@]}"}
-    if [ "${LATENCY_AB_OVERLAP:-0}" = 1 ]; then
-        # The same run with overlapped launches (programmatic dependent launch), for the A/B.
-        mkdir -p "$OUT/latency-overlap"
-        step latency-kairos-overlap "${LATENCY_KAIROS_S:-300}" env KAIROS_OVERLAP_LAUNCHES=1 bash -c 'exec "$@" >/dev/null' _ "$BIN/kairos" bench latency --backend cuda --batch "${LATENCY_BATCH:-1,8}" \
+    # A/B variants: the same run with one setting changed, into $OUT/latency-<variant>.
+    latency_variant() {
+        local variant=$1
+        shift
+        mkdir -p "$OUT/latency-$variant"
+        step "latency-kairos-$variant" "${LATENCY_KAIROS_S:-300}" env "$@" bash -c 'exec "$@" >/dev/null' _ "$BIN/kairos" bench latency --backend cuda --batch "${LATENCY_BATCH:-1,8}" \
             --requests "${LATENCY_REQUESTS:-50}" --budget-s "${LATENCY_BUDGET_S:-4}" --policy "${LATENCY_POLICY:-fifo}" \
-            --out "$OUT/latency-overlap" ${lmodels[@]+"${lmodels[@]}"} ${lpeer[@]+"${lpeer[@]}"}
-        (cd "$OUT" && tar rf results.tar latency-overlap 2>/dev/null)
-    fi
+            --out "$OUT/latency-$variant" ${lmodels[@]+"${lmodels[@]}"} ${lpeer[@]+"${lpeer[@]}"}
+        (cd "$OUT" && tar rf results.tar "latency-$variant" 2>/dev/null)
+    }
+    # Overlapped launches (programmatic dependent launch), opt-in.
+    [ "${LATENCY_AB_OVERLAP:-0}" = 1 ] && latency_variant overlap KAIROS_OVERLAP_LAUNCHES=1
+    # Plans with split-K (opt-in).
+    [ "${LATENCY_AB_SPLIT_K:-0}" = 1 ] && latency_variant splitk KAIROS_SPLIT_K=1
     (cd "$OUT" && tar rf results.tar latency 2>/dev/null)
     echo
-    if [ -f "$OUT/latency-overlap/latency.md" ]; then
-        echo "== latency, overlapped launches (KAIROS_OVERLAP_LAUNCHES=1; $OUT/latency-overlap/latency.md)"
-        cat "$OUT/latency-overlap/latency.md"
-    fi
+    for variant in overlap splitk; do
+        if [ -f "$OUT/latency-$variant/latency.md" ]; then
+            echo "== latency, variant $variant ($OUT/latency-$variant/latency.md)"
+            cat "$OUT/latency-$variant/latency.md"
+        fi
+    done
     echo "== latency (kairos bench latency; $lout/latency.md)"
     cat "$lout/latency.md" 2>/dev/null || echo "no latency table: see $OUT/latency-kairos.log"
 fi

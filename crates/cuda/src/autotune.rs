@@ -32,7 +32,7 @@ use crate::profile::{PlanBuffers, synthetic_input};
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::lower::emit::{SMALL_M_ROWS, smem_for};
-use kairos_ir::plan::{Kernel, LaunchShape, Plan};
+use kairos_ir::plan::{Conv2dParams, GemmParams, Kernel, LaunchShape, Plan};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -267,7 +267,7 @@ fn median(v: &mut [u64]) -> u64 {
 }
 
 fn describe(kernel: &Kernel, dtype: DType) -> String {
-    match kernel {
+    let what = match kernel {
         Kernel::Conv2d(p) => format!(
             "conv2d {dtype} {}x{} {}->{} k{}x{} s{} (m {}, k {})",
             p.out_h,
@@ -282,6 +282,12 @@ fn describe(kernel: &Kernel, dtype: DType) -> String {
         ),
         Kernel::Gemm(p) => format!("gemm {dtype} {}x{} m {} n {} k {}", p.batch0, p.batch1, p.m, p.n, p.k),
         k => k.name().to_string(),
+    };
+    match kernel {
+        Kernel::Conv2d(Conv2dParams { split_k, .. }) | Kernel::Gemm(GemmParams { split_k, .. }) if *split_k > 1 => {
+            format!("{what}, split-k {split_k}")
+        }
+        _ => what,
     }
 }
 
@@ -496,6 +502,7 @@ mod tests {
             epilogue: EpilogueParams { bias: true, residual: false, act: Act::Relu },
             tile_m,
             tile_n,
+            split_k: 1,
         })
     }
 

@@ -118,6 +118,7 @@ fn conv_case(
         epilogue: EpilogueParams { bias, residual, act },
         tile_m,
         tile_n,
+        split_k: 1,
     };
     let pixels_out = (batch * out_h * out_w) as usize;
     let mut args = vec![f((batch * in_h * in_w) as usize * p.in_pixel_stride as usize)];
@@ -136,6 +137,67 @@ fn conv_case(
         threads,
         args,
     }
+}
+
+/// The case as a split-K product: `splits` slices of K writing raw f32 partial sums (no alpha, no
+/// epilogue) into a workspace [splits][batches][m][n], the case's new output.
+fn split_k(mut case: KernelCase, splits: u32) -> KernelCase {
+    let (batches, m, n) = match &mut case.kernel {
+        Kernel::Gemm(p) => {
+            (p.split_k, p.alpha, p.epilogue) = (splits, 1.0, EpilogueParams::default());
+            (p.batch0 * p.batch1, p.m, p.n)
+        }
+        Kernel::Conv2d(p) => {
+            (p.split_k, p.epilogue) = (splits, EpilogueParams::default());
+            (1, p.gemm_m(), p.out_c)
+        }
+        k => panic!("split_k of a {} case", k.name()),
+    };
+    if let Err(e) = case.kernel.check_split_k() {
+        panic!("case {}: {e}", case.name);
+    }
+    case.args.truncate(2);
+    case.args.push(Arg { elems: (splits * batches * m * n) as usize, fill: Fill::Float(-1.0, 1.0), dtype: Some(DType::F32) });
+    case
+}
+
+/// A splitk_sum case: `splits` f32 slices of batch0 x batch1 x m x n, the output rows `out_pad`
+/// elements wider than n (a strided destination), optional bias and residual.
+fn splitk_sum_case(
+    name: &str,
+    splits: u32,
+    (b0, b1, m, n): (u32, u32, u32, u32),
+    out_pad: u32,
+    alpha: f32,
+    epilogue: EpilogueParams,
+) -> KernelCase {
+    let (b1_, m_, n_, ld) = (b1 as u64, m as u64, n as u64, (n + out_pad) as u64);
+    let p = SplitKSumParams {
+        splits,
+        batch0: b0,
+        batch1: b1,
+        m,
+        n,
+        c_stride0: b1_ * m_ * ld,
+        c_stride1: m_ * ld,
+        c_stride_m: ld,
+        r_stride0: b1_ * m_ * n_,
+        r_stride1: m_ * n_,
+        r_stride_m: n_,
+        alpha,
+        epilogue,
+        elems_per_block: 128,
+    };
+    let elems = p.elems() as usize;
+    let mut args = vec![Arg { elems: splits as usize * elems, fill: Fill::Float(-1.0, 1.0), dtype: Some(DType::F32) }];
+    if epilogue.bias {
+        args.push(f(n as usize));
+    }
+    if epilogue.residual {
+        args.push(f(elems));
+    }
+    args.push(f(b0 as usize * (b1_ * m_ * ld) as usize));
+    KernelCase { smem_bytes: 0, name: name.into(), kernel: Kernel::SplitKSum(p), threads: 256, args }
 }
 
 /// Gemm layouts the plans use.
@@ -187,6 +249,7 @@ fn gemm_case(
         epilogue: epi,
         tile_m: tile.0,
         tile_n: tile.1,
+        split_k: 1,
     };
     let (a_elems, b_elems);
     match layout {
@@ -615,6 +678,57 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             args: vec![f(50 * 72), Arg { elems: 40, fill: Fill::Index(-60, 60), dtype: Some(DType::I64) }, f(40 * 72)],
         },
     ];
+    // Split-K: products cut into K slices (vector and element loads, both B layouts, the small-M
+    // path, a slice shorter than the rest, the SIMT engine at f32) and the sums that finish them.
+    v.extend([
+        split_k(gemm_case("gemm split-k 3 linear", GemmLayout::Linear, (1, 1, 70, 48, 1000), 1.0, none, (32, 32), 128), 3),
+        split_k(
+            gemm_case("gemm split-k 4 transposed batched", GemmLayout::Transposed, (1, 2, 40, 40, 296), 1.0, none, (16, 32), 128),
+            4,
+        ),
+        split_k(gemm_case("gemm split-k 2 pv kn", GemmLayout::HeadsPv, (1, 2, 24, 64, 200), 1.0, none, (32, 32), 256), 2),
+        split_k(gemm_case("gemm split-k 2 small-m", GemmLayout::Linear, (1, 1, 5, 40, 336), 1.0, none, (8, 16), 64), 2),
+        split_k(
+            conv_case(
+                "conv3x3 split-k 3",
+                (1, 9, 9, 64, 48),
+                (3, 1, 1, 1, 1),
+                (false, false, Act::None),
+                (0, 0),
+                (32, 32, 128),
+                false,
+            ),
+            3,
+        ),
+        split_k(
+            conv_case(
+                "conv3x3 split-k 2 odd channels strided",
+                (1, 7, 7, 20, 24),
+                (3, 2, 1, 1, 1),
+                (false, false, Act::None),
+                (4, 0),
+                (16, 16, 64),
+                false,
+            ),
+            2,
+        ),
+        splitk_sum_case(
+            "splitk_sum 3 batched bias residual gelu",
+            3,
+            (2, 3, 5, 40),
+            8,
+            0.5,
+            EpilogueParams { bias: true, residual: true, act: Act::Gelu },
+        ),
+        splitk_sum_case(
+            "splitk_sum 5 rows relu",
+            5,
+            (1, 1, 30, 24),
+            0,
+            1.0,
+            EpilogueParams { bias: false, residual: false, act: Act::Relu },
+        ),
+    ]);
     for (kind, name) in [(ReduceKind::Sum, "sum"), (ReduceKind::Mean, "mean"), (ReduceKind::Max, "max"), (ReduceKind::Min, "min")]
     {
         for (outer, red, inner) in [(6, 77, 1), (3, 19, 50)] {
@@ -852,7 +966,7 @@ pub fn zoo_model(name: &str, dtype: DType, batch: usize, seq_len: usize) -> std:
     let onnx = zoo::build(name, &zoo::ZooOptions { batch, seq_len, seed: zoo::DEFAULT_SEED }).map_err(|e| e.to_string())?;
     let graph = onnx::load_bytes(name, &onnx, &onnx::LoadOptions { batch: Some(batch), seq_len: Some(seq_len) })
         .map_err(|e| e.to_string())?;
-    let plan = lower::lower(&graph, &lower::LowerOptions { dtype }).map_err(|e| e.to_string())?;
+    let plan = lower::lower(&graph, &lower::LowerOptions::new(dtype)).map_err(|e| e.to_string())?;
     plan.validate()?;
     let inputs = plan
         .inputs

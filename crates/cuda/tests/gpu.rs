@@ -125,6 +125,7 @@ fn gemm_job(gpu: &mut CudaGpu, dtype: DType, mnk: u32, tile: u32, seed: u64) -> 
         epilogue: EpilogueParams::default(),
         tile_m: tile,
         tile_n: tile,
+        split_k: 1,
     };
     let kernel = Kernel::Gemm(p);
     let mut rng = Rng::new(seed);

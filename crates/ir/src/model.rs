@@ -62,6 +62,6 @@ impl ModelSpec {
     }
 
     pub fn plan(&self) -> Result<Plan, Error> {
-        lower(&self.graph()?, &LowerOptions { dtype: self.dtype })
+        lower(&self.graph()?, &LowerOptions::new(self.dtype))
     }
 }

@@ -83,6 +83,12 @@ impl Default for EpilogueParams {
 /// Args: input, weights, then bias [out_c] if `epilogue.bias`, then residual if `epilogue.residual`, then output.
 /// Logical block b covers output rows (pixels) [bm * tile_m, +tile_m) and channels [bn * tile_n, +tile_n),
 /// with bm = b / n_tiles and bn = b % n_tiles.
+///
+/// Split-K (`split_k` > 1, groups 1 only): the reduction (kernel_h * kernel_w * in_c) is cut into
+/// `split_k` slices of [`split_k_len`] and logical block b is slice b / (m_tiles * n_tiles) of the
+/// tile b % (m_tiles * n_tiles). The output argument is then an f32 workspace
+/// [split_k][gemm_m][out_c] of raw partial sums (no bias, residual or activation: the epilogue must
+/// be empty), which a [`SplitKSumParams`] launch adds up in slice order and finishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Conv2dParams {
     pub batch: u32,
@@ -107,11 +113,28 @@ pub struct Conv2dParams {
     pub epilogue: EpilogueParams,
     pub tile_m: u32,
     pub tile_n: u32,
+    /// Slices of the reduction, each its own logical blocks (1: the whole reduction per block).
+    #[serde(default = "one")]
+    pub split_k: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Elements of the reduction one split-K slice covers: K / `split_k` rounded up to a multiple of
+/// 32, so every slice but the last starts 16-byte aligned and walks whole pipeline stages.
+pub fn split_k_len(k: u32, split_k: u32) -> u32 {
+    k.div_ceil(split_k.max(1)).div_ceil(32) * 32
 }
 
 impl Conv2dParams {
     pub fn gemm_m(&self) -> u32 {
         self.batch * self.out_h * self.out_w
+    }
+    /// The length of the reduction: kernel_h * kernel_w * in_c / groups.
+    pub fn gemm_k(&self) -> u32 {
+        self.kernel_h * self.kernel_w * self.in_c / self.groups.max(1)
     }
     pub fn m_tiles(&self) -> u32 {
         self.gemm_m().div_ceil(self.tile_m)
@@ -137,6 +160,11 @@ impl Conv2dParams {
 /// Logical block b covers batch bb = b / (m_tiles * n_tiles), rows [bm * tile_m, +tile_m) and columns
 /// [bn * tile_n, +tile_n) with the rest r = b % (m_tiles * n_tiles), bm = r / n_tiles, bn = r % n_tiles;
 /// bb splits into b0 = bb / batch1, b1 = bb % batch1.
+///
+/// Split-K (`split_k` > 1): K is cut into `split_k` slices of [`split_k_len`]; logical block b is
+/// slice b / (batches * m_tiles * n_tiles) of the block b % (batches * m_tiles * n_tiles) above.
+/// The output argument is then an f32 workspace [split_k][batch0 * batch1][m][n] of raw partial
+/// sums (alpha 1, no epilogue), which a [`SplitKSumParams`] launch adds up and finishes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GemmParams {
     pub batch0: u32,
@@ -162,6 +190,9 @@ pub struct GemmParams {
     pub epilogue: EpilogueParams,
     pub tile_m: u32,
     pub tile_n: u32,
+    /// Slices of K, each its own logical blocks (1: all of K per block).
+    #[serde(default = "one")]
+    pub split_k: u32,
 }
 
 impl GemmParams {
@@ -173,6 +204,39 @@ impl GemmParams {
     }
     pub fn flops(&self) -> u64 {
         2 * (self.batch0 * self.batch1) as u64 * self.m as u64 * self.n as u64 * self.k as u64
+    }
+}
+
+/// The second half of a split-K product: out = act(alpha * sum_s ws[s] + bias + residual), the
+/// slices added in order 0..splits (so the result does not depend on which CTA ran which slice).
+///
+/// `ws` is the f32 workspace [splits][batch0 * batch1][m][n] a split-K `gemm` or `conv2d` wrote;
+/// output element (b0, b1, i, j) is at b0 * c_stride0 + b1 * c_stride1 + i * c_stride_m + j, the
+/// residual likewise with its strides (a convolution: one batch, its pixels as rows).
+/// Args: ws, then bias [n] if `epilogue.bias`, then residual if `epilogue.residual`, then out.
+/// Logical block b covers elements [b * elems_per_block, +elems_per_block) in (batch, i, j) order.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SplitKSumParams {
+    pub splits: u32,
+    pub batch0: u32,
+    pub batch1: u32,
+    pub m: u32,
+    pub n: u32,
+    pub c_stride0: u64,
+    pub c_stride1: u64,
+    pub c_stride_m: u64,
+    pub r_stride0: u64,
+    pub r_stride1: u64,
+    pub r_stride_m: u64,
+    pub alpha: f32,
+    pub epilogue: EpilogueParams,
+    pub elems_per_block: u32,
+}
+
+impl SplitKSumParams {
+    /// Output elements (and elements of one workspace slice).
+    pub fn elems(&self) -> u64 {
+        self.batch0 as u64 * self.batch1 as u64 * self.m as u64 * self.n as u64
     }
 }
 
@@ -419,6 +483,8 @@ pub enum Kernel {
     Reduce(ReduceParams),
     Gather(GatherParams),
     Eltwise(EltwiseParams),
+    #[serde(rename = "splitk_sum")]
+    SplitKSum(SplitKSumParams),
 }
 
 impl Kernel {
@@ -434,23 +500,62 @@ impl Kernel {
             Kernel::Reduce(_) => "reduce",
             Kernel::Gather(_) => "gather",
             Kernel::Eltwise(_) => "eltwise",
+            Kernel::SplitKSum(_) => "splitk_sum",
         }
     }
 
-    pub const NAMES: [&'static str; 9] =
-        ["conv2d", "dwconv2d", "gemm", "pool2d", "softmax", "layernorm", "reduce", "gather", "eltwise"];
+    pub const NAMES: [&'static str; 10] =
+        ["conv2d", "dwconv2d", "gemm", "pool2d", "softmax", "layernorm", "reduce", "gather", "eltwise", "splitk_sum"];
 
     pub fn logical_blocks(&self) -> u32 {
         match self {
-            Kernel::Conv2d(p) => p.m_tiles() * p.n_tiles(),
+            Kernel::Conv2d(p) => p.split_k * p.m_tiles() * p.n_tiles(),
             Kernel::DepthwiseConv2d(p) => p.m_tiles() * p.n_tiles(),
-            Kernel::Gemm(p) => p.batch0 * p.batch1 * p.m_tiles() * p.n_tiles(),
+            Kernel::Gemm(p) => p.split_k * p.batch0 * p.batch1 * p.m_tiles() * p.n_tiles(),
             Kernel::Pool2d(p) => p.out_elems().div_ceil(p.elems_per_block as u64) as u32,
             Kernel::Softmax(p) => p.rows.div_ceil(p.rows_per_block),
             Kernel::LayerNorm(p) => p.rows.div_ceil(p.rows_per_block),
             Kernel::Reduce(p) => ((p.outer as u64 * p.inner as u64).div_ceil(p.elems_per_block as u64)) as u32,
             Kernel::Gather(p) => p.count.div_ceil(p.rows_per_block),
             Kernel::Eltwise(p) => p.elems().div_ceil(p.elems_per_block as u64) as u32,
+            Kernel::SplitKSum(p) => p.elems().div_ceil(p.elems_per_block as u64) as u32,
+        }
+    }
+
+    /// Split-K's rules: at least one slice, every slice non-empty, no epilogue on a split product
+    /// (its sum kernel applies it), no split of a grouped convolution, at least one slice summed.
+    pub fn check_split_k(&self) -> Result<(), String> {
+        let (split, k, ep, alpha) = match self {
+            Kernel::Conv2d(p) | Kernel::DepthwiseConv2d(p) => {
+                if p.split_k > 1 && p.groups != 1 {
+                    return Err(format!("split_k {} on a convolution of {} groups", p.split_k, p.groups));
+                }
+                (p.split_k, p.gemm_k(), p.epilogue, 1.0)
+            }
+            Kernel::Gemm(p) => (p.split_k, p.k, p.epilogue, p.alpha),
+            Kernel::SplitKSum(p) if p.splits == 0 => return Err("splitk_sum of no slices".into()),
+            _ => return Ok(()),
+        };
+        if split == 0 {
+            return Err("split_k 0 (1 means no split)".into());
+        }
+        if split > 1 {
+            if (split - 1) * split_k_len(k, split) >= k {
+                return Err(format!("split_k {split} leaves slices of K = {k} empty"));
+            }
+            if ep != EpilogueParams::default() || alpha != 1.0 {
+                return Err(format!("split_k {split} with an epilogue (the sum kernel applies it)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the kernel writes split-K partial sums (its output is an f32 workspace).
+    pub fn is_split_k(&self) -> bool {
+        match self {
+            Kernel::Conv2d(p) => p.split_k > 1,
+            Kernel::Gemm(p) => p.split_k > 1,
+            _ => false,
         }
     }
 
@@ -464,6 +569,9 @@ impl Kernel {
                 let weights = p.out_c as u64 * (p.kernel_h * p.kernel_w * p.in_c / p.groups) as u64;
                 let out = p.gemm_m() as u64 * p.out_c as u64;
                 let extra = if p.epilogue.residual { out } else { 0 } + if p.epilogue.bias { p.out_c as u64 } else { 0 };
+                if p.split_k > 1 {
+                    return (input + weights) * e + p.split_k as u64 * out * 4;
+                }
                 (input + weights + out + extra) * e
             }
             Kernel::Gemm(p) => {
@@ -473,6 +581,9 @@ impl Kernel {
                 let b = if p.b_stride0 == 0 && p.b_stride1 == 0 { 1 } else { batch } * p.k as u64 * p.n as u64;
                 let c = batch * p.m as u64 * p.n as u64;
                 let extra = if p.epilogue.residual { c } else { 0 } + if p.epilogue.bias { p.n as u64 } else { 0 };
+                if p.split_k > 1 {
+                    return (a + b) * e + p.split_k as u64 * c * 4;
+                }
                 (a + b + c + extra) * e
             }
             Kernel::Pool2d(p) => (p.batch as u64 * p.in_h as u64 * p.in_w as u64 * p.channels as u64 + p.out_elems()) * e,
@@ -493,6 +604,11 @@ impl Kernel {
                     .sum();
                 ins + n * p.out_dtype.size_bytes() as u64
             }
+            Kernel::SplitKSum(p) => {
+                let n = p.elems();
+                let extra = if p.epilogue.residual { n } else { 0 } + if p.epilogue.bias { p.n as u64 } else { 0 };
+                p.splits as u64 * n * 4 + (n + extra) * e
+            }
         }
     }
 
@@ -507,6 +623,7 @@ impl Kernel {
             Kernel::Reduce(p) => p.outer as u64 * p.reduce as u64 * p.inner as u64,
             Kernel::Gather(_) => 0,
             Kernel::Eltwise(p) => p.elems() * 2,
+            Kernel::SplitKSum(p) => p.elems() * (p.splits as u64 + 2),
         }
     }
 }
@@ -635,6 +752,7 @@ impl Plan {
             if l.shape.logical_blocks == 0 {
                 return Err(format!("launch {i} ({}) has no work", l.name));
             }
+            l.kernel.check_split_k().map_err(|e| format!("launch {i} ({}): {e}", l.name))?;
             for d in &l.deps {
                 if *d as usize >= i {
                     return Err(format!("launch {i} ({}) depends on launch {d} that does not precede it", l.name));
@@ -670,5 +788,51 @@ impl Plan {
             return Err(format!("weight blob holds {} bytes, plan says {}", self.weights.len(), self.weight_bytes));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_k_slices_cover_k_and_are_checked() {
+        assert_eq!(split_k_len(4608, 4), 1152);
+        assert_eq!(split_k_len(296, 4), 96);
+        assert_eq!(split_k_len(100, 1), 128);
+        let mut p = GemmParams {
+            batch0: 1,
+            batch1: 1,
+            m: 64,
+            n: 64,
+            k: 1000,
+            a_stride0: 0,
+            a_stride1: 0,
+            a_stride_m: 1000,
+            a_stride_k: 1,
+            b_stride0: 0,
+            b_stride1: 0,
+            b_stride_k: 1,
+            b_stride_n: 1000,
+            c_stride0: 0,
+            c_stride1: 0,
+            c_stride_m: 64,
+            r_stride0: 0,
+            r_stride1: 0,
+            r_stride_m: 0,
+            alpha: 1.0,
+            epilogue: EpilogueParams::default(),
+            tile_m: 32,
+            tile_n: 32,
+            split_k: 1,
+        };
+        for (split, ok) in [(1, true), (3, true), (0, false), (40, false)] {
+            p.split_k = split;
+            assert_eq!(Kernel::Gemm(p).check_split_k().is_ok(), ok, "split_k {split}");
+        }
+        p.split_k = 2;
+        p.epilogue.bias = true;
+        assert!(Kernel::Gemm(p).check_split_k().is_err(), "a split product with an epilogue");
+        assert_eq!(Kernel::Gemm(p).logical_blocks(), 2 * p.m_tiles() * p.n_tiles());
     }
 }

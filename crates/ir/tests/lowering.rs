@@ -9,7 +9,7 @@ use kairos_ir::{DType, graph::Op};
 fn plan_of(name: &str, dtype: DType) -> (kairos_ir::graph::Graph, Plan) {
     let bytes = kairos_ir::zoo::build(name, &ZooOptions { seq_len: 16, ..Default::default() }).unwrap();
     let g = kairos_ir::onnx::load_bytes(name, &bytes, &Default::default()).unwrap();
-    let p = lower(&g, &LowerOptions { dtype }).unwrap();
+    let p = lower(&g, &LowerOptions::new(dtype)).unwrap();
     (g, p)
 }
 
@@ -29,11 +29,16 @@ fn batchnorm_relu_and_residuals_fuse_into_convolutions() {
 
 #[test]
 fn transformer_layers_are_gemms_softmax_and_layernorms() {
-    let (_, p) = plan_of("bert_base", DType::F16);
+    let (g, p) = plan_of("bert_base", DType::F16);
     let h = p.kernel_histogram();
     assert_eq!(h.iter().find(|(k, _)| *k == "gemm").unwrap().1, 96);
     assert_eq!(h.iter().find(|(k, _)| *k == "softmax").unwrap().1, 12);
     assert!(p.launches.len() <= 140, "bert_base lowered to {} launches: {h:?}", p.launches.len());
+    // With split-K, each layer's second feed-forward product (K = 3072) is split, finished by a sum.
+    let split = kairos_ir::lower::lower(&g, &kairos_ir::lower::LowerOptions { dtype: DType::F16, split_k: true }).unwrap();
+    let sums = split.launches.iter().filter(|l| l.kernel.name() == "splitk_sum").count();
+    assert_eq!(sums, 12, "{:?}", split.kernel_histogram());
+    assert_eq!(split.launches.len(), p.launches.len() + sums);
     let (_, gpt) = plan_of("gpt2", DType::F32);
     let causal = gpt.launches.iter().filter(|l| matches!(l.kernel, Kernel::Softmax(s) if s.causal)).count();
     assert_eq!(causal, 12, "GPT-2's masks fold into causal softmaxes");

@@ -36,7 +36,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let graph = spec.graph()?;
     let t_load = t0.elapsed();
     let t1 = Instant::now();
-    let plan = lower(&graph, &LowerOptions { dtype: spec.dtype })?;
+    let plan = lower(&graph, &LowerOptions::new(spec.dtype))?;
     let t_lower = t1.elapsed();
     let fused = optimized(&graph);
     println!(

@@ -158,11 +158,15 @@ impl EngineRunner {
         let overlap_capable = info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90);
         let overlap_on = std::env::var(kairos_cuda::OVERLAP_ENV).is_ok_and(|v| v == "1");
         // Named in the table when launches overlap (opt-in on sm_90+).
-        let name = if overlap_capable && overlap_on {
+        let mut name = if overlap_capable && overlap_on {
             format!("{} (overlapped launches: {}=1)", info.name, kairos_cuda::OVERLAP_ENV)
         } else {
             info.name.clone()
         };
+        // And when plans are lowered with split-K (opt-in).
+        if kairos_ir::lower::LowerOptions::new(kairos_ir::DType::F16).split_k {
+            name = format!("{name} (split-K: {}=1)", kairos_ir::lower::SPLIT_K_ENV);
+        }
         Ok(EngineRunner { engine: Some(engine), config, device, name, tune, tuner: None })
     }
 

@@ -84,7 +84,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let t = Instant::now();
     let bytes = spec.onnx_bytes()?;
     let graph = kairos_ir::onnx::load_bytes(&spec.name(), &bytes, &spec.load_options())?;
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions { dtype: spec.dtype })?;
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(spec.dtype))?;
     eprintln!(
         "{}: {} kernels, {:.1} MB of weights, lowered in {:.2} s",
         plan.model,

@@ -106,4 +106,21 @@ __device__ __forceinline__ float warp_min(float v) {
     extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
         name##_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                  \
         body<h16, true>(P, A);                                                                                \
+    } \
+    KAIROS_KERNELS_SPLIT_K(name, Args, body)
+
+// Their split-K entries `name_sk_f32`, `name_sk_f16` and `name_sk_f16n` (body<T, NARROW, true>), for
+// launches with split_k > 1: apart from the others, so the split path costs them no registers.
+#define KAIROS_KERNELS_SPLIT_K(name, Args, body)                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
+        name##_sk_f32(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                \
+        body<float, false, true>(P, A);                                                                       \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
+        name##_sk_f16(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                \
+        body<h16, false, true>(P, A);                                                                         \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
+        name##_sk_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {               \
+        body<h16, true, true>(P, A);                                                                          \
     }

@@ -9,6 +9,8 @@
 // tiles larger than the engine's maximum take a direct path, one output per thread.
 // dwconv2d (weights [kernel_h][kernel_w][c]) is direct, channel fastest for coalescing.
 // Epilogue: y = act(acc + bias[n] + residual[m][n]).
+// Split-K (split_k > 1, groups == 1, the conv2d_sk_* entries): block b is reduction slice b / (m_tiles * n_tiles) of the tile
+// above, written raw into the f32 workspace [split_k][M][out_c] at `out` (tile.cuh: SplitK*Loader).
 
 #include "kairos/tile.cuh"
 
@@ -18,8 +20,9 @@ struct ConvArgs {
     u32 kh, kw, sh, sw, ph, pw, dh, dw, groups;
     u32 in_ps, out_ps, res_ps;
     u32 act, tile_m, tile_n;
+    u32 split_k, k_split_len;  // reduction slices and their length (plan::split_k_len)
 };
-static_assert(sizeof(ConvArgs) == 128, "ConvArgs layout");
+static_assert(sizeof(ConvArgs) == 136, "ConvArgs layout");
 
 template <typename T>
 __device__ __forceinline__ float conv_epilogue(const ConvArgs& A, u64 m, u32 n, float v) {
@@ -147,9 +150,10 @@ struct ConvTcLoader {
     }
 };
 
-// One tile of a groups == 1 convolution: the tensor-core engine for fp16, the SIMT one for f32.
-template <typename T, bool NARROW>
-__device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32 tm, u32 tn) {
+// One tile of a groups == 1 convolution, or with `ws` its reduction slice [kb, kb + kn) into the
+// workspace: the tensor-core engine for fp16, the SIMT one for f32.
+template <typename T, bool NARROW, bool SPLIT>
+__device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32 tm, u32 tn, u32 kb, u32 kn, float* ws) {
     __shared__ int s_ih0[TILE_MAX];
     __shared__ int s_iw0[TILE_MAX];
     __shared__ u32 s_img[TILE_MAX];
@@ -172,11 +176,21 @@ __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32
         const bool fast_ok = (u64)A.batch * A.in_h * A.in_w * A.in_ps < (1ull << 31) && A.in_h < 32768u &&
                              A.in_w < 32768u && (u64)A.out_c * K < (1ull << 32);
         ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true, fast_ok};
-        tile_mma<NARROW>(L, tm, tn, K);
+        if constexpr (SPLIT) {
+            auto S = split_k_tc(L, kb, ws, A.out_c);
+            tile_mma<NARROW>(S, tm, tn, kn);
+        } else {
+            tile_mma<NARROW>(L, tm, tn, K);
+        }
     } else {
         __shared__ TileSmem smem;
         ConvTileLoader<T> L{A, s_ih0, s_iw0, s_img, K, m0, n0, true, true};
-        tile_gemm(L, smem, tm, tn, K);
+        if constexpr (SPLIT) {
+            auto S = split_k_simt(L, kb, ws, A.out_c);
+            tile_gemm(S, smem, tm, tn, kn);
+        } else {
+            tile_gemm(L, smem, tm, tn, K);
+        }
     }
 }
 
@@ -206,18 +220,57 @@ __device__ __forceinline__ float conv_direct(const ConvArgs& A, u32 m, u32 n) {
     return acc;
 }
 
-template <typename T, bool NARROW = false>
+// One output of a groups == 1 convolution over reduction indices [k0, k1) (k = (ky * kw + kx) * in_c + ci).
+template <typename T>
+__device__ __forceinline__ float conv_direct_range(const ConvArgs& A, u32 m, u32 n, u32 k0, u32 k1) {
+    const u32 ow = m % A.out_w;
+    const u32 t = m / A.out_w;
+    const u32 oh = t % A.out_h;
+    const u32 ni = t / A.out_h;
+    const T* w = (const T*)A.w + (u64)n * A.kh * A.kw * A.in_c;
+    float acc = 0.0f;
+    for (u32 k = k0; k < k1; ++k) {
+        const u32 ci = k % A.in_c;
+        const u32 tap = k / A.in_c;
+        const int ih = (int)(oh * A.sh + (tap / A.kw) * A.dh) - (int)A.ph;
+        const int iw = (int)(ow * A.sw + (tap % A.kw) * A.dw) - (int)A.pw;
+        if (ih < 0 || ih >= (int)A.in_h || iw < 0 || iw >= (int)A.in_w) continue;
+        acc = fmaf(ld((const T*)A.in + ((u64)(ni * A.in_h + (u32)ih) * A.in_w + (u32)iw) * A.in_ps + ci), ld(w + k), acc);
+    }
+    return acc;
+}
+
+// SPLIT: the _sk entries (split_k > 1), compiled apart so the split path costs the whole-K
+// kernels no registers.
+template <typename T, bool NARROW = false, bool SPLIT = false>
 __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs& A) {
     const u32 M = A.batch * A.out_h * A.out_w;
     const u32 n_tiles = (A.out_c + A.tile_n - 1) / A.tile_n;
     const bool tiled = A.groups == 1 && A.tile_m <= TILE_MAX && A.tile_n <= TILE_MAX;
+    const u32 per_slice = ((M + A.tile_m - 1) / A.tile_m) * n_tiles;
+    const u32 K = A.kh * A.kw * A.in_c;  // split-K is for groups == 1
     kairos_run(P, [&](u32 b) {
+        u32 slice = 0u;
+        if constexpr (SPLIT) {
+            slice = b / per_slice;
+            b %= per_slice;
+        }
         const u32 m0 = (b / n_tiles) * A.tile_m;
         const u32 n0 = (b % n_tiles) * A.tile_n;
         const u32 tm = min(A.tile_m, M - m0);
         const u32 tn = min(A.tile_n, A.out_c - n0);
+        const u32 kb = SPLIT ? slice * A.k_split_len : 0u;
+        const u32 kn = SPLIT ? min(A.k_split_len, K - kb) : K;
+        float* ws = SPLIT ? (float*)A.out + ((u64)slice * M + m0) * A.out_c + n0 : (float*)0;
         if (tiled) {
-            conv_tile<T, NARROW>(A, m0, n0, tm, tn);
+            conv_tile<T, NARROW, SPLIT>(A, m0, n0, tm, tn, kb, kn, ws);
+        } else if (SPLIT) {
+            // A tile past the engines' maximum: one output per thread over this slice.
+            for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
+                const u32 mm = i / tn;
+                const u32 nn = i % tn;
+                ws[(u64)mm * A.out_c + nn] = conv_direct_range<T>(A, m0 + mm, n0 + nn, kb, kb + kn);
+            }
         } else {
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
                 const u32 m = m0 + i / tn;

@@ -5,6 +5,8 @@
 // [k][m] layouts of A (and [k][n] / [n][k] of B) load coalesced. fp16 runs on the tensor-core
 // engine (16-byte cp.async loads where strides and alignment allow; blocks of at most 8 rows
 // stream B along K on the engine's small-M path), f32 on the SIMT engine.
+// Split-K (split_k > 1, the gemm_sk_* entries): block b is K slice b / (batches * m_tiles * n_tiles) of the tile above,
+// written raw into the f32 workspace [split_k][batches][m][n] at `c` (tile.cuh: SplitK*Loader).
 
 #include "kairos/tile.cuh"
 
@@ -16,9 +18,10 @@ struct GemmArgs {
     u64 r_s0, r_s1, r_sm;
     u32 batch0, batch1, m, n, k;
     float alpha;
-    u32 act, tile_m, tile_n, pad;
+    u32 act, tile_m, tile_n, split_k;
+    u32 k_split_len;  // K per slice (plan::split_k_len), when split_k > 1
 };
-static_assert(sizeof(GemmArgs) == 192, "GemmArgs layout");
+static_assert(sizeof(GemmArgs) == 200, "GemmArgs layout");
 
 template <typename T>
 struct GemmTileLoader {
@@ -77,10 +80,11 @@ struct GemmTcLoader {
     }
 };
 
-// One tile: the tensor-core engine for fp16, the SIMT one for f32.
-template <typename T, bool NARROW>
+// One tile, or with `ws` its K slice [kb, kb + kn) into the workspace: the tensor-core engine for
+// fp16, the SIMT one for f32.
+template <typename T, bool NARROW, bool SPLIT>
 __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T* b, T* c, const T* r, const T* bias, u32 tm,
-                                          u32 tn) {
+                                          u32 tn, u32 kb, u32 kn, float* ws) {
     const bool a_k_fastest = A.a_sk == 1 || A.a_sm != 1;
     const bool b_k_fastest = A.b_sk == 1 && A.b_sn != 1;
     if constexpr (IsHalf<T>::value) {
@@ -96,20 +100,39 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
         const bool fast_ok = (u64)A.tile_m * A.a_sm < lim &&
                              (b_kn ? (u64)TC_TK_MAX * A.b_sk + A.tile_n < lim : (u64)A.tile_n * A.b_sn < lim);
         GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok};
-        tile_mma<NARROW>(L, tm, tn, A.k);
+        if constexpr (SPLIT) {
+            auto S = split_k_tc(L, kb, ws, A.n);
+            tile_mma<NARROW>(S, tm, tn, kn);
+        } else {
+            tile_mma<NARROW>(L, tm, tn, A.k);
+        }
     } else {
         __shared__ TileSmem smem;
         GemmTileLoader<T> L{A, a, b, c, r, bias, a_k_fastest, b_k_fastest};
-        tile_gemm(L, smem, tm, tn, A.k);
+        if constexpr (SPLIT) {
+            auto S = split_k_simt(L, kb, ws, A.n);
+            tile_gemm(S, smem, tm, tn, kn);
+        } else {
+            tile_gemm(L, smem, tm, tn, A.k);
+        }
     }
 }
 
-template <typename T, bool NARROW = false>
+// SPLIT: the _sk entries (split_k > 1), compiled apart so the split path costs the whole-K
+// kernels no registers.
+template <typename T, bool NARROW = false, bool SPLIT = false>
 __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& A) {
     const u32 m_tiles = (A.m + A.tile_m - 1) / A.tile_m;
     const u32 n_tiles = (A.n + A.tile_n - 1) / A.tile_n;
     const bool tiled = A.tile_m <= TILE_MAX && A.tile_n <= TILE_MAX;
+    const u32 batches = A.batch0 * A.batch1;
+    const u32 per_slice = batches * m_tiles * n_tiles;
     kairos_run(P, [&](u32 blk) {
+        u32 slice = 0u;
+        if constexpr (SPLIT) {
+            slice = blk / per_slice;
+            blk %= per_slice;
+        }
         const u32 bb = blk / (m_tiles * n_tiles);
         const u32 rest = blk % (m_tiles * n_tiles);
         const u32 b0 = bb / A.batch1;
@@ -123,16 +146,21 @@ __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& 
         T* c = (T*)A.c + b0 * A.c_s0 + b1 * A.c_s1 + m0 * A.c_sm + n0;
         const T* r = A.res ? (const T*)A.res + b0 * A.r_s0 + b1 * A.r_s1 + m0 * A.r_sm + n0 : (const T*)0;
         const T* bias = A.bias ? (const T*)A.bias + n0 : (const T*)0;
+        // Split-K: this block's K slice and its tile of the workspace.
+        const u32 kb = SPLIT ? slice * A.k_split_len : 0u;
+        const u32 kn = SPLIT ? min(A.k_split_len, A.k - kb) : A.k;
+        float* ws = SPLIT ? (float*)A.c + (((u64)slice * batches + bb) * A.m + m0) * A.n + n0 : (float*)0;
         if (tiled) {
-            gemm_tile<T, NARROW>(A, a, b, c, r, bias, tm, tn);
+            gemm_tile<T, NARROW, SPLIT>(A, a, b, c, r, bias, tm, tn, kb, kn, ws);
         } else {
             GemmTileLoader<T> L{A, a, b, c, r, bias, A.a_sk == 1 || A.a_sm != 1, A.b_sk == 1 && A.b_sn != 1};
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {
                 const u32 mm = i / tn;
                 const u32 nn = i % tn;
                 float acc = 0.0f;
-                for (u32 k = 0; k < A.k; ++k) acc = fmaf(L.a(mm, k), L.b(k, nn), acc);
-                L.store(mm, nn, acc);
+                for (u32 k = kb; k < kb + kn; ++k) acc = fmaf(L.a(mm, k), L.b(k, nn), acc);
+                if constexpr (SPLIT) ws[(u64)mm * A.n + nn] = acc;
+                else L.store(mm, nn, acc);
             }
         }
     });

@@ -50,3 +50,41 @@ __device__ __forceinline__ void reduce_body(const KairosProto& P, const ReduceAr
 }
 
 KAIROS_KERNELS(reduce, ReduceArgs, reduce_body, 256)
+
+// splitk_sum: the second half of a split-K conv2d or gemm (kairos_ir::plan::SplitKSumParams):
+// out = act(alpha * sum_s ws[s] + bias + residual), the f32 slices of the workspace added in slice
+// order (the result does not depend on which CTA ran which slice). One thread per output element;
+// adjacent threads read adjacent elements of every slice.
+struct SplitKSumArgs {
+    u64 ws, bias, res, out;  // bias and res are 0 when absent
+    u64 c_s0, c_s1, c_sm, r_s0, r_s1, r_sm;
+    u32 splits, batch0, batch1, m, n;
+    float alpha;
+    u32 act, elems_per_block;
+};
+static_assert(sizeof(SplitKSumArgs) == 112, "SplitKSumArgs layout");
+
+template <typename T>
+__device__ __forceinline__ void splitk_sum_body(const KairosProto& P, const SplitKSumArgs& A) {
+    const u64 total = (u64)A.batch0 * A.batch1 * A.m * A.n;
+    kairos_run(P, [&](u32 b) {
+        const u64 e0 = (u64)b * A.elems_per_block;
+        const u64 e1 = min(e0 + A.elems_per_block, total);
+        for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+            const float* ws = (const float*)A.ws + e;
+            float acc = 0.0f;
+            for (u32 s = 0; s < A.splits; ++s) acc += ws[(u64)s * total];
+            const u32 j = (u32)(e % A.n);
+            const u64 row = e / A.n;
+            const u64 i = row % A.m;
+            const u64 bb = row / A.m;
+            const u64 b0 = bb / A.batch1, b1 = bb % A.batch1;
+            float v = A.alpha * acc;
+            if (A.bias) v += ld((const T*)A.bias + j);
+            if (A.res) v += ld((const T*)A.res + b0 * A.r_s0 + b1 * A.r_s1 + i * A.r_sm + j);
+            st((T*)A.out + b0 * A.c_s0 + b1 * A.c_s1 + i * A.c_sm + j, kairos_act(A.act, v));
+        }
+    });
+}
+
+KAIROS_KERNELS(splitk_sum, SplitKSumArgs, splitk_sum_body, 256)

@@ -814,3 +814,64 @@ __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Split-K (kairos_ir::plan: `split_k` of conv2d and gemm). A logical block is one K slice
+// [kb, kb + len) of one tile: the engines walk K' = len as if it were the whole product, through
+// a loader that shifts every reduction index by kb, and the results leave raw (f32, no alpha,
+// bias, residual or activation) into the slice's part of the workspace; the splitk_sum kernel
+// adds the slices in order and applies the epilogue. kb is a multiple of 32 (plan::split_k_len),
+// so 16-byte chunks along K stay 16-byte chunks and every alignment test of the base loader holds.
+
+// The tensor-core engine's loaders (fp16).
+template <typename L>
+struct SplitKTcLoader {
+    const L& in;
+    u32 kb;
+    float* ws;  // the workspace at (slice, tile origin)
+    u32 ws_ld;  // its row stride (the product's n)
+    bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok;
+
+    typedef typename L::ACol ACol;
+    __device__ void a_row(u32 mm, u32& off, u32& aux) const { in.a_row(mm, off, aux); }
+    __device__ ACol a_col_at(u32 k) const { return in.a_col_at(kb + k); }
+    __device__ void a_col_step(ACol& c, u32 dk) const { in.a_col_step(c, dk); }
+    __device__ const h16* a_src(u32 off, u32 aux, const ACol& c) const { return in.a_src(off, aux, c); }
+    __device__ const h16* b_base() const { return in.b_base() + (u64)kb * in.b_kstride(); }
+    __device__ u32 b_row(u32 nn) const { return in.b_row(nn); }
+    __device__ u64 b_kstride() const { return in.b_kstride(); }
+
+    __device__ auto a_col(u32 k) const { return in.a_col(kb + k); }
+    template <typename C>
+    __device__ const h16* a_ptr(u32 mm, const C& c) const {
+        return in.a_ptr(mm, c);
+    }
+    __device__ h16 ah(u32 mm, u32 k) const { return in.ah(mm, kb + k); }
+    __device__ const h16* b_ptr(u32 k, u32 nn) const { return in.b_ptr(kb + k, nn); }
+    __device__ h16 bh(u32 k, u32 nn) const { return in.bh(kb + k, nn); }
+    __device__ void store(u32 mm, u32 nn, float v) const { ws[(u64)mm * ws_ld + nn] = v; }
+};
+
+template <typename L>
+__device__ __forceinline__ SplitKTcLoader<L> split_k_tc(const L& in, u32 kb, float* ws, u32 ws_ld) {
+    return SplitKTcLoader<L>{in, kb, ws, ws_ld, in.a_vec, in.b_vec, in.b_kn, in.a_k_fastest, in.b_k_fastest, in.fast_ok};
+}
+
+// The SIMT engine's loaders (f32).
+template <typename L>
+struct SplitKSimtLoader {
+    const L& in;
+    u32 kb;
+    float* ws;
+    u32 ws_ld;
+    bool a_k_fastest, b_k_fastest;
+
+    __device__ float a(u32 mm, u32 k) const { return in.a(mm, kb + k); }
+    __device__ float b(u32 k, u32 nn) const { return in.b(kb + k, nn); }
+    __device__ void store(u32 mm, u32 nn, float v) const { ws[(u64)mm * ws_ld + nn] = v; }
+};
+
+template <typename L>
+__device__ __forceinline__ SplitKSimtLoader<L> split_k_simt(const L& in, u32 kb, float* ws, u32 ws_ld) {
+    return SplitKSimtLoader<L>{in, kb, ws, ws_ld, in.a_k_fastest, in.b_k_fastest};
+}

@@ -13,7 +13,7 @@
 
 use kairos_ir::DType;
 use kairos_ir::graph::Act;
-use kairos_ir::plan::{BinaryOpParam, EltFunc, Kernel, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam};
+use kairos_ir::plan::{BinaryOpParam, EltFunc, Kernel, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam, split_k_len};
 
 /// The headers every module may include, by the name the sources include them under.
 pub const HEADERS: [(&str, &str); 3] = [
@@ -73,18 +73,21 @@ impl Module {
             Module::Gemm => &["gemm"],
             Module::Pool => &["pool2d"],
             Module::Norm => &["softmax", "layernorm"],
-            Module::Reduce => &["reduce"],
+            Module::Reduce => &["reduce", "splitk_sum"],
             Module::Gather => &["gather"],
             Module::Eltwise => &["eltwise"],
             Module::Util => return UTIL_FUNCTIONS.iter().map(|s| s.to_string()).collect(),
         };
         let mut f: Vec<String> = kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect();
-        f.extend(kernels.iter().filter(|k| TENSOR_CORE_KERNELS.contains(k)).map(|k| format!("{k}_f16n")));
+        for k in kernels.iter().filter(|k| TENSOR_CORE_KERNELS.contains(k)) {
+            f.extend([format!("{k}_f16n"), format!("{k}_sk_f32"), format!("{k}_sk_f16"), format!("{k}_sk_f16n")]);
+        }
         f
     }
 }
 
-/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs.
+/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs,
+/// and split-K entries `<name>_sk_<f32|f16|f16n>` for launches with `split_k` > 1.
 pub const TENSOR_CORE_KERNELS: [&str; 2] = ["conv2d", "gemm"];
 /// CTAs of at most this many threads run a tensor-core kernel's `_f16n` entry (launch bound
 /// 128 threads, 3 CTAs per SM: up to 168 registers per thread instead of 128).
@@ -100,20 +103,20 @@ pub fn module_of(kernel: &Kernel) -> Module {
         Kernel::Gemm(_) => Module::Gemm,
         Kernel::Pool2d(_) => Module::Pool,
         Kernel::Softmax(_) | Kernel::LayerNorm(_) => Module::Norm,
-        Kernel::Reduce(_) => Module::Reduce,
+        Kernel::Reduce(_) | Kernel::SplitKSum(_) => Module::Reduce,
         Kernel::Gather(_) => Module::Gather,
         Kernel::Eltwise(_) => Module::Eltwise,
     }
 }
 
 /// The CUDA function of a kernel at a launch dtype and CTA size: `<name>_<f32|f16>`, or
-/// `<name>_f16n` for tensor-core launches of at most [`TC_NARROW_THREADS_MAX`] threads.
+/// `<name>_f16n` for tensor-core launches of at most [`TC_NARROW_THREADS_MAX`] threads; split-K
+/// launches take the `<name>_sk_` entries.
 pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
+    let name = if kernel.is_split_k() { format!("{}_sk", kernel.name()) } else { kernel.name().to_string() };
     match dtype {
-        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => {
-            Ok(format!("{}_f16n", kernel.name()))
-        }
-        DType::F32 | DType::F16 => Ok(format!("{}_{}", kernel.name(), dtype.name())),
+        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => Ok(format!("{name}_f16n")),
+        DType::F32 | DType::F16 => Ok(format!("{name}_{}", dtype.name())),
         DType::I64 => Err(format!("kernel {} has no i64 variant (launch dtype must be f32 or f16)", kernel.name())),
     }
 }
@@ -355,6 +358,7 @@ pub fn arg_count(kernel: &Kernel) -> usize {
         Kernel::LayerNorm(_) => 4,
         Kernel::Gather(_) => 3,
         Kernel::Eltwise(p) => p.inputs as usize + 1,
+        Kernel::SplitKSum(p) => 2 + p.epilogue.bias as usize + p.epilogue.residual as usize,
     }
 }
 
@@ -402,7 +406,9 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
             w.u32(act_code(p.epilogue.act));
             w.u32(p.tile_m);
             w.u32(p.tile_n);
-            128
+            w.u32(p.split_k);
+            w.u32(split_k_len(p.gemm_k(), p.split_k));
+            136
         }
         Kernel::Gemm(p) => {
             let mut it = args.iter().copied();
@@ -436,10 +442,10 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
                 w.u32(v);
             }
             w.f32(p.alpha);
-            for v in [act_code(p.epilogue.act), p.tile_m, p.tile_n, 0] {
+            for v in [act_code(p.epilogue.act), p.tile_m, p.tile_n, p.split_k, split_k_len(p.k, p.split_k)] {
                 w.u32(v);
             }
-            192
+            200
         }
         Kernel::Pool2d(p) => {
             w.u64(args[0]);
@@ -557,6 +563,23 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
             w.u32(0);
             296
         }
+        Kernel::SplitKSum(p) => {
+            let mut it = args.iter().copied();
+            let ws = it.next().unwrap();
+            let bias = if p.epilogue.bias { it.next().unwrap() } else { 0 };
+            let res = if p.epilogue.residual { it.next().unwrap() } else { 0 };
+            let out = it.next().unwrap();
+            for v in [ws, bias, res, out, p.c_stride0, p.c_stride1, p.c_stride_m, p.r_stride0, p.r_stride1, p.r_stride_m] {
+                w.u64(v);
+            }
+            for v in [p.splits, p.batch0, p.batch1, p.m, p.n] {
+                w.u32(v);
+            }
+            w.f32(p.alpha);
+            w.u32(act_code(p.epilogue.act));
+            w.u32(p.elems_per_block);
+            112
+        }
     };
     w.finish();
     if w.len() != expected {
@@ -608,7 +631,7 @@ mod tests {
         for m in Module::ALL {
             for f in m.functions() {
                 let (kernel, suffix) = match f.rsplit_once('_') {
-                    Some((k, s)) if s == "f32" || s == "f16" || s == "f16n" => (k.to_string(), Some(s)),
+                    Some((k, s)) if s == "f32" || s == "f16" || s == "f16n" => (k.trim_end_matches("_sk").to_string(), Some(s)),
                     _ => (f.clone(), None),
                 };
                 let needle = match suffix {
@@ -620,6 +643,52 @@ mod tests {
                 assert!(m.source().contains(&needle), "module {} does not define {f}", m.name());
             }
         }
+    }
+
+    #[test]
+    fn split_k_launches_take_the_sk_entries_and_pack_their_sum() {
+        use kairos_ir::plan::{EpilogueParams, SplitKSumParams};
+        let lowered =
+            kairos_ir::lower::lower(&split_graph(), &kairos_ir::lower::LowerOptions { dtype: DType::F16, split_k: true })
+                .unwrap();
+        let gemm = lowered.launches.iter().find(|l| l.kernel.is_split_k()).expect("a split-K gemm");
+        assert_eq!(function_name(&gemm.kernel, DType::F16, 128).unwrap(), "gemm_sk_f16n");
+        assert_eq!(function_name(&gemm.kernel, DType::F16, 256).unwrap(), "gemm_sk_f16");
+        assert_eq!(function_name(&gemm.kernel, DType::F32, 256).unwrap(), "gemm_sk_f32");
+        assert!(Module::Gemm.functions().contains(&"gemm_sk_f16n".to_string()));
+        // The C structs' sizes: GemmArgs 200, SplitKSumArgs 112 (pack_args checks them).
+        assert_eq!(pack_args(&gemm.kernel, &[1, 2, 3]).unwrap().len(), 200);
+        let sum = Kernel::SplitKSum(SplitKSumParams {
+            splits: 3,
+            batch0: 1,
+            batch1: 1,
+            m: 4,
+            n: 8,
+            c_stride0: 0,
+            c_stride1: 0,
+            c_stride_m: 8,
+            r_stride0: 0,
+            r_stride1: 0,
+            r_stride_m: 8,
+            alpha: 1.0,
+            epilogue: EpilogueParams { bias: true, residual: true, act: Act::Relu },
+            elems_per_block: 16,
+        });
+        assert_eq!(function_name(&sum, DType::F16, 256).unwrap(), "splitk_sum_f16");
+        assert_eq!(pack_args(&sum, &[1, 2, 3, 4]).unwrap().len(), 112);
+        assert!(pack_args(&sum, &[1, 2, 3]).is_err(), "bias and residual make four arguments");
+    }
+
+    /// x [32, 4096] times constant weights [4096, 64]: long enough a reduction to split.
+    fn split_graph() -> kairos_ir::graph::Graph {
+        use kairos_ir::graph::*;
+        let mut g = Graph::new("split");
+        let x = g.add("x", Op::Input { index: 0 }, vec![], vec![32, 4096], DType::F32);
+        g.inputs.push(GraphInput { name: "x".into(), node: x });
+        let w = g.add_const("w", kairos_ir::Tensor::f32(vec![4096, 64], vec![0.5; 4096 * 64]));
+        let y = g.add("y", Op::MatMul { epilogue: Epilogue::default() }, vec![x, w], vec![32, 64], DType::F32);
+        g.outputs.push(GraphOutput { name: "y".into(), node: y });
+        g
     }
 
     #[test]

@@ -41,7 +41,7 @@ fn one_op(op: Op, x_shape: &[usize], consts: Vec<Tensor>, out_shape: &[usize]) -
 fn agree(g: &Graph, seed: u64) -> Result<(), TestCaseError> {
     let x = Tensor::f32(g.nodes[0].shape.clone(), values(&g.nodes[0].shape, seed));
     let expected = kairos_ir::interp::run(g, std::slice::from_ref(&x));
-    let plan = lower(g, &LowerOptions { dtype: DType::F32 }).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let plan = lower(g, &LowerOptions::new(DType::F32)).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let got = execute_plan(&plan, &[x]).map_err(TestCaseError::fail)?;
     let err = relative_l2_error(&got[0].to_f32_vec(), &expected[0].to_f32_vec());
     prop_assert!(err <= 1e-5, "relative error {err:.3e} for {:?}", g.nodes.last().unwrap().op);
@@ -134,7 +134,11 @@ proptest! {
     fn any_block_split_writes_the_same_bytes(cuts in prop::collection::vec(0u32..64, 0..6), reverse in any::<bool>(), seed in any::<u64>()) {
         let bytes = kairos_ir::zoo::build("squeezenet1_1", &kairos_ir::zoo::ZooOptions::default()).unwrap();
         let g = kairos_ir::onnx::load_bytes("squeezenet1_1", &bytes, &Default::default()).unwrap();
-        let plan = lower(&g, &LowerOptions { dtype: DType::F16 }).unwrap();
+        let squeezenet = lower(&g, &LowerOptions::new(DType::F16)).unwrap();
+        // And a split-K product (slices of K as logical blocks, then their sum).
+        let long_k = lower(&long_matmul(40, 2304, 72, seed), &LowerOptions { dtype: DType::F16, split_k: true }).unwrap();
+        prop_assert!(long_k.launches.iter().any(|l| l.kernel.is_split_k()));
+        for plan in [squeezenet, long_k] {
         let x = Tensor::f32(plan.inputs[0].shape.clone(), values(&plan.inputs[0].shape, seed)).cast(DType::F32);
         let input = AlignedBytes::from_slice(&x.to_bytes());
         let run = |split: bool| {
@@ -166,5 +170,104 @@ proptest! {
             out.as_slice().to_vec()
         };
         prop_assert_eq!(run(false), run(true));
+        }
+    }
+}
+
+/// x [m, k] times constant weights [k, n] plus a bias, then ReLU.
+fn long_matmul(m: usize, k: usize, n: usize, seed: u64) -> Graph {
+    let consts = vec![Tensor::f32(vec![k, n], values(&[k, n], seed ^ 9)), Tensor::f32(vec![n], values(&[n], seed ^ 10))];
+    let ep = Epilogue { bias: true, residual: false, act: ActOpt(Act::Relu) };
+    one_op(Op::MatMul { epilogue: ep }, &[m, k], consts, &[m, n])
+}
+
+/// fp16 plans with split-K on cut long reductions into split-K slices (a gemm or conv2d writing f32 partial sums,
+/// then a splitk_sum with the epilogue), and still match the naive interpreter.
+#[test]
+fn long_reductions_split_k_and_match_naive() {
+    let check = |g: &Graph, seed: u64| {
+        let plan = lower(g, &LowerOptions { dtype: DType::F16, split_k: true }).unwrap();
+        plan.validate().unwrap();
+        let whole = lower(g, &LowerOptions { dtype: DType::F16, split_k: false }).unwrap();
+        assert!(!whole.launches.iter().any(|l| l.kernel.is_split_k()), "split_k: false still split");
+        let split: Vec<_> = plan.launches.iter().filter(|l| l.kernel.is_split_k()).collect();
+        assert_eq!(split.len(), 1, "{}: {:?}", g.name, plan.kernel_histogram());
+        assert!(plan.launches.iter().any(|l| l.kernel.name() == "splitk_sum"));
+        let x = Tensor::f32(g.nodes[0].shape.clone(), values(&g.nodes[0].shape, seed));
+        let expected = kairos_ir::interp::run(g, std::slice::from_ref(&x));
+        let got = execute_plan(&plan, &[x]).unwrap();
+        let err = relative_l2_error(&got[0].to_f32_vec(), &expected[0].to_f32_vec());
+        // fp16 storage of inputs, weights and output; f32 sums.
+        assert!(err <= 1e-2, "{}: relative error {err:.3e}", g.name);
+        err
+    };
+    for (m, k, n, seed) in [(40, 2304, 72, 1), (9, 3072, 24, 2), (130, 4100, 33, 3)] {
+        check(&long_matmul(m, k, n, seed), seed);
+    }
+    // A 3x3 convolution over 512 channels (K = 4608), with a bias and ReLU.
+    let (cin, cout, hw) = (512, 24, 5);
+    let window = Window { kernel: [3, 3], stride: [1, 1], dilation: [1, 1], pad_begin: [1, 1], pad_end: [1, 1] };
+    let consts =
+        vec![Tensor::f32(vec![cout, cin, 3, 3], values(&[cout, cin, 3, 3], 11)), Tensor::f32(vec![cout], values(&[cout], 12))];
+    let ep = Epilogue { bias: true, residual: false, act: ActOpt(Act::Relu) };
+    let g = one_op(Op::Conv { window, groups: 1, epilogue: ep }, &[1, cin, hw, hw], consts, &[1, cout, hw, hw]);
+    check(&g, 13);
+}
+
+/// A split-K launch plus its sum computes what the whole-K launch computes (f32, to rounding).
+#[test]
+fn split_k_blocks_sum_to_the_whole_product() {
+    let g = long_matmul(33, 2080, 40, 7);
+    let whole = lower(&g, &LowerOptions::new(DType::F32)).unwrap();
+    assert!(!whole.launches.iter().any(|l| l.kernel.is_split_k()), "f32 plans are not split");
+    let x = Tensor::f32(g.nodes[0].shape.clone(), values(&g.nodes[0].shape, 7));
+    let want = execute_plan(&whole, std::slice::from_ref(&x)).unwrap()[0].to_f32_vec();
+    for splits in [2u32, 3, 5] {
+        // The same product by hand: a split gemm into a workspace at the arena's end, then the sum.
+        let mut plan = whole.clone();
+        let gi = plan.launches.iter().position(|l| l.kernel.name() == "gemm").unwrap();
+        let l = plan.launches[gi].clone();
+        let kairos_ir::plan::Kernel::Gemm(p) = l.kernel else { unreachable!() };
+        let ws_bytes = (splits * p.m * p.n * 4) as u64;
+        let ws =
+            kairos_ir::plan::BufRef { space: kairos_ir::plan::Space::Arena, offset_bytes: plan.arena_bytes, len_bytes: ws_bytes };
+        plan.arena_bytes += ws_bytes;
+        let mut sp = p;
+        (sp.split_k, sp.epilogue) = (splits, Default::default());
+        let sum = kairos_ir::plan::SplitKSumParams {
+            splits,
+            batch0: 1,
+            batch1: 1,
+            m: p.m,
+            n: p.n,
+            c_stride0: 0,
+            c_stride1: 0,
+            c_stride_m: p.c_stride_m,
+            r_stride0: 0,
+            r_stride1: 0,
+            r_stride_m: 0,
+            alpha: p.alpha,
+            epilogue: p.epilogue,
+            elems_per_block: 100,
+        };
+        let mut split = l.clone();
+        split.kernel = kairos_ir::plan::Kernel::Gemm(sp);
+        split.shape.logical_blocks = split.kernel.logical_blocks();
+        split.args = vec![l.args[0], l.args[1], ws];
+        let mut finish = l.clone();
+        finish.kernel = kairos_ir::plan::Kernel::SplitKSum(sum);
+        finish.shape.logical_blocks = finish.kernel.logical_blocks();
+        finish.args = vec![ws, l.args[2], l.args[3]];
+        finish.deps.push(gi as u32);
+        plan.launches.splice(gi..gi + 1, [split, finish]);
+        for later in plan.launches.iter_mut().skip(gi + 2) {
+            for d in later.deps.iter_mut().filter(|d| **d as usize > gi) {
+                *d += 1;
+            }
+        }
+        plan.validate().unwrap();
+        let got = execute_plan(&plan, std::slice::from_ref(&x)).unwrap()[0].to_f32_vec();
+        let err = relative_l2_error(&got, &want);
+        assert!(err <= 1e-6, "split_k {splits}: relative error {err:.3e}");
     }
 }

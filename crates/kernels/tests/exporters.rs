@@ -36,7 +36,7 @@ fn every_exported_file_matches_tract_and_pytorch() {
         let bytes = std::fs::read(&path).unwrap();
         let tract_out = tract_reference(&bytes, std::slice::from_ref(&input)).unwrap();
         for (dtype, tol) in [(DType::F32, TOLERANCE_F32), (DType::F16, TOLERANCE_F16)] {
-            let plan = lower(&graph, &LowerOptions { dtype }).unwrap_or_else(|e| panic!("{file} ({dtype}): {e}"));
+            let plan = lower(&graph, &LowerOptions::new(dtype)).unwrap_or_else(|e| panic!("{file} ({dtype}): {e}"));
             let out = kairos_kernels::cpu::execute_plan(&plan, std::slice::from_ref(&input)).unwrap();
             let ours = out[0].to_f32_vec();
             let vs_tract = relative_l2_error(&ours, &tract_out[0].to_f32_vec());

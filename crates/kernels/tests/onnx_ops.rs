@@ -61,7 +61,7 @@ fn check_opset(
     let values = random_inputs(&inputs, 11);
     let reference = kairos_ir::onnx::tract_reference(&bytes, &values).unwrap_or_else(|e| panic!("{case}: tract failed: {e}"));
     for (dtype, tol) in [(DType::F32, TOLERANCE_F32), (DType::F16, TOLERANCE_F16)] {
-        let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions { dtype })
+        let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(dtype))
             .unwrap_or_else(|e| panic!("{case} ({dtype}): lowering failed: {e}"));
         let out = kairos_kernels::cpu::execute_plan(&plan, &values).unwrap();
         assert_eq!(out[0].shape, reference[0].shape, "{case} ({dtype}): output shape");

@@ -33,7 +33,7 @@ fn check_model(name: &str, dtype: DType, tol: f64) -> usize {
     let opts = ZooOptions { seq_len: TEST_SEQ_LEN, ..Default::default() };
     let bytes = kairos_ir::zoo::build(name, &opts).unwrap();
     let graph = kairos_ir::onnx::load_bytes(name, &bytes, &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions { dtype }).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(dtype)).unwrap();
     plan.validate().unwrap();
     let inputs = inputs_for(&plan, 5);
     let ours = kairos_kernels::cpu::execute_plan(&plan, &inputs).unwrap();

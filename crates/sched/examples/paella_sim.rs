@@ -51,7 +51,7 @@ fn args() -> Args {
 fn zoo_model(name: &str, dtype: DType) -> ModelSpec {
     let bytes = zoo::build(name, &ZooOptions::default()).unwrap();
     let graph = load_bytes(name, &bytes, &LoadOptions::default()).unwrap();
-    let plan = lower(&graph, &LowerOptions { dtype }).unwrap();
+    let plan = lower(&graph, &LowerOptions::new(dtype)).unwrap();
     ModelSpec { name: name.into(), plan: Arc::new(plan), profile: None }
 }
 

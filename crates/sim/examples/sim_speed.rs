@@ -42,6 +42,7 @@ fn gemm(m: u32, n: u32, k: u32, tile: u32) -> Kernel {
         epilogue: EpilogueParams { bias: true, residual: false, act: Act::Relu },
         tile_m: tile,
         tile_n: tile,
+        split_k: 1,
     })
 }
 

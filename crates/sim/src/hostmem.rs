@@ -46,7 +46,11 @@ pub fn arg_extent_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
             if p.epilogue.residual {
                 v.push(view(&[(out_pixels, p.res_pixel_stride as u64), (p.out_c as u64, 1)]) * e);
             }
-            v.push(view(&[(out_pixels, p.out_pixel_stride as u64), (p.out_c as u64, 1)]) * e);
+            if p.split_k > 1 {
+                v.push(p.split_k as u64 * out_pixels * p.out_c as u64 * 4);
+            } else {
+                v.push(view(&[(out_pixels, p.out_pixel_stride as u64), (p.out_c as u64, 1)]) * e);
+            }
             v
         }
         Kernel::Gemm(p) => {
@@ -60,7 +64,11 @@ pub fn arg_extent_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
             if p.epilogue.residual {
                 v.push(view(&[(b0, p.r_stride0), (b1, p.r_stride1), (m, p.r_stride_m), (n, 1)]) * e);
             }
-            v.push(view(&[(b0, p.c_stride0), (b1, p.c_stride1), (m, p.c_stride_m), (n, 1)]) * e);
+            if p.split_k > 1 {
+                v.push(p.split_k as u64 * b0 * b1 * m * n * 4);
+            } else {
+                v.push(view(&[(b0, p.c_stride0), (b1, p.c_stride1), (m, p.c_stride_m), (n, 1)]) * e);
+            }
             v
         }
         Kernel::Pool2d(p) => {
@@ -92,6 +100,18 @@ pub fn arg_extent_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
             let mut v: Vec<u64> =
                 (0..p.inputs as usize).map(|j| view(&dims(&p.in_strides[j])) * p.in_dtypes[j].size_bytes() as u64).collect();
             v.push(view(&dims(&p.out_strides)) * p.out_dtype.size_bytes() as u64);
+            v
+        }
+        Kernel::SplitKSum(p) => {
+            let (b0, b1, m, n) = (p.batch0 as u64, p.batch1 as u64, p.m as u64, p.n as u64);
+            let mut v = vec![p.splits as u64 * p.elems() * 4];
+            if p.epilogue.bias {
+                v.push(n * e);
+            }
+            if p.epilogue.residual {
+                v.push(view(&[(b0, p.r_stride0), (b1, p.r_stride1), (m, p.r_stride_m), (n, 1)]) * e);
+            }
+            v.push(view(&[(b0, p.c_stride0), (b1, p.c_stride1), (m, p.c_stride_m), (n, 1)]) * e);
             v
         }
     }
@@ -130,6 +150,7 @@ mod tests {
             epilogue: EpilogueParams { bias: true, residual: false, act: Act::None },
             tile_m: 4,
             tile_n: 5,
+            split_k: 1,
         };
         let x = arg_extent_bytes(&Kernel::Gemm(g), DType::F32);
         // A: 1 + 1*120 + 2*40 + 3*10 + 5*1 = 236 elements; B: 1 + 5*5 + 4 = 30; bias 5; C: 1 + 60 + 40 + 15 + 4 = 120.

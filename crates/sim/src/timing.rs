@@ -206,14 +206,7 @@ fn measured_from_profile(k: &KernelProfile, sm_count: u32) -> MeasuredKernel {
 
 /// Number of arguments a kernel takes, in its documented order.
 pub fn arg_count(kernel: &Kernel) -> usize {
-    match kernel {
-        Kernel::Conv2d(p) | Kernel::DepthwiseConv2d(p) => 3 + p.epilogue.bias as usize + p.epilogue.residual as usize,
-        Kernel::Gemm(p) => 3 + p.epilogue.bias as usize + p.epilogue.residual as usize,
-        Kernel::Pool2d(_) | Kernel::Softmax(_) | Kernel::Reduce(_) => 2,
-        Kernel::LayerNorm(_) => 4,
-        Kernel::Gather(_) => 3,
-        Kernel::Eltwise(p) => p.inputs as usize + 1,
-    }
+    kairos_kernels::source::arg_count(kernel)
 }
 
 /// Bytes each argument contributes to [`Kernel::bytes_moved`] (the output is always the last
@@ -232,7 +225,7 @@ pub fn arg_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
             if p.epilogue.residual {
                 v.push(out);
             }
-            v.push(out);
+            v.push(if p.split_k > 1 { p.split_k as u64 * p.gemm_m() as u64 * p.out_c as u64 * 4 } else { out });
             v
         }
         Kernel::Gemm(p) => {
@@ -247,7 +240,7 @@ pub fn arg_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
             if p.epilogue.residual {
                 v.push(c);
             }
-            v.push(c);
+            v.push(if p.split_k > 1 { p.split_k as u64 * batch * p.m as u64 * p.n as u64 * 4 } else { c });
             v
         }
         Kernel::Pool2d(p) => vec![p.batch as u64 * p.in_h as u64 * p.in_w as u64 * p.channels as u64 * e, p.out_elems() * e],
@@ -272,6 +265,18 @@ pub fn arg_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
                 })
                 .collect();
             v.push(p.elems() * p.out_dtype.size_bytes() as u64);
+            v
+        }
+        Kernel::SplitKSum(p) => {
+            let n = p.elems();
+            let mut v = vec![p.splits as u64 * n * 4];
+            if p.epilogue.bias {
+                v.push(p.n as u64 * e);
+            }
+            if p.epilogue.residual {
+                v.push(n * e);
+            }
+            v.push(n * e);
             v
         }
     }
@@ -483,6 +488,7 @@ mod tests {
             epilogue: EpilogueParams { bias: true, residual: true, act: Act::Relu },
             tile_m: tile,
             tile_n: tile,
+            split_k: 1,
         })
     }
 

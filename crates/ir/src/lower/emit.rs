@@ -89,6 +89,36 @@ pub fn tile_for(dtype: DType, batches: u32, m: u32, n: u32) -> (u32, u32) {
     (t.0, t.1)
 }
 
+/// Split-K: a reduction this long or longer is cut into slices of about this many elements (four
+/// 256-deep pipeline stages), so no logical block walks a long chain of dependent stages alone
+/// (what bounds the small tiles of VGG's and ResNet's late 3x3 convolutions, K = 4608, and BERT's
+/// second feed-forward product, K = 3072, at batch 1).
+pub const SPLIT_K_SLICE: u32 = 1024;
+/// Most slices of one product, and most logical blocks the slices may bring it to (about two
+/// waves of the 128-thread CTAs an H100/H200 holds at once).
+pub const SPLIT_K_MAX: u32 = 8;
+const SPLIT_K_BLOCKS_MAX: u32 = 1024;
+/// Elements one CTA of the split-K sum finishes.
+const SPLIT_K_SUM_ELEMS_PER_BLOCK: u32 = 1024;
+
+/// The split-K slices of an fp16 product with `blocks` logical blocks (its tiles) of `m` rows per
+/// batch and reduction length `k`: K / [`SPLIT_K_SLICE`] slices, at most [`SPLIT_K_MAX`] and
+/// at most what keeps the launch within [`SPLIT_K_BLOCKS_MAX`] blocks; 1 (no split) for f32 (the
+/// SIMT engine is bound by arithmetic, not by the chain), for small-M products (their path
+/// streams the weights and is bound by memory) and where fewer than 2 slices would result.
+pub fn split_k_for(dtype: DType, blocks: u32, m: u32, k: u32) -> u32 {
+    if dtype != DType::F16 || m <= SMALL_M_ROWS || blocks == 0 {
+        return 1;
+    }
+    let s = (k / SPLIT_K_SLICE).min(SPLIT_K_MAX).min(SPLIT_K_BLOCKS_MAX / blocks);
+    // Every slice must hold some of K (split_k_len rounds slices up to 32).
+    let mut s = s.max(1);
+    while s > 1 && (s - 1) * split_k_len(k, s) >= k {
+        s -= 1;
+    }
+    s
+}
+
 /// Threads per CTA of a launch: the tensor-core engine's choice for fp16 convolutions and
 /// matrix products (as listed in [`TC_TILES`]; other tiles: 256 from 128 x 64 outputs up, else 128),
 /// [`THREADS`] otherwise.
@@ -323,6 +353,8 @@ struct Pending {
 struct Emitter<'g> {
     g: &'g Graph,
     dtype: DType,
+    /// Whether long reductions may be split ([`split_k_for`]).
+    split_k: bool,
     bufs: Vec<Buf>,
     entries: Vec<Entry>,
     entry_of: HashMap<(usize, Transform, DType), usize>,
@@ -344,10 +376,12 @@ fn unsupported(g: &Graph, id: NodeId, detail: impl Into<String>) -> Error {
     }
 }
 
-pub fn emit(g: &Graph, dtype: DType) -> Result<Plan, Error> {
+/// Lowers an optimized graph at `dtype`; `split_k` allows split-K products.
+pub fn emit(g: &Graph, dtype: DType, split_k: bool) -> Result<Plan, Error> {
     let mut e = Emitter {
         g,
         dtype,
+        split_k,
         bufs: Vec::new(),
         entries: Vec::new(),
         entry_of: HashMap::new(),
@@ -889,7 +923,35 @@ impl Emitter<'_> {
             epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
             tile_m: tile.0,
             tile_n: tile.1,
+            split_k: 1,
         };
+        if *groups == 1 {
+            let split = if self.split_k { split_k_for(self.dtype, p.m_tiles() * p.n_tiles(), p.gemm_m(), p.gemm_k()) } else { 1 };
+            if split > 1 {
+                let mut pp = p;
+                pp.split_k = split;
+                pp.epilogue = EpilogueParams::default();
+                let sum = SplitKSumParams {
+                    splits: split,
+                    batch0: 1,
+                    batch1: 1,
+                    m: p.gemm_m(),
+                    n: p.out_c,
+                    c_stride0: 0,
+                    c_stride1: 0,
+                    c_stride_m: p.out_pixel_stride as u64,
+                    r_stride0: 0,
+                    r_stride1: 0,
+                    r_stride_m: p.res_pixel_stride as u64,
+                    alpha: 1.0,
+                    epilogue: p.epilogue,
+                    elems_per_block: SPLIT_K_SUM_ELEMS_PER_BLOCK,
+                };
+                let operands = args.drain(..2).collect();
+                self.split_k_launches(&name, id, Kernel::Conv2d(pp), operands, sum, args, out);
+                return Ok(());
+            }
+        }
         let kernel = if depthwise { Kernel::DepthwiseConv2d(p) } else { Kernel::Conv2d(p) };
         args.push(out.clone());
         let n = args.len() - 1;
@@ -897,6 +959,34 @@ impl Emitter<'_> {
         out.writers = vec![l];
         self.set_value(id, out);
         Ok(())
+    }
+
+    /// A split-K product: `product` (a conv2d or gemm with `split_k` > 1 and no epilogue) reads
+    /// `operands` and writes its partial sums into a fresh f32 workspace; a splitk_sum launch adds
+    /// them up with `epilogue_args` (bias, residual) into `out`, which becomes node `id`'s value.
+    #[allow(clippy::too_many_arguments)]
+    fn split_k_launches(
+        &mut self,
+        name: &str,
+        id: NodeId,
+        product: Kernel,
+        mut operands: Vec<View>,
+        sum: SplitKSumParams,
+        epilogue_args: Vec<View>,
+        mut out: View,
+    ) {
+        let ws_elems = sum.splits as usize * sum.elems() as usize;
+        let mut ws = self.fresh(&[ws_elems], &[0], DType::F32);
+        operands.push(ws.clone());
+        let l = self.push_launch(name, product, self.dtype, operands, 2);
+        ws.writers = vec![l];
+        let mut args = vec![ws];
+        args.extend(epilogue_args);
+        args.push(out.clone());
+        let n = args.len() - 1;
+        let s = self.push_launch(&format!("{name}.splitk_sum"), Kernel::SplitKSum(sum), self.dtype, args, n);
+        out.writers = vec![s];
+        self.set_value(id, out);
     }
 
     /// The physical order a matmul output should have: the order its only consumer, a transpose
@@ -1011,8 +1101,36 @@ impl Emitter<'_> {
             epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
             tile_m: 0,
             tile_n: 0,
+            split_k: 1,
         };
         (p.tile_m, p.tile_n) = tile_for(self.dtype, p.batch0 * p.batch1, p.m, p.n);
+        let split =
+            if self.split_k { split_k_for(self.dtype, p.batch0 * p.batch1 * p.m_tiles() * p.n_tiles(), p.m, p.k) } else { 1 };
+        if split > 1 {
+            let mut pp = p;
+            pp.split_k = split;
+            pp.alpha = 1.0;
+            pp.epilogue = EpilogueParams::default();
+            let sum = SplitKSumParams {
+                splits: split,
+                batch0: p.batch0,
+                batch1: p.batch1,
+                m: p.m,
+                n: p.n,
+                c_stride0: p.c_stride0,
+                c_stride1: p.c_stride1,
+                c_stride_m: p.c_stride_m,
+                r_stride0: p.r_stride0,
+                r_stride1: p.r_stride1,
+                r_stride_m: p.r_stride_m,
+                alpha: p.alpha,
+                epilogue: p.epilogue,
+                elems_per_block: SPLIT_K_SUM_ELEMS_PER_BLOCK,
+            };
+            let epilogue_args = bias.into_iter().chain(residual).collect();
+            self.split_k_launches(&name, id, Kernel::Gemm(pp), vec![a, b], sum, epilogue_args, out);
+            return Ok(());
+        }
         let mut args = vec![a, b];
         args.extend(bias);
         args.extend(residual);
@@ -1375,4 +1493,23 @@ fn is_dense(v: &View) -> bool {
         s *= v.shape[d];
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_k_goes_to_long_fp16_reductions_only() {
+        // VGG-19's 28x28 3x3 convolution over 512 channels: K = 4608, 208 tiles -> 4 slices.
+        assert_eq!(split_k_for(DType::F16, 208, 784, 4608), 4);
+        // The block cap: 600 tiles leave room for one more slice only.
+        assert_eq!(split_k_for(DType::F16, 600, 784, 4608), 1);
+        assert_eq!(split_k_for(DType::F16, 24, 16, 3072), 3);
+        assert_eq!(split_k_for(DType::F16, 24, 16, 30_000), SPLIT_K_MAX);
+        // Short reductions, f32, small-M products: never.
+        assert_eq!(split_k_for(DType::F16, 24, 16, 2047), 1);
+        assert_eq!(split_k_for(DType::F32, 24, 16, 4608), 1);
+        assert_eq!(split_k_for(DType::F16, 24, SMALL_M_ROWS, 4608), 1);
+    }
 }

@@ -3,7 +3,7 @@
 use super::gemm::{epilogue_store, sgemm};
 use super::{Elems, ElemsMut, KernelMemory};
 use kairos_ir::DType;
-use kairos_ir::plan::Conv2dParams;
+use kairos_ir::plan::{Conv2dParams, split_k_len};
 use std::ops::Range;
 
 fn arg_positions(p: &Conv2dParams) -> (Option<usize>, Option<usize>, usize) {
@@ -90,9 +90,14 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
     let mut part: Vec<f32> = Vec::new();
     let mut bias_vals = Vec::new();
     let mut res_tile = Vec::new();
+    let per_slice = p.m_tiles() * p.n_tiles();
+    let k_len = split_k_len(kdim as u32, p.split_k) as usize;
     for block in blocks {
-        let (m0, m1, n0, n1) = tile_of(p, block);
+        let slice = (block / per_slice) as usize;
+        let (m0, m1, n0, n1) = tile_of(p, block % per_slice);
         let (rows, cols) = (m1 - m0, n1 - n0);
+        // This block's part of the reduction: all of it, or its split-K slice.
+        let (k0, kl) = if p.split_k > 1 { (slice * k_len, k_len.min(kdim - slice * k_len)) } else { (0, kdim) };
         c_tile.clear();
         c_tile.resize(rows * cols, 0.0);
         {
@@ -117,12 +122,14 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
                 part.resize(rows * gcols, 0.0);
                 match wt {
                     // Weights [out_c][kdim]: B[q][jj] = w[(j + jj) * kdim + q].
-                    Elems::F32(wv) => sgemm(rows, kdim, gcols, &a_tile, kdim, 1, &wv[j * kdim..], 1, kdim, &mut part, gcols),
+                    Elems::F32(wv) => {
+                        sgemm(rows, kl, gcols, &a_tile[k0..], kdim, 1, &wv[j * kdim + k0..], 1, kdim, &mut part, gcols)
+                    }
                     _ => {
                         b_tile.clear();
                         b_tile.resize(gcols * kdim, 0.0);
                         wt.read_into(j * kdim, &mut b_tile);
-                        sgemm(rows, kdim, gcols, &a_tile, kdim, 1, &b_tile, 1, kdim, &mut part, gcols);
+                        sgemm(rows, kl, gcols, &a_tile[k0..], kdim, 1, &b_tile[k0..], 1, kdim, &mut part, gcols);
                     }
                 }
                 for r in 0..rows {
@@ -131,6 +138,15 @@ pub(crate) fn conv2d(p: &Conv2dParams, dtype: DType, mem: &mut dyn KernelMemory,
                 j = jg1;
             }
             epilogue_inputs(p, dtype, mem, (bias_arg, res_arg), (m0, m1, n0, n1), &mut bias_vals, &mut res_tile);
+        }
+        if p.split_k > 1 {
+            // Raw partial sums into the f32 workspace [split_k][gemm_m][out_c].
+            let (m, n) = (p.gemm_m() as usize, p.out_c as usize);
+            let mut ws = ElemsMut::new(mem.arg_mut(out_arg), DType::F32);
+            for (r, row) in c_tile.chunks(cols).enumerate() {
+                ws.write_from((slice * m + m0 + r) * n + n0, row);
+            }
+            continue;
         }
         let ops = p.out_pixel_stride as usize;
         let mut out = ElemsMut::new(mem.arg_mut(out_arg), dtype);

@@ -2,7 +2,7 @@
 
 use super::{Elems, ElemsMut, KernelMemory};
 use kairos_ir::DType;
-use kairos_ir::plan::{EpilogueParams, GemmParams};
+use kairos_ir::plan::{EpilogueParams, GemmParams, split_k_len};
 use std::ops::Range;
 
 /// c[i * ldc + j] = sum_p a[i * rsa + p * csa] * b[p * rsb + j * csb] for an m x k by k x n product (f32).
@@ -85,8 +85,10 @@ pub(crate) fn epilogue_store(
 }
 
 pub(crate) fn gemm(p: &GemmParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
-    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let (m, n) = (p.m as usize, p.n as usize);
     let (mt, nt) = (p.m_tiles(), p.n_tiles());
+    let per_slice = p.batch0 * p.batch1 * mt * nt;
+    let k_len = split_k_len(p.k, p.split_k) as usize;
     let mut next = 2;
     let bias_arg = p.epilogue.bias.then(|| {
         next += 1;
@@ -103,6 +105,15 @@ pub(crate) fn gemm(p: &GemmParams, dtype: DType, mem: &mut dyn KernelMemory, blo
     let mut res_tile = Vec::new();
     let mut bias_vals = Vec::new();
     for block in blocks {
+        let slice = (block / per_slice) as usize;
+        let block = block % per_slice;
+        // This block's part of K: all of it, or its split-K slice.
+        let (k0, k) = if p.split_k > 1 {
+            let k0 = slice * k_len;
+            (k0, k_len.min(p.k as usize - k0))
+        } else {
+            (0, p.k as usize)
+        };
         let bb = block / (mt * nt);
         let rest = block % (mt * nt);
         let (bm, bn) = (rest / nt, rest % nt);
@@ -112,8 +123,8 @@ pub(crate) fn gemm(p: &GemmParams, dtype: DType, mem: &mut dyn KernelMemory, blo
         let j0 = (bn * p.tile_n) as usize;
         let j1 = (j0 + p.tile_n as usize).min(n);
         let (rows, cols) = (i1 - i0, j1 - j0);
-        let a_off = (b0 * p.a_stride0 + b1 * p.a_stride1) as usize + i0 * p.a_stride_m as usize;
-        let b_off = (b0 * p.b_stride0 + b1 * p.b_stride1) as usize + j0 * p.b_stride_n as usize;
+        let a_off = (b0 * p.a_stride0 + b1 * p.a_stride1) as usize + i0 * p.a_stride_m as usize + k0 * p.a_stride_k as usize;
+        let b_off = (b0 * p.b_stride0 + b1 * p.b_stride1) as usize + j0 * p.b_stride_n as usize + k0 * p.b_stride_k as usize;
         c_tile.clear();
         c_tile.resize(rows * cols, 0.0);
         {
@@ -147,6 +158,15 @@ pub(crate) fn gemm(p: &GemmParams, dtype: DType, mem: &mut dyn KernelMemory, blo
                     (i0..i1).flat_map(|i| (j0..j1).map(move |j| r_off + i * p.r_stride_m as usize + j)).map(|idx| rv.get(idx)),
                 );
             }
+        }
+        if p.split_k > 1 {
+            // Raw partial sums into the f32 workspace [split_k][batches][m][n].
+            let mut ws = ElemsMut::new(mem.arg_mut(out_arg), DType::F32);
+            let base = (slice * (p.batch0 * p.batch1) as usize + bb as usize) * m * n;
+            for (r, row) in c_tile.chunks(cols).enumerate() {
+                ws.write_from(base + (i0 + r) * n + j0, row);
+            }
+            continue;
         }
         let c_off = (b0 * p.c_stride0 + b1 * p.c_stride1) as usize;
         let mut out = ElemsMut::new(mem.arg_mut(out_arg), dtype);

@@ -1,8 +1,10 @@
-//! Pooling, softmax, layer norm, reductions and gathers.
+//! Pooling, softmax, layer norm, reductions, gathers and the split-K sum.
 
 use super::{Elems, ElemsMut, KernelMemory};
 use kairos_ir::DType;
-use kairos_ir::plan::{GatherParams, LayerNormParams, Pool2dParams, PoolKindParam, ReduceKind, ReduceParams, SoftmaxParams};
+use kairos_ir::plan::{
+    GatherParams, LayerNormParams, Pool2dParams, PoolKindParam, ReduceKind, ReduceParams, SoftmaxParams, SplitKSumParams,
+};
 use std::ops::Range;
 
 pub(crate) fn pool2d(p: &Pool2dParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
@@ -171,6 +173,56 @@ pub(crate) fn gather(p: &GatherParams, dtype: DType, mem: &mut dyn KernelMemory,
                 row.fill(0.0);
             }
             ElemsMut::new(mem.arg_mut(2), dtype).write_from(r * cols, &row);
+        }
+    }
+}
+
+/// The split-K sum: the slices of the f32 workspace added in slice order, then the epilogue.
+pub(crate) fn splitk_sum(p: &SplitKSumParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
+    let total = p.elems() as usize;
+    let (m, n) = (p.m as usize, p.n as usize);
+    let mut next = 1;
+    let bias_arg = p.epilogue.bias.then(|| {
+        next += 1;
+        next - 1
+    });
+    let res_arg = p.epilogue.residual.then(|| {
+        next += 1;
+        next - 1
+    });
+    let out_arg = next;
+    let place = |e: usize, s0: u64, s1: u64, sm: u64| -> usize {
+        let (j, i, bb) = (e % n, (e / n) % m, e / (m * n));
+        let (b0, b1) = ((bb / p.batch1 as usize) as u64, (bb % p.batch1 as usize) as u64);
+        (b0 * s0 + b1 * s1 + i as u64 * sm) as usize + j
+    };
+    let mut vals = Vec::new();
+    for block in blocks {
+        let e0 = block as usize * p.elems_per_block as usize;
+        let e1 = (e0 + p.elems_per_block as usize).min(total);
+        vals.clear();
+        {
+            let ws = Elems::new(mem.arg(0), DType::F32);
+            let bias = bias_arg.map(|a| Elems::new(mem.arg(a), dtype));
+            let res = res_arg.map(|a| Elems::new(mem.arg(a), dtype));
+            for e in e0..e1 {
+                let mut acc = 0.0f32;
+                for s in 0..p.splits as usize {
+                    acc += ws.get(s * total + e);
+                }
+                let mut v = p.alpha * acc;
+                if let Some(b) = &bias {
+                    v += b.get(e % n);
+                }
+                if let Some(r) = &res {
+                    v += r.get(place(e, p.r_stride0, p.r_stride1, p.r_stride_m));
+                }
+                vals.push(p.epilogue.act.apply(v));
+            }
+        }
+        let mut out = ElemsMut::new(mem.arg_mut(out_arg), dtype);
+        for (k, e) in (e0..e1).enumerate() {
+            out.set(place(e, p.c_stride0, p.c_stride1, p.c_stride_m), vals[k]);
         }
     }
 }

@@ -42,6 +42,7 @@ pub fn run_blocks(kernel: &Kernel, dtype: DType, mem: &mut dyn KernelMemory, blo
         Kernel::Reduce(p) => misc::reduce(p, dtype, mem, blocks),
         Kernel::Gather(p) => misc::gather(p, dtype, mem, blocks),
         Kernel::Eltwise(p) => eltwise::eltwise(p, mem, blocks),
+        Kernel::SplitKSum(p) => misc::splitk_sum(p, dtype, mem, blocks),
     }
 }
 

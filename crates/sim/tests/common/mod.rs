@@ -53,6 +53,7 @@ pub fn gemm(m: u32, n: u32, k: u32, tile: u32) -> Kernel {
         epilogue: EpilogueParams::default(),
         tile_m: tile,
         tile_n: tile,
+        split_k: 1,
     })
 }
 
