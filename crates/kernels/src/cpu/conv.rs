@@ -7,16 +7,7 @@ use kairos_ir::plan::{Conv2dParams, split_k_len};
 use std::ops::Range;
 
 fn arg_positions(p: &Conv2dParams) -> (Option<usize>, Option<usize>, usize) {
-    let mut next = 2;
-    let bias = p.epilogue.bias.then(|| {
-        next += 1;
-        next - 1
-    });
-    let res = p.epilogue.residual.then(|| {
-        next += 1;
-        next - 1
-    });
-    (bias, res, next)
+    super::epilogue_args(2, &p.epilogue)
 }
 
 /// Output pixel index -> (batch, oh, ow).

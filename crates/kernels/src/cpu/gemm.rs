@@ -89,16 +89,7 @@ pub(crate) fn gemm(p: &GemmParams, dtype: DType, mem: &mut dyn KernelMemory, blo
     let (mt, nt) = (p.m_tiles(), p.n_tiles());
     let per_slice = p.batch0 * p.batch1 * mt * nt;
     let k_len = split_k_len(p.k, p.split_k) as usize;
-    let mut next = 2;
-    let bias_arg = p.epilogue.bias.then(|| {
-        next += 1;
-        next - 1
-    });
-    let res_arg = p.epilogue.residual.then(|| {
-        next += 1;
-        next - 1
-    });
-    let out_arg = next;
+    let (bias_arg, res_arg, out_arg) = super::epilogue_args(2, &p.epilogue);
     let mut a_tile = Vec::new();
     let mut b_tile = Vec::new();
     let mut c_tile = Vec::new();

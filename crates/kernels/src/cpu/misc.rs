@@ -181,16 +181,7 @@ pub(crate) fn gather(p: &GatherParams, dtype: DType, mem: &mut dyn KernelMemory,
 pub(crate) fn splitk_sum(p: &SplitKSumParams, dtype: DType, mem: &mut dyn KernelMemory, blocks: Range<u32>) {
     let total = p.elems() as usize;
     let (m, n) = (p.m as usize, p.n as usize);
-    let mut next = 1;
-    let bias_arg = p.epilogue.bias.then(|| {
-        next += 1;
-        next - 1
-    });
-    let res_arg = p.epilogue.residual.then(|| {
-        next += 1;
-        next - 1
-    });
-    let out_arg = next;
+    let (bias_arg, res_arg, out_arg) = super::epilogue_args(1, &p.epilogue);
     let place = |e: usize, s0: u64, s1: u64, sm: u64| -> usize {
         let (j, i, bb) = (e % n, (e / n) % m, e / (m * n));
         let (b0, b1) = ((bb / p.batch1 as usize) as u64, (bb % p.batch1 as usize) as u64);

@@ -46,6 +46,14 @@ pub fn run_blocks(kernel: &Kernel, dtype: DType, mem: &mut dyn KernelMemory, blo
     }
 }
 
+/// Positions of an epilogue's arguments after `operands` leading ones: the bias (if any), the
+/// residual (if any), and the output that follows them.
+pub(crate) fn epilogue_args(operands: usize, ep: &kairos_ir::plan::EpilogueParams) -> (Option<usize>, Option<usize>, usize) {
+    let bias = ep.bias.then_some(operands);
+    let res = ep.residual.then_some(operands + ep.bias as usize);
+    (bias, res, operands + ep.bias as usize + ep.residual as usize)
+}
+
 /// A read-only typed view of an argument.
 #[derive(Clone, Copy)]
 pub(crate) enum Elems<'a> {
