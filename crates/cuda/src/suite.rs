@@ -142,15 +142,10 @@ fn conv_case(
 /// The case as a split-K product: `splits` slices of K writing raw f32 partial sums (no alpha, no
 /// epilogue) into a workspace [splits][batches][m][n], the case's new output.
 fn split_k(mut case: KernelCase, splits: u32) -> KernelCase {
-    let (batches, m, n) = match &mut case.kernel {
-        Kernel::Gemm(p) => {
-            (p.split_k, p.alpha, p.epilogue) = (splits, 1.0, EpilogueParams::default());
-            (p.batch0 * p.batch1, p.m, p.n)
-        }
-        Kernel::Conv2d(p) => {
-            (p.split_k, p.epilogue) = (splits, EpilogueParams::default());
-            (1, p.gemm_m(), p.out_c)
-        }
+    case.kernel = case.kernel.split_k_partials(splits);
+    let (batches, m, n) = match &case.kernel {
+        Kernel::Gemm(p) => (p.batch0 * p.batch1, p.m, p.n),
+        Kernel::Conv2d(p) => (1, p.gemm_m(), p.out_c),
         k => panic!("split_k of a {} case", k.name()),
     };
     if let Err(e) = case.kernel.check_split_k() {

@@ -550,6 +550,19 @@ impl Kernel {
         Ok(())
     }
 
+    /// The partial-sum half of this product cut into `splits` K slices: the same conv2d or gemm with
+    /// `split_k` set and its epilogue (and alpha) left to the splitk_sum that follows. Other
+    /// kernels come back unchanged.
+    pub fn split_k_partials(&self, splits: u32) -> Kernel {
+        let mut k = *self;
+        match &mut k {
+            Kernel::Conv2d(p) => (p.split_k, p.epilogue) = (splits, EpilogueParams::default()),
+            Kernel::Gemm(p) => (p.split_k, p.alpha, p.epilogue) = (splits, 1.0, EpilogueParams::default()),
+            _ => {}
+        }
+        k
+    }
+
     /// Whether the kernel writes split-K partial sums (its output is an f32 workspace).
     pub fn is_split_k(&self) -> bool {
         match self {

@@ -113,10 +113,12 @@ pub fn module_of(kernel: &Kernel) -> Module {
 /// `<name>_f16n` for tensor-core launches of at most [`TC_NARROW_THREADS_MAX`] threads; split-K
 /// launches take the `<name>_sk_` entries.
 pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
-    let name = if kernel.is_split_k() { format!("{}_sk", kernel.name()) } else { kernel.name().to_string() };
+    let (name, sk) = (kernel.name(), if kernel.is_split_k() { "_sk" } else { "" });
     match dtype {
-        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => Ok(format!("{name}_f16n")),
-        DType::F32 | DType::F16 => Ok(format!("{name}_{}", dtype.name())),
+        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => {
+            Ok(format!("{name}{sk}_f16n"))
+        }
+        DType::F32 | DType::F16 => Ok(format!("{name}{sk}_{}", dtype.name())),
         DType::I64 => Err(format!("kernel {} has no i64 variant (launch dtype must be f32 or f16)", kernel.name())),
     }
 }

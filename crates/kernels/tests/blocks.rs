@@ -232,8 +232,6 @@ fn split_k_blocks_sum_to_the_whole_product() {
         let ws =
             kairos_ir::plan::BufRef { space: kairos_ir::plan::Space::Arena, offset_bytes: plan.arena_bytes, len_bytes: ws_bytes };
         plan.arena_bytes += ws_bytes;
-        let mut sp = p;
-        (sp.split_k, sp.epilogue) = (splits, Default::default());
         let sum = kairos_ir::plan::SplitKSumParams {
             splits,
             batch0: 1,
@@ -251,7 +249,7 @@ fn split_k_blocks_sum_to_the_whole_product() {
             elems_per_block: 100,
         };
         let mut split = l.clone();
-        split.kernel = kairos_ir::plan::Kernel::Gemm(sp);
+        split.kernel = l.kernel.split_k_partials(splits);
         split.shape.logical_blocks = split.kernel.logical_blocks();
         split.args = vec![l.args[0], l.args[1], ws];
         let mut finish = l.clone();

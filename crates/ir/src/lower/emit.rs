@@ -928,9 +928,6 @@ impl Emitter<'_> {
         if *groups == 1 {
             let split = if self.split_k { split_k_for(self.dtype, p.m_tiles() * p.n_tiles(), p.gemm_m(), p.gemm_k()) } else { 1 };
             if split > 1 {
-                let mut pp = p;
-                pp.split_k = split;
-                pp.epilogue = EpilogueParams::default();
                 let sum = SplitKSumParams {
                     splits: split,
                     batch0: 1,
@@ -948,7 +945,7 @@ impl Emitter<'_> {
                     elems_per_block: SPLIT_K_SUM_ELEMS_PER_BLOCK,
                 };
                 let operands = args.drain(..2).collect();
-                self.split_k_launches(&name, id, Kernel::Conv2d(pp), operands, sum, args, out);
+                self.split_k_launches(&name, id, Kernel::Conv2d(p).split_k_partials(split), operands, sum, args, out);
                 return Ok(());
             }
         }
@@ -1107,10 +1104,6 @@ impl Emitter<'_> {
         let split =
             if self.split_k { split_k_for(self.dtype, p.batch0 * p.batch1 * p.m_tiles() * p.n_tiles(), p.m, p.k) } else { 1 };
         if split > 1 {
-            let mut pp = p;
-            pp.split_k = split;
-            pp.alpha = 1.0;
-            pp.epilogue = EpilogueParams::default();
             let sum = SplitKSumParams {
                 splits: split,
                 batch0: p.batch0,
@@ -1128,7 +1121,7 @@ impl Emitter<'_> {
                 elems_per_block: SPLIT_K_SUM_ELEMS_PER_BLOCK,
             };
             let epilogue_args = bias.into_iter().chain(residual).collect();
-            self.split_k_launches(&name, id, Kernel::Gemm(pp), vec![a, b], sum, epilogue_args, out);
+            self.split_k_launches(&name, id, Kernel::Gemm(p).split_k_partials(split), vec![a, b], sum, epilogue_args, out);
             return Ok(());
         }
         let mut args = vec![a, b];
