@@ -29,6 +29,10 @@ if [ "$mode" = build ]; then
     strip -o .carry/kairos target/release/kairos
     gzip -9f .carry/kairos
     ls -la .carry
+    # The kernel library as CUBIN for sm_90, so the device does not spend minutes compiling it
+    # (needs libnvrtc here: LD_LIBRARY_PATH at an NVRTC 13 lib folder; skipped with a note otherwise).
+    [ "${KEEP_CUBIN:-0}" = 1 ] || rm -rf .carry-cubin
+    target/release/kairos kernels compile --cache-dir .carry-cubin || echo "note: no CUBIN cache prepared; the device compiles the kernels"
     exit 0
 fi
 
@@ -38,6 +42,10 @@ BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
 gunzip -c .carry/kairos.gz >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing .carry/kairos.gz: run scripts/device-bench.sh build first"; exit 1; }
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
+# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, carried along)
+# saves the device the minutes of compiling the tensor-core modules.
+CUBIN_CARRY=${CUBIN_CARRY:-.carry-cubin}
+if [ -d "$CUBIN_CARRY" ]; then mkdir -p "$KAIROS_CACHE_DIR" && cp -n "$CUBIN_CARRY"/* "$KAIROS_CACHE_DIR"/ 2>/dev/null; echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"; fi
 export PYTHONUNBUFFERED=1
 steps=${BENCH_STEPS:-peers,fixtures,run,hol,short-long,mix,fairness}
 requests=${BENCH_REQUESTS:-400}

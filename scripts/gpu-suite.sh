@@ -38,6 +38,10 @@ for l in sys.stdin:
     strip -o "$CARRY/profile_zoo" target/release/examples/profile_zoo
     gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite" "$CARRY/kernel_speed" "$CARRY/profile_zoo"
     ls -la "$CARRY"
+    # Both builds of the kernel library as CUBIN for sm_90 (the tests also run the plain grids).
+    cargo build --release -p kairos
+    [ "${KEEP_CUBIN:-0}" = 1 ] || rm -rf .carry-cubin
+    target/release/kairos kernels compile --cache-dir .carry-cubin --variants both || echo "note: no CUBIN cache prepared; the device compiles the kernels"
     exit 0
 fi
 
@@ -50,6 +54,10 @@ for f in kairos-cuda-gpu-tests gpu_suite kernel_speed profile_zoo; do
 done
 export KAIROS_GPU_TESTS=1
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
+# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, carried along)
+# saves the device the minutes of compiling the tensor-core modules.
+CUBIN_CARRY=${CUBIN_CARRY:-.carry-cubin}
+if [ -d "$CUBIN_CARRY" ]; then mkdir -p "$KAIROS_CACHE_DIR" && cp -n "$CUBIN_CARRY"/* "$KAIROS_CACHE_DIR"/ 2>/dev/null; echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"; fi
 export RUST_BACKTRACE=1
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nproc; } 2>&1 | tee "$OUT/device.txt"

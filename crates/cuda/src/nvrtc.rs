@@ -4,9 +4,11 @@
 //! own architecture (`sm_90` on H100/H200); only when this NVRTC cannot target the device does it
 //! fall back to PTX for the newest architecture it knows, which the driver then JIT-compiles.
 //! Images are cached under `$KAIROS_CACHE_DIR` (default `~/.cache/kairos/cubin`), keyed by a hash
-//! of the module's source and headers, the compile options, the target, the driver version and
-//! the NVRTC version: editing a kernel, changing options or upgrading either library misses the
-//! cache, anything else hits it. A failed compilation reports NVRTC's log.
+//! of the module's source and headers, the compile options, the target and the NVRTC version (and,
+//! for PTX, the driver version that JIT-compiles it): editing a kernel, changing options or
+//! upgrading NVRTC misses the cache, anything else hits it. CUBIN images do not depend on the
+//! driver, so `kairos kernels compile` can fill the cache ahead of time on a machine without a GPU.
+//! A failed compilation reports NVRTC's log.
 
 use cudarc::nvrtc::sys;
 use kairos_kernels::source::{HEADERS, Module};
@@ -230,23 +232,35 @@ impl KernelCache {
         Some(dir.join(format!("autotune-sm{target}-{}.json", content_hash(&parts))))
     }
 
-    /// A module's image: from the cache when present, else compiled (and cached).
-    pub fn image(&self, module: Module, variant: Variant) -> Result<Image, String> {
-        let (target, cubin) = self.target()?;
+    /// The cache file name of a module's image for `target` (CUBIN or PTX) under NVRTC `nvrtc`.
+    pub fn image_file(&self, module: Module, variant: Variant, target: u32, cubin: bool, nvrtc: (i32, i32)) -> String {
         let options = self.options(target, cubin, variant);
-        let nvrtc = version()?;
         let mut parts: Vec<&[u8]> = vec![module.source().as_bytes()];
         for h in HEADERS.iter() {
             parts.push(h.0.as_bytes());
             parts.push(h.1.as_bytes());
         }
         let opt_text = options.join(" ");
-        let versions = format!("driver {} nvrtc {}.{}", self.driver_version, nvrtc.0, nvrtc.1);
+        // A CUBIN is machine code for its architecture: any driver that runs sm_XX loads it, so
+        // its key leaves the driver out (`kairos kernels compile` fills the cache on a machine
+        // without a GPU). PTX is JIT-compiled by the driver, so its key names the driver.
+        let versions = if cubin {
+            format!("nvrtc {}.{}", nvrtc.0, nvrtc.1)
+        } else {
+            format!("driver {} nvrtc {}.{}", self.driver_version, nvrtc.0, nvrtc.1)
+        };
         parts.push(opt_text.as_bytes());
         parts.push(versions.as_bytes());
         let key = content_hash(&parts);
         let variant_name = if variant == Variant::Plain { "plain" } else { "proto" };
-        let file = format!("{}-{variant_name}-sm{target}-{key}.{}", module.name(), if cubin { "cubin" } else { "ptx" });
+        format!("{}-{variant_name}-sm{target}-{key}.{}", module.name(), if cubin { "cubin" } else { "ptx" })
+    }
+
+    /// A module's image: from the cache when present, else compiled (and cached).
+    pub fn image(&self, module: Module, variant: Variant) -> Result<Image, String> {
+        let (target, cubin) = self.target()?;
+        let options = self.options(target, cubin, variant);
+        let file = self.image_file(module, variant, target, cubin, version()?);
         if !self.verbose
             && let Some(dir) = &self.dir
             && let Ok(bytes) = std::fs::read(dir.join(&file))
@@ -320,6 +334,21 @@ mod tests {
         assert_ne!(a, content_hash(&[b"xy"]));
         assert_ne!(a, content_hash(&[b"x", b"z"]));
         assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn cubin_keys_leave_the_driver_out_and_ptx_keys_do_not() {
+        let at = |driver_version| KernelCache { dir: None, arch: 90, driver_version, verbose: false };
+        let (a, b) = (at(12080), at(13000));
+        let file = |c: &KernelCache, cubin| c.image_file(Module::Gemm, Variant::Protocol, 90, cubin, (13, 0));
+        assert_eq!(file(&a, true), file(&b, true), "a CUBIN loads on any driver for its architecture");
+        assert_ne!(file(&a, false), file(&b, false), "PTX is JIT-compiled by the driver");
+        assert!(file(&a, true).starts_with("gemm-proto-sm90-") && file(&a, true).ends_with(".cubin"));
+        let other = |f: &dyn Fn(&KernelCache) -> String| assert_ne!(file(&a, true), f(&a));
+        other(&|c| c.image_file(Module::Gemm, Variant::Protocol, 90, true, (13, 1)));
+        other(&|c| c.image_file(Module::Gemm, Variant::Plain, 90, true, (13, 0)));
+        other(&|c| c.image_file(Module::Gemm, Variant::Protocol, 100, true, (13, 0)));
+        other(&|c| c.image_file(Module::Conv, Variant::Protocol, 90, true, (13, 0)));
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod cmd_bench;
 mod cmd_bench_serve;
 mod cmd_demo;
 mod cmd_inspect;
+mod cmd_kernels;
 mod cmd_latency;
 mod cmd_profile;
 mod cmd_run;
@@ -35,6 +36,9 @@ enum Command {
     Profile(cmd_profile::ProfileArgs),
     /// Serve a model repository: Open Inference Protocol over REST and gRPC, shared memory, metrics.
     Serve(Box<cmd_serve::ServeArgs>),
+    /// The kernel library: compile it into the CUBIN cache ahead of time (no GPU needed).
+    #[command(subcommand)]
+    Kernels(cmd_kernels::KernelsCommand),
     /// Benchmarks: the papers' experiments on the simulator or the GPU.
     #[command(subcommand)]
     Bench(cmd_bench::BenchCommand),
@@ -48,6 +52,7 @@ fn main() {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Run(a) => cmd_run::run(a),
         Command::Profile(a) => cmd_profile::run(a),
+        Command::Kernels(c) => cmd_kernels::run(c),
         Command::Bench(c) => cmd_bench::run(c),
         Command::Serve(a) => cmd_serve::run(*a),
     };
