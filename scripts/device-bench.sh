@@ -32,7 +32,8 @@ if [ "$mode" = build ]; then
     # The kernel library as CUBIN for sm_90, so the device does not spend minutes compiling it
     # (needs libnvrtc here: LD_LIBRARY_PATH at an NVRTC 13 lib folder; skipped with a note otherwise).
     [ "${KEEP_CUBIN:-0}" = 1 ] || rm -rf .carry-cubin
-    target/release/kairos kernels compile --cache-dir .carry-cubin || echo "note: no CUBIN cache prepared; the device compiles the kernels"
+    target/release/kairos kernels compile --cache-dir .carry-cubin && gzip -9f .carry-cubin/*.cubin ||
+        echo "note: no CUBIN cache prepared; the device compiles the kernels"
     exit 0
 fi
 
@@ -42,10 +43,19 @@ BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
 gunzip -c .carry/kairos.gz >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing .carry/kairos.gz: run scripts/device-bench.sh build first"; exit 1; }
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
-# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, carried along)
-# saves the device the minutes of compiling the tensor-core modules.
+# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, gzipped to
+# fit the carry limit, carried along) saves the device the minutes of compiling the tensor-core modules.
 CUBIN_CARRY=${CUBIN_CARRY:-.carry-cubin}
-if [ -d "$CUBIN_CARRY" ]; then mkdir -p "$KAIROS_CACHE_DIR" && cp -n "$CUBIN_CARRY"/* "$KAIROS_CACHE_DIR"/ 2>/dev/null; echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"; fi
+if [ -d "$CUBIN_CARRY" ]; then
+    mkdir -p "$KAIROS_CACHE_DIR"
+    for f in "$CUBIN_CARRY"/*; do
+        case "$f" in
+        *.gz) t="$KAIROS_CACHE_DIR/$(basename "$f" .gz)"; [ -e "$t" ] || gunzip -c "$f" >"$t" ;;
+        *) cp -n "$f" "$KAIROS_CACHE_DIR"/ ;;
+        esac
+    done
+    echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"
+fi
 export PYTHONUNBUFFERED=1
 steps=${BENCH_STEPS:-peers,fixtures,run,hol,short-long,mix,fairness}
 requests=${BENCH_REQUESTS:-400}
@@ -140,7 +150,8 @@ fi
 # LATENCY_POLICY (fifo), LATENCY_PEER_S / LATENCY_KAIROS_S (step limits), LATENCY_PEER=FILE (reuse
 # a peer JSON instead of measuring it), LATENCY_AB_OVERLAP=1 (also run kairos with overlapped
 # launches, KAIROS_OVERLAP_LAUNCHES=1, into $OUT/latency-overlap), LATENCY_AB_SPLIT_K=1 (also run
-# kairos with plans lowered with split-K, KAIROS_SPLIT_K=1, into $OUT/latency-splitk).
+# kairos with plans lowered with split-K, KAIROS_SPLIT_K=1, into $OUT/latency-splitk),
+# LATENCY_AB_BASE=1 (also run an earlier build, .carry/kairos-base.gz, into $OUT/latency-base).
 if has latency; then
     lout="$OUT/latency"
     mkdir -p "$lout"
@@ -163,7 +174,7 @@ if has latency; then
         local variant=$1
         shift
         mkdir -p "$OUT/latency-$variant"
-        step "latency-kairos-$variant" "${LATENCY_KAIROS_S:-300}" env "$@" bash -c 'exec "$@" >/dev/null' _ "$BIN/kairos" bench latency --backend cuda --batch "${LATENCY_BATCH:-1,8}" \
+        step "latency-kairos-$variant" "${LATENCY_KAIROS_S:-300}" env "$@" bash -c 'exec "$@" >/dev/null' _ "${LBIN:-$BIN/kairos}" bench latency --backend cuda --batch "${LATENCY_BATCH:-1,8}" \
             --requests "${LATENCY_REQUESTS:-50}" --budget-s "${LATENCY_BUDGET_S:-4}" --policy "${LATENCY_POLICY:-fifo}" \
             --out "$OUT/latency-$variant" ${lmodels[@]+"${lmodels[@]}"} ${lpeer[@]+"${lpeer[@]}"}
         (cd "$OUT" && tar rf results.tar "latency-$variant" 2>/dev/null)
@@ -172,9 +183,18 @@ if has latency; then
     [ "${LATENCY_AB_OVERLAP:-0}" = 1 ] && latency_variant overlap KAIROS_OVERLAP_LAUNCHES=1
     # Plans with split-K (opt-in).
     [ "${LATENCY_AB_SPLIT_K:-0}" = 1 ] && latency_variant splitk KAIROS_SPLIT_K=1
+    # The same run with an earlier build (.carry/kairos-base.gz: e.g. the commit before a kernel
+    # change, its CUBIN images in the carried cache too), into $OUT/latency-base.
+    if [ "${LATENCY_AB_BASE:-0}" = 1 ]; then
+        if gunzip -c .carry/kairos-base.gz >"$BIN/kairos-base" 2>/dev/null && chmod +x "$BIN/kairos-base"; then
+            LBIN="$BIN/kairos-base" latency_variant base KAIROS_LATENCY_VARIANT=base
+        else
+            echo "LATENCY_AB_BASE=1 but no .carry/kairos-base.gz" | tee -a "$OUT/summary.txt"
+        fi
+    fi
     (cd "$OUT" && tar rf results.tar latency 2>/dev/null)
     echo
-    for variant in overlap splitk; do
+    for variant in overlap splitk base; do
         if [ -f "$OUT/latency-$variant/latency.md" ]; then
             echo "== latency, variant $variant ($OUT/latency-$variant/latency.md)"
             cat "$OUT/latency-$variant/latency.md"

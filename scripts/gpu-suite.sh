@@ -41,7 +41,8 @@ for l in sys.stdin:
     # Both builds of the kernel library as CUBIN for sm_90 (the tests also run the plain grids).
     cargo build --release -p kairos
     [ "${KEEP_CUBIN:-0}" = 1 ] || rm -rf .carry-cubin
-    target/release/kairos kernels compile --cache-dir .carry-cubin --variants both || echo "note: no CUBIN cache prepared; the device compiles the kernels"
+    target/release/kairos kernels compile --cache-dir .carry-cubin --variants both && gzip -9f .carry-cubin/*.cubin ||
+        echo "note: no CUBIN cache prepared; the device compiles the kernels"
     exit 0
 fi
 
@@ -54,10 +55,19 @@ for f in kairos-cuda-gpu-tests gpu_suite kernel_speed profile_zoo; do
 done
 export KAIROS_GPU_TESTS=1
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
-# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, carried along)
-# saves the device the minutes of compiling the tensor-core modules.
+# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, gzipped to
+# fit the carry limit, carried along) saves the device the minutes of compiling the tensor-core modules.
 CUBIN_CARRY=${CUBIN_CARRY:-.carry-cubin}
-if [ -d "$CUBIN_CARRY" ]; then mkdir -p "$KAIROS_CACHE_DIR" && cp -n "$CUBIN_CARRY"/* "$KAIROS_CACHE_DIR"/ 2>/dev/null; echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"; fi
+if [ -d "$CUBIN_CARRY" ]; then
+    mkdir -p "$KAIROS_CACHE_DIR"
+    for f in "$CUBIN_CARRY"/*; do
+        case "$f" in
+        *.gz) t="$KAIROS_CACHE_DIR/$(basename "$f" .gz)"; [ -e "$t" ] || gunzip -c "$f" >"$t" ;;
+        *) cp -n "$f" "$KAIROS_CACHE_DIR"/ ;;
+        esac
+    done
+    echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"
+fi
 export RUST_BACKTRACE=1
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nproc; } 2>&1 | tee "$OUT/device.txt"

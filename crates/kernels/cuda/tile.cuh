@@ -122,6 +122,13 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 //   over then split each stage's k16 steps among them (ksplit, a power of two) and their sums are
 //   added in shared memory in a fixed order, so results do not depend on timing. A tile needing
 //   more warp tiles than the CTA has warps is computed in passes.
+// - The hot loop (one k16 step: ldmatrix of the warp tile's fragments, then its mma.sync) keeps
+//   only 32-bit shared-memory addresses (a base per operand, a step per fragment; no 64-bit
+//   generic pointers), reads every fragment of the warp tile whatever the tile's edge (past the
+//   edge it re-reads the last one and never stores those products: per-fragment predicates cost
+//   more than the wasted mma), and in the 168-register entries reads the next step's fragments
+//   while this step's products run. On sm_90 this took a 4 x 4 warp tile's step from 176 SASS
+//   instructions to 48 (16 of them mma) and a 2 x 2 one from 73 to about 20 per 4 mma.
 //
 // The loader supplies the operands as fp16 bits and consumes f32 results:
 //   h16 ah(u32 mm, u32 k), h16 bh(u32 k, u32 nn)    scalar element (in range)
@@ -170,16 +177,16 @@ __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared without registers (cp.async, completed by tc_cp_wait_*), or 16 zero
-// bytes stored directly when `src` is null (padding, rows past the tile).
-__device__ __forceinline__ void tc_put16(h16* dst, const h16* src) {
+// bytes stored directly when `src` is null (padding, rows past the tile). `dst` is a shared-memory
+// address (32 bits: what the hot loops keep in registers instead of generic 64-bit pointers).
+__device__ __forceinline__ void tc_put16_at(u32 dst, const h16* src) {
     if (src) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(tc_smem_addr(dst)), "l"(src) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
     } else {
-        float4 z;
-        z.x = z.y = z.z = z.w = 0.0f;
-        *(float4*)dst = z;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
     }
 }
+__device__ __forceinline__ void tc_put16(h16* dst, const h16* src) { tc_put16_at(tc_smem_addr(dst), src); }
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void tc_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // Waits until at most `n` (< TC_STAGES_MAX) of this thread's newest groups are still in flight.
@@ -195,17 +202,22 @@ __device__ __forceinline__ void tc_cp_wait(u32 n) {
     }
 }
 
-__device__ __forceinline__ void tc_ldmatrix_x4(u32 (&r)[4], const h16* p) {
+// ldmatrix at a shared-memory address: four 8x8 b16 matrices, or (B) transposed when `trans`
+// (uniform across the warp; one of the two predicated instructions runs, no branch).
+__device__ __forceinline__ void tc_ldsm_x4(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem_addr(p))
+                 : "r"(addr)
                  : "memory");
 }
-__device__ __forceinline__ void tc_ldmatrix_x4_trans(u32 (&r)[4], const h16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(tc_smem_addr(p))
-                 : "memory");
+__device__ __forceinline__ void tc_ldsm_x4_b(u32 (&r)[4], u32 addr, bool trans) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " @p ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+        " @!p ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(addr), "r"((u32)trans)
+        : "memory");
 }
 
 // d += a b for one m16n8k16 fragment (A row-major, B column-major, f32 accumulate). Registers
@@ -419,7 +431,7 @@ __device__ __forceinline__ void tc_fast_init(const L& ld_, const TcShape& s, u32
 
 // Fills the next stage (k0 = this thread's next stage start; stages are filled in order).
 template <typename L>
-__device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, TcFast<L>& f, h16* As, h16* Bs, u32 K, u32 k0) {
+__device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, TcFast<L>& f, u32 As, u32 Bs, u32 K, u32 k0) {
     const u32 k = k0 + f.c * 8u;
     const bool kin = k < K;
 #pragma unroll
@@ -427,7 +439,7 @@ __device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, Tc
         const u32 mm = f.row0 + r * f.step;
         if (mm < s.tmp) {
             const h16* src = (kin && f.a_off[r] != TC_NO_ROW) ? ld_.a_src(f.a_off[r], f.a_aux[r], f.col) : (const h16*)0;
-            tc_put16(As + mm * s.lda + f.c * 8u, src);
+            tc_put16_at(As + (mm * s.lda + f.c * 8u) * 2u, src);
         }
     }
     if (!ld_.b_kn) {
@@ -435,7 +447,8 @@ __device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, Tc
 #pragma unroll
         for (u32 r = 0; r < TC_FAST_CHUNKS; ++r) {
             const u32 nn = f.row0 + r * f.step;
-            if (nn < s.tnp) tc_put16(Bs + nn * s.ldb + f.c * 8u, (kin && f.b_off[r] != TC_NO_ROW) ? base + f.b_off[r] : (const h16*)0);
+            if (nn < s.tnp)
+                tc_put16_at(Bs + (nn * s.ldb + f.c * 8u) * 2u, (kin && f.b_off[r] != TC_NO_ROW) ? base + f.b_off[r] : (const h16*)0);
         }
     } else {
         const h16* base = ld_.b_base() + (u64)k0 * ld_.b_kstride();
@@ -444,11 +457,47 @@ __device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, Tc
         for (u32 j = 0; j < TC_FAST_CHUNKS; ++j) {
             if (threadIdx.x + j * blockDim.x < chunks) {
                 const bool in = f.b_off[j] != TC_NO_ROW && k0 + f.b_kk[j] < K;
-                tc_put16(Bs + f.b_dst[j], in ? base + f.b_off[j] : (const h16*)0);
+                tc_put16_at(Bs + f.b_dst[j] * 2u, in ? base + f.b_off[j] : (const h16*)0);
             }
         }
     }
     ld_.a_col_step(f.col, s.tk);
+}
+
+// Where a lane's fragments sit in a stage (tc_pass).
+struct TcFragAddr {
+    u32 a0, a_step, a_last;       // A: fragment row 0, + a_step per fragment row (bytes), last row
+    u32 b0, b_step, b_k, b_last;  // B: fragment columns 0-1, + b_step per pair, + b_k per k16 step, last pair
+    bool b_kn;            // B stored [k][n] (read transposed)
+};
+
+// One k16 step's fragments of a warp tile, all MI x NI of them whatever the tile's edge: a
+// fragment past the warp's last one (a_last, b_last: index of the last A row fragment, of the
+// last pair of B column fragments) reads that last one again, and its products are never stored.
+// No per-fragment predicates in the hot loop (they cost more than the wasted products).
+template <u32 MI, u32 NI>
+__device__ __forceinline__ void tc_frags(u32 (&af)[MI][4], u32 (&bf)[NI][2], u32 a_st, u32 b_st, const TcFragAddr& fa, u32 kk) {
+    const u32 b_at = b_st + fa.b0 + kk * fa.b_k;
+#pragma unroll
+    for (u32 j = 0; j < NI; j += 2u) {
+        u32 r[4];
+        tc_ldsm_x4_b(r, b_at + min(j / 2u, fa.b_last) * fa.b_step, fa.b_kn);
+        bf[j][0] = r[0];
+        bf[j][1] = r[1];
+        bf[j + 1u][0] = r[2];
+        bf[j + 1u][1] = r[3];
+    }
+    const u32 a_at = a_st + fa.a0 + kk * 32u;
+#pragma unroll
+    for (u32 i = 0; i < MI; ++i) tc_ldsm_x4(af[i], a_at + min(i, fa.a_last) * fa.a_step);
+}
+
+template <u32 MI, u32 NI>
+__device__ __forceinline__ void tc_mmas(float (&acc)[MI][NI][4], const u32 (&af)[MI][4], const u32 (&bf)[NI][2]) {
+#pragma unroll
+    for (u32 i = 0; i < MI; ++i)
+#pragma unroll
+        for (u32 j = 0; j < NI; ++j) tc_mma(acc[i][j], af[i], bf[j][0], bf[j][1]);
 }
 
 // One pass of the engine with warp tiles of at most MI x NI fragments (compile-time, so the
@@ -456,6 +505,8 @@ __device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, Tc
 template <u32 MI, u32 NI, bool FAST, typename L>
 __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes, u32 tm, u32 tn, u32 K, u32 pass) {
     h16* const smem = (h16*)kairos_dyn_smem;
+    const u32 smem0 = tc_smem_addr(smem);  // stage addresses as 32-bit shared-memory offsets
+    const u32 stage_bytes = s.stage_halves * 2u;
     const u32 warps = blockDim.x / 32u;
     const u32 warp = threadIdx.x / 32u;
     const u32 lane = threadIdx.x % 32u;
@@ -479,6 +530,27 @@ __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes
 #pragma unroll
                 for (u32 r = 0; r < 4u; ++r) acc[i][j][r] = 0.0f;
 
+        // This lane's ldmatrix addresses within a stage (bytes): A's first fragment row and the
+        // step to the next (16 rows), B's first pair of fragment columns and the step to the next
+        // (16 columns); a k16 step adds 32 bytes (B stored [k][n]: 16 rows). Four registers
+        // whatever the warp tile (per-fragment offsets pushed the 128-register entries to spill).
+        TcFragAddr fa;
+        const u32 fm0r = min(fm0, fm - 1u), fn0r = min(fn0, fn - 2u);  // fn is even (tnp: 16s)
+        fa.a0 = ((fm0r * 16u + (lane & 15u)) * s.lda + (lane >> 4) * 8u) * 2u;
+        fa.a_step = 16u * s.lda * 2u;
+        fa.a_last = mi_n > 0u ? mi_n - 1u : 0u;
+        fa.b_last = nj_n > 0u ? (nj_n - 1u) / 2u : 0u;
+        if (ld_.b_kn) {
+            fa.b0 = (((lane & 7u) + ((lane >> 3) & 1u) * 8u) * s.ldb + fn0r * 8u + (lane >> 4) * 8u) * 2u;
+            fa.b_step = 16u * 2u;
+            fa.b_k = 32u * s.ldb;
+        } else {
+            fa.b0 = ((fn0r * 8u + (lane & 7u) + ((lane >> 4) << 3)) * s.ldb + ((lane >> 3) & 1u) * 8u) * 2u;
+            fa.b_step = 16u * s.ldb * 2u;
+            fa.b_k = 32u;
+        }
+        fa.b_kn = ld_.b_kn;
+
         // Prologue: stages 0 .. nstages - 2 in flight (one commit group each, empty past K).
         // Fast loads where the warp tile leaves registers for them (see TC_FAST_CHUNKS).
         const bool fast = FAST && tc_fast_fits(ld_, s, tn);
@@ -487,7 +559,7 @@ __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes
         for (u32 p = 0; p + 1u < s.nstages; ++p) {
             if (p < stages) {
                 h16* buf = smem + p * s.stage_halves;
-                if (fast) tc_fast_stage(ld_, s, fl, buf, buf + s.a_halves, K, p * s.tk);
+                if (fast) tc_fast_stage(ld_, s, fl, smem0 + p * stage_bytes, smem0 + p * stage_bytes + s.a_halves * 2u, K, p * s.tk);
                 else tc_load_stage(ld_, s, buf, buf + s.a_halves, tm, tn, K, p * s.tk);
             }
             tc_cp_commit();
@@ -500,44 +572,42 @@ __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes
             const u32 ahead = st + s.nstages - 1u;
             if (ahead < stages) {
                 h16* buf = smem + next_buf * s.stage_halves;
-                if (fast) tc_fast_stage(ld_, s, fl, buf, buf + s.a_halves, K, ahead * s.tk);
-                else tc_load_stage(ld_, s, buf, buf + s.a_halves, tm, tn, K, ahead * s.tk);
+                if (fast) {
+                    const u32 at = smem0 + next_buf * stage_bytes;
+                    tc_fast_stage(ld_, s, fl, at, at + s.a_halves * 2u, K, ahead * s.tk);
+                } else {
+                    tc_load_stage(ld_, s, buf, buf + s.a_halves, tm, tn, K, ahead * s.tk);
+                }
             }
             tc_cp_commit();
             next_buf = next_buf + 1u == s.nstages ? 0u : next_buf + 1u;
-            const h16* As = smem + cur_buf * s.stage_halves;
-            const h16* Bs = As + s.a_halves;
+            const u32 a_st = smem0 + cur_buf * stage_bytes;
+            const u32 b_st = a_st + s.a_halves * 2u;
             cur_buf = cur_buf + 1u == s.nstages ? 0u : cur_buf + 1u;
-            const u32 kvalid = K - st * s.tk;  // > 0
-            for (u32 kk = slice; kk < ksteps && kk * 16u < kvalid; kk += s.ksplit) {
-                u32 bf[NI][2];
-#pragma unroll
-                for (u32 j = 0; j < NI; j += 2u) {
-                    if (j < nj_n) {
-                        u32 r[4];
-                        const u32 n0 = (fn0 + j) * 8u;
-                        if (!ld_.b_kn) {
-                            tc_ldmatrix_x4(r, Bs + (n0 + (lane & 7u) + ((lane >> 4) << 3)) * s.ldb + kk * 16u +
-                                                  ((lane >> 3) & 1u) * 8u);
-                        } else {
-                            tc_ldmatrix_x4_trans(r, Bs + (kk * 16u + (lane & 7u) + ((lane >> 3) & 1u) * 8u) * s.ldb + n0 +
-                                                        (lane >> 4) * 8u);
-                        }
-                        bf[j][0] = r[0];
-                        bf[j][1] = r[1];
-                        bf[j + 1u][0] = r[2];
-                        bf[j + 1u][1] = r[3];
-                    }
+            // k16 steps holding data (none for a warp without a warp tile)
+            const u32 kend = mi_n > 0u ? min(ksteps, (K - st * s.tk + 15u) / 16u) : 0u;
+            if constexpr (FAST && MI * NI <= 8u) {
+                // Small warp tiles of the 168-register entries have registers to spare: the fragments of the next k16 step
+                // are read while this one's products run (two register sets, unrolled by two
+                // so their indices stay static).
+                u32 af0[MI][4], bf0[NI][2], af1[MI][4], bf1[NI][2];
+                u32 kk = slice;
+                if (kk < kend) tc_frags<MI, NI>(af0, bf0, a_st, b_st, fa, kk);
+                while (kk < kend) {
+                    const u32 k1 = kk + s.ksplit;
+                    if (k1 < kend) tc_frags<MI, NI>(af1, bf1, a_st, b_st, fa, k1);
+                    tc_mmas<MI, NI>(acc, af0, bf0);
+                    if (k1 >= kend) break;
+                    const u32 k2 = k1 + s.ksplit;
+                    if (k2 < kend) tc_frags<MI, NI>(af0, bf0, a_st, b_st, fa, k2);
+                    tc_mmas<MI, NI>(acc, af1, bf1);
+                    kk = k2;
                 }
-#pragma unroll
-                for (u32 i = 0; i < MI; ++i) {
-                    if (i < mi_n) {
-                        u32 af[4];
-                        tc_ldmatrix_x4(af, As + ((fm0 + i) * 16u + (lane & 15u)) * s.lda + kk * 16u + (lane >> 4) * 8u);
-#pragma unroll
-                        for (u32 j = 0; j < NI; ++j)
-                            if (j < nj_n) tc_mma(acc[i][j], af, bf[j][0], bf[j][1]);
-                    }
+            } else {
+                for (u32 kk = slice; kk < kend; kk += s.ksplit) {
+                    u32 af[MI][4], bf[NI][2];
+                    tc_frags<MI, NI>(af, bf, a_st, b_st, fa, kk);
+                    tc_mmas<MI, NI>(acc, af, bf);
                 }
             }
         }
