@@ -4,12 +4,13 @@
 //! reference (computed on the other cores meanwhile). A table is printed last.
 //!
 //!   cargo run --release -p kairos-cuda --example kernel_speed -- [--dtype f16|f32] [--seq 128]
-//!       [--no-check] [--no-tune] [--top 8] [--plain] MODEL...
+//!       [--no-check] [--no-tune] [--top 8] [--plain] [--ptxas] MODEL...
 //!
 //! `--plain` also times every launch with device events twice, under the protocol and built as a
 //! plain grid (one CTA per logical block, no protocol), and lists the slowest launches with all
 //! three times (the span is from the first placement record to LaunchDone; events include the
-//! launch itself).
+//! launch itself). `--ptxas` prints ptxas' registers and spills of the tile-engine entries (it
+//! compiles the conv and gemm modules again, minutes).
 //!
 //! Needs a GPU; `scripts/gpu-suite.sh speed` runs it on the device.
 
@@ -110,7 +111,7 @@ fn print_timing(label: &str, t: &Timing) {
 fn main() {
     let mut dtype = DType::F16;
     let mut seq = 128usize;
-    let (mut check, mut tune, mut top, mut plain) = (true, true, 8usize, false);
+    let (mut check, mut tune, mut top, mut plain, mut ptxas) = (true, true, 8usize, false, false);
     let mut models = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -121,6 +122,7 @@ fn main() {
             "--no-check" => check = false,
             "--no-tune" => tune = false,
             "--plain" => plain = true,
+            "--ptxas" => ptxas = true,
             m => models.push(m.to_string()),
         }
     }
@@ -134,9 +136,13 @@ fn main() {
         if plain { &[kairos_cuda::Variant::Protocol, kairos_cuda::Variant::Plain] } else { &[kairos_cuda::Variant::Protocol] };
     let t = gpu.prepare(variants).expect("kernel library");
     eprintln!("kernel library ready in {t:.0} ms on {}", gpu.info().name);
-    // ptxas' resource report of the tile-engine kernels (registers, spills).
+    // ptxas' resource report of the tile-engine kernels (registers, spills), with --ptxas: it
+    // compiles both modules again with the report on (minutes; a verbose image is never cached
+    // under the key a server reads).
     let verbose = kairos_cuda::nvrtc::KernelCache { verbose: true, ..gpu.kernel_cache().clone() };
-    for m in [kairos_kernels::source::Module::Conv, kairos_kernels::source::Module::Gemm] {
+    let report_modules =
+        if ptxas { vec![kairos_kernels::source::Module::Conv, kairos_kernels::source::Module::Gemm] } else { vec![] };
+    for m in report_modules {
         match verbose.image(m, kairos_cuda::Variant::Protocol) {
             Ok(img) => {
                 for r in kairos_cuda::nvrtc::parse_ptxas_log(&img.log) {
