@@ -665,6 +665,29 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             threads: 256,
             args: vec![f(19 * 768), f(768), f(768), f(19 * 768)],
         },
+        // The register path's limits (fp16 up to 1024 columns, f32 up to 512) and a row of odd
+        // length (the general path in both).
+        KernelCase {
+            smem_bytes: 0,
+            name: "layernorm 1024".into(),
+            kernel: Kernel::LayerNorm(LayerNormParams { rows: 5, cols: 1024, eps: 1e-5, rows_per_block: 1 }),
+            threads: 128,
+            args: vec![f(5 * 1024), f(1024), f(1024), f(5 * 1024)],
+        },
+        KernelCase {
+            smem_bytes: 0,
+            name: "layernorm 512".into(),
+            kernel: Kernel::LayerNorm(LayerNormParams { rows: 7, cols: 512, eps: 1e-6, rows_per_block: 3 }),
+            threads: 64,
+            args: vec![f(7 * 512), f(512), f(512), f(7 * 512)],
+        },
+        KernelCase {
+            smem_bytes: 0,
+            name: "layernorm 100".into(),
+            kernel: Kernel::LayerNorm(LayerNormParams { rows: 6, cols: 100, eps: 1e-5, rows_per_block: 2 }),
+            threads: 96,
+            args: vec![f(6 * 100), f(100), f(100), f(6 * 100)],
+        },
         KernelCase {
             smem_bytes: 0,
             name: "gather ids".into(),
