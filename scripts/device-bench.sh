@@ -43,19 +43,8 @@ BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
 gunzip -c .carry/kairos.gz >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing .carry/kairos.gz: run scripts/device-bench.sh build first"; exit 1; }
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
-# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, gzipped to
-# fit the carry limit, carried along) saves the device the minutes of compiling the tensor-core modules.
-CUBIN_CARRY=${CUBIN_CARRY:-.carry-cubin}
-if [ -d "$CUBIN_CARRY" ]; then
-    mkdir -p "$KAIROS_CACHE_DIR"
-    for f in "$CUBIN_CARRY"/*; do
-        case "$f" in
-        *.gz) t="$KAIROS_CACHE_DIR/$(basename "$f" .gz)"; [ -e "$t" ] || gunzip -c "$f" >"$t" ;;
-        *) cp -n "$f" "$KAIROS_CACHE_DIR"/ ;;
-        esac
-    done
-    echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"
-fi
+# The CUBIN cache compiled ahead of time here, when carried (scripts/cubin-carry.sh).
+. scripts/cubin-carry.sh
 export PYTHONUNBUFFERED=1
 steps=${BENCH_STEPS:-peers,fixtures,run,hol,short-long,mix,fairness}
 requests=${BENCH_REQUESTS:-400}

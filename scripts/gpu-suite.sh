@@ -55,19 +55,8 @@ for f in kairos-cuda-gpu-tests gpu_suite kernel_speed profile_zoo; do
 done
 export KAIROS_GPU_TESTS=1
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
-# A CUBIN cache compiled ahead of time here (`kairos kernels compile --cache-dir .carry-cubin`, gzipped to
-# fit the carry limit, carried along) saves the device the minutes of compiling the tensor-core modules.
-CUBIN_CARRY=${CUBIN_CARRY:-.carry-cubin}
-if [ -d "$CUBIN_CARRY" ]; then
-    mkdir -p "$KAIROS_CACHE_DIR"
-    for f in "$CUBIN_CARRY"/*; do
-        case "$f" in
-        *.gz) t="$KAIROS_CACHE_DIR/$(basename "$f" .gz)"; [ -e "$t" ] || gunzip -c "$f" >"$t" ;;
-        *) cp -n "$f" "$KAIROS_CACHE_DIR"/ ;;
-        esac
-    done
-    echo "CUBIN cache: $(ls "$CUBIN_CARRY" | wc -l) images from $CUBIN_CARRY"
-fi
+# The CUBIN cache compiled ahead of time here, when carried (scripts/cubin-carry.sh).
+. scripts/cubin-carry.sh
 export RUST_BACKTRACE=1
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nproc; } 2>&1 | tee "$OUT/device.txt"

@@ -61,6 +61,18 @@ pub struct Arg {
     pub dtype: Option<DType>,
 }
 
+/// A layer norm over `rows` x `cols` (eps 1e-5), `rows_per_block` rows per logical block.
+fn layernorm_case(rows: u32, cols: u32, rows_per_block: u32, threads: u32) -> KernelCase {
+    let (r, c) = (rows as usize, cols as usize);
+    KernelCase {
+        smem_bytes: 0,
+        name: format!("layernorm {cols}"),
+        kernel: Kernel::LayerNorm(LayerNormParams { rows, cols, eps: 1e-5, rows_per_block }),
+        threads,
+        args: vec![f(r * c), f(c), f(c), f(r * c)],
+    }
+}
+
 fn f(elems: usize) -> Arg {
     Arg { elems, fill: Fill::Float(-1.0, 1.0), dtype: None }
 }
@@ -658,36 +670,12 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             threads: 256,
             args: vec![f(2000), f(2000)],
         },
-        KernelCase {
-            smem_bytes: 0,
-            name: "layernorm 768".into(),
-            kernel: Kernel::LayerNorm(LayerNormParams { rows: 19, cols: 768, eps: 1e-5, rows_per_block: 2 }),
-            threads: 256,
-            args: vec![f(19 * 768), f(768), f(768), f(19 * 768)],
-        },
+        layernorm_case(19, 768, 2, 256),
         // The register path's limits (fp16 up to 1024 columns, f32 up to 512) and a row of odd
         // length (the general path in both).
-        KernelCase {
-            smem_bytes: 0,
-            name: "layernorm 1024".into(),
-            kernel: Kernel::LayerNorm(LayerNormParams { rows: 5, cols: 1024, eps: 1e-5, rows_per_block: 1 }),
-            threads: 128,
-            args: vec![f(5 * 1024), f(1024), f(1024), f(5 * 1024)],
-        },
-        KernelCase {
-            smem_bytes: 0,
-            name: "layernorm 512".into(),
-            kernel: Kernel::LayerNorm(LayerNormParams { rows: 7, cols: 512, eps: 1e-6, rows_per_block: 3 }),
-            threads: 64,
-            args: vec![f(7 * 512), f(512), f(512), f(7 * 512)],
-        },
-        KernelCase {
-            smem_bytes: 0,
-            name: "layernorm 100".into(),
-            kernel: Kernel::LayerNorm(LayerNormParams { rows: 6, cols: 100, eps: 1e-5, rows_per_block: 2 }),
-            threads: 96,
-            args: vec![f(6 * 100), f(100), f(100), f(6 * 100)],
-        },
+        layernorm_case(5, 1024, 1, 128),
+        layernorm_case(7, 512, 3, 64),
+        layernorm_case(6, 100, 2, 96),
         KernelCase {
             smem_bytes: 0,
             name: "gather ids".into(),

@@ -23,6 +23,16 @@ __device__ __forceinline__ h16 f2h(float f) {
     return h;
 }
 
+// 16 bytes as 8 halves (in memory order), widened to f32.
+__device__ __forceinline__ void unpack_h16x8(const uint4& v, float (&f)[8]) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (u32 i = 0; i < 4u; ++i) {
+        f[2u * i] = h2f((h16)(w[i] & 0xffffu));
+        f[2u * i + 1u] = h2f((h16)(w[i] >> 16));
+    }
+}
+
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const h16* p) { return h2f(*p); }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }

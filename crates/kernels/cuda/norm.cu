@@ -54,14 +54,7 @@ __device__ __forceinline__ void softmax_body(const KairosProto& P, const Softmax
 // BERT-base's 768-wide layer norms took ~10 µs each that way on an H200).
 #define LN_CHUNKS 4u
 
-__device__ __forceinline__ void ln_unpack(const uint4& v, float (&f)[8]) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (u32 i = 0; i < 4u; ++i) {
-        f[2u * i] = h2f((h16)(w[i] & 0xffffu));
-        f[2u * i + 1u] = h2f((h16)(w[i] >> 16));
-    }
-}
+__device__ __forceinline__ void ln_unpack(const uint4& v, float (&f)[8]) { unpack_h16x8(v, f); }
 __device__ __forceinline__ void ln_unpack(const uint4& v, float (&f)[4]) {
     f[0] = __uint_as_float(v.x);
     f[1] = __uint_as_float(v.y);

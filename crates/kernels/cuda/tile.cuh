@@ -705,15 +705,6 @@ __device__ __forceinline__ uint4 gv_ld_stream(const h16* p) {
     return r;
 }
 
-__device__ __forceinline__ void gv_unpack(const uint4& v, float (&f)[8]) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (u32 i = 0; i < 4u; ++i) {
-        f[2u * i] = h2f((h16)(w[i] & 0xffffu));
-        f[2u * i + 1u] = h2f((h16)(w[i] >> 16));
-    }
-}
-
 // B at (k .. k + 8, nn) as 8 halves; zeros past K.
 template <bool BVEC, typename L>
 __device__ __forceinline__ uint4 gv_load_b(const L& ld_, u32 k, u32 nn, u32 K) {
@@ -801,11 +792,11 @@ __device__ __forceinline__ void tile_gemv_rows(L& ld_, u32 tm, u32 tn, u32 K, u3
                     if (cc < nch) {
                         float bf[GV_COLS][8];
 #pragma unroll
-                        for (u32 j = 0; j < GV_COLS; ++j) gv_unpack(bv[u][j], bf[j]);
+                        for (u32 j = 0; j < GV_COLS; ++j) unpack_h16x8(bv[u][j], bf[j]);
 #pragma unroll
                         for (u32 mm = 0; mm < MT; ++mm) {
                             float af[8];
-                            gv_unpack(*(const uint4*)(As + mm * kc + cc * 8u), af);
+                            unpack_h16x8(*(const uint4*)(As + mm * kc + cc * 8u), af);
 #pragma unroll
                             for (u32 j = 0; j < GV_COLS; ++j)
 #pragma unroll

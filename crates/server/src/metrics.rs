@@ -362,7 +362,7 @@ impl Metrics {
             &mut out,
             "kairos_shm_requests_total",
             "counter",
-            "Shared-memory ring requests submitted, by data path: zero_copy (the GPU reads and writes the client's region) or copy.",
+            "Shared-memory ring requests by data path, counted when the path is taken: zero_copy (the GPU reads and writes the client's region) or copy.",
             vec![
                 ("{path=\"zero_copy\"}".to_string(), self.shm_zero_copy.load(Ordering::Relaxed).to_string()),
                 ("{path=\"copy\"}".to_string(), self.shm_copied.load(Ordering::Relaxed).to_string()),

@@ -687,6 +687,9 @@ impl Client<'_> {
             let host = &self.host;
             let zero_copy_bytes_max = self.zero_copy_bytes_max;
             let decls = &m.inputs;
+            // Counted by data path here, once the path is taken and before the request can
+            // complete: a client that has its response and reads the metrics sees it counted.
+            let server_metrics = &self.state.metrics;
             let io = |gpu: u32| -> Result<EngineIo, ServeError> {
                 let why = match host.mapping(gpu) {
                     Err(_) => "the GPU has no mapping of the region",
@@ -704,6 +707,7 @@ impl Client<'_> {
                     }
                     Ok(h) => {
                         path = Some(Ok(()));
+                        server_metrics.shm_zero_copy.fetch_add(1, Ordering::Relaxed);
                         let binding = IoBinding { mapping: h.id, inputs: read.clone(), outputs: written.clone() };
                         return Ok(EngineIo::Bound { inputs: Vec::new(), binding });
                     }
@@ -715,6 +719,7 @@ impl Client<'_> {
                         region.read_data_vec(*span).map_err(|e| ServeError::invalid(format!("input '{}': {e}", decl.name)))?;
                     tensors.push(Tensor::from_bytes(decl.dtype, decl.shape.clone(), &bytes).map_err(ServeError::Invalid)?);
                 }
+                server_metrics.shm_copied.fetch_add(1, Ordering::Relaxed);
                 Ok(EngineIo::Tensors(tensors))
             };
             let conn = self.conn.clone();
@@ -735,17 +740,11 @@ impl Client<'_> {
             m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
             submitted
         })();
-        match path {
-            Some(Ok(())) if r.is_ok() => {
-                self.state.metrics.shm_zero_copy.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Err(why)) if r.is_ok() => {
-                self.state.metrics.shm_copied.fetch_add(1, Ordering::Relaxed);
-                if self.copy_notes.insert(why) {
-                    info!(reason = why, "shared-memory request copied instead of zero-copy (logged once per client and reason)");
-                }
-            }
-            _ => {}
+        if let Some(Err(why)) = path
+            && r.is_ok()
+            && self.copy_notes.insert(why)
+        {
+            info!(reason = why, "shared-memory request copied instead of zero-copy (logged once per client and reason)");
         }
         if let Err(e) = r {
             self.state.count(entry.as_deref(), class, Protocol::Shm, e.status().outcome);
