@@ -176,7 +176,7 @@ if has latency; then
     # change, its CUBIN images in the carried cache too), into $OUT/latency-base.
     if [ "${LATENCY_AB_BASE:-0}" = 1 ]; then
         if gunzip -c .carry/kairos-base.gz >"$BIN/kairos-base" 2>/dev/null && chmod +x "$BIN/kairos-base"; then
-            LBIN="$BIN/kairos-base" latency_variant base KAIROS_LATENCY_VARIANT=base
+            LBIN="$BIN/kairos-base" latency_variant base
         else
             echo "LATENCY_AB_BASE=1 but no .carry/kairos-base.gz" | tee -a "$OUT/summary.txt"
         fi
