@@ -140,7 +140,8 @@ fi
 # a peer JSON instead of measuring it), LATENCY_AB_OVERLAP=1 (also run kairos with overlapped
 # launches, KAIROS_OVERLAP_LAUNCHES=1, into $OUT/latency-overlap), LATENCY_AB_SPLIT_K=1 (also run
 # kairos with plans lowered with split-K, KAIROS_SPLIT_K=1, into $OUT/latency-splitk),
-# LATENCY_AB_BASE=1 (also run an earlier build, .carry/kairos-base.gz, into $OUT/latency-base).
+# LATENCY_AB_BASE=1 (also run an earlier build, .carry/kairos-base.gz, into $OUT/latency-base),
+# LATENCY_AB_REPEATS=N (then N interleaved batch-1 repeats of both builds, LATENCY_REPEAT_MODELS).
 if has latency; then
     lout="$OUT/latency"
     mkdir -p "$lout"
@@ -180,6 +181,42 @@ if has latency; then
         else
             echo "LATENCY_AB_BASE=1 but no .carry/kairos-base.gz" | tee -a "$OUT/summary.txt"
         fi
+    fi
+    # Interleaved repeats of a few models at batch 1, base build and this one, with the same tiles
+    # (the base's autotune table copied over this build's), for effects smaller than the
+    # run-to-run spread: LATENCY_AB_REPEATS=N (with LATENCY_AB_BASE=1), LATENCY_REPEAT_MODELS.
+    if [ "${LATENCY_AB_REPEATS:-0}" -gt 0 ] && [ -x "$BIN/kairos-base" ]; then
+        tables=$(ls -t "$KAIROS_CACHE_DIR"/autotune-*.json 2>/dev/null)
+        tbase=$(echo "$tables" | head -1)
+        tnew=$(echo "$tables" | sed -n 2p)
+        [ -n "$tnew" ] && cp "$tbase" "$tnew" && echo "repeats: tiles of $(basename "$tbase") for both builds"
+        for i in $(seq "$LATENCY_AB_REPEATS"); do
+            for b in base new; do
+                bin="$BIN/kairos"
+                [ "$b" = base ] && bin="$BIN/kairos-base"
+                step "latency-repeat-$b-$i" 120 bash -c 'exec "$@" >/dev/null' _ "$bin" bench latency --backend cuda --batch 1 \
+                    --requests "${LATENCY_REQUESTS:-50}" --budget-s "${LATENCY_BUDGET_S:-4}" --policy "${LATENCY_POLICY:-fifo}" \
+                    --models "${LATENCY_REPEAT_MODELS:-bert_base,distilbert,gpt2,resnet50,densenet121}" \
+                    --out "$OUT/latency-repeat-$b-$i"
+            done
+        done
+        (cd "$OUT" && tar rf results.tar latency-repeat-* 2>/dev/null)
+        python3 - "$OUT" "$LATENCY_AB_REPEATS" <<'PY'
+import json, os, sys
+out, n = sys.argv[1], int(sys.argv[2])
+rows = {}
+for i in range(1, n + 1):
+    for b in ("base", "new"):
+        p = os.path.join(out, f"latency-repeat-{b}-{i}", "latency.json")
+        if not os.path.exists(p):
+            continue
+        for r in json.load(open(p))["tables"][0]["rows"]:
+            rows.setdefault(r["model"], {}).setdefault(b, []).append(r.get("p50_ms"))
+print("== latency repeats, batch 1, p50 ms (base build | this build, interleaved, same tiles)")
+for m, v in rows.items():
+    f = lambda l: " ".join(f"{x:.3f}" if x else "-" for x in l)
+    print(f"  {m:14s} {f(v.get('base', []))} | {f(v.get('new', []))}")
+PY
     fi
     (cd "$OUT" && tar rf results.tar latency 2>/dev/null)
     echo

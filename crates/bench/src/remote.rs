@@ -144,6 +144,7 @@ fn worker(transport: Transport, at: Endpoints, epoch: Instant, jobs: Arc<Mutex<R
                 first_issue_ns: t.queue_ns,
                 done_ns: t.queue_ns + t.gpu_ns,
                 launches: 0,
+                chained: 0,
                 deadline_missed: t.deadline_missed,
             }),
             Err(e) => {

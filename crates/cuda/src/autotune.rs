@@ -416,6 +416,7 @@ fn time_shapes(
                 partition: PartitionId::WHOLE,
                 stream,
                 after: None,
+                report_ctas: true,
             };
             let timed = (|| {
                 gpu.time_span(&req)?;

@@ -731,8 +731,9 @@ impl CudaGpu {
             after: request.after,
         };
         // Arguments in mapped host memory: the CTAs fence at system scope before counting as done.
-        self.next_launch_flags = self.host_maps.fence_flags(request.args);
-        let fenced = self.next_launch_flags != 0;
+        let fence_flags = self.host_maps.fence_flags(request.args);
+        let fenced = fence_flags != 0;
+        self.next_launch_flags = fence_flags | if request.report_ctas { 0 } else { source::FLAG_NO_CTA_RECORDS };
         let id = self.launch_inner(
             &name,
             &f,

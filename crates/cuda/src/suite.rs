@@ -938,6 +938,7 @@ pub fn check_kernel_case(
         partition: PartitionId::WHOLE,
         stream,
         after: None,
+        report_ctas: true,
     };
     let r = (|| {
         let id = gpu.launch(&req)?;

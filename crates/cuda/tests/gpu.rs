@@ -159,6 +159,7 @@ impl GemmJob {
             partition: o.partition,
             stream: o.stream,
             after: None,
+            report_ctas: true,
         }
     }
     fn args(&self) -> Vec<DevicePtr> {

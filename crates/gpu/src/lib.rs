@@ -228,6 +228,11 @@ pub struct LaunchRequest<'a> {
     /// launch issued there): if it stops early, this one stops before running any block and
     /// reports `preempted` at `first_block` (the protocol's stream gate). None: no such launch.
     pub after: Option<LaunchId>,
+    /// Report the launch's CTAs as they arrive on and leave the SMs ([`GpuEvent::CtasPlaced`],
+    /// [`GpuEvent::CtasFinished`]). False: only [`GpuEvent::LaunchDone`] (for launches whose
+    /// CTAs no one tracks, e.g. a whole job handed to one stream: a launch spread over the GPU
+    /// sends up to two records per SM for the host to read).
+    pub report_ctas: bool,
 }
 
 impl<'a> LaunchRequest<'a> {
@@ -250,6 +255,7 @@ impl<'a> LaunchRequest<'a> {
             partition,
             stream,
             after: None,
+            report_ctas: true,
         }
     }
 }

@@ -119,6 +119,8 @@ struct Sample {
     dispatcher_ns: u64,
     /// Kernel launches the dispatcher issued for the request.
     launches: u32,
+    /// Of those, issued behind the one before on its stream (no notification round trip).
+    chained: u32,
 }
 
 /// Where the requests go: the threaded engine on a GPU, or the virtual-time driver on the simulator.
@@ -251,7 +253,12 @@ impl Runner for EngineRunner {
             }
         };
         let tm = response.timing;
-        Ok(Sample { latency_ns, dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns), launches: tm.launches })
+        Ok(Sample {
+            latency_ns,
+            dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns),
+            launches: tm.launches,
+            chained: tm.chained,
+        })
     }
 
     fn unload(&mut self, model: &str) -> Result<()> {
@@ -290,7 +297,12 @@ impl Runner for SimRunner {
         let records = self.driver.take_records();
         let [r] = records.as_slice() else { bail!("expected one completion, the dispatcher gave {}", records.len()) };
         let tm = r.result.clone()?;
-        Ok(Sample { latency_ns: r.latency_ns(), dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns), launches: tm.launches })
+        Ok(Sample {
+            latency_ns: r.latency_ns(),
+            dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns),
+            launches: tm.launches,
+            chained: tm.chained,
+        })
     }
 
     fn unload(&mut self, model: &str) -> Result<()> {
@@ -318,6 +330,8 @@ struct Row {
     dispatcher_ns: Vec<u64>,
     /// Launches issued per timed request, on average.
     launches_per_request: Option<f64>,
+    /// Of those, launches issued behind the one before on its stream, on average.
+    chained_per_request: Option<f64>,
     /// Lowering, tuning and loading time (s).
     load_s: f64,
     /// What the autotuner did (JSON of its report), or why it failed.
@@ -576,6 +590,7 @@ fn row_json(r: &Row, batch: usize, peers: Option<&Peers>) -> Value {
         "batch": batch,
         "kernels_per_forward": r.kernels,
         "launches_per_request": r.launches_per_request,
+        "chained_per_request": r.chained_per_request,
         "requests": r.samples_ns.len(),
         "p50_ms": q(&r.samples_ns, 0.5),
         "p99_ms": q(&r.samples_ns, 0.99),
@@ -670,7 +685,7 @@ fn measure(runner: &mut dyn Runner, a: &LatencyArgs, profiles: &ProfileSet, mode
         }
         let budget = Duration::from_secs_f64(a.budget_s.max(0.0));
         let t = Instant::now();
-        let mut launches = 0u64;
+        let (mut launches, mut chained) = (0u64, 0u64);
         while row.samples_ns.len() < a.requests.min(REQUESTS_MAX) && (row.samples_ns.is_empty() || t.elapsed() < budget) {
             let s = match a.io {
                 Io::Skip => runner.request(&name, vec![], RequestOptions { skip_io: true, ..Default::default() })?,
@@ -679,8 +694,10 @@ fn measure(runner: &mut dyn Runner, a: &LatencyArgs, profiles: &ProfileSet, mode
             row.samples_ns.push(s.latency_ns);
             row.dispatcher_ns.push(s.dispatcher_ns);
             launches += u64::from(s.launches);
+            chained += u64::from(s.chained);
         }
         row.launches_per_request = Some(launches as f64 / row.samples_ns.len().max(1) as f64);
+        row.chained_per_request = Some(chained as f64 / row.samples_ns.len().max(1) as f64);
         Ok(())
     })();
     if let Err(e) = result {
@@ -726,10 +743,11 @@ fn run_all(runner: &mut dyn Runner, a: &LatencyArgs, profiles: &ProfileSet, peer
             match &r.error {
                 Some(e) => eprintln!("[{}/{}] {m} batch {batch}: FAILED {}", i + 1, models.len(), cell_error(e)),
                 None => eprintln!(
-                    "[{}/{}] {m} batch {batch}: {} kernels{}, p50 {} ms, p99 {} ms over {} requests ({:.1} s)",
+                    "[{}/{}] {m} batch {batch}: {} kernels ({:.0} chained){}, p50 {} ms, p99 {} ms over {} requests ({:.1} s)",
                     i + 1,
                     models.len(),
                     r.kernels.unwrap_or(0),
+                    r.chained_per_request.unwrap_or(0.0),
                     r.autotune.as_ref().map_or(String::new(), |t| match t["launches_changed"].as_u64() {
                         Some(n) => format!(
                             " ({n} retiled by the autotuner, {} of {} shapes timed now)",

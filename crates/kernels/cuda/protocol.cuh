@@ -81,6 +81,9 @@ typedef long long i64;
 // blocks left: the takes hand out one block per CTA, so a CTA leaves after its first block
 // without the take that would only find the range exhausted (one L2 round trip less).
 #define KAIROS_FLAG_ONE_TAKE 8u
+// No placement or completion records (the host does not track this launch's CTAs): with
+// KAIROS_FLAG_NOTIFY the launch reports only its end (KAIROS_REC_DONE).
+#define KAIROS_FLAG_NO_CTA_RECORDS 16u
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -198,9 +201,14 @@ __device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 
     r[3] = seq | (u32)(t >> 32);
 }
 
+// Whether the launch reports its CTAs' placement and completion.
+__device__ __forceinline__ bool kairos_cta_records(const KairosProto& P) {
+    return (P.flags & (KAIROS_FLAG_NOTIFY | KAIROS_FLAG_NO_CTA_RECORDS)) == KAIROS_FLAG_NOTIFY;
+}
+
 // Reports one CTA arriving on `sm`, aggregated with the CTAs that arrive while it reports.
 __device__ __forceinline__ void kairos_report_placed(const KairosProto& P, KairosSlot* S, u32 sm) {
-    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
+    if (!kairos_cta_records(P)) return;
     if (atomicAdd(&S->placed[sm], 1u) == 0u) {
         u32 n = atomicExch(&S->placed[sm], 0u);
         kairos_emit(P, KAIROS_REC_PLACED, sm, n, 0, 0);
@@ -209,7 +217,7 @@ __device__ __forceinline__ void kairos_report_placed(const KairosProto& P, Kairo
 
 // Reports one CTA leaving `sm` after running `blocks` logical blocks, aggregated likewise.
 __device__ __forceinline__ void kairos_report_finished(const KairosProto& P, KairosSlot* S, u32 sm, u32 blocks) {
-    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
+    if (!kairos_cta_records(P)) return;
     if (atomicAdd(&S->finished[sm], (1ull << 32) | (u64)blocks) == 0ull) {
         u64 v = atomicExch(&S->finished[sm], 0ull);
         kairos_emit(P, KAIROS_REC_FINISHED, sm, (u32)(v >> 32), (u32)v, 0);
@@ -269,7 +277,7 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
             // both touch only this launch's slot, so they run before the prerequisite wait.
             const bool gated = it == 0 && P.gate_seq != 0u;
             u32 b;
-            if (it == 0 && report && (P.flags & KAIROS_FLAG_NOTIFY)) {
+            if (it == 0 && report && kairos_cta_records(P)) {
                 const u32 opened = atomicAdd(&S->placed[sm], 1u);
                 b = kairos_take(P, S, gated);
                 if (opened == 0u) {

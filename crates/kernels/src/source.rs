@@ -207,6 +207,8 @@ pub const FLAG_SM_BITMAP: u32 = 2;
 pub const FLAG_FENCE_SYSTEM: u32 = 4;
 /// Every CTA lands in the launch's SM mask and the grid covers the blocks left: one take per CTA.
 pub const FLAG_ONE_TAKE: u32 = 8;
+/// KAIROS_FLAG_NO_CTA_RECORDS: only the launch's end is reported (no placement or completion records).
+pub const FLAG_NO_CTA_RECORDS: u32 = 16;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

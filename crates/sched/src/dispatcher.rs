@@ -249,6 +249,8 @@ struct Job {
     chainable: Option<(u32, u32, LaunchId)>,
     /// Launches of this job in flight behind another one on its stream (not started).
     queued: u32,
+    /// Launches of this job issued behind another one (for [`Timing::chained`]).
+    chained: u32,
     unissued: u32,
     in_flight: u32,
     done: u32,
@@ -282,6 +284,10 @@ struct InFlight {
     behind: Option<LaunchId>,
     /// The launch issued behind this one.
     ahead: Option<LaunchId>,
+    /// Its CTAs are reported as they arrive and leave. A launch of a whole-job stream reports
+    /// only its end: its CTAs count as pending (`unplaced`) until then and never enter the
+    /// occupancy map (the policies that hand out whole jobs do not place work by it).
+    report_ctas: bool,
 }
 
 /// The dispatcher over one GPU. See the module docs.
@@ -847,6 +853,7 @@ impl<G: Gpu> Dispatcher<G> {
             running: BTreeSet::new(),
             chainable: None,
             queued: 0,
+            chained: 0,
             unissued: n as u32,
             in_flight: 0,
             done: 0,
@@ -1031,7 +1038,7 @@ impl<G: Gpu> Dispatcher<G> {
         self.stats.events += 1;
         match e {
             GpuEvent::CtasPlaced { launch, sm, ctas, at_ns } => {
-                let Some(f) = self.in_flight.get_mut(&launch) else {
+                let Some(f) = self.in_flight.get_mut(&launch).filter(|f| f.report_ctas) else {
                     self.stats.notification_anomalies += 1;
                     return;
                 };
@@ -1049,7 +1056,7 @@ impl<G: Gpu> Dispatcher<G> {
                 }
             }
             GpuEvent::CtasFinished { launch, sm, ctas, blocks, .. } => {
-                let Some(f) = self.in_flight.get_mut(&launch) else {
+                let Some(f) = self.in_flight.get_mut(&launch).filter(|f| f.report_ctas) else {
                     self.stats.notification_anomalies += 1;
                     return;
                 };
@@ -1090,7 +1097,7 @@ impl<G: Gpu> Dispatcher<G> {
             self.pending_ctas += a.unplaced as u64;
             self.blocked_queues[a.stream as usize % self.hw_queues] -= 1;
         }
-        if f.live > 0 || f.blocks != next_block.saturating_sub(f.first_block) as u64 {
+        if f.report_ctas && (f.live > 0 || f.blocks != next_block.saturating_sub(f.first_block) as u64) {
             self.stats.notification_anomalies += 1;
         }
         let s = f.stream as usize;
@@ -1226,7 +1233,9 @@ impl<G: Gpu> Dispatcher<G> {
                     match self.issue(key, launch, stream, 0, ctas, sm_mask, Some(after), Some(after)) {
                         Ok(id) => {
                             self.in_flight.get_mut(&after).expect("chained behind a launch in flight").ahead = Some(id);
-                            self.job_mut(key).unwrap().queued += 1;
+                            let job = self.job_mut(key).unwrap();
+                            job.queued += 1;
+                            job.chained += 1;
                             self.mark_chainable(key);
                         }
                         Err(e) => self.fail(key, e, out),
@@ -1342,6 +1351,9 @@ impl<G: Gpu> Dispatcher<G> {
         let ctas = ctas.unwrap_or(m.capacity_ctas[launch as usize]).clamp(1, blocks_left.max(1));
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
+        // A job handed whole to a stream needs only each launch's end: its order is the
+        // stream's, and no policy places other work by its CTAs.
+        let report_ctas = job.stream.is_none();
         let request = LaunchRequest {
             kernel: &l.kernel,
             dtype: l.dtype,
@@ -1353,6 +1365,7 @@ impl<G: Gpu> Dispatcher<G> {
             partition: PartitionId::WHOLE,
             stream: self.stream_ids[stream as usize],
             after,
+            report_ctas,
         };
         let id = self.gpu.launch(&request)?;
         let cost = m.estimates.get(launch);
@@ -1385,6 +1398,7 @@ impl<G: Gpu> Dispatcher<G> {
                 stream,
                 behind,
                 ahead: None,
+                report_ctas,
             },
         );
         if behind.is_none() {
@@ -1535,6 +1549,7 @@ impl<G: Gpu> Dispatcher<G> {
                                 first_issue_ns: job.first_issue_ns.unwrap_or(job.admitted_ns),
                                 done_ns: now,
                                 launches: job.states.len() as u32,
+                                chained: job.chained,
                                 deadline_missed,
                             },
                         })

@@ -151,6 +151,9 @@ pub struct Timing {
     pub first_issue_ns: u64,
     pub done_ns: u64,
     pub launches: u32,
+    /// Launches issued behind another launch of the request on its stream (they started when
+    /// that one ended, without waiting for the host to hear of it), resumed ones included.
+    pub chained: u32,
     pub deadline_missed: bool,
 }
 

@@ -175,11 +175,12 @@ fn srpt_protects_short_jobs_and_fairness_bounds_the_cost() {
     gpu.register_plan(&long, &lp).unwrap();
     let short = ModelSpec { name: "short".into(), plan: Arc::new(short), profile: Some(sp) };
     let long = ModelSpec { name: "long".into(), plan: Arc::new(long), profile: Some(lp) };
-    let mut params = ExperimentParams::new(&["streams", "paella"], &[0.8], 500, seed);
+    let mut params = ExperimentParams::new(&["streams", "paella"], &[0.8], 2000, seed);
     params.saturation = None;
     let (gpu, points) = experiments::short_long(gpu, &params, &short, &long, |_| {}).unwrap();
     eprintln!("{}", experiments::markdown_table(&points, &["short", "long"]));
     let short_p99 = |name: &str| points.iter().find(|p| p.policy.starts_with(name)).unwrap().model("short").unwrap().p99_ns;
+    // 2000 requests: with 500 the p99 is the 5th-worst short job and moved by 1.5x between seeds.
     assert!(
         short_p99("paella") * 2 < short_p99("streams"),
         "short p99: paella {} vs streams {}",

@@ -409,6 +409,7 @@ mod tests {
             first_issue_ns: 1000,
             done_ns: 5000,
             launches: 1,
+            chained: 0,
             deadline_missed: true,
         };
         mm.completed(Class::RealTime, true, 7000, Some(&t));

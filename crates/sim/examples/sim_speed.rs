@@ -120,6 +120,7 @@ fn main() {
                     partition: PartitionId::WHOLE,
                     stream: s,
                     after: None,
+                    report_ctas: true,
                 };
                 let id = gpu.launch(&req).unwrap();
                 owner.insert(id, i);

@@ -145,6 +145,8 @@ struct Grid {
     next_block: u32,
     ctas_unplaced: u32,
     ctas_live: u32,
+    /// CtasPlaced / CtasFinished events are sent (LaunchRequest::report_ctas).
+    report_ctas: bool,
     ctas_working: u32,
     model: BlockModel,
     /// Completion tail after the last CTA leaves (calibrated from the model's profile).
@@ -1069,7 +1071,7 @@ impl SimGpu {
             self.record(TraceEvent::Place { launch: id, sm, working: w, idle: i, at_ns: t });
             // CTAs inside the mask report their arrival, whether or not they find a block.
             let reported = if mask.contains(sm) { w + i } else { 0 };
-            if reported > 0 {
+            if reported > 0 && self.grids[g].report_ctas {
                 self.notify(GpuEvent::CtasPlaced { launch: id, sm, ctas: reported, at_ns: t }, t);
             }
             if w > 0 {
@@ -1310,7 +1312,7 @@ impl SimGpu {
                 }
                 self.release(m.sm, &cost, m.ctas, false);
                 self.record(TraceEvent::Release { launch: id, sm: m.sm, ctas: m.ctas, blocks: 0, idle: true, at_ns: t });
-                if mask.contains(m.sm) {
+                if mask.contains(m.sm) && self.grids[g].report_ctas {
                     self.notify(GpuEvent::CtasFinished { launch: id, sm: m.sm, ctas: m.ctas, blocks: 0, at_ns: t }, t);
                 }
             }
@@ -1349,7 +1351,9 @@ impl SimGpu {
                     idle: false,
                     at_ns: t,
                 });
-                self.notify(GpuEvent::CtasFinished { launch: id, sm: m.sm, ctas: exit, blocks: exit * iters, at_ns: t }, t);
+                if self.grids[g].report_ctas {
+                    self.notify(GpuEvent::CtasFinished { launch: id, sm: m.sm, ctas: exit, blocks: exit * iters, at_ns: t }, t);
+                }
             }
             if take > 0 {
                 next.push(Member { sm: m.sm, ctas: take, iters });
@@ -1416,7 +1420,9 @@ impl SimGpu {
         self.pool_epoch += 1;
         self.record(TraceEvent::Rescue { launch: id, sm, at_ns: t });
         self.record(TraceEvent::Take { launch: id, first, count: 1, at_ns: t });
-        self.notify(GpuEvent::CtasPlaced { launch: id, sm, ctas: 1, at_ns: t }, t);
+        if self.grids[g].report_ctas {
+            self.notify(GpuEvent::CtasPlaced { launch: id, sm, ctas: 1, at_ns: t }, t);
+        }
         self.poll_flag(g, t);
         let mut members = self.member_vec();
         members.push(Member { sm, ctas: 1, iters: 0 });
@@ -1850,6 +1856,7 @@ impl Gpu for SimGpu {
             end_block: n,
             next_block: req.first_block,
             ctas_unplaced: ctas,
+            report_ctas: req.report_ctas,
             ctas_live: 0,
             ctas_working: 0,
             model,

@@ -273,3 +273,38 @@ fn launches_queued_after_a_stopped_launch_stop_before_running() {
         assert!(f32s(&out).iter().all(|&v| v == 3.0), "seed {seed}: z = ((0 + 1) + 1) + 1");
     }
 }
+
+/// A launch that does not report its CTAs (`report_ctas: false`, what whole-job streams ask for)
+/// sends only its end, runs every block, and computes what a reporting launch computes.
+#[test]
+fn launches_that_report_only_their_end_send_no_cta_events() {
+    let n = 100_000u32;
+    let k = eltwise_add(n, 1024);
+    let run = |report_ctas: bool| {
+        let mut gpu = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed: 5, check_invariants: true, ..SimOptions::default() });
+        let x = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+        let out = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+        gpu.write(x.ptr, &bytes_of(&(0..n).map(|i| i as f32).collect::<Vec<_>>())).unwrap();
+        let s = gpu.create_stream(0).unwrap();
+        let args = [x.ptr, x.ptr, out.ptr];
+        let r = LaunchRequest { report_ctas, ..request(&k, DType::F32, shape(&k, 256, 0), &args, s) };
+        let id = gpu.launch(&r).unwrap();
+        let events = run_until_done(&mut gpu, &[id]);
+        let mut bytes = vec![0u8; n as usize * 4];
+        gpu.read(out.ptr, &mut bytes).unwrap();
+        (events, f32s(&bytes))
+    };
+    let (quiet, quiet_out) = run(false);
+    let (loud, loud_out) = run(true);
+    let cta_events =
+        |e: &[GpuEvent]| e.iter().filter(|e| matches!(e, GpuEvent::CtasPlaced { .. } | GpuEvent::CtasFinished { .. })).count();
+    assert_eq!(cta_events(&quiet), 0, "{quiet:?}");
+    assert!(cta_events(&loud) > 0);
+    let done = quiet
+        .iter()
+        .filter(|e| matches!(e, GpuEvent::LaunchDone { next_block, preempted: false, .. } if *next_block == k.logical_blocks()))
+        .count();
+    assert_eq!(done, 1, "{quiet:?}");
+    assert_eq!(quiet_out, loud_out);
+    assert_eq!(quiet_out, (0..n).map(|i| 2.0 * i as f32).collect::<Vec<_>>());
+}

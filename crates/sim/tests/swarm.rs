@@ -213,6 +213,7 @@ impl Swarm {
             partition: PartitionId(partition as u32),
             stream,
             after: None,
+            report_ctas: true,
         };
         let id = self.gpu.launch(&req).unwrap_or_else(|e| panic!("seed {}: launch failed: {e}", self.seed));
         self.jobs[job].launches += 1;

@@ -71,6 +71,8 @@ struct L {
     mask: SmMask,
     scheduled: bool,
     eligible: bool,
+    /// LaunchRequest::report_ctas: CtasPlaced / CtasFinished are sent.
+    report_ctas: bool,
 }
 
 pub struct MiniGpu {
@@ -225,7 +227,9 @@ impl MiniGpu {
                 self.check_front(q);
             }
             for &(sm, count) in &placed {
-                self.notify(GpuEvent::CtasPlaced { launch: LaunchId(id), sm, ctas: count, at_ns: self.now });
+                if self.launches[&id].report_ctas {
+                    self.notify(GpuEvent::CtasPlaced { launch: LaunchId(id), sm, ctas: count, at_ns: self.now });
+                }
                 for _ in 0..count {
                     self.cta_take(id, sm, 0);
                 }
@@ -243,9 +247,11 @@ impl MiniGpu {
             self.at(t, Ev::CtaStep { launch: id, sm, blocks: blocks + 1 });
         } else {
             l.live -= 1;
-            let res = l.res;
+            let (res, report) = (l.res, l.report_ctas);
             self.use_sm(sm as usize, &res, -1);
-            self.notify(GpuEvent::CtasFinished { launch: LaunchId(id), sm, ctas: 1, blocks, at_ns: self.now });
+            if report {
+                self.notify(GpuEvent::CtasFinished { launch: LaunchId(id), sm, ctas: 1, blocks, at_ns: self.now });
+            }
             self.maybe_done(id);
             self.need_place = true;
         }
@@ -378,6 +384,7 @@ impl Gpu for MiniGpu {
                 mask: r.sm_mask.intersect(&self.info.partitions[0].sms),
                 scheduled: false,
                 eligible: false,
+                report_ctas: r.report_ctas,
             },
         );
         self.streams[s].push_back(id);

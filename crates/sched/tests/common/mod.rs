@@ -147,6 +147,9 @@ pub struct LaunchAudit {
     pub next_block: Option<u32>,
     pub blocks: u64,
     pub live: i64,
+    /// What the dispatcher asked for (LaunchRequest::report_ctas); the inner GPU always reports
+    /// CTAs to the audit, which passes them on only if asked.
+    pub report_ctas: bool,
 }
 
 #[derive(Default)]
@@ -188,6 +191,7 @@ impl<G: Gpu> Audit<G> {
                     log.violations.push(format!("placement of unknown launch {launch:?}"));
                     return;
                 };
+
                 a.first_placed_ns.get_or_insert(at_ns);
                 a.live += ctas as i64;
                 let r = a.res.unwrap();
@@ -211,6 +215,7 @@ impl<G: Gpu> Audit<G> {
                     log.violations.push(format!("completion of unknown launch {launch:?}"));
                     return;
                 };
+
                 a.live -= ctas as i64;
                 a.blocks += blocks as u64;
                 if a.live < 0 {
@@ -280,7 +285,9 @@ impl<G: Gpu> Gpu for Audit<G> {
     }
     fn launch(&mut self, r: &LaunchRequest<'_>) -> Result<LaunchId> {
         let res = self.inner.kernel_resources(r.kernel, r.dtype, &r.shape)?;
-        let id = self.inner.launch(r)?;
+        // The audit sees every CTA (it checks SM limits and blocks run); the dispatcher gets
+        // only the events it asked for (see `poll`).
+        let id = self.inner.launch(&LaunchRequest { report_ctas: true, ..*r })?;
         if r.first_block >= r.shape.logical_blocks {
             self.log.violations.push(format!("launch {id:?} starts at block {} of {}", r.first_block, r.shape.logical_blocks));
         }
@@ -290,6 +297,7 @@ impl<G: Gpu> Gpu for Audit<G> {
                 logical_blocks: r.shape.logical_blocks,
                 first_block: r.first_block,
                 res: Some(res),
+                report_ctas: r.report_ctas,
                 ..Default::default()
             },
         );
@@ -304,6 +312,15 @@ impl<G: Gpu> Gpu for Audit<G> {
         for e in &events[start..] {
             self.check_event(e);
         }
+        let launches = &self.log.launches;
+        let asked = |e: &GpuEvent| match *e {
+            GpuEvent::CtasPlaced { launch, .. } | GpuEvent::CtasFinished { launch, .. } => {
+                launches.get(&launch).is_none_or(|a| a.report_ctas)
+            }
+            _ => true,
+        };
+        let fresh: Vec<GpuEvent> = events.drain(start..).filter(asked).collect();
+        events.extend(fresh);
         Ok(())
     }
     fn wait(&mut self, until_ns: u64) -> Result<()> {

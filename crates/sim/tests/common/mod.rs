@@ -94,6 +94,7 @@ pub fn request<'a>(
         partition: PartitionId::WHOLE,
         stream,
         after: None,
+        report_ctas: true,
     }
 }
 
