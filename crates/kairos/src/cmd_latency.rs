@@ -123,6 +123,13 @@ struct Sample {
     chained: u32,
 }
 
+impl Sample {
+    /// A request the client saw take `latency_ns`, with the dispatcher's account of it.
+    fn new(latency_ns: u64, tm: &kairos_sched::Timing) -> Sample {
+        Sample { latency_ns, dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns), launches: tm.launches, chained: tm.chained }
+    }
+}
+
 /// Where the requests go: the threaded engine on a GPU, or the virtual-time driver on the simulator.
 trait Runner {
     fn device(&self) -> String;
@@ -252,13 +259,7 @@ impl Runner for EngineRunner {
                 return Err(e.into());
             }
         };
-        let tm = response.timing;
-        Ok(Sample {
-            latency_ns,
-            dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns),
-            launches: tm.launches,
-            chained: tm.chained,
-        })
+        Ok(Sample::new(latency_ns, &response.timing))
     }
 
     fn unload(&mut self, model: &str) -> Result<()> {
@@ -297,12 +298,7 @@ impl Runner for SimRunner {
         let records = self.driver.take_records();
         let [r] = records.as_slice() else { bail!("expected one completion, the dispatcher gave {}", records.len()) };
         let tm = r.result.clone()?;
-        Ok(Sample {
-            latency_ns: r.latency_ns(),
-            dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns),
-            launches: tm.launches,
-            chained: tm.chained,
-        })
+        Ok(Sample::new(r.latency_ns(), &tm))
     }
 
     fn unload(&mut self, model: &str) -> Result<()> {

@@ -191,7 +191,6 @@ impl<G: Gpu> Audit<G> {
                     log.violations.push(format!("placement of unknown launch {launch:?}"));
                     return;
                 };
-
                 a.first_placed_ns.get_or_insert(at_ns);
                 a.live += ctas as i64;
                 let r = a.res.unwrap();
@@ -215,7 +214,6 @@ impl<G: Gpu> Audit<G> {
                     log.violations.push(format!("completion of unknown launch {launch:?}"));
                     return;
                 };
-
                 a.live -= ctas as i64;
                 a.blocks += blocks as u64;
                 if a.live < 0 {
