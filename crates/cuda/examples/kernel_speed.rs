@@ -1,9 +1,9 @@
-//! Kernel speed of zoo models on the GPU (batch 1): the plan's kernel-by-kernel latency (what
+//! Kernel speed of zoo models on the GPU (batch 1 unless `--batch N`): the plan's kernel-by-kernel latency (what
 //! `kairos profile` reports as its latency) and the kernel time per kernel kind, with the
 //! lowering's tiles and again after the autotuner, plus both plans' outputs against the CPU
 //! reference (computed on the other cores meanwhile). A table is printed last.
 //!
-//!   cargo run --release -p kairos-cuda --example kernel_speed -- [--dtype f16|f32] [--seq 128]
+//!   cargo run --release -p kairos-cuda --example kernel_speed -- [--dtype f16|f32] [--seq 128] [--batch 1]
 //!       [--no-check] [--no-tune] [--top 8] [--plain] [--ptxas] MODEL...
 //!
 //! `--plain` also times every launch with device events twice, under the protocol and built as a
@@ -27,6 +27,8 @@ struct Timing {
     latency_ns: u64,
     kernel_ns: u64,
     by_kind: BTreeMap<String, (u64, usize)>,
+    /// Products (gemm, and convolutions as M x N x K) by shape: (ns, launches).
+    by_shape: BTreeMap<String, (u64, usize)>,
     slowest: Vec<(u64, String, String)>,
     /// Per launch with `--plain`: (events under the protocol, events as a plain grid), ns.
     plain: Vec<(u64, u64)>,
@@ -46,6 +48,7 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, pla
     let mut args = Vec::new();
     let mut by_kind: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     let mut slowest = Vec::new();
+    let mut by_shape: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     let mut kernel_ns = 0;
     let mut plain_ns = Vec::new();
     for (i, l) in plan.launches.iter().enumerate() {
@@ -72,10 +75,26 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, pla
         let res = format!("regs {} smem {} ctas/SM {}", r.registers_per_thread, r.shared_mem_bytes, r.ctas_per_sm_max);
         let tile = match &l.kernel {
             kairos_ir::plan::Kernel::Conv2d(p) => {
-                format!("{}x{}x{} blocks {} {res}", p.tile_m, p.tile_n, l.shape.threads_per_block, l.shape.logical_blocks)
+                // As a product: M = output pixels, N = output channels, K = reduction per group.
+                let mnk =
+                    format!("{}x{}x{}", p.batch * p.out_h * p.out_w, p.out_c, p.in_c / p.groups.max(1) * p.kernel_h * p.kernel_w);
+                let e = by_shape.entry(format!("conv {mnk} g{} s{}", p.groups, p.stride_h)).or_default();
+                e.0 += ns;
+                e.1 += 1;
+                format!(
+                    "{mnk} tile {}x{}x{} blocks {} {res}",
+                    p.tile_m, p.tile_n, l.shape.threads_per_block, l.shape.logical_blocks
+                )
             }
             kairos_ir::plan::Kernel::Gemm(p) => {
-                format!("{}x{}x{} blocks {} {res}", p.tile_m, p.tile_n, l.shape.threads_per_block, l.shape.logical_blocks)
+                let mnk = format!("{}x{}x{}x{}", p.batch0 * p.batch1, p.m, p.n, p.k);
+                let e = by_shape.entry(format!("gemm {mnk}")).or_default();
+                e.0 += ns;
+                e.1 += 1;
+                format!(
+                    "{mnk} tile {}x{}x{} blocks {} {res}",
+                    p.tile_m, p.tile_n, l.shape.threads_per_block, l.shape.logical_blocks
+                )
             }
             _ => format!("blocks {} {res}", l.shape.logical_blocks),
         };
@@ -83,7 +102,7 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, pla
     }
     slowest.sort_by(|a, b| b.0.cmp(&a.0));
     slowest.truncate(top);
-    Ok(Timing { latency_ns, kernel_ns, by_kind, slowest, plain: plain_ns })
+    Ok(Timing { latency_ns, kernel_ns, by_kind, by_shape, slowest, plain: plain_ns })
 }
 
 fn print_timing(label: &str, t: &Timing) {
@@ -92,6 +111,11 @@ fn print_timing(label: &str, t: &Timing) {
     kinds.sort_by(|a, b| b.1.0.cmp(&a.1.0));
     for (k, (ns, n)) in kinds {
         println!("    {k:<10} {:>9.1} us  {n:>4} launches", *ns as f64 / 1e3);
+    }
+    let mut shapes: Vec<_> = t.by_shape.iter().collect();
+    shapes.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+    for (shape, (ns, n)) in shapes.iter().take(12) {
+        println!("    {:>9.1} us  {n:>3} x {:>7.1} us  {shape}", *ns as f64 / 1e3, *ns as f64 / 1e3 / *n as f64);
     }
     for (ns, name, tile) in &t.slowest {
         println!("    {:>9.1} us  {name}  [{tile}]", *ns as f64 / 1e3);
@@ -111,6 +135,7 @@ fn print_timing(label: &str, t: &Timing) {
 fn main() {
     let mut dtype = DType::F16;
     let mut seq = 128usize;
+    let mut batch = 1usize;
     let (mut check, mut tune, mut top, mut plain, mut ptxas) = (true, true, 8usize, false, false);
     let mut models = Vec::new();
     let mut it = std::env::args().skip(1);
@@ -118,6 +143,7 @@ fn main() {
         match a.as_str() {
             "--dtype" => dtype = if it.next().as_deref() == Some("f32") { DType::F32 } else { DType::F16 },
             "--seq" => seq = it.next().and_then(|v| v.parse().ok()).expect("--seq N"),
+            "--batch" => batch = it.next().and_then(|v| v.parse().ok()).filter(|&b| b > 0).expect("--batch N (N > 0)"),
             "--top" => top = it.next().and_then(|v| v.parse().ok()).expect("--top N"),
             "--no-check" => check = false,
             "--no-tune" => tune = false,
@@ -130,7 +156,7 @@ fn main() {
         models = vec!["resnet50".into(), "vgg19".into(), "bert_base".into()];
     }
     let zoo: Vec<suite::ZooModel> =
-        models.iter().map(|m| suite::zoo_model(m, dtype, 1, seq).unwrap_or_else(|e| panic!("{m}: {e}"))).collect();
+        models.iter().map(|m| suite::zoo_model(m, dtype, batch, seq).unwrap_or_else(|e| panic!("{m}: {e}"))).collect();
     let mut gpu = CudaGpu::new(0).expect("a GPU");
     let variants: &[kairos_cuda::Variant] =
         if plain { &[kairos_cuda::Variant::Protocol, kairos_cuda::Variant::Plain] } else { &[kairos_cuda::Variant::Protocol] };
@@ -169,7 +195,7 @@ fn main() {
         let mut outs = Vec::new();
         for m in &zoo {
             println!(
-                "== {} {} batch 1{}",
+                "== {} {} batch {batch}{}",
                 m.name,
                 dtype,
                 if m.plan.inputs.iter().any(|t| t.dtype == DType::I64) { format!(" seq {seq}") } else { String::new() }
@@ -216,7 +242,7 @@ fn main() {
         let tol = suite::tolerance(dtype);
         let fmt_err = |e: Option<f64>| e.map_or("-".to_string(), |e| format!("{e:.1e}{}", if e <= tol { "" } else { " FAIL" }));
         println!(
-            "\n== kernel speed ({}, {dtype}, batch 1, seq {seq}; ms; rel. L2 error vs CPU reference, tolerance {tol:.0e})",
+            "\n== kernel speed ({}, {dtype}, batch {batch}, seq {seq}; ms; rel. L2 error vs CPU reference, tolerance {tol:.0e})",
             gpu.info().name
         );
         println!(

@@ -651,6 +651,9 @@ impl CudaGpu {
                 if mask == part_sms && grid >= remaining {
                     flags |= source::FLAG_ONE_TAKE;
                 }
+                if self.overlap_launches {
+                    flags |= source::FLAG_OVERLAPPED;
+                }
                 // An unknown stream has no gate; stream_for below refuses it.
                 let gate = gate.unwrap_or_default();
                 self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0), gate)

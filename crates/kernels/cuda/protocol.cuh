@@ -34,9 +34,12 @@
 //      before has completed and its writes are visible; a no-op without such a launch), and a
 //      CTA that has run its last block lets the next kernel's CTAs start
 //      (`griddepcontrol.launch_dependents`).
-//   6. On leaving, a CTA reports completion (blocks run). The last CTA of the grid to leave works
-//      out the first block never taken, restores the slot to zero for the next launch, and
-//      reports LaunchDone. If no CTA landed inside the mask at all (possible only when the grid
+//   6. On leaving, a CTA reports completion (blocks run) and counts itself out with one atomic
+//      add that also sums the blocks run. The last CTA of the grid to leave restores the slot to
+//      zero for the next launch and reports LaunchDone; when the sum says every block ran (the
+//      common case) it needs no further read of the slot, and its ring reservation overlaps the
+//      reset, so the launch's end costs two L2 round trips after the last block. Otherwise it
+//      works out the first block never taken. If no CTA landed inside the mask at all (possible only when the grid
 //      is too small to reach every SM of the mask), that last CTA runs the remaining blocks
 //      itself wherever it is, so no launch is ever lost; its placement record names its SM.
 //
@@ -84,6 +87,10 @@ typedef long long i64;
 // No placement or completion records (the host does not track this launch's CTAs): with
 // KAIROS_FLAG_NOTIFY the launch reports only its end (KAIROS_REC_DONE).
 #define KAIROS_FLAG_NO_CTA_RECORDS 16u
+// The launch is a programmatic dependent of the kernel before it on its stream (point 5 above):
+// its stream gate may be read only after griddepcontrol.wait. Without it the gate word is final
+// when the launch starts, so a CTA reads it beside its first take (one round trip less).
+#define KAIROS_FLAG_OVERLAPPED 32u
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -111,9 +118,10 @@ struct KairosRingDev {
 // Per-launch-slot state in device memory. All zero between launches (the protocol restores that).
 struct KairosSlot {
     u64 next;          // low half: takes since first_block; bit 63: stop
-    u32 ctas_done;     // CTAs that have left
-    u32 stop_at;       // takes that were valid when the stop bit was set
+    u64 done;          // CTAs that have left << 32 | logical blocks they ran
     u64 last_poll_ns;  // %globaltimer of the last read of the host's preempt flag (0: none yet)
+    u32 stop_at;       // takes that were valid when the stop bit was set
+    u32 pad;
     u32 placed[KAIROS_SM_COUNT_MAX];    // per-SM placement group being reported
     u64 finished[KAIROS_SM_COUNT_MAX];  // per-SM completion group: ctas << 32 | blocks
 };
@@ -140,7 +148,7 @@ struct KairosProto {
 };
 
 static_assert(sizeof(KairosRecord) == 32, "KairosRecord layout");
-static_assert(sizeof(KairosSlot) == 3096, "KairosSlot layout");
+static_assert(sizeof(KairosSlot) == 3104, "KairosSlot layout");
 static_assert(sizeof(KairosProto) == 128, "KairosProto layout");
 
 __device__ __forceinline__ u32 kairos_smid() {
@@ -170,13 +178,31 @@ __device__ __forceinline__ void kairos_allow_dependents() {
 #endif
 }
 
-// Appends one record to the ring (called by one thread). Never overwrites an unconsumed record.
-__device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 sm, u32 ctas, u32 blocks, u32 aux) {
-    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return;
+#define KAIROS_NO_RECORD 0xffffffffffffffffull
+
+// A ring index reserved by kairos_reserve_begin (idx) with the ring's cached limit read beside it.
+struct KairosReservation {
+    u64 idx, limit;
+};
+
+// Reserves the next record index (called by one thread; only for launches that notify). Nothing
+// waits for the answer here: memory operations that do not depend on it may be issued before
+// kairos_reserve_end looks at it.
+__device__ __forceinline__ KairosReservation kairos_reserve_begin(const KairosProto& P) {
     KairosRingDev* rd = (KairosRingDev*)P.ring_dev;
-    u64 idx = atomicAdd(&rd->reserve, 1ull);
-    u64 limit = *(volatile u64*)&rd->limit;
-    if (idx >= limit) {
+    KairosReservation r;
+    r.idx = atomicAdd(&rd->reserve, 1ull);
+    r.limit = *(volatile u64*)&rd->limit;  // issued beside the reservation
+    return r;
+}
+
+// The reserved index, or KAIROS_NO_RECORD when the ring stayed full past ring_timeout_ns (the
+// record is dropped and the overflow word raised). Never hands out an index whose last lap the
+// host has not consumed.
+__device__ __forceinline__ u64 kairos_reserve_end(const KairosProto& P, KairosReservation r) {
+    KairosRingDev* rd = (KairosRingDev*)P.ring_dev;
+    const u64 idx = r.idx;
+    if (idx >= r.limit) {
         // Slow path: ask the host how far it has consumed; wait while the ring is full.
         volatile KairosRingHost* rh = (volatile KairosRingHost*)P.ring_host;
         u64 t0 = kairos_globaltimer();
@@ -187,11 +213,25 @@ __device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 
             if (kairos_globaltimer() - t0 > P.ring_timeout_ns) {
                 rh->overflow = 1;
                 __threadfence_system();
-                return;
+                return KAIROS_NO_RECORD;
             }
             __nanosleep(1000);
         }
     }
+    return idx;
+}
+
+// Reserves the next record of the ring: its index, or KAIROS_NO_RECORD (the launch does not
+// notify, or the ring stayed full).
+__device__ __forceinline__ u64 kairos_reserve(const KairosProto& P) {
+    if (!(P.flags & KAIROS_FLAG_NOTIFY)) return KAIROS_NO_RECORD;
+    return kairos_reserve_end(P, kairos_reserve_begin(P));
+}
+
+// Writes record `idx` (from kairos_reserve; nothing for KAIROS_NO_RECORD).
+__device__ __forceinline__ void kairos_write_record(const KairosProto& P, u64 idx, u32 kind, u32 sm, u32 ctas, u32 blocks,
+                                                    u32 aux) {
+    if (idx == KAIROS_NO_RECORD) return;
     const u64 seq = (u64)(u32)(idx + 1) << 32;
     const u64 t = kairos_globaltimer();
     volatile u64* r = (volatile u64*)P.ring_records + (idx & (u64)(P.ring_capacity - 1)) * 4;
@@ -199,6 +239,11 @@ __device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 
     r[1] = seq | blocks;
     r[2] = seq | (u32)t;
     r[3] = seq | (u32)(t >> 32);
+}
+
+// Appends one record to the ring (called by one thread). Never overwrites an unconsumed record.
+__device__ __forceinline__ void kairos_emit(const KairosProto& P, u32 kind, u32 sm, u32 ctas, u32 blocks, u32 aux) {
+    kairos_write_record(P, kairos_reserve(P), kind, sm, ctas, blocks, aux);
 }
 
 // Whether the launch reports its CTAs' placement and completion.
@@ -249,14 +294,18 @@ __device__ __forceinline__ bool kairos_gate_closed(const KairosProto& P) {
 // check its stream gate, which no poll may race).
 __device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S, bool gated = false) {
     const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
+    // The poll clock is read beside the take (both round trips overlap), not after it.
+    const u64 last = gated ? 0ull : *(volatile u64*)&S->last_poll_ns;
     const u32 taken = (u32)v;
     if ((v & KAIROS_STOP_BIT) || taken >= P.total_blocks - P.first_block) return KAIROS_NO_BLOCK;
     if (gated) return P.first_block + taken;
     const u64 now = kairos_globaltimer();
-    const u64 last = *(volatile u64*)&S->last_poll_ns;
-    if (now - last >= P.poll_ns && atomicCAS((unsigned long long*)&S->last_poll_ns, last, now) == last) {
-        // The first claim of a launch only starts the clock: the host cleared the flag at launch.
-        if (last != 0 && *(volatile u32*)P.preempt_flag) kairos_stop(S);
+    if (last == 0ull) {
+        // The first claim of a launch only starts the clock (the host cleared the flag at
+        // launch). Nothing waits for the answer: whoever wins, the clock has started.
+        atomicCAS((unsigned long long*)&S->last_poll_ns, 0ull, now);
+    } else if (now - last >= P.poll_ns && atomicCAS((unsigned long long*)&S->last_poll_ns, last, now) == last) {
+        if (*(volatile u32*)P.preempt_flag) kairos_stop(S);
     }
     return P.first_block + taken;
 }
@@ -271,11 +320,15 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
     __shared__ u32 s_block[2];
     const bool leader = threadIdx.x == 0;
     u32 ran = 0;
+    u32 gate_now = 0u;  // the leader's early read of the stream gate (kept in a register: a
+                        // shared-memory store of it would hold the take back until it arrives)
     for (u32 it = 0;; ++it) {
         if (leader) {
             // The first take's placement atomic is issued beside it (the round trips overlap);
             // both touch only this launch's slot, so they run before the prerequisite wait.
             const bool gated = it == 0 && P.gate_seq != 0u;
+            // Not overlapped: the gate word is final already, so it is read beside the take.
+            if (gated && !(P.flags & KAIROS_FLAG_OVERLAPPED)) gate_now = *(volatile u32*)P.gate_word;
             u32 b;
             if (it == 0 && report && kairos_cta_records(P)) {
                 const u32 opened = atomicAdd(&S->placed[sm], 1u);
@@ -291,8 +344,10 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
         }
         if (it == 0) {
             kairos_wait_prerequisite();
-            // The stream gate is final once the kernel before has completed.
-            if (leader && P.gate_seq != 0u && kairos_gate_closed(P)) {
+            // The stream gate is final once the kernel before has completed (read beside the
+            // take when the launch is not overlapped).
+            if (leader && P.gate_seq != 0u &&
+                ((P.flags & KAIROS_FLAG_OVERLAPPED) ? kairos_gate_closed(P) : gate_now == P.gate_seq)) {
                 kairos_stop_at_gate(S);
                 s_block[0] = KAIROS_NO_BLOCK;
             }
@@ -325,29 +380,50 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     const bool leader = threadIdx.x == 0;
     const u32 sm = kairos_smid();
     const bool in_mask = sm < KAIROS_SM_COUNT_MAX && ((P.sm_mask[sm >> 6] >> (sm & 63)) & 1ull);
+    u32 ran = 0;
     if (in_mask) {  // uniform over the CTA: all its threads share the SM
-        u32 ran = kairos_take_loop(P, S, sm, body, true, (P.flags & KAIROS_FLAG_ONE_TAKE) != 0u);
+        ran = kairos_take_loop(P, S, sm, body, true, (P.flags & KAIROS_FLAG_ONE_TAKE) != 0u);
         kairos_allow_dependents();
         if (leader) kairos_report_finished(P, S, sm, ran);
     } else {
         kairos_allow_dependents();
     }
     __syncthreads();
+    const u32 left = P.total_blocks - P.first_block;
     if (leader) {
         // This CTA's outputs are visible before it counts as done (to the host too, for outputs
-        // in mapped host memory).
+        // in mapped host memory). The count carries the blocks run, so the last CTA out knows
+        // without another read whether the launch ran whole (the common case).
         if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
         else __threadfence();
-        s_last = atomicAdd(&S->ctas_done, 1u) == gridDim.x - 1;
+        const u64 before = atomicAdd((unsigned long long*)&S->done, (1ull << 32) | (u64)ran);
+        s_last = (u32)(before >> 32) != gridDim.x - 1u ? 0u : (u32)before + ran == left ? 2u : 1u;
     }
     __syncthreads();
     if (!s_last) return;
+    if (s_last == 2u) {
+        // Last CTA out of a launch that ran every block: no stop, no rescue, no gate to close.
+        // The ring record is reserved beside the slot's reset; one fence orders both before the
+        // record, so the host never reuses the slot before it is zero again.
+        if (leader) {
+            const bool notify = (P.flags & KAIROS_FLAG_NOTIFY) != 0u;
+            KairosReservation r = {0ull, 0ull};
+            if (notify) r = kairos_reserve_begin(P);
+            S->next = 0;
+            S->done = 0;
+            S->stop_at = 0;
+            S->last_poll_ns = 0;
+            if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
+            else __threadfence();
+            if (notify) kairos_write_record(P, kairos_reserve_end(P, r), KAIROS_REC_DONE, sm, 0, P.total_blocks, 0u);
+        }
+        return;
+    }
     // The gate and the rescue below may read what the kernel before wrote.
     kairos_wait_prerequisite();
     __threadfence();
-    // Last CTA out. Blocks are left only if the launch was stopped or no CTA ran inside the mask.
+    // Last CTA out, blocks left: the launch was stopped or no CTA ran inside the mask.
     __shared__ u32 s_rescue;
-    const u32 left = P.total_blocks - P.first_block;
     if (leader) {
         const u64 v = *(volatile u64*)&S->next;
         s_rescue = !(v & KAIROS_STOP_BIT) && (u32)v < left;
@@ -364,8 +440,8 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
     }
     __syncthreads();
     if (s_rescue) {
-        u32 ran = kairos_take_loop(P, S, sm, body, false, false);
-        if (leader) kairos_report_finished(P, S, sm, ran);
+        const u32 rescued = kairos_take_loop(P, S, sm, body, false, false);
+        if (leader) kairos_report_finished(P, S, sm, rescued);
     }
     if (leader) {
         if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
@@ -374,9 +450,9 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
         const u32 valid = (v & KAIROS_STOP_BIT) ? *(volatile u32*)&S->stop_at : (u32)v;
         const u32 next_block = P.first_block + (valid < left ? valid : left);
         S->next = 0;
+        S->done = 0;
         S->stop_at = 0;
         S->last_poll_ns = 0;
-        S->ctas_done = 0;
         // Stopped early: close the gate of the launch behind this one on the stream.
         if (next_block < P.total_blocks && P.gate_word != 0ull) *(volatile u32*)P.gate_word = P.seq;
         __threadfence();

@@ -182,7 +182,7 @@ pub const PROTO_BYTES: usize = 128;
 /// Bytes of one `KairosRecord`.
 pub const RECORD_BYTES: usize = 32;
 /// Bytes of one `KairosSlot` (per-launch device state).
-pub const SLOT_BYTES: usize = 24 + 4 * SM_COUNT_MAX + 8 * SM_COUNT_MAX;
+pub const SLOT_BYTES: usize = 32 + 4 * SM_COUNT_MAX + 8 * SM_COUNT_MAX;
 /// Bytes of `KairosRingHost` and `KairosRingDev`.
 pub const RING_HOST_BYTES: usize = 16;
 pub const RING_DEV_BYTES: usize = 16;
@@ -209,6 +209,9 @@ pub const FLAG_FENCE_SYSTEM: u32 = 4;
 pub const FLAG_ONE_TAKE: u32 = 8;
 /// KAIROS_FLAG_NO_CTA_RECORDS: only the launch's end is reported (no placement or completion records).
 pub const FLAG_NO_CTA_RECORDS: u32 = 16;
+/// KAIROS_FLAG_OVERLAPPED: the launch is a programmatic dependent of the kernel before it (its CTAs
+/// read the stream gate only after waiting for that kernel).
+pub const FLAG_OVERLAPPED: u32 = 32;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
