@@ -45,6 +45,14 @@ pub struct CompileArgs {
     /// compiles; default: the number of cores, at most 8).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Only these modules (comma-separated names: conv, gemm, eltwise, ...; default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub modules: Vec<String>,
+    /// Print ptxas' report of every entry function (registers, spill bytes, stack frame): the way to
+    /// see register pressure without a GPU. Always compiles (the report is not cached); the images
+    /// land under their own cache key and are never what a server loads.
+    #[arg(long)]
+    pub ptxas: bool,
 }
 
 pub fn run(cmd: KernelsCommand) -> Result<()> {
@@ -53,7 +61,18 @@ pub fn run(cmd: KernelsCommand) -> Result<()> {
     }
 }
 
+/// The modules `--modules` names (all of them when it names none), or an error naming the unknown ones.
+fn select_modules(names: &[String]) -> Result<Vec<Module>> {
+    let unknown: Vec<&String> = names.iter().filter(|n| !Module::ALL.iter().any(|m| m.name() == n.as_str())).collect();
+    if !unknown.is_empty() {
+        let known: Vec<&str> = Module::ALL.iter().map(|m| m.name()).collect();
+        bail!("unknown module(s) {unknown:?}: the library has {}", known.join(", "));
+    }
+    Ok(Module::ALL.into_iter().filter(|m| names.is_empty() || names.iter().any(|n| n == m.name())).collect())
+}
+
 fn compile(a: CompileArgs) -> Result<()> {
+    let modules = select_modules(&a.modules)?;
     if !nvrtc::is_present() {
         bail!(
             "libnvrtc cannot be loaded: install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and point \
@@ -67,7 +86,7 @@ fn compile(a: CompileArgs) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // The driver version only enters the key of PTX images; for CUBIN it is not used.
     // (Not verbose: ptxas' report is an option, and options are part of the key.)
-    let cache = KernelCache { dir: Some(dir.clone()), arch: a.arch, driver_version: 0, verbose: false };
+    let cache = KernelCache { dir: Some(dir.clone()), arch: a.arch, driver_version: 0, verbose: a.ptxas };
     let (target, cubin) = cache.target().map_err(anyhow::Error::msg)?;
     if !cubin {
         bail!(
@@ -82,7 +101,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         Variants::Plain => &[Variant::Plain],
         Variants::Both => &[Variant::Protocol, Variant::Plain],
     };
-    let jobs: Vec<(Module, Variant)> = variants.iter().flat_map(|&v| Module::ALL.into_iter().map(move |m| (m, v))).collect();
+    let jobs: Vec<(Module, Variant)> = variants.iter().flat_map(|&v| modules.iter().map(move |&m| (m, v))).collect();
     let workers = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)).max(1);
     eprintln!(
         "compiling {} module images for sm_{target} with NVRTC {major}.{minor} into {} ({} at a time)",
@@ -103,7 +122,18 @@ fn compile(a: CompileArgs) -> Result<()> {
                         let r = cache
                             .image(m, v)
                             .map_err(|log| anyhow::anyhow!("module {} ({v:?}) failed to compile:\n{log}", m.name()))
-                            .map(|img| describe(m, v, &img));
+                            .map(|img| {
+                                let mut text = describe(m, v, &img);
+                                if a.ptxas {
+                                    for r in nvrtc::parse_ptxas_log(&img.log) {
+                                        text.push_str(&format!(
+                                            "\n    {:<20} {:>3} registers, spills {:>5} B stored / {:>5} B loaded, stack {:>5} B",
+                                            r.function, r.registers, r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes
+                                        ));
+                                    }
+                                }
+                                text
+                            });
                         if let Ok(line) = &r {
                             eprintln!("  {line}");
                         }
@@ -134,4 +164,20 @@ fn compile(a: CompileArgs) -> Result<()> {
 fn describe(m: Module, v: Variant, img: &nvrtc::Image) -> String {
     let head = format!("{:<8} {:<9} {:>8.1} KB", m.name(), format!("{v:?}"), img.bytes.len() as f64 / 1024.0);
     if img.from_cache { format!("{head}  already cached") } else { format!("{head}  compiled in {:.1} s", img.compile_ms / 1e3) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_selection_names_the_unknown_ones() {
+        assert_eq!(select_modules(&[]).unwrap().len(), Module::ALL.len());
+        let picked: Vec<&str> =
+            select_modules(&["gemm".to_string(), "conv".to_string()]).unwrap().iter().map(|m| m.name()).collect();
+        assert_eq!(picked.len(), 2);
+        assert!(picked.contains(&"gemm") && picked.contains(&"conv"), "{picked:?}");
+        let err = select_modules(&["gemm".to_string(), "wgmma".to_string()]).unwrap_err().to_string();
+        assert!(err.contains("wgmma") && err.contains("gemm"), "{err}");
+    }
 }
