@@ -117,8 +117,12 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 //   rows padded by 16 bytes so ldmatrix is free of bank conflicts), or B as [tk][tnp] when B's
 //   contiguous index is n (read with ldmatrix.trans). As many stages as fit (up to
 //   TC_STAGES_MAX) form the pipeline: all but one are in flight while one is multiplied.
-// - Warps own warp tiles of up to 4 x 4 mma fragments (64 x 32 outputs, 64 f32 accumulators
-//   per thread). Tiles larger than 32 x 32 are halved while there are warps to spare; warps left
+// - Warps own warp tiles of up to 8 mma fragments (4 x 2 or 2 x 4: 64 x 16 or 32 x 32 outputs, 32
+//   f32 accumulators per thread; 4 in the narrow entries). 4 x 4 warp tiles (64 accumulators) no
+//   longer exist: in the 128-register entries they spilled in the hot loop (ncu on an H200: 1.7 M
+//   local-memory requests in one batch-8 BERT-base product; without them ptxas' spill loads in
+//   gemm_f16 went from 3.3 KB to 1.5 KB and the batch-8 zoo from 1.97x to 1.89x CUDA graph).
+//   Tiles larger than 32 x 32 are halved while there are warps to spare; warps left
 //   over then split each stage's k16 steps among them (ksplit, a power of two) and their sums are
 //   added in shared memory in a fixed order, so results do not depend on timing. A tile needing
 //   more warp tiles than the CTA has warps is computed in passes.
@@ -271,7 +275,7 @@ __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bo
     const u32 fm = s.tmp / 16u, fn = s.tnp / 8u;
     s.wtm = min(4u, fm);
     s.wtn = min(4u, fn);
-    while (narrow && s.wtm * s.wtn > 4u) {  // narrow: warp tiles of at most 4 fragments
+    while (s.wtm * s.wtn > (narrow ? 4u : 8u)) {  // narrow: warp tiles of at most 4 fragments, else 8
         if (s.wtm >= s.wtn) s.wtm /= 2u;
         else s.wtn /= 2u;
     }
@@ -847,7 +851,8 @@ __device__ __forceinline__ void tile_gemv(L& ld_, u32 tm, u32 tn, u32 K, u32 sme
 }
 
 // NARROW (the kernels' _f16n entries): warp tiles of at most 4 fragments, so only the small
-// instantiations of tc_pass are compiled and the kernel needs fewer registers.
+// instantiations of tc_pass are compiled and the kernel needs fewer registers; the others at most
+// 8 (see tc_shape).
 template <bool NARROW, typename L>
 __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
     const u32 smem_bytes = tc_dyn_smem_bytes();
@@ -868,10 +873,8 @@ __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
             tc_pass<2, 2, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
         } else if (s.wtm <= 2u) {
             tc_pass<2, 4, false>(ld_, s, smem_bytes, tm, tn, K, pass);
-        } else if (s.wtn <= 2u) {
-            tc_pass<4, 2, false>(ld_, s, smem_bytes, tm, tn, K, pass);
         } else {
-            tc_pass<4, 4, false>(ld_, s, smem_bytes, tm, tn, K, pass);
+            tc_pass<4, 2, false>(ld_, s, smem_bytes, tm, tn, K, pass);
         }
     }
 }
