@@ -670,6 +670,37 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             threads: 256,
             args: vec![f(2000), f(2000)],
         },
+        // The register path: GPT-2's causal 128-column rows, 8 rows per block (one per warp), and
+        // the path's limit (fp16: 1024 columns; f32 rows of 1024 take the general path), two rows
+        // per warp.
+        KernelCase {
+            smem_bytes: 0,
+            name: "softmax causal 128 columns, 8 rows per block".into(),
+            kernel: Kernel::Softmax(SoftmaxParams {
+                rows: 3 * 128,
+                cols: 128,
+                scale: 0.125,
+                causal: true,
+                causal_rows: 128,
+                rows_per_block: 8,
+            }),
+            threads: 256,
+            args: vec![f(384 * 128), f(384 * 128)],
+        },
+        KernelCase {
+            smem_bytes: 0,
+            name: "softmax 1024 columns, 2 rows per warp".into(),
+            kernel: Kernel::Softmax(SoftmaxParams {
+                rows: 21,
+                cols: 1024,
+                scale: 0.5,
+                causal: false,
+                causal_rows: 1,
+                rows_per_block: 8,
+            }),
+            threads: 128,
+            args: vec![f(21 * 1024), f(21 * 1024)],
+        },
         layernorm_case(19, 768, 2, 256),
         // The register path's limits (fp16 up to 1024 columns, f32 up to 512) and a row of odd
         // length (the general path in both).

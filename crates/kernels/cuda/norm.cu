@@ -1,6 +1,7 @@
 // softmax and layernorm over contiguous rows (kairos_ir::plan::SoftmaxParams, LayerNormParams).
-// One warp per row; a logical block's rows are dealt to the CTA's warps in turn. f32 statistics.
-// Layer norms of rows up to 1024 halves (512 floats) keep the row in registers.
+// One warp per row; a logical block's rows are dealt to the CTA's warps in turn (the lowering gives
+// a block one row per warp of the CTA). f32 statistics. Rows of up to 1024 halves (512 floats) in
+// 16-byte chunks stay in registers: read once, with vector loads.
 
 #include "kairos/common.cuh"
 
@@ -19,34 +20,6 @@ struct LayerNormArgs {
     u32 rows_per_block;
 };
 static_assert(sizeof(LayerNormArgs) == 48, "LayerNormArgs layout");
-
-template <typename T>
-__device__ __forceinline__ void softmax_body(const KairosProto& P, const SoftmaxArgs& A) {
-    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    kairos_run(P, [&](u32 b) {
-        const u32 r0 = b * A.rows_per_block;
-        const u32 r1 = min(r0 + A.rows_per_block, A.rows);
-        for (u32 row = r0 + warp; row < r1; row += warps) {
-            const T* x = (const T*)A.x + (u64)row * A.cols;
-            T* y = (T*)A.y + (u64)row * A.cols;
-            // keys j < kept survive the causal mask
-            u32 kept = A.cols;
-            if (A.causal) {
-                const u32 q = row % A.causal_rows;
-                const i64 lim = (i64)q + A.cols - A.causal_rows + 1;
-                kept = lim < 0 ? 0u : (lim > (i64)A.cols ? A.cols : (u32)lim);
-            }
-            float mx = -KAIROS_INF;
-            for (u32 j = lane; j < kept; j += 32) mx = fmaxf(mx, A.scale * ld(x + j));
-            mx = warp_max(mx);
-            float sum = 0.0f;
-            for (u32 j = lane; j < kept; j += 32) sum += expf(A.scale * ld(x + j) - mx);
-            sum = warp_sum(sum);
-            const float inv = kept ? 1.0f / sum : 0.0f;
-            for (u32 j = lane; j < A.cols; j += 32) st(y + j, j < kept ? expf(A.scale * ld(x + j) - mx) * inv : 0.0f);
-        }
-    });
-}
 
 // Rows that fit in registers: LN_CHUNKS 16-byte chunks per lane (a row of up to 1024 halves or
 // 512 floats) are read once, with vector loads, and the mean, the variance and the output all
@@ -147,6 +120,94 @@ __device__ __forceinline__ void layernorm_body(const KairosProto& P, const Layer
             const float rstd = rsqrtf(warp_sum(v) / (float)A.cols + A.eps);
             for (u32 j = lane; j < A.cols; j += 32)
                 st(y + j, (ld(x + j) - mean) * rstd * ld((const T*)A.gamma + j) + ld((const T*)A.beta + j));
+        }
+    });
+}
+
+// Softmax rows held in registers (as the layer norm's below): 16-byte chunks, one read of the row,
+// the exponentials kept for the output. Same arithmetic as the general path (scale * x, max, expf
+// of the difference, times 1 / sum); only the order of the sum's terms differs.
+template <typename T>
+__device__ __forceinline__ bool softmax_in_registers(const SoftmaxArgs& A) {
+    constexpr u32 E = 16u / sizeof(T);
+    return A.cols % E == 0u && A.cols <= 32u * LN_CHUNKS * E && ((A.x | A.y) & 15ull) == 0ull;
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_row_in_registers(const SoftmaxArgs& A, const T* x, T* y, u32 lane, u32 kept) {
+    constexpr u32 E = 16u / sizeof(T);
+    const u32 chunks = A.cols / E;
+    float v[LN_CHUNKS][E];
+    float mx = -KAIROS_INF;
+#pragma unroll
+    for (u32 i = 0; i < LN_CHUNKS; ++i) {
+        const u32 c = lane + 32u * i;
+        if (c < chunks) {
+            ln_unpack(*(const uint4*)(x + c * E), v[i]);
+#pragma unroll
+            for (u32 e = 0; e < E; ++e) {
+                v[i][e] *= A.scale;
+                if (c * E + e < kept) mx = fmaxf(mx, v[i][e]);
+            }
+        }
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (u32 i = 0; i < LN_CHUNKS; ++i) {
+        const u32 c = lane + 32u * i;
+        if (c < chunks) {
+#pragma unroll
+            for (u32 e = 0; e < E; ++e) {
+                const float p = c * E + e < kept ? expf(v[i][e] - mx) : 0.0f;
+                v[i][e] = p;
+                sum += p;
+            }
+        }
+    }
+    sum = warp_sum(sum);
+    const float inv = kept ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (u32 i = 0; i < LN_CHUNKS; ++i) {
+        const u32 c = lane + 32u * i;
+        if (c < chunks) {
+            float o[E];
+#pragma unroll
+            for (u32 e = 0; e < E; ++e) o[e] = v[i][e] * inv;
+            *(uint4*)(y + c * E) = ln_pack(o);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_body(const KairosProto& P, const SoftmaxArgs& A) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const bool in_registers = softmax_in_registers<T>(A);
+    kairos_run(P, [&](u32 b) {
+        const u32 r0 = b * A.rows_per_block;
+        const u32 r1 = min(r0 + A.rows_per_block, A.rows);
+        for (u32 row = r0 + warp; row < r1; row += warps) {
+            const T* x = (const T*)A.x + (u64)row * A.cols;
+            T* y = (T*)A.y + (u64)row * A.cols;
+            // keys j < kept survive the causal mask
+            u32 kept = A.cols;
+            if (A.causal) {
+                const u32 q = row % A.causal_rows;
+                const i64 lim = (i64)q + A.cols - A.causal_rows + 1;
+                kept = lim < 0 ? 0u : (lim > (i64)A.cols ? A.cols : (u32)lim);
+            }
+            if (in_registers) {
+                softmax_row_in_registers<T>(A, x, y, lane, kept);
+                continue;
+            }
+            float mx = -KAIROS_INF;
+            for (u32 j = lane; j < kept; j += 32) mx = fmaxf(mx, A.scale * ld(x + j));
+            mx = warp_max(mx);
+            float sum = 0.0f;
+            for (u32 j = lane; j < kept; j += 32) sum += expf(A.scale * ld(x + j) - mx);
+            sum = warp_sum(sum);
+            const float inv = kept ? 1.0f / sum : 0.0f;
+            for (u32 j = lane; j < A.cols; j += 32) st(y + j, j < kept ? expf(A.scale * ld(x + j) - mx) * inv : 0.0f);
         }
     });
 }
