@@ -73,6 +73,34 @@ fn layernorm_case(rows: u32, cols: u32, rows_per_block: u32, threads: u32) -> Ke
     }
 }
 
+/// A softmax over `rows` x `cols` scaled by `scale`, causal over `causal_rows` query rows when given,
+/// `rows_per_block` rows per logical block.
+fn softmax_case(
+    name: &str,
+    rows: u32,
+    cols: u32,
+    scale: f32,
+    causal_rows: Option<u32>,
+    rows_per_block: u32,
+    threads: u32,
+) -> KernelCase {
+    let n = rows as usize * cols as usize;
+    KernelCase {
+        smem_bytes: 0,
+        name: name.into(),
+        kernel: Kernel::Softmax(SoftmaxParams {
+            rows,
+            cols,
+            scale,
+            causal: causal_rows.is_some(),
+            causal_rows: causal_rows.unwrap_or(1),
+            rows_per_block,
+        }),
+        threads,
+        args: vec![f(n), f(n)],
+    }
+}
+
 fn f(elems: usize) -> Arg {
     Arg { elems, fill: Fill::Float(-1.0, 1.0), dtype: None }
 }
@@ -628,79 +656,14 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         pool_case("avgpool include pad", PoolKindParam::AvgIncludePad, (1, 9, 9, 16), 3, 1, (1, 1), 8),
         pool_case("avgpool exclude pad ceil", PoolKindParam::AvgExcludePad, (1, 10, 10, 16), 3, 2, (1, 2), 0),
         pool_case("global avgpool", PoolKindParam::AvgExcludePad, (2, 7, 7, 64), 7, 1, (0, 0), 0),
-        KernelCase {
-            smem_bytes: 0,
-            name: "softmax scaled".into(),
-            kernel: Kernel::Softmax(SoftmaxParams {
-                rows: 37,
-                cols: 129,
-                scale: 0.125,
-                causal: false,
-                causal_rows: 1,
-                rows_per_block: 4,
-            }),
-            threads: 128,
-            args: vec![f(37 * 129), f(37 * 129)],
-        },
-        KernelCase {
-            smem_bytes: 0,
-            name: "softmax causal".into(),
-            kernel: Kernel::Softmax(SoftmaxParams {
-                rows: 4 * 24,
-                cols: 24,
-                scale: 0.5,
-                causal: true,
-                causal_rows: 24,
-                rows_per_block: 1,
-            }),
-            threads: 256,
-            args: vec![f(96 * 24), f(96 * 24)],
-        },
-        KernelCase {
-            smem_bytes: 0,
-            name: "softmax 1000 classes".into(),
-            kernel: Kernel::Softmax(SoftmaxParams {
-                rows: 2,
-                cols: 1000,
-                scale: 1.0,
-                causal: false,
-                causal_rows: 1,
-                rows_per_block: 1,
-            }),
-            threads: 256,
-            args: vec![f(2000), f(2000)],
-        },
+        softmax_case("softmax scaled", 37, 129, 0.125, None, 4, 128),
+        softmax_case("softmax causal", 4 * 24, 24, 0.5, Some(24), 1, 256),
+        softmax_case("softmax 1000 classes", 2, 1000, 1.0, None, 1, 256),
         // The register path: GPT-2's causal 128-column rows, 8 rows per block (one per warp), and
         // the path's limit (fp16: 1024 columns; f32 rows of 1024 take the general path), two rows
         // per warp.
-        KernelCase {
-            smem_bytes: 0,
-            name: "softmax causal 128 columns, 8 rows per block".into(),
-            kernel: Kernel::Softmax(SoftmaxParams {
-                rows: 3 * 128,
-                cols: 128,
-                scale: 0.125,
-                causal: true,
-                causal_rows: 128,
-                rows_per_block: 8,
-            }),
-            threads: 256,
-            args: vec![f(384 * 128), f(384 * 128)],
-        },
-        KernelCase {
-            smem_bytes: 0,
-            name: "softmax 1024 columns, 2 rows per warp".into(),
-            kernel: Kernel::Softmax(SoftmaxParams {
-                rows: 21,
-                cols: 1024,
-                scale: 0.5,
-                causal: false,
-                causal_rows: 1,
-                rows_per_block: 8,
-            }),
-            threads: 128,
-            args: vec![f(21 * 1024), f(21 * 1024)],
-        },
+        softmax_case("softmax causal 128 columns, 8 rows per block", 3 * 128, 128, 0.125, Some(128), 8, 256),
+        softmax_case("softmax 1024 columns, 2 rows per warp", 21, 1024, 0.5, None, 8, 128),
         layernorm_case(19, 768, 2, 256),
         // The register path's limits (fp16 up to 1024 columns, f32 up to 512) and a row of odd
         // length (the general path in both).

@@ -95,36 +95,43 @@ __device__ __forceinline__ void layernorm_row_in_registers(const LayerNormArgs& 
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void layernorm_body(const KairosProto& P, const LayerNormArgs& A) {
+// Runs `row_fn(row, x, y, lane)` under the protocol for every row of every logical block, the
+// block's rows dealt to the CTA's warps in turn (x and y: the row's input and output).
+template <typename T, typename RowFn>
+__device__ __forceinline__ void kairos_rows(const KairosProto& P, u64 x, u64 y, u32 rows, u32 cols, u32 rows_per_block,
+                                            RowFn row_fn) {
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const bool in_registers = ln_in_registers<T>(A);
     kairos_run(P, [&](u32 b) {
-        const u32 r0 = b * A.rows_per_block;
-        const u32 r1 = min(r0 + A.rows_per_block, A.rows);
-        for (u32 row = r0 + warp; row < r1; row += warps) {
-            const T* x = (const T*)A.x + (u64)row * A.cols;
-            T* y = (T*)A.y + (u64)row * A.cols;
-            if (in_registers) {
-                layernorm_row_in_registers<T>(A, x, y, lane);
-                continue;
-            }
-            float s = 0.0f;
-            for (u32 j = lane; j < A.cols; j += 32) s += ld(x + j);
-            const float mean = warp_sum(s) / (float)A.cols;
-            float v = 0.0f;
-            for (u32 j = lane; j < A.cols; j += 32) {
-                const float d = ld(x + j) - mean;
-                v = fmaf(d, d, v);
-            }
-            const float rstd = rsqrtf(warp_sum(v) / (float)A.cols + A.eps);
-            for (u32 j = lane; j < A.cols; j += 32)
-                st(y + j, (ld(x + j) - mean) * rstd * ld((const T*)A.gamma + j) + ld((const T*)A.beta + j));
-        }
+        const u32 r0 = b * rows_per_block;
+        const u32 r1 = min(r0 + rows_per_block, rows);
+        for (u32 row = r0 + warp; row < r1; row += warps)
+            row_fn(row, (const T*)x + (u64)row * cols, (T*)y + (u64)row * cols, lane);
     });
 }
 
-// Softmax rows held in registers (as the layer norm's below): 16-byte chunks, one read of the row,
+template <typename T>
+__device__ __forceinline__ void layernorm_body(const KairosProto& P, const LayerNormArgs& A) {
+    const bool in_registers = ln_in_registers<T>(A);
+    kairos_rows<T>(P, A.x, A.y, A.rows, A.cols, A.rows_per_block, [&](u32, const T* x, T* y, u32 lane) {
+        if (in_registers) {
+            layernorm_row_in_registers<T>(A, x, y, lane);
+            return;
+        }
+        float s = 0.0f;
+        for (u32 j = lane; j < A.cols; j += 32) s += ld(x + j);
+        const float mean = warp_sum(s) / (float)A.cols;
+        float v = 0.0f;
+        for (u32 j = lane; j < A.cols; j += 32) {
+            const float d = ld(x + j) - mean;
+            v = fmaf(d, d, v);
+        }
+        const float rstd = rsqrtf(warp_sum(v) / (float)A.cols + A.eps);
+        for (u32 j = lane; j < A.cols; j += 32)
+            st(y + j, (ld(x + j) - mean) * rstd * ld((const T*)A.gamma + j) + ld((const T*)A.beta + j));
+    });
+}
+
+// Softmax rows held in registers (as the layer norm's above): 16-byte chunks, one read of the row,
 // the exponentials kept for the output. Same arithmetic as the general path (scale * x, max, expf
 // of the difference, times 1 / sum); only the order of the sum's terms differs.
 template <typename T>
@@ -181,34 +188,27 @@ __device__ __forceinline__ void softmax_row_in_registers(const SoftmaxArgs& A, c
 
 template <typename T>
 __device__ __forceinline__ void softmax_body(const KairosProto& P, const SoftmaxArgs& A) {
-    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const bool in_registers = softmax_in_registers<T>(A);
-    kairos_run(P, [&](u32 b) {
-        const u32 r0 = b * A.rows_per_block;
-        const u32 r1 = min(r0 + A.rows_per_block, A.rows);
-        for (u32 row = r0 + warp; row < r1; row += warps) {
-            const T* x = (const T*)A.x + (u64)row * A.cols;
-            T* y = (T*)A.y + (u64)row * A.cols;
-            // keys j < kept survive the causal mask
-            u32 kept = A.cols;
-            if (A.causal) {
-                const u32 q = row % A.causal_rows;
-                const i64 lim = (i64)q + A.cols - A.causal_rows + 1;
-                kept = lim < 0 ? 0u : (lim > (i64)A.cols ? A.cols : (u32)lim);
-            }
-            if (in_registers) {
-                softmax_row_in_registers<T>(A, x, y, lane, kept);
-                continue;
-            }
-            float mx = -KAIROS_INF;
-            for (u32 j = lane; j < kept; j += 32) mx = fmaxf(mx, A.scale * ld(x + j));
-            mx = warp_max(mx);
-            float sum = 0.0f;
-            for (u32 j = lane; j < kept; j += 32) sum += expf(A.scale * ld(x + j) - mx);
-            sum = warp_sum(sum);
-            const float inv = kept ? 1.0f / sum : 0.0f;
-            for (u32 j = lane; j < A.cols; j += 32) st(y + j, j < kept ? expf(A.scale * ld(x + j) - mx) * inv : 0.0f);
+    kairos_rows<T>(P, A.x, A.y, A.rows, A.cols, A.rows_per_block, [&](u32 row, const T* x, T* y, u32 lane) {
+        // keys j < kept survive the causal mask
+        u32 kept = A.cols;
+        if (A.causal) {
+            const u32 q = row % A.causal_rows;
+            const i64 lim = (i64)q + A.cols - A.causal_rows + 1;
+            kept = lim < 0 ? 0u : (lim > (i64)A.cols ? A.cols : (u32)lim);
         }
+        if (in_registers) {
+            softmax_row_in_registers<T>(A, x, y, lane, kept);
+            return;
+        }
+        float mx = -KAIROS_INF;
+        for (u32 j = lane; j < kept; j += 32) mx = fmaxf(mx, A.scale * ld(x + j));
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (u32 j = lane; j < kept; j += 32) sum += expf(A.scale * ld(x + j) - mx);
+        sum = warp_sum(sum);
+        const float inv = kept ? 1.0f / sum : 0.0f;
+        for (u32 j = lane; j < A.cols; j += 32) st(y + j, j < kept ? expf(A.scale * ld(x + j) - mx) * inv : 0.0f);
     });
 }
 
