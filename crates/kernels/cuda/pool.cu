@@ -17,16 +17,30 @@ static_assert(sizeof(PoolArgs) == 88, "PoolArgs layout");
 template <typename T>
 __device__ __forceinline__ void pool2d_body(const KairosProto& P, const PoolArgs& A) {
     const u64 total = (u64)A.batch * A.out_h * A.out_w * A.channels;
+    const bool small = total <= 0xffffffffull;  // element indices fit 32 bits
     kairos_run(P, [&](u32 b) {
         const u64 e0 = (u64)b * A.elems_per_block;
         const u64 e1 = min(e0 + A.elems_per_block, total);
         for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-            const u32 c = (u32)(e % A.channels);
-            const u64 pix = e / A.channels;
-            const u32 ow = (u32)(pix % A.out_w);
-            const u64 t = pix / A.out_w;
-            const u32 oh = (u32)(t % A.out_h);
-            const u32 ni = (u32)(t / A.out_h);
+            u32 c, ow, oh, ni;
+            u64 pix;
+            if (small) {  // 32-bit division (64-bit division costs several times more)
+                const u32 e32 = (u32)e;
+                const u32 p32 = e32 / A.channels;
+                c = e32 - p32 * A.channels;
+                pix = p32;
+                const u32 t = p32 / A.out_w;
+                ow = p32 - t * A.out_w;
+                ni = t / A.out_h;
+                oh = t - ni * A.out_h;
+            } else {
+                c = (u32)(e % A.channels);
+                pix = e / A.channels;
+                ow = (u32)(pix % A.out_w);
+                const u64 t = pix / A.out_w;
+                oh = (u32)(t % A.out_h);
+                ni = (u32)(t / A.out_h);
+            }
             const int hs = (int)(oh * A.sh) - (int)A.pad_top;
             const int ws = (int)(ow * A.sw) - (int)A.pad_left;
             const int he_pad = min(hs + (int)A.kh, (int)(A.in_h + A.pad_bottom));
