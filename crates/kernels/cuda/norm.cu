@@ -44,12 +44,37 @@ __device__ __forceinline__ uint4 ln_pack(const float (&f)[4]) {
     return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
 }
 
-// Whether a layer norm takes the register path: whole 16-byte chunks, few enough of them, and
-// every operand 16-byte aligned (rows are then aligned too).
+// Whether rows of `cols` take the register path: whole 16-byte chunks, few enough of them, and
+// every operand (`addresses`: their bitwise or) 16-byte aligned, so rows are aligned too.
 template <typename T>
-__device__ __forceinline__ bool ln_in_registers(const LayerNormArgs& A) {
+__device__ __forceinline__ bool rows_in_registers(u32 cols, u64 addresses) {
     constexpr u32 E = 16u / sizeof(T);
-    return A.cols % E == 0u && A.cols <= 32u * LN_CHUNKS * E && ((A.x | A.y | A.gamma | A.beta) & 15ull) == 0ull;
+    return cols % E == 0u && cols <= 32u * LN_CHUNKS * E && (addresses & 15ull) == 0ull;
+}
+
+// A lane's chunks of a row (chunk lane + 32 i in v[i]; zeros past the row's `chunks`).
+template <typename T, u32 E>
+__device__ __forceinline__ void row_load(const T* x, u32 lane, u32 chunks, float (&v)[LN_CHUNKS][E]) {
+#pragma unroll
+    for (u32 i = 0; i < LN_CHUNKS; ++i) {
+        const u32 c = lane + 32u * i;
+        if (c < chunks) {
+            ln_unpack(*(const uint4*)(x + c * E), v[i]);
+        } else {
+#pragma unroll
+            for (u32 e = 0; e < E; ++e) v[i][e] = 0.0f;
+        }
+    }
+}
+
+// Stores a lane's chunks of a row (the inverse of row_load).
+template <typename T, u32 E>
+__device__ __forceinline__ void row_store(T* y, u32 lane, u32 chunks, const float (&v)[LN_CHUNKS][E]) {
+#pragma unroll
+    for (u32 i = 0; i < LN_CHUNKS; ++i) {
+        const u32 c = lane + 32u * i;
+        if (c < chunks) *(uint4*)(y + c * E) = ln_pack(v[i]);
+    }
 }
 
 template <typename T>
@@ -57,19 +82,13 @@ __device__ __forceinline__ void layernorm_row_in_registers(const LayerNormArgs& 
     constexpr u32 E = 16u / sizeof(T);
     const u32 chunks = A.cols / E;
     float v[LN_CHUNKS][E];
+    row_load<T, E>(x, lane, chunks, v);
     float s = 0.0f;
 #pragma unroll
-    for (u32 i = 0; i < LN_CHUNKS; ++i) {
-        const u32 c = lane + 32u * i;
-        if (c < chunks) {
-            ln_unpack(*(const uint4*)(x + c * E), v[i]);
+    for (u32 i = 0; i < LN_CHUNKS; ++i)
+        if (lane + 32u * i < chunks)
 #pragma unroll
             for (u32 e = 0; e < E; ++e) s += v[i][e];
-        } else {
-#pragma unroll
-            for (u32 e = 0; e < E; ++e) v[i][e] = 0.0f;
-        }
-    }
     const float mean = warp_sum(s) / (float)A.cols;
     float q = 0.0f;
 #pragma unroll
@@ -85,14 +104,14 @@ __device__ __forceinline__ void layernorm_row_in_registers(const LayerNormArgs& 
     for (u32 i = 0; i < LN_CHUNKS; ++i) {
         const u32 c = lane + 32u * i;
         if (c < chunks) {
-            float g[E], bt[E], o[E];
+            float g[E], bt[E];
             ln_unpack(*(const uint4*)((const T*)A.gamma + c * E), g);
             ln_unpack(*(const uint4*)((const T*)A.beta + c * E), bt);
 #pragma unroll
-            for (u32 e = 0; e < E; ++e) o[e] = (v[i][e] - mean) * rstd * g[e] + bt[e];
-            *(uint4*)(y + c * E) = ln_pack(o);
+            for (u32 e = 0; e < E; ++e) v[i][e] = (v[i][e] - mean) * rstd * g[e] + bt[e];
         }
     }
+    row_store<T, E>(y, lane, chunks, v);
 }
 
 // Runs `row_fn(row, x, y, lane)` under the protocol for every row of every logical block, the
@@ -111,7 +130,7 @@ __device__ __forceinline__ void kairos_rows(const KairosProto& P, u64 x, u64 y, 
 
 template <typename T>
 __device__ __forceinline__ void layernorm_body(const KairosProto& P, const LayerNormArgs& A) {
-    const bool in_registers = ln_in_registers<T>(A);
+    const bool in_registers = rows_in_registers<T>(A.cols, A.x | A.y | A.gamma | A.beta);
     kairos_rows<T>(P, A.x, A.y, A.rows, A.cols, A.rows_per_block, [&](u32, const T* x, T* y, u32 lane) {
         if (in_registers) {
             layernorm_row_in_registers<T>(A, x, y, lane);
@@ -135,22 +154,16 @@ __device__ __forceinline__ void layernorm_body(const KairosProto& P, const Layer
 // the exponentials kept for the output. Same arithmetic as the general path (scale * x, max, expf
 // of the difference, times 1 / sum); only the order of the sum's terms differs.
 template <typename T>
-__device__ __forceinline__ bool softmax_in_registers(const SoftmaxArgs& A) {
-    constexpr u32 E = 16u / sizeof(T);
-    return A.cols % E == 0u && A.cols <= 32u * LN_CHUNKS * E && ((A.x | A.y) & 15ull) == 0ull;
-}
-
-template <typename T>
 __device__ __forceinline__ void softmax_row_in_registers(const SoftmaxArgs& A, const T* x, T* y, u32 lane, u32 kept) {
     constexpr u32 E = 16u / sizeof(T);
     const u32 chunks = A.cols / E;
     float v[LN_CHUNKS][E];
+    row_load<T, E>(x, lane, chunks, v);
     float mx = -KAIROS_INF;
 #pragma unroll
     for (u32 i = 0; i < LN_CHUNKS; ++i) {
         const u32 c = lane + 32u * i;
         if (c < chunks) {
-            ln_unpack(*(const uint4*)(x + c * E), v[i]);
 #pragma unroll
             for (u32 e = 0; e < E; ++e) {
                 v[i][e] *= A.scale;
@@ -175,20 +188,15 @@ __device__ __forceinline__ void softmax_row_in_registers(const SoftmaxArgs& A, c
     sum = warp_sum(sum);
     const float inv = kept ? 1.0f / sum : 0.0f;
 #pragma unroll
-    for (u32 i = 0; i < LN_CHUNKS; ++i) {
-        const u32 c = lane + 32u * i;
-        if (c < chunks) {
-            float o[E];
+    for (u32 i = 0; i < LN_CHUNKS; ++i)
 #pragma unroll
-            for (u32 e = 0; e < E; ++e) o[e] = v[i][e] * inv;
-            *(uint4*)(y + c * E) = ln_pack(o);
-        }
-    }
+        for (u32 e = 0; e < E; ++e) v[i][e] *= inv;
+    row_store<T, E>(y, lane, chunks, v);
 }
 
 template <typename T>
 __device__ __forceinline__ void softmax_body(const KairosProto& P, const SoftmaxArgs& A) {
-    const bool in_registers = softmax_in_registers<T>(A);
+    const bool in_registers = rows_in_registers<T>(A.cols, A.x | A.y);
     kairos_rows<T>(P, A.x, A.y, A.rows, A.cols, A.rows_per_block, [&](u32 row, const T* x, T* y, u32 lane) {
         // keys j < kept survive the causal mask
         u32 kept = A.cols;
