@@ -269,6 +269,14 @@ __device__ __forceinline__ void kairos_report_finished(const KairosProto& P, Kai
     }
 }
 
+// Restores a slot to zero for the next launch (the last CTA of a launch, before its LaunchDone).
+__device__ __forceinline__ void kairos_reset_slot(KairosSlot* S) {
+    S->next = 0;
+    S->done = 0;
+    S->stop_at = 0;
+    S->last_poll_ns = 0;
+}
+
 // Sets the launch's stop bit (once) and records how many takes were valid before it.
 __device__ __forceinline__ void kairos_stop(KairosSlot* S) {
     u64 old = atomicOr((unsigned long long*)&S->next, KAIROS_STOP_BIT);
@@ -409,10 +417,7 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
             const bool notify = (P.flags & KAIROS_FLAG_NOTIFY) != 0u;
             KairosReservation r = {0ull, 0ull};
             if (notify) r = kairos_reserve_begin(P);
-            S->next = 0;
-            S->done = 0;
-            S->stop_at = 0;
-            S->last_poll_ns = 0;
+            kairos_reset_slot(S);
             if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
             else __threadfence();
             if (notify) kairos_write_record(P, kairos_reserve_end(P, r), KAIROS_REC_DONE, sm, 0, P.total_blocks, 0u);
@@ -449,10 +454,7 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
         const u64 v = *(volatile u64*)&S->next;
         const u32 valid = (v & KAIROS_STOP_BIT) ? *(volatile u32*)&S->stop_at : (u32)v;
         const u32 next_block = P.first_block + (valid < left ? valid : left);
-        S->next = 0;
-        S->done = 0;
-        S->stop_at = 0;
-        S->last_poll_ns = 0;
+        kairos_reset_slot(S);
         // Stopped early: close the gate of the launch behind this one on the stream.
         if (next_block < P.total_blocks && P.gate_word != 0ull) *(volatile u32*)P.gate_word = P.seq;
         __threadfence();
