@@ -4,8 +4,9 @@
 //! reference (computed on the other cores meanwhile). A table is printed last.
 //!
 //!   cargo run --release -p kairos-cuda --example kernel_speed -- [--dtype f16|f32] [--seq 128] [--batch 1]
-//!       [--no-check] [--no-tune] [--top 8] [--plain] [--ptxas] MODEL...
+//!       [--no-check] [--no-tune] [--tune-log] [--top 8] [--plain] [--ptxas] MODEL...
 //!
+//! `--tune-log` prints every autotuner candidate's time, not only the choice.
 //! `--plain` also times every launch with device events twice, under the protocol and built as a
 //! plain grid (one CTA per logical block, no protocol), and lists the slowest launches with all
 //! three times (the span is from the first placement record to LaunchDone; events include the
@@ -136,7 +137,7 @@ fn main() {
     let mut dtype = DType::F16;
     let mut seq = 128usize;
     let mut batch = 1usize;
-    let (mut check, mut tune, mut top, mut plain, mut ptxas) = (true, true, 8usize, false, false);
+    let (mut check, mut tune, mut top, mut plain, mut ptxas, mut tune_log) = (true, true, 8usize, false, false, false);
     let mut models = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -147,6 +148,7 @@ fn main() {
             "--top" => top = it.next().and_then(|v| v.parse().ok()).expect("--top N"),
             "--no-check" => check = false,
             "--no-tune" => tune = false,
+            "--tune-log" => tune_log = true,
             "--plain" => plain = true,
             "--ptxas" => ptxas = true,
             m => models.push(m.to_string()),
@@ -208,7 +210,7 @@ fn main() {
             print_timing("lowering's tiles", &before);
             let mut tuned = m.plan.clone();
             let (after, out_after) = if tune {
-                let opts = TuneOptions { dtypes: vec![dtype], ..Default::default() };
+                let opts = TuneOptions { dtypes: vec![dtype], log_candidates: tune_log, ..Default::default() };
                 let r = autotune_plan(&mut gpu, &mut tuned, &opts).expect("autotune");
                 println!(
                     "  autotune: {} shapes ({} timed, {} from the table), {} launches changed, {:.0} ms",

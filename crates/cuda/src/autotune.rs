@@ -33,13 +33,18 @@ use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::lower::emit::{SMALL_M_ROWS, smem_for};
 use kairos_ir::plan::{Conv2dParams, GemmParams, Kernel, LaunchShape, Plan};
+use kairos_kernels::source::is_wide_tile;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// fp16 candidates (tile_m, tile_n, threads per CTA) for the tensor-core engine.
-pub const CANDIDATES_F16: [(u32, u32, u32); 20] = [
+/// fp16 candidates (tile_m, tile_n, threads per CTA) for the tensor-core engine. (128, 128, 128)
+/// runs the `_f16w` entry (kairos_kernels::source::is_wide_tile: four 64 x 64 warp tiles), with
+/// [`WIDE_SHALLOW_SMEM_BYTES`], [`WIDE_SMEM_BYTES`] and [`DEEP_SMEM_BYTES`] (two, three and five
+/// stages of k32).
+pub const CANDIDATES_F16: [(u32, u32, u32); 21] = [
+    (128, 128, 128),
     (128, 128, 256),
     (128, 64, 256),
     (64, 128, 256),
@@ -158,6 +163,11 @@ fn problem(kernel: &Kernel) -> (u32, u32, u32) {
 /// The fp16 candidates of at most 32 x 64 outputs also run with this much dynamic shared memory
 /// (a deeper pipeline at fewer CTAs per SM).
 pub const DEEP_SMEM_BYTES: u32 = 104 * 1024;
+/// The wide entry's shallower pipelines (three and two stages of k32 at 128 x 128): they leave the
+/// L1 cache room for the entry's register spills (ptxas: ~400 bytes of stack per thread; two CTAs
+/// of 104 KiB leave L1 about 20 KiB).
+pub const WIDE_SMEM_BYTES: u32 = 64 * 1024;
+pub const WIDE_SHALLOW_SMEM_BYTES: u32 = 48 * 1024;
 
 /// Candidates for one launch: the dtype's list without tiles more than 16 past the problem, and
 /// the plan's own choice first; fp16 products of at most `SMALL_M_ROWS` rows also try
@@ -188,7 +198,9 @@ pub fn candidates(kernel: &Kernel, dtype: DType, plan_shape: &LaunchShape) -> Ve
         }
         let smem = smem_for(kernel, dtype, t);
         let mut sizes = vec![smem];
-        if dtype == DType::F16 && a * b <= 32 * 64 && smem < DEEP_SMEM_BYTES {
+        if dtype == DType::F16 && is_wide_tile(a, b, t) {
+            sizes = vec![WIDE_SHALLOW_SMEM_BYTES, WIDE_SMEM_BYTES, DEEP_SMEM_BYTES];
+        } else if dtype == DType::F16 && a * b <= 32 * 64 && smem < DEEP_SMEM_BYTES {
             sizes.push(DEEP_SMEM_BYTES);
         }
         for smem_bytes in sizes {
@@ -235,11 +247,20 @@ pub struct TuneOptions {
     pub progress: bool,
     /// Stop timing new shapes after this long (they keep the plan's choice, and are not saved).
     pub time_budget_ms: u64,
+    /// Every candidate's time on stderr, not only the choice (diagnosis: `kernel_speed --tune-log`).
+    pub log_candidates: bool,
 }
 
 impl Default for TuneOptions {
     fn default() -> Self {
-        TuneOptions { repeats: 5, dtypes: vec![DType::F16], use_cache: true, progress: true, time_budget_ms: 60_000 }
+        TuneOptions {
+            repeats: 5,
+            dtypes: vec![DType::F16],
+            use_cache: true,
+            progress: true,
+            time_budget_ms: 60_000,
+            log_candidates: false,
+        }
     }
 }
 
@@ -439,6 +460,17 @@ fn time_shapes(
                     continue;
                 }
             };
+            if opts.log_candidates {
+                eprintln!(
+                    "autotune   {} {}x{}x{} {} KiB: {:.1} us",
+                    describe(&l.kernel, l.dtype),
+                    c.tile_m,
+                    c.tile_n,
+                    c.threads,
+                    c.smem_bytes / 1024,
+                    ns as f64 / 1e3
+                );
+            }
             if own_ns.is_none() {
                 own_ns = Some(ns); // the plan's own choice comes first
                 best = Some((c, ns));
@@ -524,6 +556,23 @@ mod tests {
         assert!(c.iter().all(|c| c.tile_m <= 64));
         assert!(c.iter().any(|c| (c.tile_m, c.tile_n, c.smem_bytes) == (16, 16, DEEP_SMEM_BYTES)));
         assert_eq!(c.iter().filter(|x| **x == c[0]).count(), 1);
+    }
+
+    #[test]
+    fn large_products_try_the_wide_entry_with_a_deep_pipeline() {
+        let shape = LaunchShape { logical_blocks: 8, threads_per_block: 256, shared_mem_bytes: 104 * 1024 };
+        // 7 x 7 pixels (m = 49): no 128 x 128 tile.
+        assert!(candidates(&conv(64, 64, 1), DType::F16, &shape).iter().all(|c| !is_wide_tile(c.tile_m, c.tile_n, c.threads)));
+        let mut big = conv(64, 64, 1);
+        if let Kernel::Conv2d(p) = &mut big {
+            (p.in_h, p.in_w, p.out_h, p.out_w) = (28, 28, 28, 28);
+        }
+        let c = candidates(&big, DType::F16, &shape);
+        let wide: Vec<_> = c.iter().filter(|c| is_wide_tile(c.tile_m, c.tile_n, c.threads)).collect();
+        let wide_at = |smem_bytes| TileChoice { tile_m: 128, tile_n: 128, threads: 128, smem_bytes };
+        assert_eq!(wide, [&wide_at(WIDE_SHALLOW_SMEM_BYTES), &wide_at(WIDE_SMEM_BYTES), &wide_at(DEEP_SMEM_BYTES)]);
+        // Not for f32 (the SIMT engine has no wide entry).
+        assert!(candidates(&big, DType::F32, &shape).iter().all(|c| c.threads != 128 || c.tile_m * c.tile_n < 128 * 128));
     }
 
     #[test]

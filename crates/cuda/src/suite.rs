@@ -567,6 +567,30 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             (64, 16),
             32,
         ),
+        // The wide entries (fp16: 128 threads on 128 x 128 tiles, four 64 x 64 warp tiles): tails in
+        // m, n and k, both B layouts, the convolution loader, the shallowest pipeline (52 KB: two
+        // stages) and a deep one; edge tiles of 72 rows run 32-row warp tiles.
+        gemm_case(
+            "gemm wide 128x128 residual gelu",
+            GemmLayout::Linear,
+            (1, 1, 200, 260, 264),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::Gelu },
+            (128, 128),
+            128,
+        )
+        .with_smem(104 * 1024),
+        gemm_case("gemm wide heads pv kn", GemmLayout::HeadsPv, (1, 2, 130, 136, 72), 1.0, none, (128, 128), 128),
+        conv_case(
+            "conv3x3 wide 128x128",
+            (1, 19, 17, 64, 136),
+            (3, 1, 1, 1, 1),
+            (true, true, Act::Relu),
+            (0, 8),
+            (128, 128, 128),
+            false,
+        )
+        .with_smem(104 * 1024),
         // Deeper pipelines (more dynamic shared memory): ring wrap-around, fewer stages than slots.
         gemm_case("gemm linear deep pipeline", GemmLayout::Linear, (1, 1, 40, 48, 1000), 1.0, none, (16, 16), 128)
             .with_smem(104 * 1024),

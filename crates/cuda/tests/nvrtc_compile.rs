@@ -8,9 +8,16 @@ use kairos_cuda::nvrtc::{self, KernelCache, Variant, parse_ptxas_log};
 use kairos_kernels::source::Module;
 
 /// Registers a function may use: 65536 / (threads x CTAs per SM) of its `__launch_bounds__`
-/// (common.cuh: the narrow tensor-core entries `_f16n` are (128, 3), everything else (256, 2)).
+/// (common.cuh: the narrow tensor-core entries `_f16n` are (128, 3), the wide ones `_f16w` (128, 2),
+/// everything else (256, 2)); ptxas allocates at most 255.
 fn register_bound(function: &str) -> u32 {
-    if function.ends_with("_f16n") { 168 } else { 128 }
+    if function.ends_with("_f16n") {
+        168
+    } else if function.ends_with("_f16w") {
+        255
+    } else {
+        128
+    }
 }
 
 /// Whether a function may spill: the tensor-core entries (tile.cuh; the largest warp tiles keep

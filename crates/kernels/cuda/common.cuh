@@ -108,29 +108,35 @@ __device__ __forceinline__ float warp_min(float v) {
     }
 
 // The tensor-core kernels (fp16 conv2d and gemm) also get `name_f16n`: the body for CTAs of at
-// most 128 threads (the small tiles) with warp tiles of at most 4 fragments (tile.cuh: NARROW),
+// most 128 threads (the small tiles) with warp tiles of at most 4 fragments (tile.cuh: TC_NARROW),
 // allowed up to 168 registers (3 CTAs per SM) instead of 128, so the fast operand loads keep
-// their state in registers (kairos_kernels::source::function_name picks it by the CTA size).
+// their state in registers; and `name_f16w`: 128-thread CTAs on tiles of at least 64 x 64 outputs
+// per warp (tile.cuh: TC_WIDE), up to 255 registers (2 CTAs per SM) for 64 x 64 warp tiles
+// (kairos_kernels::source::function_name picks the entry by the CTA size and the tile).
 #define KAIROS_KERNELS_TC(name, Args, body)                                                                   \
     KAIROS_KERNELS(name, Args, body, 256)                                                                     \
     extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
         name##_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                  \
-        body<h16, true>(P, A);                                                                                \
-    } \
+        body<h16, TC_NARROW>(P, A);                                                                           \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128, 2)                                                      \
+        name##_f16w(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                  \
+        body<h16, TC_WIDE>(P, A);                                                                             \
+    }                                                                                                         \
     KAIROS_KERNELS_SPLIT_K(name, Args, body)
 
-// Their split-K entries `name_sk_f32`, `name_sk_f16` and `name_sk_f16n` (body<T, NARROW, true>), for
+// Their split-K entries `name_sk_f32`, `name_sk_f16` and `name_sk_f16n` (body<T, CLS, true>), for
 // launches with split_k > 1: apart from the others, so the split path costs them no registers.
 #define KAIROS_KERNELS_SPLIT_K(name, Args, body)                                                              \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
         name##_sk_f32(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                \
-        body<float, false, true>(P, A);                                                                       \
+        body<float, TC_STD, true>(P, A);                                                                      \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
         name##_sk_f16(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                \
-        body<h16, false, true>(P, A);                                                                         \
+        body<h16, TC_STD, true>(P, A);                                                                        \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
         name##_sk_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {               \
-        body<h16, true, true>(P, A);                                                                          \
+        body<h16, TC_NARROW, true>(P, A);                                                                     \
     }

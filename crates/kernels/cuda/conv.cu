@@ -75,6 +75,7 @@ struct ConvTcLoader {
         int dy, dx, coff;  // tap offsets in rows and columns; (dy * in_w + dx) * in_ps + ci
         u32 ci, kx, ky;
     };
+    static constexpr bool A_SRC_NONNULL = false;  // null in the padding
     __device__ void a_row(u32 mm, u32& off, u32& aux) const {
         const int ih = ih0[mm];
         const int iw = iw0[mm];
@@ -152,7 +153,7 @@ struct ConvTcLoader {
 
 // One tile of a groups == 1 convolution, or with `ws` its reduction slice [kb, kb + kn) into the
 // workspace: the tensor-core engine for fp16, the SIMT one for f32.
-template <typename T, bool NARROW, bool SPLIT>
+template <typename T, u32 CLS, bool SPLIT>
 __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32 tm, u32 tn, u32 kb, u32 kn, float* ws) {
     __shared__ int s_ih0[TILE_MAX];
     __shared__ int s_iw0[TILE_MAX];
@@ -178,9 +179,9 @@ __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32
         ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true, fast_ok};
         if constexpr (SPLIT) {
             auto S = split_k_tc(L, kb, ws, A.out_c);
-            tile_mma<NARROW>(S, tm, tn, kn);
+            tile_mma<CLS>(S, tm, tn, kn);
         } else {
-            tile_mma<NARROW>(L, tm, tn, K);
+            tile_mma<CLS>(L, tm, tn, K);
         }
     } else {
         __shared__ TileSmem smem;
@@ -242,7 +243,7 @@ __device__ __forceinline__ float conv_direct_range(const ConvArgs& A, u32 m, u32
 
 // SPLIT: the _sk entries (split_k > 1), compiled apart so the split path costs the whole-K
 // kernels no registers.
-template <typename T, bool NARROW = false, bool SPLIT = false>
+template <typename T, u32 CLS = TC_STD, bool SPLIT = false>
 __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs& A) {
     const u32 M = A.batch * A.out_h * A.out_w;
     const u32 n_tiles = (A.out_c + A.tile_n - 1) / A.tile_n;
@@ -263,7 +264,7 @@ __device__ __forceinline__ void conv2d_body(const KairosProto& P, const ConvArgs
         const u32 kn = SPLIT ? min(A.k_split_len, K - kb) : K;
         float* ws = SPLIT ? (float*)A.out + ((u64)slice * M + m0) * A.out_c + n0 : (float*)0;
         if (tiled) {
-            conv_tile<T, NARROW, SPLIT>(A, m0, n0, tm, tn, kb, kn, ws);
+            conv_tile<T, CLS, SPLIT>(A, m0, n0, tm, tn, kb, kn, ws);
         } else if (SPLIT) {
             // A tile past the engines' maximum: one output per thread over this slice.
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {

@@ -56,6 +56,7 @@ struct GemmTcLoader {
 
     // Fast loads (tile.cuh): A's column state is k itself.
     typedef u32 ACol;
+    static constexpr bool A_SRC_NONNULL = true;
     __device__ void a_row(u32 mm, u32& off, u32& aux) const {
         off = mm * (u32)A.a_sm;
         aux = 0u;
@@ -82,7 +83,7 @@ struct GemmTcLoader {
 
 // One tile, or with `ws` its K slice [kb, kb + kn) into the workspace: the tensor-core engine for
 // fp16, the SIMT one for f32.
-template <typename T, bool NARROW, bool SPLIT>
+template <typename T, u32 CLS, bool SPLIT>
 __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T* b, T* c, const T* r, const T* bias, u32 tm,
                                           u32 tn, u32 kb, u32 kn, float* ws) {
     const bool a_k_fastest = A.a_sk == 1 || A.a_sm != 1;
@@ -102,9 +103,9 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
         GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok};
         if constexpr (SPLIT) {
             auto S = split_k_tc(L, kb, ws, A.n);
-            tile_mma<NARROW>(S, tm, tn, kn);
+            tile_mma<CLS>(S, tm, tn, kn);
         } else {
-            tile_mma<NARROW>(L, tm, tn, A.k);
+            tile_mma<CLS>(L, tm, tn, A.k);
         }
     } else {
         __shared__ TileSmem smem;
@@ -120,7 +121,7 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
 
 // SPLIT: the _sk entries (split_k > 1), compiled apart so the split path costs the whole-K
 // kernels no registers.
-template <typename T, bool NARROW = false, bool SPLIT = false>
+template <typename T, u32 CLS = TC_STD, bool SPLIT = false>
 __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& A) {
     const u32 m_tiles = (A.m + A.tile_m - 1) / A.tile_m;
     const u32 n_tiles = (A.n + A.tile_n - 1) / A.tile_n;
@@ -151,7 +152,7 @@ __device__ __forceinline__ void gemm_body(const KairosProto& P, const GemmArgs& 
         const u32 kn = SPLIT ? min(A.k_split_len, A.k - kb) : A.k;
         float* ws = SPLIT ? (float*)A.c + (((u64)slice * batches + bb) * A.m + m0) * A.n + n0 : (float*)0;
         if (tiled) {
-            gemm_tile<T, NARROW, SPLIT>(A, a, b, c, r, bias, tm, tn, kb, kn, ws);
+            gemm_tile<T, CLS, SPLIT>(A, a, b, c, r, bias, tm, tn, kb, kn, ws);
         } else {
             GemmTileLoader<T> L{A, a, b, c, r, bias, A.a_sk == 1 || A.a_sm != 1, A.b_sk == 1 && A.b_sn != 1};
             for (u32 i = threadIdx.x; i < tm * tn; i += blockDim.x) {

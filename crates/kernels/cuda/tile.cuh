@@ -146,7 +146,9 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 //   bool fast_ok                      every offset below fits 32 bits
 //   void a_row(u32 mm, u32& off, u32& aux)   row mm's offset (and loader data) for a_src
 //   ACol a_col_at(u32 k), void a_col_step(ACol&, u32 dk)   A's column state at k, moved by dk
-//   const h16* a_src(u32 off, u32 aux, const ACol&)        8 halves of A, or null (padding)
+//   const h16* a_src(u32 off, u32 aux, const ACol&)        8 halves of A, or null (padding); called
+//                                     for rows past the tile too (off TC_NO_ROW), result unused
+//   A_SRC_NONNULL                     (static constexpr bool) a_src never returns null
 //   const h16* b_base(), u32 b_row(u32 nn), u64 b_kstride()
 //                                     B at (k, nn) is b_base() + b_row(nn) + k * b_kstride()
 
@@ -181,16 +183,17 @@ __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared without registers (cp.async, completed by tc_cp_wait_*), or 16 zero
-// bytes stored directly when `src` is null (padding, rows past the tile). `dst` is a shared-memory
+// bytes when `src` is null (padding, rows past the tile): the same copy with a source size of 0,
+// which reads nothing and fills zeros, so there is no branch per chunk. `dst` is a shared-memory
 // address (32 bits: what the hot loops keep in registers instead of generic 64-bit pointers).
 __device__ __forceinline__ void tc_put16_at(u32 dst, const h16* src) {
-    if (src) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-    } else {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
-    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src ? 16u : 0u) : "memory");
 }
 __device__ __forceinline__ void tc_put16(h16* dst, const h16* src) { tc_put16_at(tc_smem_addr(dst), src); }
+// The same with the test given: 16 bytes from `src` when `valid`, else zeros (src is not read).
+__device__ __forceinline__ void tc_put16_if(u32 dst, const h16* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16u : 0u) : "memory");
+}
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void tc_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // Waits until at most `n` (< TC_STAGES_MAX) of this thread's newest groups are still in flight.
@@ -246,9 +249,19 @@ struct TcShape {
     u32 ksplit;                  // warps per warp tile (splitting the k16 steps)
     u32 passes;
     u32 kc, ks;                  // 16-byte chunks per stage row (tk / 8, a power of two), log2 of it
+    u32 threads;                 // the CTA's threads (blockDim.x; a constant in tc_shape_wide)
 };
 
-__device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn, u32 smem_halves, bool narrow) {
+// The warp-tile classes of the tensor-core entries (common.cuh), what tile_mma instantiates:
+// TC_NARROW (`_f16n`, up to 168 registers): warp tiles of at most 4 fragments; TC_STD (`_f16`, 128
+// registers): at most 8; TC_WIDE (`_f16w`, 128-thread CTAs, up to 255 registers): 4 x 8 fragments,
+// 64 x 64 outputs per warp (128 f32 accumulators per thread), so a k16 step reads 8 fragment
+// sets for 32 mma (the 8-fragment tiles read 5 for 8: bound by shared memory, not tensor cores).
+#define TC_NARROW 0u
+#define TC_STD 1u
+#define TC_WIDE 2u
+
+__device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn, u32 smem_halves, u32 cls) {
     TcShape s;
     s.tmp = (tm + 15u) & ~15u;
     s.tnp = (tn + 15u) & ~15u;
@@ -274,8 +287,9 @@ __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bo
     s.nstages = min(TC_STAGES_MAX, smem_halves / s.stage_halves);
     const u32 fm = s.tmp / 16u, fn = s.tnp / 8u;
     s.wtm = min(4u, fm);
-    s.wtn = min(4u, fn);
-    while (s.wtm * s.wtn > (narrow ? 4u : 8u)) {  // narrow: warp tiles of at most 4 fragments, else 8
+    s.wtn = min(cls == TC_WIDE ? 8u : 4u, fn);
+    const u32 frags_max = cls == TC_NARROW ? 4u : cls == TC_STD ? 8u : 32u;
+    while (s.wtm * s.wtn > frags_max) {
         if (s.wtm >= s.wtn) s.wtm /= 2u;
         else s.wtn /= 2u;
     }
@@ -292,6 +306,37 @@ __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bo
         while (s.ksplit * 2u <= q) s.ksplit *= 2u;
     }
     s.passes = s.ksplit > 1u ? 1u : (s.wt + warps - 1u) / warps;
+    s.threads = warps * 32u;
+    return s;
+}
+
+// The wide entries' common case as constants: a whole 128 x 128 tile, stages of k32, B stored
+// [n][k], 128 threads, one 4 x 8 warp tile per warp. tile_mma runs tc_pass with this shape when
+// tc_shape computed exactly it, so every stride and offset of the stage loads and the hot loop is
+// an immediate (the same shape computed at run time kept ~25 registers of them and spilled).
+__device__ __forceinline__ bool tc_is_wide_common(const TcShape& s, bool b_kn) {
+    return !b_kn && s.tmp == 128u && s.tnp == 128u && s.tk == 32u && s.threads == 128u && s.wtm == 4u && s.wtn == 8u &&
+           s.ksplit == 1u && s.passes == 1u;
+}
+__device__ __forceinline__ TcShape tc_shape_wide(u32 nstages) {
+    TcShape s;
+    s.tmp = 128u;
+    s.tnp = 128u;
+    s.tk = 32u;
+    s.lda = 40u;
+    s.ldb = 40u;
+    s.a_halves = 128u * 40u;
+    s.stage_halves = 2u * 128u * 40u;
+    s.nstages = nstages;
+    s.wtm = 4u;
+    s.wtn = 8u;
+    s.wgn = 2u;
+    s.wt = 4u;
+    s.ksplit = 1u;
+    s.passes = 1u;
+    s.kc = 4u;
+    s.ks = 2u;
+    s.threads = 128u;
     return s;
 }
 
@@ -391,10 +436,10 @@ struct TcFast {
 template <typename L>
 __device__ __forceinline__ bool tc_fast_fits(const L& ld_, const TcShape& s, u32 tn) {
     if (!ld_.a_vec || !ld_.b_vec || !ld_.fast_ok) return false;
-    const u32 step = blockDim.x >> s.ks;
+    const u32 step = s.threads >> s.ks;
     if ((s.tmp + step - 1u) / step > TC_FAST_CHUNKS) return false;
     if (!ld_.b_kn) return (s.tnp + step - 1u) / step <= TC_FAST_CHUNKS;
-    return tn % 8u == 0u && (s.tk * (s.tnp / 8u) + blockDim.x - 1u) / blockDim.x <= TC_FAST_CHUNKS;
+    return tn % 8u == 0u && (s.tk * (s.tnp / 8u) + s.threads - 1u) / s.threads <= TC_FAST_CHUNKS;
 }
 
 template <typename L>
@@ -402,7 +447,7 @@ __device__ __forceinline__ void tc_fast_init(const L& ld_, const TcShape& s, u32
     const u32 tid = threadIdx.x;
     f.c = tid & (s.kc - 1u);
     f.row0 = tid >> s.ks;
-    f.step = blockDim.x >> s.ks;
+    f.step = s.threads >> s.ks;
 #pragma unroll
     for (u32 r = 0; r < TC_FAST_CHUNKS; ++r) {
         const u32 mm = f.row0 + r * f.step;
@@ -422,7 +467,7 @@ __device__ __forceinline__ void tc_fast_init(const L& ld_, const TcShape& s, u32
         const u32 nc = s.tnp / 8u;
 #pragma unroll
         for (u32 j = 0; j < TC_FAST_CHUNKS; ++j) {
-            const u32 i = tid + j * blockDim.x;
+            const u32 i = tid + j * s.threads;
             const u32 kk = i / nc;
             const u32 nn = (i % nc) * 8u;
             f.b_kk[j] = kk;
@@ -438,12 +483,17 @@ template <typename L>
 __device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, TcFast<L>& f, u32 As, u32 Bs, u32 K, u32 k0) {
     const u32 k = k0 + f.c * 8u;
     const bool kin = k < K;
+    // Every row of the tile is some thread's (the wide entries' constant shape: always), so no
+    // bounds test per chunk.
+    const bool rows_whole = s.tmp == TC_FAST_CHUNKS * (s.threads >> s.ks);
+    const bool cols_whole = s.tnp == TC_FAST_CHUNKS * (s.threads >> s.ks);
 #pragma unroll
     for (u32 r = 0; r < TC_FAST_CHUNKS; ++r) {
         const u32 mm = f.row0 + r * f.step;
-        if (mm < s.tmp) {
-            const h16* src = (kin && f.a_off[r] != TC_NO_ROW) ? ld_.a_src(f.a_off[r], f.a_aux[r], f.col) : (const h16*)0;
-            tc_put16_at(As + (mm * s.lda + f.c * 8u) * 2u, src);
+        if (rows_whole || mm < s.tmp) {
+            const bool in = kin && f.a_off[r] != TC_NO_ROW;
+            const h16* src = ld_.a_src(f.a_off[r], f.a_aux[r], f.col);
+            tc_put16_if(As + (mm * s.lda + f.c * 8u) * 2u, src, in && (L::A_SRC_NONNULL || src));
         }
     }
     if (!ld_.b_kn) {
@@ -451,15 +501,15 @@ __device__ __forceinline__ void tc_fast_stage(const L& ld_, const TcShape& s, Tc
 #pragma unroll
         for (u32 r = 0; r < TC_FAST_CHUNKS; ++r) {
             const u32 nn = f.row0 + r * f.step;
-            if (nn < s.tnp)
-                tc_put16_at(Bs + (nn * s.ldb + f.c * 8u) * 2u, (kin && f.b_off[r] != TC_NO_ROW) ? base + f.b_off[r] : (const h16*)0);
+            if (cols_whole || nn < s.tnp)
+                tc_put16_if(Bs + (nn * s.ldb + f.c * 8u) * 2u, base + f.b_off[r], kin && f.b_off[r] != TC_NO_ROW);
         }
     } else {
         const h16* base = ld_.b_base() + (u64)k0 * ld_.b_kstride();
         const u32 chunks = s.tk * (s.tnp / 8u);
 #pragma unroll
         for (u32 j = 0; j < TC_FAST_CHUNKS; ++j) {
-            if (threadIdx.x + j * blockDim.x < chunks) {
+            if (threadIdx.x + j * s.threads < chunks) {
                 const bool in = f.b_off[j] != TC_NO_ROW && k0 + f.b_kk[j] < K;
                 tc_put16_at(Bs + f.b_dst[j] * 2u, in ? base + f.b_off[j] : (const h16*)0);
             }
@@ -511,7 +561,7 @@ __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes
     h16* const smem = (h16*)kairos_dyn_smem;
     const u32 smem0 = tc_smem_addr(smem);  // stage addresses as 32-bit shared-memory offsets
     const u32 stage_bytes = s.stage_halves * 2u;
-    const u32 warps = blockDim.x / 32u;
+    const u32 warps = s.threads / 32u;
     const u32 warp = threadIdx.x / 32u;
     const u32 lane = threadIdx.x % 32u;
     const u32 stages = (K + s.tk - 1u) / s.tk;
@@ -850,22 +900,33 @@ __device__ __forceinline__ void tile_gemv(L& ld_, u32 tm, u32 tn, u32 K, u32 sme
     }
 }
 
-// NARROW (the kernels' _f16n entries): warp tiles of at most 4 fragments, so only the small
-// instantiations of tc_pass are compiled and the kernel needs fewer registers; the others at most
-// 8 (see tc_shape).
-template <bool NARROW, typename L>
+// CLS: the entry's warp-tile class (TC_NARROW, TC_STD, TC_WIDE above), so each entry compiles only
+// the tc_pass instantiations its register budget holds.
+template <u32 CLS, typename L>
 __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
+    constexpr bool NARROW = CLS == TC_NARROW;
     const u32 smem_bytes = tc_dyn_smem_bytes();
     if (tm <= GV_ROWS_MAX && !ld_.b_kn) {
         tile_gemv(ld_, tm, tn, K, smem_bytes);
         return;
     }
-    const TcShape s = tc_shape(tm, tn, K, blockDim.x / 32u, ld_.b_kn, smem_bytes / 2u, NARROW);
+    const TcShape s = tc_shape(tm, tn, K, blockDim.x / 32u, ld_.b_kn, smem_bytes / 2u, CLS);
     if (s.nstages < 2u) asm volatile("trap;");  // launched with less than TC_SMEM_MIN_BYTES
     for (u32 pass = 0; pass < s.passes; ++pass) {
-        // The fast loads' state needs registers only the narrow entries have to spare (in the
-        // 128-register entries it pushed the large warp tiles into spilling more).
-        if (s.wtm <= 1u && s.wtn <= 2u) {
+        if constexpr (CLS == TC_WIDE) {
+            // Whole tiles with the constant shape and the fast loads; the rest (edge tiles, B
+            // stored [k][n], other depths) with the shape at run time. Smaller warp tiles (the
+            // edges of a product) re-read their last fragments and compute products never stored.
+            if (tc_is_wide_common(s, ld_.b_kn)) {
+                L kn_free = ld_;  // b_kn as a constant too
+                kn_free.b_kn = false;
+                tc_pass<4, 8, true>(kn_free, tc_shape_wide(s.nstages), smem_bytes, tm, tn, K, pass);
+            } else {
+                tc_pass<4, 8, false>(ld_, s, smem_bytes, tm, tn, K, pass);
+            }
+        } else if (s.wtm <= 1u && s.wtn <= 2u) {
+            // The fast loads' state needs registers only the narrow entries have to spare (in the
+            // 128-register entries it pushed the large warp tiles into spilling more).
             tc_pass<1, 2, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
         } else if (s.wtm <= 1u) {
             tc_pass<1, 4, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
@@ -897,6 +958,7 @@ struct SplitKTcLoader {
     bool a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok;
 
     typedef typename L::ACol ACol;
+    static constexpr bool A_SRC_NONNULL = L::A_SRC_NONNULL;
     __device__ void a_row(u32 mm, u32& off, u32& aux) const { in.a_row(mm, off, aux); }
     __device__ ACol a_col_at(u32 k) const { return in.a_col_at(kb + k); }
     __device__ void a_col_step(ACol& c, u32 dk) const { in.a_col_step(c, dk); }

@@ -80,18 +80,31 @@ impl Module {
         };
         let mut f: Vec<String> = kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect();
         for k in kernels.iter().filter(|k| TENSOR_CORE_KERNELS.contains(k)) {
-            f.extend([format!("{k}_f16n"), format!("{k}_sk_f32"), format!("{k}_sk_f16"), format!("{k}_sk_f16n")]);
+            f.extend([
+                format!("{k}_f16n"),
+                format!("{k}_f16w"),
+                format!("{k}_sk_f32"),
+                format!("{k}_sk_f16"),
+                format!("{k}_sk_f16n"),
+            ]);
         }
         f
     }
 }
 
-/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs,
-/// and split-K entries `<name>_sk_<f32|f16|f16n>` for launches with `split_k` > 1.
+/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs, a
+/// `<name>_f16w` entry for large tiles on 128-thread CTAs, and split-K entries
+/// `<name>_sk_<f32|f16|f16n>` for launches with `split_k` > 1.
 pub const TENSOR_CORE_KERNELS: [&str; 2] = ["conv2d", "gemm"];
 /// CTAs of at most this many threads run a tensor-core kernel's `_f16n` entry (launch bound
 /// 128 threads, 3 CTAs per SM: up to 168 registers per thread instead of 128).
 pub const TC_NARROW_THREADS_MAX: u32 = 128;
+/// Tensor-core launches of [`TC_WIDE_THREADS`] threads whose tile holds at least this many outputs
+/// per warp run the `_f16w` entry (64 x 64 warp tiles, launch bound 128 threads and 2 CTAs per SM:
+/// up to 255 registers per thread for 128 accumulators).
+pub const TC_WIDE_OUTPUTS_PER_WARP_MIN: u32 = 64 * 64;
+/// The CTA size of the `_f16w` entries.
+pub const TC_WIDE_THREADS: u32 = 128;
 
 /// Functions of [`Module::Util`].
 pub const UTIL_FUNCTIONS: [&str; 5] = ["kairos_spin", "kairos_noop", "kairos_empty", "kairos_smmap", "kairos_clock"];
@@ -109,17 +122,35 @@ pub fn module_of(kernel: &Kernel) -> Module {
     }
 }
 
-/// The CUDA function of a kernel at a launch dtype and CTA size: `<name>_<f32|f16>`, or
-/// `<name>_f16n` for tensor-core launches of at most [`TC_NARROW_THREADS_MAX`] threads; split-K
-/// launches take the `<name>_sk_` entries.
+/// The CUDA function of a kernel at a launch dtype and CTA size: `<name>_<f32|f16>`, or for
+/// tensor-core launches `<name>_f16w` when the CTA has [`TC_WIDE_THREADS`] threads and the tile at
+/// least [`TC_WIDE_OUTPUTS_PER_WARP_MIN`] outputs per warp (not split-K), else `<name>_f16n` at
+/// most [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries.
 pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
     let (name, sk) = (kernel.name(), if kernel.is_split_k() { "_sk" } else { "" });
     match dtype {
+        DType::F16 if uses_tensor_cores(kernel, dtype) && !kernel.is_split_k() && is_wide(kernel, threads_per_cta) => {
+            Ok(format!("{name}_f16w"))
+        }
         DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => {
             Ok(format!("{name}{sk}_f16n"))
         }
         DType::F32 | DType::F16 => Ok(format!("{name}{sk}_{}", dtype.name())),
         DType::I64 => Err(format!("kernel {} has no i64 variant (launch dtype must be f32 or f16)", kernel.name())),
+    }
+}
+
+/// Whether a tensor-core launch of this tile and CTA size runs the `_f16w` entry (see
+/// [`function_name`]).
+pub fn is_wide_tile(tile_m: u32, tile_n: u32, threads_per_cta: u32) -> bool {
+    threads_per_cta == TC_WIDE_THREADS && tile_m * tile_n >= TC_WIDE_OUTPUTS_PER_WARP_MIN * (threads_per_cta / 32)
+}
+
+fn is_wide(kernel: &Kernel, threads_per_cta: u32) -> bool {
+    match kernel {
+        Kernel::Conv2d(p) => is_wide_tile(p.tile_m, p.tile_n, threads_per_cta),
+        Kernel::Gemm(p) => is_wide_tile(p.tile_m, p.tile_n, threads_per_cta),
+        _ => false,
     }
 }
 
@@ -638,11 +669,13 @@ mod tests {
         for m in Module::ALL {
             for f in m.functions() {
                 let (kernel, suffix) = match f.rsplit_once('_') {
-                    Some((k, s)) if s == "f32" || s == "f16" || s == "f16n" => (k.trim_end_matches("_sk").to_string(), Some(s)),
+                    Some((k, s)) if s == "f32" || s == "f16" || s == "f16n" || s == "f16w" => {
+                        (k.trim_end_matches("_sk").to_string(), Some(s))
+                    }
                     _ => (f.clone(), None),
                 };
                 let needle = match suffix {
-                    Some("f16n") => format!("KAIROS_KERNELS_TC({kernel},"),
+                    Some("f16n" | "f16w") => format!("KAIROS_KERNELS_TC({kernel},"),
                     Some(_) if TENSOR_CORE_KERNELS.contains(&kernel.as_str()) => format!("KAIROS_KERNELS_TC({kernel},"),
                     Some(_) => format!("KAIROS_KERNELS({kernel},"),
                     None => format!("void {f}("),
@@ -696,6 +729,32 @@ mod tests {
         let y = g.add("y", Op::MatMul { epilogue: Epilogue::default() }, vec![x, w], vec![32, 64], DType::F32);
         g.outputs.push(GraphOutput { name: "y".into(), node: y });
         g
+    }
+
+    #[test]
+    fn large_tiles_on_128_thread_ctas_take_the_wide_entries() {
+        let lowered =
+            kairos_ir::lower::lower(&split_graph(), &kairos_ir::lower::LowerOptions { dtype: DType::F16, split_k: false })
+                .unwrap();
+        let gemm = lowered.launches.iter().find(|l| matches!(l.kernel, Kernel::Gemm(_))).expect("a gemm").kernel.clone();
+        let tiled = |tm: u32, tn: u32| {
+            let mut k = gemm.clone();
+            if let Kernel::Gemm(p) = &mut k {
+                (p.tile_m, p.tile_n) = (tm, tn);
+            }
+            k
+        };
+        // 64 x 64 outputs per warp or more at 128 threads: wide; fewer, or other CTA sizes: as before.
+        assert_eq!(function_name(&tiled(128, 128), DType::F16, 128).unwrap(), "gemm_f16w");
+        assert_eq!(function_name(&tiled(128, 64), DType::F16, 128).unwrap(), "gemm_f16n");
+        assert_eq!(function_name(&tiled(64, 64), DType::F16, 128).unwrap(), "gemm_f16n");
+        assert_eq!(function_name(&tiled(128, 128), DType::F16, 256).unwrap(), "gemm_f16");
+        assert_eq!(function_name(&tiled(128, 128), DType::F16, 64).unwrap(), "gemm_f16n");
+        assert_eq!(function_name(&tiled(128, 128), DType::F32, 128).unwrap(), "gemm_f32");
+        assert!(Module::Gemm.functions().contains(&"gemm_f16w".to_string()));
+        assert!(Module::Conv.functions().contains(&"conv2d_f16w".to_string()));
+        let tile = HEADERS.iter().find(|h| h.0 == "kairos/common.cuh").unwrap().1;
+        assert!(tile.contains(&format!("__launch_bounds__({TC_WIDE_THREADS}, 2)")), "the wide entries' launch bound");
     }
 
     #[test]
