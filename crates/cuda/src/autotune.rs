@@ -90,6 +90,13 @@ pub struct TileChoice {
     pub smem_bytes: u32,
 }
 
+impl TileChoice {
+    /// `tile_m`x`tile_n`x`threads` and the shared memory, as the progress lines print it.
+    pub fn label(&self) -> String {
+        format!("{}x{}x{} {} KiB", self.tile_m, self.tile_n, self.threads, self.smem_bytes / 1024)
+    }
+}
+
 /// A tuned shape: the choice, its time and the time of the configuration it replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuneEntry {
@@ -448,28 +455,13 @@ fn time_shapes(
                 Ok(ns) => ns,
                 Err(e) => {
                     if opts.progress {
-                        eprintln!(
-                            "autotune: {} {}x{}x{} {} KiB skipped: {e}",
-                            describe(&l.kernel, l.dtype),
-                            c.tile_m,
-                            c.tile_n,
-                            c.threads,
-                            c.smem_bytes / 1024
-                        );
+                        eprintln!("autotune: {} {} skipped: {e}", describe(&l.kernel, l.dtype), c.label());
                     }
                     continue;
                 }
             };
             if opts.log_candidates {
-                eprintln!(
-                    "autotune   {} {}x{}x{} {} KiB: {:.1} us",
-                    describe(&l.kernel, l.dtype),
-                    c.tile_m,
-                    c.tile_n,
-                    c.threads,
-                    c.smem_bytes / 1024,
-                    ns as f64 / 1e3
-                );
+                eprintln!("autotune   {} {}: {:.1} us", describe(&l.kernel, l.dtype), c.label(), ns as f64 / 1e3);
             }
             if own_ns.is_none() {
                 own_ns = Some(ns); // the plan's own choice comes first
@@ -483,20 +475,20 @@ fn time_shapes(
         let Some((choice, duration_ns)) = best else { continue };
         let plan_duration_ns = own_ns.unwrap_or(duration_ns);
         if opts.progress {
+            let own = TileChoice {
+                tile_m: tile_of(&l.kernel).map_or(0, |t| t.0),
+                tile_n: tile_of(&l.kernel).map_or(0, |t| t.1),
+                threads: l.shape.threads_per_block,
+                smem_bytes: l.shape.shared_mem_bytes,
+            };
             eprintln!(
-                "autotune [{}/{}] {}: {}x{}x{} {} KiB {:.1} us (plan's {}x{}x{} {} KiB {:.1} us)",
+                "autotune [{}/{}] {}: {} {:.1} us (plan's {} {:.1} us)",
                 n + 1,
                 todo.len(),
                 describe(&l.kernel, l.dtype),
-                choice.tile_m,
-                choice.tile_n,
-                choice.threads,
-                choice.smem_bytes / 1024,
+                choice.label(),
                 duration_ns as f64 / 1e3,
-                tile_of(&l.kernel).map_or(0, |t| t.0),
-                tile_of(&l.kernel).map_or(0, |t| t.1),
-                l.shape.threads_per_block,
-                l.shape.shared_mem_bytes / 1024,
+                own.label(),
                 plan_duration_ns as f64 / 1e3
             );
         }
