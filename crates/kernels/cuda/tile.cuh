@@ -182,18 +182,16 @@ __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
     return (u32)a;
 }
 
-// 16 bytes global -> shared without registers (cp.async, completed by tc_cp_wait_*), or 16 zero
-// bytes when `src` is null (padding, rows past the tile): the same copy with a source size of 0,
-// which reads nothing and fills zeros, so there is no branch per chunk. `dst` is a shared-memory
-// address (32 bits: what the hot loops keep in registers instead of generic 64-bit pointers).
-__device__ __forceinline__ void tc_put16_at(u32 dst, const h16* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src ? 16u : 0u) : "memory");
-}
-__device__ __forceinline__ void tc_put16(h16* dst, const h16* src) { tc_put16_at(tc_smem_addr(dst), src); }
-// The same with the test given: 16 bytes from `src` when `valid`, else zeros (src is not read).
+// 16 bytes global -> shared without registers (cp.async, completed by tc_cp_wait_*) when `valid`,
+// else 16 zero bytes: the same copy with a source size of 0, which reads nothing (src may be any
+// address) and fills zeros, so there is no branch per chunk. `dst` is a shared-memory address (32
+// bits: what the hot loops keep in registers instead of generic 64-bit pointers).
 __device__ __forceinline__ void tc_put16_if(u32 dst, const h16* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16u : 0u) : "memory");
 }
+// The same with null `src` for padding.
+__device__ __forceinline__ void tc_put16_at(u32 dst, const h16* src) { tc_put16_if(dst, src, src != nullptr); }
+__device__ __forceinline__ void tc_put16(h16* dst, const h16* src) { tc_put16_at(tc_smem_addr(dst), src); }
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void tc_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // Waits until at most `n` (< TC_STAGES_MAX) of this thread's newest groups are still in flight.
