@@ -39,7 +39,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// fp16 candidates (tile_m, tile_n, threads per CTA) for the tensor-core engine. (128, 128, 128)
+/// fp16 candidates (tile_m, tile_n, threads per CTA) for the tensor-core engine. (128, 128, 256),
+/// (128, 64, 256) and (64, 128, 256) run fixed-shape tiles (tile.cuh: tc_tile_fixed) when the
+/// operands allow it (16-byte chunks, B with k contiguous); the others the generic engine. (128, 128, 128)
 /// runs the `_f16w` entry (kairos_kernels::source::is_wide_tile: four 64 x 64 warp tiles), with
 /// [`WIDE_SHALLOW_SMEM_BYTES`], [`WIDE_SMEM_BYTES`] and [`DEEP_SMEM_BYTES`] (two, three and five
 /// stages of k32).

@@ -591,6 +591,83 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             false,
         )
         .with_smem(104 * 1024),
+        // The fixed-shape tiles (tile.cuh: tc_tile_fixed; 256 threads on 128x128, 64x128, 128x64):
+        // edge tiles in m, n and k (K not a multiple of the k32 stage), odd n (unaligned paired
+        // stores), bias, residual and activations, the attention layout (B = K^T), batches, the
+        // convolution loader (padding, strided output), split-K, two stages and deep pipelines;
+        // then the generic engine's paired epilogue at other tiles and CTA sizes.
+        gemm_case(
+            "gemm fixed 128x128 residual gelu",
+            GemmLayout::Linear,
+            (1, 1, 200, 260, 264),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::Gelu },
+            (128, 128),
+            256,
+        )
+        .with_smem(104 * 1024),
+        gemm_case("gemm fixed 128x128 two stages", GemmLayout::Linear, (2, 1, 130, 136, 72), 1.0, none, (128, 128), 256),
+        gemm_case("gemm fixed 64x128 heads qk", GemmLayout::Heads, (1, 2, 130, 136, 64), 0.125, none, (64, 128), 256)
+            .with_smem(104 * 1024),
+        gemm_case(
+            "gemm fixed 128x64 odd n",
+            GemmLayout::Linear,
+            (1, 2, 136, 75, 96),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::Relu },
+            (128, 64),
+            256,
+        )
+        .with_smem(52 * 1024),
+        gemm_case("gemm 64x64 8 warps", GemmLayout::Linear, (1, 1, 100, 70, 136), 1.0, none, (64, 64), 256),
+        gemm_case(
+            "gemm narrow 64x64 odd n",
+            GemmLayout::Linear,
+            (1, 1, 100, 75, 136),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::Tanh },
+            (64, 64),
+            128,
+        )
+        .with_smem(52 * 1024),
+        gemm_case("gemm narrow 64x32 heads qk", GemmLayout::Heads, (2, 3, 70, 40, 64), 0.125, none, (64, 32), 128),
+        gemm_case("gemm narrow 32x64", GemmLayout::Linear, (1, 1, 40, 130, 520), 1.0, none, (32, 64), 128).with_smem(104 * 1024),
+        gemm_case("gemm narrow 32x32", GemmLayout::Linear, (1, 1, 33, 33, 40), 1.0, none, (32, 32), 128),
+        gemm_case("gemm narrow 128x64", GemmLayout::Linear, (1, 1, 130, 66, 104), 1.0, none, (128, 64), 128)
+            .with_smem(104 * 1024),
+        gemm_case("gemm narrow 64x128", GemmLayout::Linear, (1, 1, 66, 130, 104), 1.0, none, (64, 128), 128).with_smem(52 * 1024),
+        conv_case(
+            "conv3x3 fixed 128x128",
+            (1, 19, 17, 64, 136),
+            (3, 1, 1, 1, 1),
+            (true, true, Act::Relu),
+            (0, 8),
+            (128, 128, 256),
+            false,
+        )
+        .with_smem(104 * 1024),
+        conv_case(
+            "conv1x1 s2 narrow 64x64",
+            (2, 9, 9, 136, 72),
+            (1, 2, 0, 1, 1),
+            (true, false, Act::None),
+            (8, 0),
+            (64, 64, 128),
+            false,
+        ),
+        conv_case(
+            "conv3x3 s2 narrow 32x64",
+            (1, 15, 15, 32, 64),
+            (3, 2, 1, 1, 1),
+            (false, true, Act::Relu),
+            (0, 0),
+            (32, 64, 128),
+            false,
+        ),
+        split_k(
+            gemm_case("gemm split-k 3 fixed 128x64", GemmLayout::Linear, (1, 1, 140, 72, 1000), 1.0, none, (128, 64), 256),
+            3,
+        ),
         // Deeper pipelines (more dynamic shared memory): ring wrap-around, fewer stages than slots.
         gemm_case("gemm linear deep pipeline", GemmLayout::Linear, (1, 1, 40, 48, 1000), 1.0, none, (16, 16), 128)
             .with_smem(104 * 1024),

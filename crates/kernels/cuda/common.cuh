@@ -33,6 +33,29 @@ __device__ __forceinline__ void unpack_h16x8(const uint4& v, float (&f)[8]) {
     }
 }
 
+// Two adjacent halves p[0], p[1] (the second only when `two`) as f32: one 4-byte load when aligned.
+__device__ __forceinline__ void ld_pair(const h16* p, bool two, float& a, float& b) {
+    if (two && ((u64)p & 3ull) == 0ull) {
+        const u32 w = *(const u32*)p;
+        a = h2f((h16)(w & 0xffffu));
+        b = h2f((h16)(w >> 16));
+    } else {
+        a = h2f(p[0]);
+        b = two ? h2f(p[1]) : 0.0f;
+    }
+}
+
+// Stores a (and b after it when `two`) as halves: one 4-byte store when aligned.
+__device__ __forceinline__ void st_pair(h16* p, bool two, float a, float b) {
+    const h16 h0 = f2h(a);
+    if (two && ((u64)p & 3ull) == 0ull) {
+        *(u32*)p = (u32)h0 | ((u32)f2h(b) << 16);
+    } else {
+        p[0] = h0;
+        if (two) p[1] = f2h(b);
+    }
+}
+
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const h16* p) { return h2f(*p); }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }
@@ -79,6 +102,21 @@ __device__ __forceinline__ float kairos_act(u32 act, float x) {
         }
         default: return x;
     }
+}
+
+// The activation of an unrolled epilogue (the tensor-core tiles store 16 to 128 outputs per thread
+// in straight-line code): none and ReLU inline, every other one through one out-of-line call, so
+// the epilogue's code stays small. With kairos_act inlined at every output the gemm entries held
+// ~3800 MUFU instructions and an epilogue pass streamed tens of KB of code through the
+// instruction cache per warp (ncu on an H200: 53% of stalls waiting for an instruction fetch).
+#define KAIROS_ACT_ANY 0xffu
+__device__ __noinline__ float kairos_act_call(u32 act, float x) { return kairos_act(act, x); }
+
+template <u32 ACT>
+__device__ __forceinline__ float kairos_act_tagged(u32 act, float x) {
+    if constexpr (ACT == KAIROS_ACT_NONE) return x;
+    else if constexpr (ACT == KAIROS_ACT_RELU) return fmaxf(x, 0.0f);
+    else return kairos_act_call(act, x);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -149,6 +149,26 @@ struct ConvTcLoader {
         const u32 n = n0 + nn;
         st((h16*)A.out + m * A.out_ps + n, conv_epilogue<h16>(A, m, n, v));
     }
+    // Outputs (mm, nn) and, when `two`, (mm, nn + 1), the activation of class ACT (KAIROS_ACT_NONE,
+    // _RELU or _ANY: common.cuh, kairos_act_tagged): paired loads and stores where aligned.
+    __device__ u32 act() const { return A.act; }
+    template <u32 ACT>
+    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two) const {
+        const u64 m = m0 + mm;
+        const u32 n = n0 + nn;
+        float x0, x1;
+        if (A.bias) {
+            ld_pair((const h16*)A.bias + n, two, x0, x1);
+            v0 += x0;
+            v1 += x1;
+        }
+        if (A.res) {
+            ld_pair((const h16*)A.res + m * A.res_ps + n, two, x0, x1);
+            v0 += x0;
+            v1 += x1;
+        }
+        st_pair((h16*)A.out + m * A.out_ps + n, two, kairos_act_tagged<ACT>(A.act, v0), kairos_act_tagged<ACT>(A.act, v1));
+    }
 };
 
 // One tile of a groups == 1 convolution, or with `ws` its reduction slice [kb, kb + kn) into the
@@ -179,9 +199,9 @@ __device__ __forceinline__ void conv_tile(const ConvArgs& A, u32 m0, u32 n0, u32
         ConvTcLoader L{A, s_ih0, s_iw0, s_img, K, m0, n0, a_vec, b_vec, false, true, true, fast_ok};
         if constexpr (SPLIT) {
             auto S = split_k_tc(L, kb, ws, A.out_c);
-            tile_mma<CLS>(S, tm, tn, kn);
+            tile_mma_planned<CLS>(S, A.tile_m, A.tile_n, tm, tn, kn);
         } else {
-            tile_mma<CLS>(L, tm, tn, K);
+            tile_mma_planned<CLS>(L, A.tile_m, A.tile_n, tm, tn, K);
         }
     } else {
         __shared__ TileSmem smem;

@@ -79,6 +79,26 @@ struct GemmTcLoader {
         if (pr) v += ld(pr + mm * A.r_sm + nn);
         st(pc + mm * A.c_sm + nn, kairos_act(A.act, v));
     }
+    // Outputs (mm, nn) and, when `two`, (mm, nn + 1), the activation of class ACT (KAIROS_ACT_NONE,
+    // _RELU or _ANY: common.cuh, kairos_act_tagged): paired loads and stores where aligned.
+    __device__ u32 act() const { return A.act; }
+    template <u32 ACT>
+    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two) const {
+        v0 *= A.alpha;
+        v1 *= A.alpha;
+        float x0, x1;
+        if (pbias) {
+            ld_pair(pbias + nn, two, x0, x1);
+            v0 += x0;
+            v1 += x1;
+        }
+        if (pr) {
+            ld_pair(pr + mm * A.r_sm + nn, two, x0, x1);
+            v0 += x0;
+            v1 += x1;
+        }
+        st_pair(pc + mm * A.c_sm + nn, two, kairos_act_tagged<ACT>(A.act, v0), kairos_act_tagged<ACT>(A.act, v1));
+    }
 };
 
 // One tile, or with `ws` its K slice [kb, kb + kn) into the workspace: the tensor-core engine for
@@ -103,9 +123,9 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& A, const T* a, const T
         GemmTcLoader L{A, a, b, c, r, bias, a_vec, b_vec, b_kn, a_k_fastest, b_k_fastest, fast_ok};
         if constexpr (SPLIT) {
             auto S = split_k_tc(L, kb, ws, A.n);
-            tile_mma<CLS>(S, tm, tn, kn);
+            tile_mma_planned<CLS>(S, A.tile_m, A.tile_n, tm, tn, kn);
         } else {
-            tile_mma<CLS>(L, tm, tn, A.k);
+            tile_mma_planned<CLS>(L, A.tile_m, A.tile_n, tm, tn, A.k);
         }
     } else {
         __shared__ TileSmem smem;

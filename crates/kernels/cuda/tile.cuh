@@ -552,6 +552,36 @@ __device__ __forceinline__ void tc_mmas(float (&acc)[MI][NI][4], const u32 (&af)
         for (u32 j = 0; j < NI; ++j) tc_mma(acc[i][j], af[i], bf[j][0], bf[j][1]);
 }
 
+// Hands a warp tile's sums to the loader: fragment (i, j) of this lane holds rows r0 + 16 i and
+// r0 + 16 i + 8, columns c0 + 8 j and c0 + 8 j + 1 (r0, c0: the lane's first row and column in the
+// tile); fragments past mi_n x nj_n and outputs past tm x tn are not stored. Pairs of columns
+// go out together (the loader's store2), and the activation's class is chosen once, so the
+// unrolled stores stay compact code (common.cuh: kairos_act_tagged).
+template <u32 ACT, u32 MI, u32 NI, typename L>
+__device__ __forceinline__ void tc_store_frags_as(const L& ld_, const float (&acc)[MI][NI][4], u32 r0, u32 c0, u32 mi_n,
+                                                  u32 nj_n, u32 tm, u32 tn) {
+#pragma unroll
+    for (u32 i = 0; i < MI; ++i)
+#pragma unroll
+        for (u32 j = 0; j < NI; ++j) {
+            const u32 mm = r0 + i * 16u;
+            const u32 nn = c0 + j * 8u;
+            if (i < mi_n && j < nj_n && nn < tn) {
+                if (mm < tm) ld_.template store2<ACT>(mm, nn, acc[i][j][0], acc[i][j][1], nn + 1u < tn);
+                if (mm + 8u < tm) ld_.template store2<ACT>(mm + 8u, nn, acc[i][j][2], acc[i][j][3], nn + 1u < tn);
+            }
+        }
+}
+
+template <u32 MI, u32 NI, typename L>
+__device__ __forceinline__ void tc_store_frags(const L& ld_, const float (&acc)[MI][NI][4], u32 r0, u32 c0, u32 mi_n, u32 nj_n,
+                                               u32 tm, u32 tn) {
+    const u32 act = ld_.act();
+    if (act == KAIROS_ACT_NONE) tc_store_frags_as<KAIROS_ACT_NONE>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+    else if (act == KAIROS_ACT_RELU) tc_store_frags_as<KAIROS_ACT_RELU>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+    else tc_store_frags_as<KAIROS_ACT_ANY>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+}
+
 // One pass of the engine with warp tiles of at most MI x NI fragments (compile-time, so the
 // accumulators of small warp tiles take few registers).
 template <u32 MI, u32 NI, bool FAST, typename L>
@@ -702,22 +732,7 @@ __device__ __forceinline__ void tc_pass(L& ld_, const TcShape& s, u32 smem_bytes
             }
         }
 
-        if (active && slice == 0u) {
-#pragma unroll
-            for (u32 i = 0; i < MI; ++i)
-#pragma unroll
-                for (u32 j = 0; j < NI; ++j)
-                    if (i < mi_n && j < nj_n) {
-                        const u32 r0 = (fm0 + i) * 16u + (lane >> 2);
-                        const u32 c0 = (fn0 + j) * 8u + (lane & 3u) * 2u;
-#pragma unroll
-                        for (u32 r = 0; r < 4u; ++r) {
-                            const u32 mm = r0 + (r >> 1) * 8u;
-                            const u32 nn = c0 + (r & 1u);
-                            if (mm < tm && nn < tn) ld_.store(mm, nn, acc[i][j][r]);
-                        }
-                    }
-        }
+        if (active && slice == 0u) tc_store_frags<MI, NI>(ld_, acc, fm0 * 16u + (lane >> 2), fn0 * 8u + (lane & 3u) * 2u, mi_n, nj_n, tm, tn);
         __syncthreads();
     }
 }
@@ -939,6 +954,168 @@ __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The fixed-shape tensor-core tiles (tc_tile_fixed): the common tiles of the plan with every
+// dimension a compile-time constant, so the hot loop is straight-line code on immediates and
+// the warp tiles are as large as the entry's registers hold. Used by tile_mma_planned when both
+// operands come in 16-byte chunks, B has k contiguous and the loader's fast offsets fit
+// (fast_ok): the plan's tile (not the clipped one: the edge tiles of a product run the same
+// code, with rows, columns and k past the product filled with zeros and never stored).
+//   the TC_STD entries' (256 threads, 128 registers) large tiles: 128 x 128 on 2 x 4 warps of
+//   64 x 32, 64 x 128 on 2 x 4 and 128 x 64 on 4 x 2 warps of 32 x 32.
+// Smaller tiles stay on the generic engine: its deeper stages (up to k256) keep more bytes in
+// flight per CTA, which bounds small tiles along long K (measured on an H100: with fixed k32
+// versions of the 128-thread and 64 x 64 tiles as well, ResNet-18..152 and DenseNet ran 10-40%
+// slower at batch 1).
+// Stages are k32 deep (rows of 32 halves + 8 of padding, so ldmatrix is free of bank conflicts),
+// as many as the launch's dynamic shared memory holds (2 .. TC_STAGES_MAX). A thread always copies
+// the same 16-byte chunk column of the same rows, so its row offsets and the loader's column state
+// are worked out once per tile. The generic engine (tile_mma) covers every other case and is the
+// fallback when fewer than two stages fit. Measured on an H100: docs/benchmarks.md ("Compact
+// epilogues and fixed-shape tiles").
+#define TCX_TK 32u
+#define TCX_LD 40u  // halves per stage row
+
+template <u32 BM, u32 BN>
+__device__ __forceinline__ constexpr u32 tcx_stage_bytes() {
+    return (BM + BN) * TCX_LD * 2u;
+}
+
+
+template <u32 BM, u32 BN, u32 WGM, u32 WGN, typename L>
+__device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 K, u32 nstages) {
+    constexpr u32 T = WGM * WGN * 32u;
+    constexpr u32 WTM = BM / WGM, WTN = BN / WGN;  // warp tile
+    constexpr u32 MI = WTM / 16u, NI = WTN / 8u;    // its fragments
+    constexpr u32 RPP = T / (TCX_TK / 8u);          // rows one pass of the CTA's chunks covers
+    constexpr u32 AR = BM / RPP, BR = BN / RPP;     // chunks per thread and stage of A, of B
+    constexpr u32 A_BYTES = BM * TCX_LD * 2u;
+    constexpr u32 STAGE_BYTES = tcx_stage_bytes<BM, BN>();
+    static_assert(MI >= 1u && NI >= 2u && NI % 2u == 0u, "warp tile of whole ldmatrix.x4 loads");
+    static_assert(AR >= 1u && BR >= 1u && BM % RPP == 0u && BN % RPP == 0u, "whole chunk passes");
+
+    const u32 tid = threadIdx.x;
+    const u32 warp = tid / 32u, lane = tid % 32u;
+    const u32 c = tid & (TCX_TK / 8u - 1u);  // this thread's chunk column
+    const u32 row0 = tid / (TCX_TK / 8u);
+    const u32 smem0 = tc_smem_addr(kairos_dyn_smem);
+
+    // Where this thread's chunks come from: row offsets (TC_NO_ROW past the tile) and the column state.
+    u32 a_off[AR], a_aux[AR], b_off[BR];
+#pragma unroll
+    for (u32 r = 0; r < AR; ++r) {
+        const u32 mm = row0 + r * RPP;
+        a_off[r] = TC_NO_ROW;
+        a_aux[r] = 0u;
+        if (mm < tm) ld_.a_row(mm, a_off[r], a_aux[r]);
+    }
+#pragma unroll
+    for (u32 r = 0; r < BR; ++r) {
+        const u32 nn = row0 + r * RPP;
+        b_off[r] = nn < tn ? ld_.b_row(nn) : TC_NO_ROW;
+    }
+    typename L::ACol col = ld_.a_col_at(c * 8u);
+    const h16* const b_base = ld_.b_base();
+    const u32 dst0 = (row0 * TCX_LD + c * 8u) * 2u;
+
+    // Fills stage buffer `buf` with k in [k0, k0 + 32) (stages are filled in order: the column
+    // state moves by 32 each time).
+    auto load = [&](u32 buf, u32 k0) {
+        const u32 k = k0 + c * 8u;
+        const bool kin = k < K;
+        const u32 at = smem0 + buf * STAGE_BYTES + dst0;
+#pragma unroll
+        for (u32 r = 0; r < AR; ++r) {
+            const h16* src = ld_.a_src(a_off[r], a_aux[r], col);
+            const bool in = kin && a_off[r] != TC_NO_ROW && (L::A_SRC_NONNULL || src != nullptr);
+            tc_put16_if(at + r * RPP * TCX_LD * 2u, src, in);
+        }
+#pragma unroll
+        for (u32 r = 0; r < BR; ++r)
+            tc_put16_if(at + A_BYTES + r * RPP * TCX_LD * 2u, b_base + b_off[r] + k, kin && b_off[r] != TC_NO_ROW);
+        ld_.a_col_step(col, TCX_TK);
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (u32 i = 0; i < MI; ++i)
+#pragma unroll
+        for (u32 j = 0; j < NI; ++j)
+#pragma unroll
+            for (u32 e = 0; e < 4u; ++e) acc[i][j][e] = 0.0f;
+
+    // This lane's ldmatrix addresses in stage 0 (bytes): A rows of its warp tile (16 per fragment),
+    // B columns (pairs of n8 fragments, k contiguous); a k16 step adds 32 bytes.
+    const u32 wm = warp / WGN, wn = warp % WGN;
+    const u32 a_ld = smem0 + ((wm * WTM + (lane & 15u)) * TCX_LD + (lane >> 4) * 8u) * 2u;
+    const u32 b_ld = smem0 + A_BYTES + ((wn * WTN + (lane & 7u) + ((lane >> 4) << 3)) * TCX_LD + ((lane >> 3) & 1u) * 8u) * 2u;
+
+    const u32 stages = (K + TCX_TK - 1u) / TCX_TK;
+    for (u32 p = 0; p + 1u < nstages; ++p) {
+        if (p < stages) load(p, p * TCX_TK);
+        tc_cp_commit();
+    }
+    u32 cur = 0u, next = nstages - 1u;
+    for (u32 st = 0; st < stages; ++st) {
+        tc_cp_wait(nstages - 2u);  // stage st has landed (this thread's copies)
+        __syncthreads();           // everyone's copies are visible; stage st - 1 is consumed
+        const u32 ahead = st + nstages - 1u;
+        if (ahead < stages) load(next, ahead * TCX_TK);
+        tc_cp_commit();
+        next = next + 1u == nstages ? 0u : next + 1u;
+        const u32 off = cur * STAGE_BYTES;
+        cur = cur + 1u == nstages ? 0u : cur + 1u;
+#pragma unroll
+        for (u32 kk = 0; kk < TCX_TK / 16u; ++kk) {
+            u32 af[MI][4], bf[NI][2];
+#pragma unroll
+            for (u32 j = 0; j < NI; j += 2u) {
+                u32 r4[4];
+                tc_ldsm_x4(r4, b_ld + off + kk * 32u + (j / 2u) * 16u * TCX_LD * 2u);
+                bf[j][0] = r4[0];
+                bf[j][1] = r4[1];
+                bf[j + 1u][0] = r4[2];
+                bf[j + 1u][1] = r4[3];
+            }
+#pragma unroll
+            for (u32 i = 0; i < MI; ++i) tc_ldsm_x4(af[i], a_ld + off + kk * 32u + i * 16u * TCX_LD * 2u);
+            tc_mmas<MI, NI>(acc, af, bf);
+        }
+    }
+    tc_cp_wait_all();  // only empty groups can be left
+    __syncthreads();   // every warp is done with the stages (the next logical block refills them)
+
+    tc_store_frags<MI, NI>(ld_, acc, wm * WTM + (lane >> 2), wn * WTN + (lane & 3u) * 2u, MI, NI, tm, tn);
+}
+
+// Whether the fixed-shape tiles can take this product: 16-byte operand chunks, B with k
+// contiguous, 32-bit offsets, and room for two stages of `stage_bytes`.
+template <typename L>
+__device__ __forceinline__ u32 tcx_stages(const L& ld_, u32 stage_bytes) {
+    if (!ld_.a_vec || !ld_.b_vec || ld_.b_kn || !ld_.fast_ok) return 0u;
+    const u32 n = min(TC_STAGES_MAX, tc_dyn_smem_bytes() / stage_bytes);
+    return n >= 2u ? n : 0u;
+}
+
+// One logical block of the plan's tile tile_m x tile_n (clipped to tm x tn): the small-M path
+// for tiles of at most 8 rows, a fixed-shape tile where the entry has one for this tile and CTA
+// size, else the generic engine.
+template <u32 CLS, typename L>
+__device__ __forceinline__ void tile_mma_planned(L& ld_, u32 tile_m, u32 tile_n, u32 tm, u32 tn, u32 K) {
+    if constexpr (CLS == TC_STD) {
+        if (blockDim.x == 256u && !(tm <= GV_ROWS_MAX && !ld_.b_kn)) {
+            if (tile_m == 128u && tile_n == 128u) {
+                if (const u32 n = tcx_stages(ld_, tcx_stage_bytes<128, 128>())) return tc_tile_fixed<128, 128, 2, 4>(ld_, tm, tn, K, n);
+            } else if (tile_m == 64u && tile_n == 128u) {
+                if (const u32 n = tcx_stages(ld_, tcx_stage_bytes<64, 128>())) return tc_tile_fixed<64, 128, 2, 4>(ld_, tm, tn, K, n);
+            } else if (tile_m == 128u && tile_n == 64u) {
+                if (const u32 n = tcx_stages(ld_, tcx_stage_bytes<128, 64>())) return tc_tile_fixed<128, 64, 4, 2>(ld_, tm, tn, K, n);
+            }
+        }
+    }
+    tile_mma<CLS>(ld_, tm, tn, K);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Split-K (kairos_ir::plan: `split_k` of conv2d and gemm). A logical block is one K slice
 // [kb, kb + len) of one tile: the engines walk K' = len as if it were the whole product, through
 // a loader that shifts every reduction index by kb, and the results leave raw (f32, no alpha,
@@ -974,6 +1151,14 @@ struct SplitKTcLoader {
     __device__ const h16* b_ptr(u32 k, u32 nn) const { return in.b_ptr(kb + k, nn); }
     __device__ h16 bh(u32 k, u32 nn) const { return in.bh(kb + k, nn); }
     __device__ void store(u32 mm, u32 nn, float v) const { ws[(u64)mm * ws_ld + nn] = v; }
+    // Raw sums: no activation (the splitk_sum kernel applies the epilogue).
+    __device__ u32 act() const { return KAIROS_ACT_NONE; }
+    template <u32 ACT>
+    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two) const {
+        float* p = ws + (u64)mm * ws_ld + nn;
+        p[0] = v0;
+        if (two) p[1] = v1;
+    }
 };
 
 template <typename L>
