@@ -39,6 +39,20 @@ fn transformer_layers_are_gemms_softmax_and_layernorms() {
     let sums = split.launches.iter().filter(|l| l.kernel.name() == "splitk_sum").count();
     assert_eq!(sums, 12, "{:?}", split.kernel_histogram());
     assert_eq!(split.launches.len(), p.launches.len() + sums);
+    // The fp16 plan keeps every weight operand K-major (the tensor-core tiles' fast layout); the
+    // fp32 plan keeps ONNX's [K][N].
+    let weight_b = |p: &Plan| -> Vec<(u64, u64)> {
+        let gemms = p.launches.iter().filter_map(|l| match &l.kernel {
+            Kernel::Gemm(g) if l.args[1].space == Space::Weights => Some((g.b_stride_k, g.b_stride_n)),
+            _ => None,
+        });
+        gemms.collect()
+    };
+    let f16 = weight_b(&p);
+    assert_eq!(f16.len(), 72, "six weight products per layer");
+    assert!(f16.iter().all(|&(sk, sn)| sk == 1 && (sn == 768 || sn == 3072)), "{f16:?}");
+    let (_, p32) = plan_of("bert_base", DType::F32);
+    assert!(weight_b(&p32).iter().all(|&(_, sn)| sn == 1));
     let (_, gpt) = plan_of("gpt2", DType::F32);
     let causal = gpt.launches.iter().filter(|l| matches!(l.kernel, Kernel::Softmax(s) if s.causal)).count();
     assert_eq!(causal, 12, "GPT-2's masks fold into causal softmaxes");

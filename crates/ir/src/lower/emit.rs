@@ -339,6 +339,9 @@ enum Transform {
     ConvOhwi,
     /// [C][1][KH][KW] -> [KH][KW][C] for the depthwise convolution.
     DepthwiseHwc,
+    /// [..][K][N] -> [..][N][K]: a constant right operand of a matrix product stored with K
+    /// contiguous (the view keeps the logical [..][K][N] shape, with the strides swapped).
+    KMajor,
 }
 
 struct Entry {
@@ -525,6 +528,12 @@ impl Emitter<'_> {
                 tt.shape = vec![t.shape[2], t.shape[3], t.shape[0]];
                 tt
             }
+            Transform::KMajor => {
+                let rank = t.shape.len();
+                let mut perm = identity(rank);
+                perm.swap(rank - 2, rank - 1);
+                crate::interp::transpose(t, &perm)
+            }
         };
         let bytes = data.cast(dtype).to_bytes();
         self.entries.push(Entry { bytes, first_use: None });
@@ -540,11 +549,21 @@ impl Emitter<'_> {
         let elems = t.len();
         let buf = self.new_buf(BufKind::Weights(e), elems.max(1), dtype);
         let shape = match transform {
-            Transform::AsIs => t.shape.clone(),
+            Transform::AsIs | Transform::KMajor => t.shape.clone(),
             Transform::ConvOhwi => vec![t.shape[0], t.shape[2], t.shape[3], t.shape[1]],
             Transform::DepthwiseHwc => vec![t.shape[2], t.shape[3], t.shape[0]],
         };
-        let strides = strides_of(&shape);
+        let strides = if transform == Transform::KMajor {
+            // Stored [..][N][K]: the logical [..][K][N] view has its last two strides swapped.
+            let rank = shape.len();
+            let mut stored = shape.clone();
+            stored.swap(rank - 2, rank - 1);
+            let mut st = strides_of(&stored);
+            st.swap(rank - 2, rank - 1);
+            st
+        } else {
+            strides_of(&shape)
+        };
         Ok(View { buf, offset: 0, shape, strides, dtype, writers: Vec::new() })
     }
 
@@ -1006,6 +1025,22 @@ impl Emitter<'_> {
         identity(rank)
     }
 
+    /// The right operand of a matrix product. A constant one of the fp16 plans (a linear layer's
+    /// weight as ONNX MatMul stores it, [K][N]) is kept K-major: the tensor-core tiles copy B
+    /// into shared memory in 16-byte chunks along K, and their fixed-shape and wide constant
+    /// paths take only that layout (tile.cuh); an [N][K] weight already is, and stays as is.
+    fn matmul_rhs(&mut self, id: NodeId) -> Result<View, Error> {
+        if self.dtype == DType::F16
+            && let Some(t) = self.g.konst(id)
+            && t.shape.len() >= 2
+            && t.shape[t.shape.len() - 1] > 1
+            && t.shape[t.shape.len() - 2] > 1
+        {
+            return self.const_view(id, Transform::KMajor);
+        }
+        self.value(id)
+    }
+
     fn emit_matmul(&mut self, id: NodeId) -> Result<(), Error> {
         let g = self.g;
         let node = &g.nodes[id];
@@ -1015,7 +1050,7 @@ impl Emitter<'_> {
         let rank = shape.len();
         let (m, n) = (shape[rank - 2], shape[rank - 1]);
         let mut a = self.value(node.inputs[0])?;
-        let mut b = self.value(node.inputs[1])?;
+        let mut b = self.matmul_rhs(node.inputs[1])?;
         let k = a.shape[rank - 1];
         if a.dtype != self.dtype {
             a = self.contiguous(&name, a, self.dtype);
