@@ -593,7 +593,9 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         .with_smem(104 * 1024),
         // The fixed-shape tiles (tile.cuh: tc_tile_fixed; 256 threads on 128x128, 64x128, 128x64):
         // edge tiles in m, n and k (K not a multiple of the k32 stage), odd n (unaligned paired
-        // stores), bias, residual and activations, the attention layout (B = K^T), batches, the
+        // stores), bias, residual and activations (the shared-memory epilogue with whole, partial
+        // and unaligned runs of 8; the register one where the stages are too small for the f32
+        // tile, as in "two stages"), the attention layout (B = K^T), batches, the
         // convolution loader (padding, strided output), split-K, two stages and deep pipelines;
         // then the generic engine's paired epilogue at other tiles and CTA sizes.
         gemm_case(

@@ -33,16 +33,17 @@ __device__ __forceinline__ void unpack_h16x8(const uint4& v, float (&f)[8]) {
     }
 }
 
-// Two adjacent halves p[0], p[1] (the second only when `two`) as f32: one 4-byte load when aligned.
-__device__ __forceinline__ void ld_pair(const h16* p, bool two, float& a, float& b) {
-    if (two && ((u64)p & 3ull) == 0ull) {
-        const u32 w = *(const u32*)p;
-        a = h2f((h16)(w & 0xffffu));
-        b = h2f((h16)(w >> 16));
-    } else {
-        a = h2f(p[0]);
-        b = two ? h2f(p[1]) : 0.0f;
-    }
+// Two adjacent halves p[0], p[1] (the second only when `two`, else zero bits) as one raw word, p[0]
+// in the low half: one 4-byte load when aligned.
+__device__ __forceinline__ u32 ld_pair_bits(const h16* p, bool two) {
+    if (two && ((u64)p & 3ull) == 0ull) return *(const u32*)p;
+    return (u32)p[0] | (two ? (u32)p[1] << 16 : 0u);
+}
+
+// a += the low half of `bits`, b += the high half (a pair from ld_pair_bits).
+__device__ __forceinline__ void add_pair_bits(u32 bits, float& a, float& b) {
+    a += h2f((h16)(bits & 0xffffu));
+    b += h2f((h16)(bits >> 16));
 }
 
 // Stores a (and b after it when `two`) as halves: one 4-byte store when aligned.
@@ -118,6 +119,53 @@ __device__ __forceinline__ float kairos_act_tagged(u32 act, float x) {
     else if constexpr (ACT == KAIROS_ACT_RELU) return fmaxf(x, 0.0f);
     else return kairos_act_call(act, x);
 }
+
+// 16 bytes through the non-coherent path; not volatile, so the compiler may move it among the
+// thread's stores (only for data no thread of the kernel writes before this read).
+__device__ __forceinline__ uint4 ld_nc16(const h16* p) {
+    uint4 r;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+// Eight outputs o[0 .. n) (n <= 8) of the paired epilogue from their f32 sums: alpha * v + bias
+// + residual (each when present), the activation of class ACT, stored as halves. One 16-byte
+// load of bias and of residual and one 16-byte store when all eight are there and aligned (the
+// addends read non-coherently: each is read once, before any write of this kernel to its own
+// output, so they may be scheduled ahead of the earlier runs' stores); else pair by pair.
+template <u32 ACT>
+__device__ __forceinline__ void store8_h16(h16* o, const h16* b, const h16* r, float alpha, u32 act, const float (&v)[8], u32 n) {
+    if (n == 8u && (((u64)o | (u64)b | (u64)r) & 15ull) == 0ull) {
+        float x[8];
+#pragma unroll
+        for (u32 e = 0; e < 8u; ++e) x[e] = v[e] * alpha;
+        if (b) {
+            float f[8];
+            unpack_h16x8(ld_nc16(b), f);
+#pragma unroll
+            for (u32 e = 0; e < 8u; ++e) x[e] += f[e];
+        }
+        if (r) {
+            float f[8];
+            unpack_h16x8(ld_nc16(r), f);
+#pragma unroll
+            for (u32 e = 0; e < 8u; ++e) x[e] += f[e];
+        }
+        u32 w[4];
+#pragma unroll
+        for (u32 e = 0; e < 4u; ++e)
+            w[e] = (u32)f2h(kairos_act_tagged<ACT>(act, x[2u * e])) | ((u32)f2h(kairos_act_tagged<ACT>(act, x[2u * e + 1u])) << 16);
+        *(uint4*)o = make_uint4(w[0], w[1], w[2], w[3]);
+        return;
+    }
+    for (u32 e = 0; e < n; ++e) {
+        float x = v[e] * alpha;
+        if (b) x += h2f(b[e]);
+        if (r) x += h2f(r[e]);
+        o[e] = f2h(kairos_act_tagged<ACT>(act, x));
+    }
+}
+
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -152,21 +152,23 @@ struct ConvTcLoader {
     // Outputs (mm, nn) and, when `two`, (mm, nn + 1), the activation of class ACT (KAIROS_ACT_NONE,
     // _RELU or _ANY: common.cuh, kairos_act_tagged): paired loads and stores where aligned.
     __device__ u32 act() const { return A.act; }
+    __device__ u32 bias2(u32 nn, bool two) const { return A.bias ? ld_pair_bits((const h16*)A.bias + n0 + nn, two) : 0u; }
+    __device__ u32 res2(u32 mm, u32 nn, bool two) const {
+        return A.res ? ld_pair_bits((const h16*)A.res + (u64)(m0 + mm) * A.res_ps + n0 + nn, two) : 0u;
+    }
     template <u32 ACT>
-    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two) const {
+    __device__ void store8(u32 mm, u32 nn, const float (&v)[8], u32 n) const {
+        const u64 m = m0 + mm;
+        const u32 c = n0 + nn;
+        store8_h16<ACT>((h16*)A.out + m * A.out_ps + c, A.bias ? (const h16*)A.bias + c : nullptr,
+                        A.res ? (const h16*)A.res + m * A.res_ps + c : nullptr, 1.0f, A.act, v, n);
+    }
+    template <u32 ACT>
+    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two, u32 bias, u32 res) const {
         const u64 m = m0 + mm;
         const u32 n = n0 + nn;
-        float x0, x1;
-        if (A.bias) {
-            ld_pair((const h16*)A.bias + n, two, x0, x1);
-            v0 += x0;
-            v1 += x1;
-        }
-        if (A.res) {
-            ld_pair((const h16*)A.res + m * A.res_ps + n, two, x0, x1);
-            v0 += x0;
-            v1 += x1;
-        }
+        if (A.bias) add_pair_bits(bias, v0, v1);
+        if (A.res) add_pair_bits(res, v0, v1);
         st_pair((h16*)A.out + m * A.out_ps + n, two, kairos_act_tagged<ACT>(A.act, v0), kairos_act_tagged<ACT>(A.act, v1));
     }
 };

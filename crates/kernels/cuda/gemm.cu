@@ -79,24 +79,25 @@ struct GemmTcLoader {
         if (pr) v += ld(pr + mm * A.r_sm + nn);
         st(pc + mm * A.c_sm + nn, kairos_act(A.act, v));
     }
-    // Outputs (mm, nn) and, when `two`, (mm, nn + 1), the activation of class ACT (KAIROS_ACT_NONE,
-    // _RELU or _ANY: common.cuh, kairos_act_tagged): paired loads and stores where aligned.
+    // The paired epilogue (tile.cuh, tc_store_frags): the bias and residual pairs of outputs
+    // (mm, nn) and, when `two`, (mm, nn + 1) as raw halves, then the store of both with those
+    // addends and the activation of class ACT (KAIROS_ACT_NONE, _RELU or _ANY: common.cuh,
+    // kairos_act_tagged); paired loads and stores where aligned.
     __device__ u32 act() const { return A.act; }
+    __device__ u32 bias2(u32 nn, bool two) const { return pbias ? ld_pair_bits(pbias + nn, two) : 0u; }
+    __device__ u32 res2(u32 mm, u32 nn, bool two) const { return pr ? ld_pair_bits(pr + mm * A.r_sm + nn, two) : 0u; }
+    // Outputs (mm, nn .. nn + n), n <= 8, with the same epilogue (common.cuh, store8_h16).
     template <u32 ACT>
-    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two) const {
+    __device__ void store8(u32 mm, u32 nn, const float (&v)[8], u32 n) const {
+        store8_h16<ACT>(pc + mm * A.c_sm + nn, pbias ? pbias + nn : nullptr, pr ? pr + mm * A.r_sm + nn : nullptr, A.alpha, A.act, v,
+                        n);
+    }
+    template <u32 ACT>
+    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two, u32 bias, u32 res) const {
         v0 *= A.alpha;
         v1 *= A.alpha;
-        float x0, x1;
-        if (pbias) {
-            ld_pair(pbias + nn, two, x0, x1);
-            v0 += x0;
-            v1 += x1;
-        }
-        if (pr) {
-            ld_pair(pr + mm * A.r_sm + nn, two, x0, x1);
-            v0 += x0;
-            v1 += x1;
-        }
+        if (pbias) add_pair_bits(bias, v0, v1);
+        if (pr) add_pair_bits(res, v0, v1);
         st_pair(pc + mm * A.c_sm + nn, two, kairos_act_tagged<ACT>(A.act, v0), kairos_act_tagged<ACT>(A.act, v1));
     }
 };

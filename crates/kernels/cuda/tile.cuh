@@ -556,30 +556,96 @@ __device__ __forceinline__ void tc_mmas(float (&acc)[MI][NI][4], const u32 (&af)
 // r0 + 16 i + 8, columns c0 + 8 j and c0 + 8 j + 1 (r0, c0: the lane's first row and column in the
 // tile); fragments past mi_n x nj_n and outputs past tm x tn are not stored. Pairs of columns
 // go out together (the loader's store2), and the activation's class is chosen once, so the
-// unrolled stores stay compact code (common.cuh: kairos_act_tagged).
-template <u32 ACT, u32 MI, u32 NI, typename L>
+// unrolled stores stay compact code (common.cuh: kairos_act_tagged). AHEAD: the bias pairs, and
+// the residual pairs of IG fragment rows at a time (at most 32 words), are read before any of
+// their stores, all in flight at once (read between the stores, each waits out its own round
+// trip: a load may not pass a store that could alias it); without it each pair is read beside its
+// store, which keeps the generic engine's registers for its main loop (with AHEAD there, its
+// 128-thread entries spilled in the stage loop and ResNet-18 ran 26% slower at batch 1, H100).
+template <u32 ACT, bool AHEAD, u32 MI, u32 NI, typename L>
 __device__ __forceinline__ void tc_store_frags_as(const L& ld_, const float (&acc)[MI][NI][4], u32 r0, u32 c0, u32 mi_n,
                                                   u32 nj_n, u32 tm, u32 tn) {
+    if constexpr (!AHEAD) {
 #pragma unroll
-    for (u32 i = 0; i < MI; ++i)
+        for (u32 i = 0; i < MI; ++i)
 #pragma unroll
-        for (u32 j = 0; j < NI; ++j) {
-            const u32 mm = r0 + i * 16u;
-            const u32 nn = c0 + j * 8u;
-            if (i < mi_n && j < nj_n && nn < tn) {
-                if (mm < tm) ld_.template store2<ACT>(mm, nn, acc[i][j][0], acc[i][j][1], nn + 1u < tn);
-                if (mm + 8u < tm) ld_.template store2<ACT>(mm + 8u, nn, acc[i][j][2], acc[i][j][3], nn + 1u < tn);
+            for (u32 j = 0; j < NI; ++j) {
+                const u32 mm = r0 + i * 16u;
+                const u32 nn = c0 + j * 8u;
+                if (i < mi_n && j < nj_n && nn < tn) {
+                    const bool two = nn + 1u < tn;
+                    if (mm < tm)
+                        ld_.template store2<ACT>(mm, nn, acc[i][j][0], acc[i][j][1], two, ld_.bias2(nn, two), ld_.res2(mm, nn, two));
+                    if (mm + 8u < tm)
+                        ld_.template store2<ACT>(mm + 8u, nn, acc[i][j][2], acc[i][j][3], two, ld_.bias2(nn, two),
+                                                 ld_.res2(mm + 8u, nn, two));
+                }
             }
-        }
+        return;
+    }
+    constexpr u32 IG = MI * NI * 2u <= 32u ? MI : (16u / NI > 0u ? 16u / NI : 1u);
+    u32 bias[NI];
+#pragma unroll
+    for (u32 j = 0; j < NI; ++j) {
+        const u32 nn = c0 + j * 8u;
+        bias[j] = j < nj_n && nn < tn ? ld_.bias2(nn, nn + 1u < tn) : 0u;
+    }
+#pragma unroll
+    for (u32 i0 = 0; i0 < MI; i0 += IG) {
+        u32 res[IG][NI][2];
+#pragma unroll
+        for (u32 g = 0; g < IG; ++g)
+#pragma unroll
+            for (u32 j = 0; j < NI; ++j) {
+                const u32 i = i0 + g, mm = r0 + i * 16u, nn = c0 + j * 8u;
+                const bool frag = i < MI && i < mi_n && j < nj_n && nn < tn;
+                res[g][j][0] = frag && mm < tm ? ld_.res2(mm, nn, nn + 1u < tn) : 0u;
+                res[g][j][1] = frag && mm + 8u < tm ? ld_.res2(mm + 8u, nn, nn + 1u < tn) : 0u;
+            }
+#pragma unroll
+        for (u32 g = 0; g < IG; ++g)
+#pragma unroll
+            for (u32 j = 0; j < NI; ++j) {
+                const u32 i = i0 + g, mm = r0 + i * 16u, nn = c0 + j * 8u;
+                if (i < MI && i < mi_n && j < nj_n && nn < tn) {
+                    const bool two = nn + 1u < tn;
+                    if (mm < tm) ld_.template store2<ACT>(mm, nn, acc[i][j][0], acc[i][j][1], two, bias[j], res[g][j][0]);
+                    if (mm + 8u < tm) ld_.template store2<ACT>(mm + 8u, nn, acc[i][j][2], acc[i][j][3], two, bias[j], res[g][j][1]);
+                }
+            }
+    }
 }
 
-template <u32 MI, u32 NI, typename L>
+template <u32 MI, u32 NI, bool AHEAD = false, typename L>
 __device__ __forceinline__ void tc_store_frags(const L& ld_, const float (&acc)[MI][NI][4], u32 r0, u32 c0, u32 mi_n, u32 nj_n,
                                                u32 tm, u32 tn) {
     const u32 act = ld_.act();
-    if (act == KAIROS_ACT_NONE) tc_store_frags_as<KAIROS_ACT_NONE>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
-    else if (act == KAIROS_ACT_RELU) tc_store_frags_as<KAIROS_ACT_RELU>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
-    else tc_store_frags_as<KAIROS_ACT_ANY>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+    if (act == KAIROS_ACT_NONE) tc_store_frags_as<KAIROS_ACT_NONE, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+    else if (act == KAIROS_ACT_RELU) tc_store_frags_as<KAIROS_ACT_RELU, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+    else tc_store_frags_as<KAIROS_ACT_ANY, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+}
+
+// The epilogue of a whole tile from shared memory (the fixed-shape tiles): the f32 sums sit in
+// `cs` ([BM][BN + TCX_CPAD] floats) and each thread takes runs of 8 outputs along a row, so the
+// loader reads bias and residual and writes the outputs 16 bytes at a time (store8), and no
+// accumulator is live across an out-of-line activation call (in registers, the 64 sums of a
+// 128 x 128 tile's thread were spilled around each call: half of a GELU product's time, H100).
+#define TCX_CPAD 8u  // floats of padding per row: a half-warp's float2 fragment writes hit 16 banks
+
+template <u32 ACT, u32 BM, u32 BN, u32 T, typename L>
+__device__ __forceinline__ void tcx_epilogue_as(const L& ld_, const float* cs, u32 tm, u32 tn) {
+    constexpr u32 RUNS = BM * BN / 8u;
+#pragma unroll
+    for (u32 q0 = 0; q0 < RUNS; q0 += T) {
+        const u32 q = q0 + threadIdx.x;
+        const u32 mm = q / (BN / 8u), nn = (q % (BN / 8u)) * 8u;
+        if (mm < tm && nn < tn) {
+            const float4 lo = *(const float4*)(cs + mm * (BN + TCX_CPAD) + nn);
+            const float4 hi = *(const float4*)(cs + mm * (BN + TCX_CPAD) + nn + 4u);
+            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            ld_.template store8<ACT>(mm, nn, v, min(8u, tn - nn));
+        }
+    }
 }
 
 // One pass of the engine with warp tiles of at most MI x NI fragments (compile-time, so the
@@ -1084,7 +1150,27 @@ __device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 
     tc_cp_wait_all();  // only empty groups can be left
     __syncthreads();   // every warp is done with the stages (the next logical block refills them)
 
-    tc_store_frags<MI, NI>(ld_, acc, wm * WTM + (lane >> 2), wn * WTN + (lane & 3u) * 2u, MI, NI, tm, tn);
+    const u32 r0 = wm * WTM + (lane >> 2), c0 = wn * WTN + (lane & 3u) * 2u;
+    if (tc_dyn_smem_bytes() < BM * (BN + TCX_CPAD) * 4u) {
+        tc_store_frags<MI, NI, true>(ld_, acc, r0, c0, MI, NI, tm, tn);
+        return;
+    }
+    // The sums through shared memory (the stages are free now), then the epilogue by runs of 8.
+    float* const cs = (float*)kairos_dyn_smem;
+#pragma unroll
+    for (u32 i = 0; i < MI; ++i)
+#pragma unroll
+        for (u32 j = 0; j < NI; ++j) {
+            float* const p = cs + (r0 + i * 16u) * (BN + TCX_CPAD) + c0 + j * 8u;
+            *(float2*)p = make_float2(acc[i][j][0], acc[i][j][1]);
+            *(float2*)(p + 8u * (BN + TCX_CPAD)) = make_float2(acc[i][j][2], acc[i][j][3]);
+        }
+    __syncthreads();
+    const u32 act = ld_.act();
+    if (act == KAIROS_ACT_NONE) tcx_epilogue_as<KAIROS_ACT_NONE, BM, BN, T>(ld_, cs, tm, tn);
+    else if (act == KAIROS_ACT_RELU) tcx_epilogue_as<KAIROS_ACT_RELU, BM, BN, T>(ld_, cs, tm, tn);
+    else tcx_epilogue_as<KAIROS_ACT_ANY, BM, BN, T>(ld_, cs, tm, tn);
+    __syncthreads();  // the sums are read before the next logical block refills the stages
 }
 
 // Whether the fixed-shape tiles can take this product: 16-byte operand chunks, B with k
@@ -1153,8 +1239,15 @@ struct SplitKTcLoader {
     __device__ void store(u32 mm, u32 nn, float v) const { ws[(u64)mm * ws_ld + nn] = v; }
     // Raw sums: no activation (the splitk_sum kernel applies the epilogue).
     __device__ u32 act() const { return KAIROS_ACT_NONE; }
+    __device__ u32 bias2(u32, bool) const { return 0u; }
+    __device__ u32 res2(u32, u32, bool) const { return 0u; }
     template <u32 ACT>
-    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two) const {
+    __device__ void store8(u32 mm, u32 nn, const float (&v)[8], u32 n) const {
+        float* p = ws + (u64)mm * ws_ld + nn;
+        for (u32 e = 0; e < n; ++e) p[e] = v[e];
+    }
+    template <u32 ACT>
+    __device__ void store2(u32 mm, u32 nn, float v0, float v1, bool two, u32, u32) const {
         float* p = ws + (u64)mm * ws_ld + nn;
         p[0] = v0;
         if (two) p[1] = v1;
