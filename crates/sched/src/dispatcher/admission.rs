@@ -1,0 +1,634 @@
+//! Admission: models, host mappings, submissions, I/O slots, cancellation and completion.
+
+use super::*;
+
+impl<G: Gpu> Dispatcher<G> {
+    pub fn host_mappings(&self) -> usize {
+        self.host_maps.len()
+    }
+
+    pub(super) fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping, Error> {
+        if self.shutting_down {
+            return Err(Error::ShuttingDown);
+        }
+        if self.host_maps.len() >= HOST_MAPPINGS_MAX {
+            return Err(Error::Overloaded { what: "host mappings", max: HOST_MAPPINGS_MAX as u64 });
+        }
+        let mapping = self.gpu.map_host(memory)?;
+        self.host_maps.insert(mapping.id, HostMap { mapping, jobs: 0, closing: false });
+        Ok(mapping)
+    }
+
+    pub(super) fn unmap_host(&mut self, id: HostMappingId, out: &mut Vec<Output>) {
+        let result = match self.host_maps.get_mut(&id) {
+            None => Err(Error::InvalidInput(format!("host mapping {} is not mapped", id.0))),
+            Some(h) if h.closing => Err(Error::InvalidInput(format!("host mapping {} is already being unmapped", id.0))),
+            Some(h) => {
+                h.closing = true;
+                self.maybe_unmap(id, out);
+                return;
+            }
+        };
+        out.push(Output::HostUnmapped { id, result });
+    }
+
+    /// Unmaps a closing mapping once no job uses it.
+    pub(super) fn maybe_unmap(&mut self, id: HostMappingId, out: &mut Vec<Output>) {
+        if !self.host_maps.get(&id).is_some_and(|h| h.closing && h.jobs == 0) {
+            return;
+        }
+        self.host_maps.remove(&id);
+        let result = self.gpu.unmap_host(id).map_err(Error::from);
+        out.push(Output::HostUnmapped { id, result });
+    }
+
+    /// Checks a binding against the plan and the mapping; the device addresses it names.
+    pub(super) fn bind(&self, plan: &Plan, r: &Request, b: &IoBinding) -> Result<Bound, Error> {
+        let h = match self.host_maps.get(&b.mapping) {
+            Some(h) if !h.closing => &h.mapping,
+            Some(_) => return Err(Error::InvalidInput(format!("host mapping {} is being unmapped", b.mapping.0))),
+            None => return Err(Error::InvalidInput(format!("host mapping {} is not mapped", b.mapping.0))),
+        };
+        if r.options.skip_io {
+            return Err(Error::InvalidInput("skip_io and I/O bound to a host mapping exclude each other".into()));
+        }
+        let spans = |what: &str, spans: &[MappedSpan], tensors: &[kairos_ir::plan::IoTensor]| -> Result<Vec<DevicePtr>, Error> {
+            if spans.is_empty() {
+                return Ok(Vec::new());
+            }
+            if spans.len() != tensors.len() {
+                return Err(Error::InvalidInput(format!(
+                    "model '{}' has {} {what}s, the binding names {}",
+                    r.model,
+                    tensors.len(),
+                    spans.len()
+                )));
+            }
+            let mut ptrs = Vec::with_capacity(spans.len());
+            for (s, t) in spans.iter().zip(tensors) {
+                if s.len_bytes != t.len_bytes() {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} '{}' takes {} bytes, its span holds {}",
+                        t.name,
+                        t.len_bytes(),
+                        s.len_bytes
+                    )));
+                }
+                if s.offset_bytes.checked_add(s.len_bytes).is_none_or(|end| end > h.bytes) {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} '{}': bytes {}..{} are outside the mapping of {} bytes",
+                        t.name,
+                        s.offset_bytes,
+                        s.offset_bytes as u128 + s.len_bytes as u128,
+                        h.bytes
+                    )));
+                }
+                let p = h.ptr.offset(s.offset_bytes);
+                if !p.0.is_multiple_of(h.align_bytes.max(1)) {
+                    return Err(Error::InvalidInput(format!(
+                        "{what} '{}' at offset {} is not aligned to the {} bytes the GPU's kernels need",
+                        t.name, s.offset_bytes, h.align_bytes
+                    )));
+                }
+                ptrs.push(p);
+            }
+            Ok(ptrs)
+        };
+        let inputs = spans("input", &b.inputs, &plan.inputs)?;
+        let outputs = spans("output", &b.outputs, &plan.outputs)?;
+        if !inputs.is_empty() && !r.inputs.is_empty() {
+            return Err(Error::InvalidInput("inputs are bound to a host mapping and given as tensors too".into()));
+        }
+        for (i, o) in b.outputs.iter().enumerate() {
+            if let Some(j) = b.outputs[..i].iter().position(|p| o.overlaps(p)) {
+                return Err(Error::InvalidInput(format!("outputs {j} and {i} overlap in the host mapping")));
+            }
+            if let Some(j) = b.inputs.iter().position(|p| o.overlaps(p)) {
+                return Err(Error::InvalidInput(format!("output {i} overlaps input {j} in the host mapping")));
+            }
+        }
+        Ok(Bound { mapping: b.mapping, inputs, outputs })
+    }
+
+    pub(super) fn load_model(&mut self, spec: ModelSpec) -> Result<ModelInfo, Error> {
+        if self.shutting_down {
+            return Err(Error::ShuttingDown);
+        }
+        if self.model_names.contains_key(&spec.name) {
+            return Err(Error::ModelExists(spec.name));
+        }
+        let live = self.models.iter().filter(|m| m.is_some()).count();
+        if live >= self.cfg.models_max {
+            return Err(Error::Overloaded { what: "models", max: self.cfg.models_max as u64 });
+        }
+        let plan = spec.plan;
+        plan.validate().map_err(|e| Error::InvalidModel(format!("{}: {e}", spec.name)))?;
+        if plan.launches.len() > LAUNCHES_PER_PLAN_MAX {
+            return Err(Error::InvalidModel(format!(
+                "{}: {} launches exceed {LAUNCHES_PER_PLAN_MAX}",
+                spec.name,
+                plan.launches.len()
+            )));
+        }
+        let mut classes = Vec::with_capacity(plan.launches.len());
+        let mut capacity_ctas = Vec::with_capacity(plan.launches.len());
+        for (i, l) in plan.launches.iter().enumerate() {
+            let res = self.gpu.kernel_resources(&l.kernel, l.dtype, &l.shape)?;
+            let class = self.occupancy.intern(res).ok_or_else(|| {
+                Error::InvalidModel(format!("{}: launch {i} ({}) cannot be placed: {res:?}", spec.name, l.name))
+            })?;
+            classes.push(class);
+            capacity_ctas.push(self.occupancy.capacity_ctas(class).max(1));
+        }
+        let mut dependents = vec![Vec::new(); plan.launches.len()];
+        let mut dep_counts = vec![0u32; plan.launches.len()];
+        for (i, l) in plan.launches.iter().enumerate() {
+            let mut deps = l.deps.clone();
+            deps.sort_unstable();
+            deps.dedup();
+            dep_counts[i] = deps.len() as u32;
+            for d in deps {
+                dependents[d as usize].push(i as u32);
+            }
+        }
+        let default_ctas: Vec<u32> =
+            plan.launches.iter().zip(&capacity_ctas).map(|(l, &c)| l.shape.logical_blocks.min(c)).collect();
+        let estimates = Estimates::new(&plan, spec.profile.as_ref(), &self.rates, &default_ctas, self.cfg.estimate_window);
+        let weights = upload_weights(&mut self.gpu, &plan, MemKind::Device)?;
+        let info = ModelInfo {
+            name: spec.name.clone(),
+            launches: plan.launches.len() as u32,
+            weight_bytes: plan.weight_bytes,
+            arena_bytes: plan.arena_bytes,
+            estimated_ns: estimates.total_ns() as u64,
+            estimate_source: estimates.source(),
+        };
+        let model = Model {
+            name: spec.name.clone(),
+            plan,
+            weights,
+            dependents,
+            dep_counts,
+            classes,
+            capacity_ctas,
+            estimates,
+            slots_free: Vec::new(),
+            slots_total: 0,
+            waiting: VecDeque::new(),
+            jobs: 0,
+            unloading: false,
+        };
+        let index = match self.models.iter().position(|m| m.is_none()) {
+            Some(i) => {
+                self.models[i] = Some(model);
+                i
+            }
+            None => {
+                self.models.push(Some(model));
+                self.models.len() - 1
+            }
+        };
+        self.model_names.insert(spec.name, index);
+        Ok(info)
+    }
+
+    pub(super) fn unload_model(&mut self, name: String, out: &mut Vec<Output>) {
+        let Some(&index) = self.model_names.get(&name) else {
+            out.push(Output::ModelUnloaded { name: name.clone(), result: Err(Error::UnknownModel(name)) });
+            return;
+        };
+        let m = self.models[index].as_mut().expect("named model exists");
+        if m.unloading {
+            out.push(Output::ModelUnloaded { name: name.clone(), result: Err(Error::ModelUnloading(name)) });
+            return;
+        }
+        m.unloading = true;
+        self.maybe_free_model(index, out);
+    }
+
+    pub(super) fn maybe_free_model(&mut self, index: usize, out: &mut Vec<Output>) {
+        let Some(m) = self.models[index].as_ref() else { return };
+        if !m.unloading || m.jobs > 0 {
+            return;
+        }
+        let m = self.models[index].take().expect("checked above");
+        self.model_names.remove(&m.name);
+        let name = m.name.clone();
+        free_model(&mut self.gpu, m);
+        out.push(Output::ModelUnloaded { name, result: Ok(()) });
+    }
+
+    pub(super) fn shutdown(&mut self, out: &mut Vec<Output>) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        let ids: Vec<(u64, RequestId)> = self.jobs.iter().flatten().map(|j| (j.seq, j.id)).collect();
+        let mut ids = ids;
+        ids.sort();
+        for (_, id) in ids {
+            self.cancel(id, Error::ShuttingDown, out);
+        }
+        self.maybe_finish_shutdown(out);
+    }
+
+    pub(super) fn maybe_finish_shutdown(&mut self, out: &mut Vec<Output>) {
+        if !self.shutting_down || self.shut_down || self.job_count > 0 {
+            return;
+        }
+        for index in 0..self.models.len() {
+            if let Some(m) = self.models[index].take() {
+                self.model_names.remove(&m.name);
+                free_model(&mut self.gpu, m);
+            }
+        }
+        let mut ids: Vec<HostMappingId> = self.host_maps.keys().copied().collect();
+        ids.sort();
+        for id in ids {
+            self.host_maps.remove(&id);
+            let result = self.gpu.unmap_host(id).map_err(Error::from);
+            out.push(Output::HostUnmapped { id, result });
+        }
+        self.shut_down = true;
+        out.push(Output::ShutDown);
+    }
+
+    pub(super) fn reject(&mut self, id: RequestId, e: Error, out: &mut Vec<Output>) {
+        self.stats.rejected += 1;
+        out.push(Output::Done { id, result: Err(e) });
+    }
+
+    pub(super) fn submit(&mut self, r: Request, binding: Option<IoBinding>, out: &mut Vec<Output>) {
+        self.stats.submitted += 1;
+        if self.shutting_down {
+            return self.reject(r.id, Error::ShuttingDown, out);
+        }
+        let Some(&model) = self.model_names.get(&r.model) else {
+            return self.reject(r.id, Error::UnknownModel(r.model), out);
+        };
+        let m = self.models[model].as_ref().expect("named model exists");
+        if m.unloading {
+            return self.reject(r.id, Error::ModelUnloading(r.model), out);
+        }
+        if self.by_id.contains_key(&r.id) {
+            return self.reject(r.id, Error::InvalidInput(format!("request id {} is already in use", r.id.0)), out);
+        }
+        if self.job_count >= self.cfg.jobs_max {
+            return self.reject(r.id, Error::Overloaded { what: "dispatcher jobs", max: self.cfg.jobs_max as u64 }, out);
+        }
+        if !self.tenant_index.contains_key(&r.options.tenant) && self.tenants.len() >= self.cfg.tenants_max {
+            return self.reject(r.id, Error::Overloaded { what: "tenants", max: self.cfg.tenants_max as u64 }, out);
+        }
+        let bound = match binding.map(|b| self.bind(&m.plan, &r, &b)).transpose() {
+            Ok(b) => b,
+            Err(e) => return self.reject(r.id, e, out),
+        };
+        let mut inputs = Vec::new();
+        if !r.options.skip_io && bound.as_ref().is_none_or(|b| b.inputs.is_empty()) {
+            if r.inputs.len() != m.plan.inputs.len() {
+                let e = Error::InvalidInput(format!(
+                    "model '{}' takes {} inputs, got {}",
+                    r.model,
+                    m.plan.inputs.len(),
+                    r.inputs.len()
+                ));
+                return self.reject(r.id, e, out);
+            }
+            for (i, t) in r.inputs.iter().enumerate() {
+                match input_bytes(&m.plan, i, t) {
+                    Ok(b) => inputs.push(b),
+                    Err(kairos_gpu::GpuError::Invalid(e)) => return self.reject(r.id, Error::InvalidInput(e), out),
+                    Err(e) => return self.reject(r.id, Error::InvalidInput(e.to_string()), out),
+                }
+            }
+        }
+        let n = m.plan.launches.len();
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.jobs.push(None);
+                (self.jobs.len() - 1) as u32
+            }
+        };
+        self.generation = self.generation.wrapping_add(1);
+        let key = JobKey { slot, generation: self.generation };
+        let arrival_ns = r.arrival_ns.unwrap_or(self.now_ns);
+        let job = Job {
+            key,
+            id: r.id,
+            model,
+            options: r.options,
+            arrival_ns,
+            admitted_ns: 0,
+            first_issue_ns: None,
+            inputs,
+            slot: None,
+            bound,
+            bound_bases: None,
+            states: vec![LState::Waiting; n],
+            deps_left: Vec::new(),
+            ready: BinaryHeap::new(),
+            running: BTreeSet::new(),
+            chainable: None,
+            queued: 0,
+            chained: 0,
+            unissued: n as u32,
+            in_flight: 0,
+            done: 0,
+            cancelled: false,
+            error: None,
+            view: None,
+            stream: None,
+            remaining_ns: 0.0,
+            total_ns: 0.0,
+            seq: 0,
+            last_issue_seq: 0,
+            counted_ready: false,
+            notified: false,
+        };
+        let tenant = job.options.tenant;
+        if let Some(b) = &job.bound {
+            self.host_maps.get_mut(&b.mapping).expect("bound to a live mapping").jobs += 1;
+        }
+        self.jobs[slot as usize] = Some(job);
+        self.by_id.insert(r.id, key);
+        self.job_count += 1;
+        self.tenant_add(tenant);
+        let m = self.models[model].as_mut().expect("named model exists");
+        m.jobs += 1;
+        m.waiting.push_back(key);
+        self.admit_waiting(model, out);
+    }
+
+    /// Gives free (or new, up to the limit) slots to the model's waiting jobs, in FIFO order.
+    pub(super) fn admit_waiting(&mut self, model: usize, out: &mut Vec<Output>) {
+        loop {
+            let m = self.models[model].as_mut().expect("model of a job exists");
+            let Some(&key) = m.waiting.front() else { return };
+            let slot = match m.slots_free.pop() {
+                Some(s) => s,
+                None if m.slots_total < self.cfg.slots_per_model_max => match new_slot(&mut self.gpu, &m.plan, m.weights.ptr) {
+                    Ok(s) => {
+                        m.slots_total += 1;
+                        s
+                    }
+                    // Out of memory with slots still out: the next completion frees one.
+                    Err(_) if m.slots_total > 0 => return,
+                    Err(e) => {
+                        m.waiting.pop_front();
+                        self.finish(key, Some(e), out);
+                        continue;
+                    }
+                },
+                None => return,
+            };
+            m.waiting.pop_front();
+            self.admit(key, slot, out);
+        }
+    }
+
+    pub(super) fn admit(&mut self, key: JobKey, slot: IoSlot, out: &mut Vec<Output>) {
+        let now = self.now_ns;
+        let job = self.jobs[key.slot as usize].as_mut().expect("waiting job exists");
+        let m = self.models[job.model].as_ref().expect("model of a job exists");
+        // Inputs go in before any kernel can read them.
+        let mut write_error = None;
+        for (i, bytes) in job.inputs.drain(..).enumerate() {
+            if let Err(e) = self.gpu.write(slot.bases.inputs[i], &bytes) {
+                write_error = Some(Error::from(e));
+                break;
+            }
+        }
+        if let Some(b) = &job.bound {
+            let mut bases = slot.bases.clone();
+            if !b.inputs.is_empty() {
+                bases.inputs.clone_from(&b.inputs);
+            }
+            if !b.outputs.is_empty() {
+                bases.outputs.clone_from(&b.outputs);
+            }
+            job.bound_bases = Some(bases);
+        }
+        job.slot = Some(slot);
+        job.admitted_ns = now;
+        job.deps_left = m.dep_counts.clone();
+        for (i, &d) in job.deps_left.iter().enumerate() {
+            if d == 0 {
+                job.states[i] = LState::Ready { first_block: 0 };
+                job.ready.push(Reverse(i as u32));
+            }
+        }
+        job.total_ns = m.estimates.total_ns();
+        job.remaining_ns = job.total_ns;
+        self.admit_seq += 1;
+        job.seq = self.admit_seq;
+        job.view = Some(self.views.len());
+        let placeholder = JobView {
+            key,
+            id: job.id,
+            seq: job.seq,
+            model: job.model as u32,
+            tenant: job.options.tenant,
+            class: job.options.class,
+            priority: job.options.priority,
+            arrival_ns: job.arrival_ns,
+            deadline_at_ns: job.options.deadline_ns.map(|d| job.arrival_ns.saturating_add(d)),
+            total_ns: job.total_ns as u64,
+            remaining_ns: job.remaining_ns as u64,
+            launches: job.states.len() as u32,
+            launches_unissued: job.unissued,
+            in_flight: 0,
+            next_ready: None,
+            ready_count: 0,
+            stream: None,
+            last_issue_seq: 0,
+            running: None,
+            cancelled: false,
+        };
+        self.views.push(placeholder);
+        if let Some(e) = write_error {
+            self.fail(key, e, out);
+            return;
+        }
+        if job_is_complete(self.jobs[key.slot as usize].as_ref().unwrap()) {
+            // A plan without launches.
+            self.finish(key, None, out);
+            return;
+        }
+        self.refresh(key);
+    }
+
+    /// Stops a job; `reason` is what it completes with once nothing of it is on the GPU.
+    pub(super) fn cancel(&mut self, id: RequestId, reason: Error, out: &mut Vec<Output>) {
+        let Some(&key) = self.by_id.get(&id) else { return };
+        self.fail(key, reason, out);
+    }
+
+    pub(super) fn fail(&mut self, key: JobKey, reason: Error, out: &mut Vec<Output>) {
+        let Some(job) = self.jobs.get_mut(key.slot as usize).and_then(|j| j.as_mut()).filter(|j| j.key == key) else { return };
+        if job.cancelled {
+            return;
+        }
+        job.cancelled = true;
+        if job.slot.is_none() {
+            // Still waiting for a slot: nothing was issued.
+            let m = self.models[job.model].as_mut().expect("model of a job exists");
+            m.waiting.retain(|k| *k != key);
+            self.finish(key, Some(reason), out);
+            return;
+        }
+        if job.in_flight == 0 {
+            self.finish(key, Some(reason), out);
+            return;
+        }
+        job.error = Some(reason);
+        job.running.clear();
+        job.chainable = None;
+        let issued: Vec<LaunchId> =
+            job.states.iter().filter_map(|s| if let LState::Issued(l) = s { Some(*l) } else { None }).collect();
+        for l in issued {
+            // A launch that already finished is a no-op for the GPU; its LaunchDone is on the way.
+            let _ = self.gpu.preempt(l);
+        }
+        self.refresh(key);
+    }
+
+    // ---------------------------------------------------------------- completion
+
+    /// Removes a job and emits its result: `error` if given, else its outputs.
+    pub(super) fn finish(&mut self, key: JobKey, error: Option<Error>, out: &mut Vec<Output>) {
+        let mut job = self.jobs[key.slot as usize].take().expect("finished job exists");
+        self.free_slots.push(key.slot);
+        self.by_id.remove(&job.id);
+        self.job_count -= 1;
+        if let Some(v) = job.view.take() {
+            self.views.swap_remove(v);
+            if let Some(moved) = self.views.get(v).map(|x| x.key) {
+                self.jobs[moved.slot as usize].as_mut().expect("viewed job exists").view = Some(v);
+            }
+        }
+        if let Some(s) = job.stream {
+            let s = s as usize;
+            let was_idle = self.stream_is_idle(s);
+            self.streams[s].jobs -= 1;
+            self.stream_update(s, was_idle);
+        }
+        self.tenant_remove(job.options.tenant, job.counted_ready);
+        let now = self.now_ns;
+        let result = match error {
+            Some(e) => {
+                if e == Error::Cancelled {
+                    self.stats.cancelled += 1;
+                } else {
+                    self.stats.failed += 1;
+                }
+                Err(e)
+            }
+            None => {
+                let m = self.models[job.model].as_ref().expect("model of a job exists");
+                let mut outputs = Vec::new();
+                let mut read_error = None;
+                let outputs_bound = job.bound.as_ref().is_some_and(|b| !b.outputs.is_empty());
+                if !job.options.skip_io
+                    && !outputs_bound
+                    && let Some(slot) = &job.slot
+                {
+                    for (o, ptr) in m.plan.outputs.iter().zip(&slot.bases.outputs) {
+                        let mut bytes = vec![0u8; o.len_bytes() as usize];
+                        if let Err(e) = self.gpu.read(*ptr, &mut bytes) {
+                            read_error = Some(Error::from(e));
+                            break;
+                        }
+                        match Tensor::from_bytes(o.dtype, o.shape.clone(), &bytes) {
+                            Ok(t) => outputs.push(t),
+                            Err(e) => {
+                                read_error = Some(Error::Gpu(e));
+                                break;
+                            }
+                        }
+                    }
+                }
+                match read_error {
+                    Some(e) => {
+                        self.stats.failed += 1;
+                        Err(e)
+                    }
+                    None => {
+                        self.stats.completed += 1;
+                        let deadline_missed = job.options.deadline_ns.is_some_and(|d| now > job.arrival_ns.saturating_add(d));
+                        Ok(Response {
+                            id: job.id,
+                            outputs,
+                            timing: Timing {
+                                arrival_ns: job.arrival_ns,
+                                admitted_ns: job.admitted_ns,
+                                first_issue_ns: job.first_issue_ns.unwrap_or(job.admitted_ns),
+                                done_ns: now,
+                                launches: job.states.len() as u32,
+                                chained: job.chained,
+                                deadline_missed,
+                            },
+                        })
+                    }
+                }
+            }
+        };
+        out.push(Output::Done { id: job.id, result });
+        let model = job.model;
+        let m = self.models[model].as_mut().expect("model of a job exists");
+        m.jobs -= 1;
+        if let Some(slot) = job.slot.take() {
+            m.slots_free.push(slot);
+        }
+        if let Some(b) = job.bound.take() {
+            // Nothing of the job is on the GPU any more: the mapping may go if it is closing.
+            self.host_maps.get_mut(&b.mapping).expect("bound to a live mapping").jobs -= 1;
+            self.maybe_unmap(b.mapping, out);
+        }
+        self.admit_waiting(model, out);
+        self.maybe_free_model(model, out);
+        self.maybe_finish_shutdown(out);
+    }
+}
+
+pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::DevicePtr) -> Result<IoSlot, Error> {
+    let mut allocations = Vec::new();
+    let result = (|| {
+        let arena = gpu.alloc(plan.arena_bytes.max(1), MemKind::Device)?;
+        allocations.push(arena);
+        let mut bases = SpaceBases { arena: arena.ptr, weights, inputs: Vec::new(), outputs: Vec::new() };
+        for t in &plan.inputs {
+            let a = gpu.alloc(t.len_bytes().max(1), MemKind::Device)?;
+            allocations.push(a);
+            bases.inputs.push(a.ptr);
+        }
+        for t in &plan.outputs {
+            let a = gpu.alloc(t.len_bytes().max(1), MemKind::Device)?;
+            allocations.push(a);
+            bases.outputs.push(a.ptr);
+        }
+        Ok::<_, kairos_gpu::GpuError>(bases)
+    })();
+    match result {
+        Ok(bases) => Ok(IoSlot { allocations, bases }),
+        Err(e) => {
+            for a in allocations {
+                let _ = gpu.free(a);
+            }
+            Err(e.into())
+        }
+    }
+}
+
+pub(super) fn free_slot<G: Gpu>(gpu: &mut G, slot: IoSlot) {
+    for a in slot.allocations {
+        let _ = gpu.free(a);
+    }
+}
+
+pub(super) fn free_model<G: Gpu>(gpu: &mut G, m: Model) {
+    for s in m.slots_free {
+        free_slot(gpu, s);
+    }
+    let _ = gpu.free(m.weights);
+}
