@@ -146,6 +146,7 @@ fn worker(transport: Transport, at: Endpoints, epoch: Instant, jobs: Arc<Mutex<R
                 launches: 0,
                 chained: 0,
                 deadline_missed: t.deadline_missed,
+                ..Timing::default()
             }),
             Err(e) => {
                 if e.code().is_none() {

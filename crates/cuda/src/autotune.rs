@@ -447,6 +447,7 @@ fn time_shapes(
                 stream,
                 after: None,
                 report_ctas: true,
+                report_start: false,
             };
             let timed = (|| {
                 gpu.time_span(&req)?;

@@ -18,8 +18,9 @@
 //!   observed device-to-host delay, so a mapped time is never early by more than ~1 us).
 
 use crate::driver::{self, CUdevice, CUdevice_attribute as A, DriverError};
+use crate::launcher::{Failure, Job, LAUNCH_THREADS_MAX, Launchers};
 use crate::nvrtc::{self, KernelCache, Variant};
-use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_CAPACITY, Record, RingError};
+use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_TIMEOUT_NS, Record, RingError};
 use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
 use kairos_gpu::*;
 use kairos_ir::DType;
@@ -27,6 +28,7 @@ use kairos_ir::plan::{Kernel, LaunchShape};
 use kairos_kernels::source::{self, ParamBlock};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::Instant;
@@ -39,6 +41,13 @@ pub const COPIES_MAX: usize = 4096;
 /// its stream (sm_90+), overlapping its start with that kernel's end. Off by default: on the
 /// H200 it did not lower latency (docs/benchmarks.md, "Overlapped launches").
 pub const OVERLAP_ENV: &str = "KAIROS_OVERLAP_LAUNCHES";
+/// How fast the tracked device-clock offset is let down between records (see `track_clock`), in
+/// parts per million of elapsed host time: above the drift seen (~10 ppm).
+const CLOCK_DRIFT_PPM: i64 = 50;
+/// Launcher threads that make the driver call of each protocol launch (see [`crate::launcher`]):
+/// the variable's value (0: every launch on the caller's thread), else [`LAUNCH_THREADS_DEFAULT`].
+pub const LAUNCH_THREADS_ENV: &str = "KAIROS_LAUNCH_THREADS";
+pub const LAUNCH_THREADS_DEFAULT: usize = 2;
 /// Partitions (green contexts) a `CudaGpu` will create.
 pub const PARTITIONS_MAX: usize = 64;
 /// How long the start-up SM probe keeps each CTA on its SM, so a grid spreads over all SMs.
@@ -121,24 +130,98 @@ impl Allocated {
 }
 
 /// A real GPU behind the `Gpu` trait.
+/// Where the host time of `Gpu::launch` goes: kairos' own work before the driver call (kernel
+/// lookup, argument packing, launch slot, stream gate, protocol block) and the driver call
+/// (`cuLaunchKernel`), summed over launches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LaunchCosts {
+    pub launches: u64,
+    pub total_ns: u64,
+    pub driver_ns: u64,
+}
+
+impl LaunchCosts {
+    pub fn since(&self, before: &LaunchCosts) -> LaunchCosts {
+        LaunchCosts {
+            launches: self.launches - before.launches,
+            total_ns: self.total_ns - before.total_ns,
+            driver_ns: self.driver_ns - before.driver_ns,
+        }
+    }
+}
+
+/// A launch shape's entry function, resolved once.
+struct Entry {
+    f: Arc<FunctionInfo>,
+    name: Arc<str>,
+    ctas_per_sm: u32,
+}
+
+/// FxHash-style hashing for the launch path's small keys (launch ids, entry keys): a multiply per
+/// word, against SipHash's tens of nanoseconds. Not for keys an adversary chooses.
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 pub struct CudaGpu {
+    /// Launcher threads (None: launches on the caller's thread). Joined first when dropped.
+    launchers: Option<Launchers>,
+    /// Launch on the caller's thread even with launchers (timed work).
+    launch_inline: bool,
     info: DeviceInfo,
     epoch: Instant,
-    /// host_ns = device_ns - device_clock_offset_ns
+    /// host_ns = device_ns - device_clock_offset_ns. Calibrated at start, then kept up to date
+    /// from the records themselves (see `track_clock`): %globaltimer and the host's clock drift
+    /// apart by ~10 ppm (130 µs after seconds, measured on an H100 host).
     device_clock_offset_ns: i64,
+    /// Host time of the offset's last update.
+    clock_tracked_ns: u64,
     host_events: VecDeque<GpuEvent>,
     records: Vec<Record>,
     in_flight: Vec<Option<InFlight>>,
-    slot_of: HashMap<LaunchId, u32>,
+    slot_of: HashMap<LaunchId, u32, BuildHasherDefault<KeyHasher>>,
     spans: VecDeque<(LaunchId, u64)>,
+    /// Notification records read, and ring overflows recovered from (for metrics and reports).
+    records_read: u64,
+    ring_overflows: u64,
     last_health_check_ns: u64,
     utility_stream: Option<StreamId>,
     next_launch: u64,
+    /// Host time of the protocol launches so far, split at the driver call.
+    launch_costs: LaunchCosts,
     next_copy: u64,
     copies: VecDeque<(CopyId, Event)>,
     spare_events: Vec<Event>,
     allocations: BTreeMap<u64, Allocated>,
     functions: HashMap<(String, Variant), Arc<FunctionInfo>>,
+    /// Per launch shape, what the launch path looks up (entry function, its name, CTAs per SM), so a
+    /// launch builds no strings and hashes a small key once.
+    entries: HashMap<(source::EntryKey, u32, u32), Entry, BuildHasherDefault<KeyHasher>>,
     modules: HashMap<(source::Module, Variant), Arc<Module>>,
     occupancy: HashMap<(String, Variant, u32, u32), u32>,
     /// Most shared memory one CTA may have (static and dynamic, opted in).
@@ -163,6 +246,8 @@ pub struct CudaGpu {
     host_maps: crate::hostmap::HostMaps,
     /// Protocol flags for the next `launch_inner` (taken there): the host-memory fence.
     next_launch_flags: u32,
+    /// CTAs per SM of the next launch's entry when the caller already knows them.
+    next_launch_per_sm: Option<u32>,
     protocol: Protocol,
     bound: Cell<Option<ThreadId>>,
     dev: CUdevice,
@@ -223,22 +308,29 @@ impl CudaGpu {
             launches_in_flight_max: LAUNCH_SLOTS_MAX,
         };
         let mut gpu = CudaGpu {
+            launchers: None,
+            launch_inline: false,
             info,
             epoch: Instant::now(),
             device_clock_offset_ns: 0,
+            clock_tracked_ns: 0,
             host_events: VecDeque::new(),
             records: Vec::new(),
             in_flight: (0..LAUNCH_SLOTS_MAX).map(|_| None).collect(),
-            slot_of: HashMap::new(),
+            slot_of: HashMap::default(),
             spans: VecDeque::new(),
+            records_read: 0,
+            ring_overflows: 0,
             last_health_check_ns: 0,
             utility_stream: None,
             next_launch: 1,
+            launch_costs: LaunchCosts::default(),
             next_copy: 1,
             copies: VecDeque::new(),
             spare_events: Vec::new(),
             allocations: BTreeMap::new(),
             functions: HashMap::new(),
+            entries: HashMap::default(),
             modules: HashMap::new(),
             occupancy: HashMap::new(),
             smem_optin_bytes: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
@@ -254,6 +346,7 @@ impl CudaGpu {
             green_note: None,
             host_maps: Default::default(),
             next_launch_flags: 0,
+            next_launch_per_sm: None,
             protocol,
             bound: Cell::new(Some(std::thread::current().id())),
             dev,
@@ -272,7 +365,42 @@ impl CudaGpu {
         gpu.calibrate_clock()?;
         gpu.measure_bandwidths()?;
         gpu.sync_info();
+        let threads = match std::env::var(LAUNCH_THREADS_ENV) {
+            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+                GpuError::Invalid(format!("{LAUNCH_THREADS_ENV}={v}: a number of launcher threads (0 to {LAUNCH_THREADS_MAX})"))
+            })?,
+            Err(_) => LAUNCH_THREADS_DEFAULT,
+        };
+        gpu.set_launch_threads(threads)?;
         Ok(gpu)
+    }
+
+    /// Makes the driver call of each protocol launch on `threads` launcher threads (0: on the
+    /// caller's thread). Waits for the launches already posted.
+    pub fn set_launch_threads(&mut self, threads: usize) -> Result<()> {
+        self.launchers = None;
+        if threads > 0 {
+            self.launchers = Some(Launchers::start(threads, self.ctx.raw()).map_err(GpuError::Invalid)?);
+        }
+        Ok(())
+    }
+
+    /// Launcher threads in use (0: launches on the caller's thread).
+    pub fn launch_threads(&self) -> usize {
+        self.launchers.as_ref().map_or(0, |l| l.threads())
+    }
+
+    /// Host time the launcher threads spent in driver calls so far.
+    pub fn launcher_busy_ns(&self) -> u64 {
+        self.launchers.as_ref().map_or(0, |l| l.busy_ns())
+    }
+
+    /// Waits until every launch posted to the launcher threads went to the driver: anything that
+    /// must follow launches on a stream (events, copies, synchronizing, destroying) calls this first.
+    fn flush_launches(&self) {
+        if let Some(l) = &self.launchers {
+            l.flush();
+        }
     }
 
     fn bind(&self) -> Result<()> {
@@ -392,6 +520,7 @@ impl CudaGpu {
             self.helper_stream.synchronize().map_err(drv)?;
         }
         self.device_clock_offset_ns = best;
+        self.clock_tracked_ns = self.now_ns();
         Ok(())
     }
 
@@ -525,6 +654,10 @@ impl CudaGpu {
         if let Some(prev) = st.last_partition
             && prev != partition
         {
+            // The event must follow the launches posted to this stream so far.
+            if let Some(l) = &self.launchers {
+                l.flush();
+            }
             // Keep the stream's FIFO order across partitions: an event of the previous partition's
             // context, recorded there and waited for here (waits may cross contexts).
             st.chain[&prev].record(&st.by_partition[&prev]).map_err(drv)?;
@@ -565,6 +698,7 @@ impl CudaGpu {
         variant: Variant,
     ) -> Result<LaunchId> {
         let extra_flags = std::mem::take(&mut self.next_launch_flags);
+        let known_per_sm = self.next_launch_per_sm.take();
         self.bind()?;
         if o.first_block > total_blocks {
             return Err(GpuError::Invalid(format!("first block {} beyond the launch's {total_blocks} blocks", o.first_block)));
@@ -590,7 +724,10 @@ impl CudaGpu {
                 f.dyn_smem_max_bytes
             )));
         }
-        let per_sm = self.occupancy_of(name, f, variant, threads, dyn_smem_bytes)?;
+        let per_sm = match known_per_sm {
+            Some(n) => n,
+            None => self.occupancy_of(name, f, variant, threads, dyn_smem_bytes)?,
+        };
         if per_sm == 0 {
             return Err(GpuError::Invalid(format!("{name} does not fit on an SM at {threads} threads per CTA")));
         }
@@ -663,25 +800,51 @@ impl CudaGpu {
         let proto = proto.to_block();
         let overlap = self.overlap_launches && variant == Variant::Protocol;
         let result = (|| {
-            let stream = self.stream_for(o.stream, o.partition.0)?;
+            let stream_raw = self.stream_for(o.stream, o.partition.0)?.raw();
             let params: Vec<&[u8]> = match args {
                 Some(a) => vec![proto.as_bytes(), a.as_bytes()],
                 None => vec![proto.as_bytes()],
             };
-            // SAFETY: every kernel of the library takes (KairosProto, <Args>) by value (kairos_noop
-            // takes the protocol block alone), and `args` was packed for this very function by
-            // kairos_kernels::source (sizes checked against the C structs); the protocol buffers
-            // live as long as self; the caller keeps its own buffers alive until LaunchDone (the
-            // Gpu trait's contract). Overlapped: kairos_run waits for the kernel before (every
+            // SAFETY (both paths): every kernel of the library takes (KairosProto, <Args>) by value
+            // (kairos_noop takes the protocol block alone), and `args` was packed for this very
+            // function by kairos_kernels::source (sizes checked against the C structs); the protocol
+            // buffers live as long as self; the caller keeps its own buffers alive until LaunchDone
+            // (the Gpu trait's contract). Overlapped: kairos_run waits for the kernel before (every
             // thread, before the gate read and the first block) as launch_overlapped requires.
-            if overlap {
+            // Posted to a launcher thread, the call happens there with the same parameters (copied
+            // into the job); self outlives it (flushed before streams go, joined before modules go).
+            if let Some(l) = self.launchers.as_ref().filter(|_| !self.launch_inline) {
+                let t = Instant::now();
+                let job = Job::new(
+                    f.f.raw(),
+                    stream_raw,
+                    grid,
+                    threads,
+                    dyn_smem_bytes,
+                    overlap,
+                    id,
+                    slot.unwrap_or(u32::MAX),
+                    &params,
+                )
+                .map_err(GpuError::Invalid);
+                let r = job.map(|job| l.post(o.stream.0, job));
+                return Ok::<_, GpuError>((r, t.elapsed().as_nanos() as u64));
+            }
+            let stream = &self.streams[o.stream.0 as usize].by_partition[&o.partition.0];
+            let t = Instant::now();
+            let r = if overlap {
                 // SAFETY: as above.
                 unsafe { f.f.launch_overlapped(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
             } else {
                 // SAFETY: as above.
                 unsafe { f.f.launch(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
-            }
-        })();
+            };
+            Ok::<_, GpuError>((r, t.elapsed().as_nanos() as u64))
+        })()
+        .and_then(|(r, ns)| {
+            self.launch_costs.driver_ns += ns;
+            r
+        });
         match (result, slot) {
             (Err(e), Some(s)) => {
                 self.protocol.free_slot(s);
@@ -717,11 +880,42 @@ impl CudaGpu {
     }
 
     /// Launches a plan kernel with extra options (an SM bitmap for placement tests).
+    /// Host time of the protocol launches so far (see [`LaunchCosts`]).
+    pub fn launch_costs(&self) -> LaunchCosts {
+        self.launch_costs
+    }
+
     pub fn launch_with(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
+        let t0 = Instant::now();
+        let r = self.launch_with_inner(request, sm_bitmap);
+        self.launch_costs.launches += 1;
+        self.launch_costs.total_ns += t0.elapsed().as_nanos() as u64;
+        r
+    }
+
+    fn launch_with_inner(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
         source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
         let threads = request.shape.threads_per_block;
-        let f = self.kernel_function(request.kernel, request.dtype, threads, Variant::Protocol)?;
-        let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
+        let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
+        let key = (source::entry_key(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?, threads, dyn_smem);
+        let (f, name, per_sm) = match self.entries.get(&key) {
+            Some(e) => (Arc::clone(&e.f), Arc::clone(&e.name), e.ctas_per_sm),
+            None => {
+                let f = self.kernel_function(request.kernel, request.dtype, threads, Variant::Protocol)?;
+                let name: Arc<str> =
+                    source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?.into();
+                let per_sm = if threads == 0 || threads > f.threads_max || dyn_smem > f.dyn_smem_max_bytes {
+                    0 // launch_inner refuses it with the reason
+                } else {
+                    self.occupancy_of(&name, &f, Variant::Protocol, threads, dyn_smem)?
+                };
+                if per_sm > 0 {
+                    self.entries.insert(key, Entry { f: Arc::clone(&f), name: Arc::clone(&name), ctas_per_sm: per_sm });
+                }
+                (f, name, per_sm)
+            }
+        };
+        self.next_launch_per_sm = (per_sm > 0).then_some(per_sm);
         let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
         let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
         let o = LaunchOptions {
@@ -736,14 +930,16 @@ impl CudaGpu {
         // Arguments in mapped host memory: the CTAs fence at system scope before counting as done.
         let fence_flags = self.host_maps.fence_flags(request.args);
         let fenced = fence_flags != 0;
-        self.next_launch_flags = fence_flags | if request.report_ctas { 0 } else { source::FLAG_NO_CTA_RECORDS };
+        self.next_launch_flags = fence_flags
+            | if request.report_ctas { 0 } else { source::FLAG_NO_CTA_RECORDS }
+            | if request.report_start { source::FLAG_START_RECORD } else { 0 };
         let id = self.launch_inner(
             &name,
             &f,
             Some(&block),
             request.shape.logical_blocks,
             request.shape.threads_per_block,
-            source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape),
+            dyn_smem,
             &o,
             Variant::Protocol,
         )?;
@@ -774,6 +970,7 @@ impl CudaGpu {
     /// A bare empty kernel of `ctas` CTAs (no protocol, no notification), for launch-cost baselines.
     /// Returns when it has been issued.
     pub fn launch_empty(&mut self, ctas: u32, threads: u32, stream: StreamId) -> Result<()> {
+        self.flush_launches();
         let f = self.function_by_name("kairos_empty", source::Module::Util, Variant::Protocol)?;
         let s = self.stream_for(stream, 0)?;
         // SAFETY: kairos_empty takes no parameters.
@@ -789,13 +986,19 @@ impl CudaGpu {
         issue: impl FnOnce(&mut CudaGpu) -> Result<Option<LaunchId>>,
     ) -> Result<u64> {
         self.bind()?;
+        // Timed work is launched on this thread, right after the start event (a handoff to a
+        // launcher thread would add its latency to the time).
+        self.flush_launches();
         let part = self
             .partitions
             .get(partition.0 as usize)
             .ok_or_else(|| GpuError::Invalid(format!("unknown partition {}", partition.0)))?;
         let start = Self::event_in(&self.ctx, part, true)?;
         start.record(self.stream_for(stream, partition.0)?).map_err(drv)?;
-        let id = issue(self)?;
+        let inline = std::mem::replace(&mut self.launch_inline, true);
+        let id = issue(self);
+        self.launch_inline = inline;
+        let id = id?;
         let last = self.streams[stream.0 as usize].last_partition.unwrap_or(partition.0);
         let end = Self::event_in(&self.ctx, &self.partitions[last as usize], true)?;
         end.record(self.stream_for(stream, last)?).map_err(drv)?;
@@ -887,6 +1090,8 @@ impl CudaGpu {
         match *e {
             GpuEvent::CtasPlaced { launch: l, .. }
             | GpuEvent::CtasFinished { launch: l, .. }
+            | GpuEvent::LaunchStarted { launch: l, .. }
+            | GpuEvent::LaunchLost { launch: l, .. }
             | GpuEvent::LaunchDone { launch: l, .. } => l == launch,
             GpuEvent::CopyDone { .. } => false,
         }
@@ -905,6 +1110,7 @@ impl CudaGpu {
     /// Waits for everything queued on every stream.
     pub fn synchronize(&mut self) -> Result<()> {
         self.bind()?;
+        self.flush_launches();
         for st in &self.streams {
             for s in st.by_partition.values() {
                 s.synchronize().map_err(drv)?;
@@ -920,9 +1126,33 @@ impl CudaGpu {
         Event::new(timing).map_err(drv)
     }
 
+    /// Notification records read so far.
+    pub fn records_read(&self) -> u64 {
+        self.records_read
+    }
+
+    /// Times the notification ring overflowed and was recovered.
+    pub fn ring_overflows(&self) -> u64 {
+        self.ring_overflows
+    }
+
     /// Number of launches whose `LaunchDone` has not been polled yet.
     pub fn launches_in_flight(&self) -> u32 {
         self.protocol.slots_in_flight()
+    }
+
+    /// Follows the drift between the device's clock and the host's. A record read at host time h
+    /// and stamped d on the device says offset >= d - h (it was written before it was read), with
+    /// equality when it is read at once; so the offset is the largest such sample, and it is let
+    /// down by `CLOCK_DRIFT_PPM` of the time that passed, to follow a device clock that falls
+    /// behind (the samples of a busy ring lift it back within microseconds).
+    fn track_clock(&mut self, records: &[Record]) {
+        let Some(newest) = records.iter().map(|r| r.device_ns).max() else { return };
+        let now = self.now_ns();
+        let elapsed = now.saturating_sub(self.clock_tracked_ns);
+        self.clock_tracked_ns = now;
+        let decayed = self.device_clock_offset_ns - (elapsed as i64 * CLOCK_DRIFT_PPM / 1_000_000);
+        self.device_clock_offset_ns = decayed.max(newest as i64 - now as i64);
     }
 
     fn device_to_host_ns(&self, device_ns: u64) -> u64 {
@@ -1024,6 +1254,8 @@ pub fn read_sm_bitmap(gpu: &mut CudaGpu, bitmap: DevicePtr) -> Result<SmMask> {
 
 impl Drop for CudaGpu {
     fn drop(&mut self) {
+        // The launchers hand over what was posted and stop before anything they use goes.
+        self.launchers = None;
         // Let queued work finish before buffers, modules and streams go.
         let _ = self.ctx.bind();
         let _ = self.synchronize();
@@ -1097,6 +1329,7 @@ impl Gpu for CudaGpu {
 
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
         self.bind()?;
+        self.flush_launches();
         self.find(dst, bytes)?;
         self.find(src, bytes)?;
         if self.copies.len() >= COPIES_MAX {
@@ -1156,6 +1389,7 @@ impl Gpu for CudaGpu {
 
     fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
         self.bind()?;
+        self.flush_launches();
         let st = self
             .streams
             .get_mut(stream.0 as usize)
@@ -1226,12 +1460,10 @@ impl Gpu for CudaGpu {
 }
 
 impl CudaGpu {
-    /// The events of the notification ring and of finished copies (not the stash).
-    fn poll_device(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
-        let mut records = std::mem::take(&mut self.records);
-        records.clear();
-        let polled = self.protocol.poll(&mut records);
-        for r in &records {
+    /// Turns ring records into events and retires the launches that ended.
+    fn apply_records(&mut self, records: &[Record], events: &mut Vec<GpuEvent>) -> Result<()> {
+        self.track_clock(records);
+        for r in records {
             let (id, first_placed) = match self.in_flight.get_mut(r.slot as usize) {
                 Some(Some(f)) => {
                     if r.kind == source::REC_PLACED && f.first_placed_ns.is_none() {
@@ -1242,7 +1474,10 @@ impl CudaGpu {
                 _ => return Err(GpuError::Driver(format!("notification for launch slot {} with no launch in flight", r.slot))),
             };
             let at_ns = self.device_to_host_ns(r.device_ns);
+            self.records_read += 1;
             events.push(match r.kind {
+                // aux 1: the launch's start record (KAIROS_FLAG_START_RECORD), not a CTA group.
+                source::REC_PLACED if r.aux == 1 => GpuEvent::LaunchStarted { launch: id, at_ns },
                 source::REC_PLACED => GpuEvent::CtasPlaced { launch: id, sm: r.sm, ctas: r.ctas, at_ns },
                 source::REC_FINISHED => GpuEvent::CtasFinished { launch: id, sm: r.sm, ctas: r.ctas, blocks: r.blocks, at_ns },
                 source::REC_DONE => {
@@ -1258,10 +1493,66 @@ impl CudaGpu {
                 k => return Err(GpuError::Driver(format!("notification of unknown kind {k}"))),
             });
         }
-        self.records = records;
-        if let Err(RingError::Overflow) = polled {
-            return Err(GpuError::Exhausted { limit: "notification ring (the host stopped polling)", max: RING_CAPACITY as u64 });
+        Ok(())
+    }
+
+    /// The ring overflowed (the host stopped reading for longer than the producers wait): waits
+    /// until nothing runs, takes the records that arrived, and reports every launch still in
+    /// flight after them as lost, freeing its slot (its last CTA reset the slot before its end
+    /// record was dropped).
+    fn recover_ring(&mut self, records: &mut Vec<Record>, events: &mut Vec<GpuEvent>) -> Result<()> {
+        self.synchronize()?;
+        let dropped = self.protocol.recover(records).map_err(drv)?;
+        self.apply_records(records, events)?;
+        self.ring_overflows += 1;
+        let now = self.now_ns();
+        let mut lost = 0;
+        for slot in 0..self.in_flight.len() {
+            if let Some(f) = self.in_flight[slot].take() {
+                self.slot_of.remove(&f.id);
+                self.protocol.free_slot(slot as u32);
+                events.push(GpuEvent::LaunchLost { launch: f.id, at_ns: now });
+                lost += 1;
+            }
         }
+        eprintln!(
+            "kairos: the notification ring overflowed (the host stopped reading for over {} ms): {dropped} records dropped, \
+             {lost} launches lost (their requests fail); serving goes on",
+            RING_TIMEOUT_NS / 1_000_000
+        );
+        Ok(())
+    }
+
+    /// The events of the notification ring and of finished copies (not the stash). After a ring
+    /// overflow it waits for the device to go idle, recovers the ring, and reports the launches
+    /// whose end was dropped as [`GpuEvent::LaunchLost`] (the rest keep working).
+    fn poll_device(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
+        if let Some(l) = &self.launchers {
+            let mut failed: Vec<Failure> = Vec::new();
+            l.take_failures(&mut failed);
+            for f in failed {
+                // The driver refused it: nothing ran, the slot is still zero.
+                eprintln!("kairos: launch {} failed in the driver: {}; its request fails", f.launch.0, f.error);
+                if let Some(slot) = self.slot_of.remove(&f.launch) {
+                    self.in_flight[slot as usize] = None;
+                    self.protocol.free_slot(slot);
+                }
+                events.push(GpuEvent::LaunchLost { launch: f.launch, at_ns: self.now_ns() });
+            }
+        }
+        let mut records = std::mem::take(&mut self.records);
+        records.clear();
+        let polled = self.protocol.poll(&mut records);
+        let applied = self.apply_records(&records, events);
+        if applied.is_ok() && polled == Err(RingError::Overflow) {
+            records.clear();
+            let recovered = self.recover_ring(&mut records, events);
+            self.records = records;
+            recovered?;
+        } else {
+            self.records = records;
+        }
+        applied?;
         while let Some((_, e)) = self.copies.front() {
             if !e.is_done().map_err(drv)? {
                 break;

@@ -11,6 +11,8 @@
 //! - [`profile`]: `kairos profile` (per-kernel durations, resources, KRISP's min SMs).
 //! - [`autotune`]: tile configurations per launch shape, timed at model load and cached on disk.
 //! - [`hostmap`]: caller memory mapped into the device for zero-copy I/O (`Gpu::map_host`).
+//! - [`launcher`]: launcher threads that make the driver call of each launch beside the
+//!   dispatcher thread (`KAIROS_LAUNCH_THREADS`, default 2; 0 launches on the caller's thread).
 //!
 //! Entry points for the binary: [`CudaGpu::new`] (a clear `GpuError::NoDevice` without a driver
 //! or GPU), then `kairos_gpu::exec::{upload_weights, execute_plan}` for `kairos run --backend
@@ -20,6 +22,7 @@ pub mod autotune;
 pub mod driver;
 pub mod gpu;
 pub mod hostmap;
+pub mod launcher;
 pub mod nvrtc;
 pub mod profile;
 pub mod protocol;
@@ -27,7 +30,7 @@ pub mod safe;
 pub mod suite;
 
 pub use autotune::{TuneOptions, autotune_plan};
-pub use gpu::{CudaGpu, LaunchOptions, OVERLAP_ENV, read_sm_bitmap};
+pub use gpu::{CudaGpu, LAUNCH_THREADS_DEFAULT, LAUNCH_THREADS_ENV, LaunchCosts, LaunchOptions, OVERLAP_ENV, read_sm_bitmap};
 pub use nvrtc::Variant;
 pub use profile::profile_plan;
 

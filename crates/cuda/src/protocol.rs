@@ -5,7 +5,10 @@
 //! device never overwrites an unconsumed record (a full ring stalls producers up to
 //! [`RING_TIMEOUT_NS`], after which the record is dropped and [`Protocol::poll`] fails with
 //! `ring overflow`); a slot is reused only after its launch's `Done` record was consumed, which
-//! the device writes after restoring the slot's counters to zero.
+//! the device writes after restoring the slot's counters to zero. After an overflow, once the
+//! device is idle, [`Protocol::recover`] hands over every record that did arrive, skips the
+//! dropped ones and makes the ring usable again; the launches whose end it never saw are the
+//! caller's to report lost.
 
 use crate::driver::DResult;
 use crate::safe::{DeviceBuffer, MappedBuffer};
@@ -197,6 +200,30 @@ impl Protocol {
     /// Whether the next record has arrived (a cheap check for spinning).
     pub fn has_record(&self) -> bool {
         self.read_record(self.consumed).is_some()
+    }
+
+    /// After an overflow, with nothing running on the device (every producer has written or
+    /// dropped its record): appends the records that arrived, in order, skipping the dropped
+    /// ones, then moves the ring past everything reserved and clears the overflow word. Returns
+    /// how many records were dropped.
+    pub fn recover(&mut self, out: &mut Vec<Record>) -> DResult<u64> {
+        let mut dev = [0u8; 16];
+        self.ring_dev.read(0, &mut dev)?;
+        let reserved = u64::from_le_bytes(dev[..8].try_into().expect("8 bytes"));
+        let mut dropped = 0;
+        for index in self.consumed..reserved.max(self.consumed) {
+            match self.read_record(index) {
+                Some(r) => out.push(r),
+                None => dropped += 1,
+            }
+        }
+        self.consumed = reserved.max(self.consumed);
+        fence(Ordering::Release);
+        self.ring_host.store_u64(0, self.consumed);
+        self.ring_host.store_u32(8, 0);
+        let limit = self.consumed + RING_CAPACITY as u64;
+        self.ring_dev.write(8, &limit.to_le_bytes())?;
+        Ok(dropped)
     }
 
     /// Appends every record that has arrived, in order, and tells the device how far it got.

@@ -30,6 +30,11 @@ impl Context {
         self.dev
     }
 
+    /// The raw handle (for threads that make it current themselves; it stays valid while self lives).
+    pub fn raw(&self) -> driver::CUcontext {
+        self.ctx
+    }
+
     /// Makes the context current on the calling thread.
     pub fn bind(&self) -> DResult<()> {
         // SAFETY: self.ctx stays retained while self lives.
@@ -309,6 +314,13 @@ unsafe impl Sync for Module {}
 pub struct Function {
     raw: CUfunction,
     _module: Arc<Module>,
+}
+
+impl Function {
+    /// The raw handle (valid while the module lives: as long as this value, or its CudaGpu).
+    pub fn raw(&self) -> CUfunction {
+        self.raw
+    }
 }
 
 // SAFETY: a CUfunction is a driver handle usable from any thread with its context current; the

@@ -1036,6 +1036,7 @@ pub fn check_kernel_case(
         stream,
         after: None,
         report_ctas: true,
+        report_start: false,
     };
     let r = (|| {
         let id = gpu.launch(&req)?;
@@ -1149,9 +1150,11 @@ pub fn launch_events(gpu: &mut CudaGpu, launch: LaunchId) -> Result<Vec<GpuEvent
 
 fn launch_of(e: &GpuEvent) -> LaunchId {
     match *e {
-        GpuEvent::CtasPlaced { launch, .. } | GpuEvent::CtasFinished { launch, .. } | GpuEvent::LaunchDone { launch, .. } => {
-            launch
-        }
+        GpuEvent::CtasPlaced { launch, .. }
+        | GpuEvent::CtasFinished { launch, .. }
+        | GpuEvent::LaunchDone { launch, .. }
+        | GpuEvent::LaunchStarted { launch, .. }
+        | GpuEvent::LaunchLost { launch, .. } => launch,
         GpuEvent::CopyDone { .. } => LaunchId(u64::MAX),
     }
 }

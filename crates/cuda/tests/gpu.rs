@@ -77,6 +77,8 @@ fn notifications_account_for_every_cta_and_block() {
                 ran += blocks;
             }
             GpuEvent::LaunchDone { next_block, preempted, .. } => assert_eq!((next_block, preempted), (blocks, false)),
+            GpuEvent::LaunchStarted { .. } => panic!("a start record the launch did not ask for"),
+            GpuEvent::LaunchLost { .. } => panic!("the launch was lost"),
             GpuEvent::CopyDone { .. } => {}
         }
     }
@@ -160,6 +162,7 @@ impl GemmJob {
             stream: o.stream,
             after: None,
             report_ctas: true,
+            report_start: false,
         }
     }
     fn args(&self) -> Vec<DevicePtr> {

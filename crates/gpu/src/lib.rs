@@ -233,6 +233,10 @@ pub struct LaunchRequest<'a> {
     /// CTAs no one tracks, e.g. a whole job handed to one stream: a launch spread over the GPU
     /// sends up to two records per SM for the host to read).
     pub report_ctas: bool,
+    /// Report when the launch's first logical block is taken ([`GpuEvent::LaunchStarted`]): one
+    /// record per launch, whatever its size. Kernel-by-kernel dispatch learns from it when a launch
+    /// left its stream's queue and how long it ran, without a record per SM.
+    pub report_start: bool,
 }
 
 impl<'a> LaunchRequest<'a> {
@@ -256,6 +260,7 @@ impl<'a> LaunchRequest<'a> {
             stream,
             after: None,
             report_ctas: true,
+            report_start: false,
         }
     }
 }
@@ -263,6 +268,13 @@ impl<'a> LaunchRequest<'a> {
 /// What a GPU reports. Times are the backend's clock ([`Gpu::now_ns`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GpuEvent {
+    /// The launch's first logical block was taken (asked for with `LaunchRequest::report_start`):
+    /// it left its stream's queue and runs. At most once per launch, before its `LaunchDone`; a
+    /// launch stopped before any block (stream gate, preempted while queued) sends none.
+    LaunchStarted {
+        launch: LaunchId,
+        at_ns: u64,
+    },
     /// `ctas` CTAs of a launch started on SM `sm`.
     CtasPlaced {
         launch: LaunchId,
@@ -288,6 +300,14 @@ pub enum GpuEvent {
     },
     CopyDone {
         copy: CopyId,
+        at_ns: u64,
+    },
+    /// The backend lost the launch's notifications (its notification ring overflowed while the
+    /// host was not reading) and recovered: the launch has ended, but whether and where it
+    /// stopped is unknown, so its results cannot be used. Sent once, instead of `LaunchDone`; the
+    /// backend is idle for the launches it reports lost and keeps serving.
+    LaunchLost {
+        launch: LaunchId,
         at_ns: u64,
     },
 }

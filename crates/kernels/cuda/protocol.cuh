@@ -44,6 +44,8 @@
 //      itself wherever it is, so no launch is ever lost; its placement record names its SM.
 //
 // Notifications are 32-byte records in a ring in mapped pinned host memory that the host polls.
+// A launch with KAIROS_FLAG_START_RECORD also reports its start: one placement record with aux 1,
+// from the CTA that takes its first block.
 // Placement and completion are aggregated per SM: the first CTA of a launch to arrive on an SM
 // opens a group, CTAs arriving while it reports join it, and one record carries the group's CTA
 // count (the same for completion, with the blocks run). A record is four 8-byte words, each
@@ -91,6 +93,11 @@ typedef long long i64;
 // its stream gate may be read only after griddepcontrol.wait. Without it the gate word is final
 // when the launch starts, so a CTA reads it beside its first take (one round trip less).
 #define KAIROS_FLAG_OVERLAPPED 32u
+// Report the launch's start: the CTA whose take hands out the launch's first block writes one
+// placement record with aux 1 (its `ctas` field: the grid's CTAs), before it runs that block. With
+// KAIROS_FLAG_NO_CTA_RECORDS this makes two records per launch (start and end) whatever its size:
+// what kernel-by-kernel dispatch uses to know when a launch left its stream's queue.
+#define KAIROS_FLAG_START_RECORD 64u
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -363,6 +370,12 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
         __syncthreads();
         const u32 b = s_block[it & 1];
         if (b == KAIROS_NO_BLOCK) break;
+        // The launch's first block: report the start (the other warps go on into the block; the
+        // record's reservation is one L2 round trip of this warp).
+        if (leader && b == P.first_block && (P.flags & (KAIROS_FLAG_NOTIFY | KAIROS_FLAG_START_RECORD)) ==
+                                                (KAIROS_FLAG_NOTIFY | KAIROS_FLAG_START_RECORD)) {
+            kairos_emit(P, KAIROS_REC_PLACED, sm, min(gridDim.x, 0x7ffu), 0, 1u);
+        }
         if (leader && ran == 0 && (P.flags & KAIROS_FLAG_SM_BITMAP)) {
             atomicOr((u32*)P.sm_bitmap + sm / 32, 1u << (sm % 32));
         }

@@ -127,17 +127,47 @@ pub fn module_of(kernel: &Kernel) -> Module {
 /// least [`TC_WIDE_OUTPUTS_PER_WARP_MIN`] outputs per warp (not split-K), else `<name>_f16n` at
 /// most [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries.
 pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
-    let (name, sk) = (kernel.name(), if kernel.is_split_k() { "_sk" } else { "" });
-    match dtype {
-        DType::F16 if uses_tensor_cores(kernel, dtype) && !kernel.is_split_k() && is_wide(kernel, threads_per_cta) => {
-            Ok(format!("{name}_f16w"))
-        }
+    entry_key(kernel, dtype, threads_per_cta).map(|k| format!("{}{}", k.base, k.suffix))
+}
+
+/// What names a launch's entry function without building the name: the kernel's base name and the
+/// entry's suffix (`function_name` is the two joined). A small `Copy` key for per-launch lookups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EntryKey {
+    pub base: &'static str,
+    pub suffix: &'static str,
+}
+
+/// The entry key of a launch (see [`function_name`]).
+pub fn entry_key(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<EntryKey, String> {
+    let base = kernel.name();
+    let sk = kernel.is_split_k();
+    let suffix = match dtype {
+        DType::F16 if uses_tensor_cores(kernel, dtype) && !sk && is_wide(kernel, threads_per_cta) => "_f16w",
         DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => {
-            Ok(format!("{name}{sk}_f16n"))
+            if sk {
+                "_sk_f16n"
+            } else {
+                "_f16n"
+            }
         }
-        DType::F32 | DType::F16 => Ok(format!("{name}{sk}_{}", dtype.name())),
-        DType::I64 => Err(format!("kernel {} has no i64 variant (launch dtype must be f32 or f16)", kernel.name())),
-    }
+        DType::F32 => {
+            if sk {
+                "_sk_f32"
+            } else {
+                "_f32"
+            }
+        }
+        DType::F16 => {
+            if sk {
+                "_sk_f16"
+            } else {
+                "_f16"
+            }
+        }
+        DType::I64 => return Err(format!("kernel {base} has no i64 variant (launch dtype must be f32 or f16)")),
+    };
+    Ok(EntryKey { base, suffix })
 }
 
 /// Whether a tensor-core launch of this tile and CTA size runs the `_f16w` entry (see
@@ -243,6 +273,9 @@ pub const FLAG_NO_CTA_RECORDS: u32 = 16;
 /// KAIROS_FLAG_OVERLAPPED: the launch is a programmatic dependent of the kernel before it (its CTAs
 /// read the stream gate only after waiting for that kernel).
 pub const FLAG_OVERLAPPED: u32 = 32;
+/// KAIROS_FLAG_START_RECORD: the CTA that takes the launch's first block writes a placement record
+/// with aux 1 (the launch's start).
+pub const FLAG_START_RECORD: u32 = 64;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -755,6 +788,25 @@ mod tests {
         assert!(Module::Conv.functions().contains(&"conv2d_f16w".to_string()));
         let tile = HEADERS.iter().find(|h| h.0 == "kairos/common.cuh").unwrap().1;
         assert!(tile.contains(&format!("__launch_bounds__({TC_WIDE_THREADS}, 2)")), "the wide entries' launch bound");
+    }
+
+    #[test]
+    fn protocol_flags_and_record_kinds_match_protocol_cuh() {
+        let proto = HEADERS.iter().find(|h| h.0 == "kairos/protocol.cuh").unwrap().1;
+        for (name, value) in [
+            ("KAIROS_FLAG_NOTIFY", FLAG_NOTIFY),
+            ("KAIROS_FLAG_SM_BITMAP", FLAG_SM_BITMAP),
+            ("KAIROS_FLAG_FENCE_SYSTEM", FLAG_FENCE_SYSTEM),
+            ("KAIROS_FLAG_ONE_TAKE", FLAG_ONE_TAKE),
+            ("KAIROS_FLAG_NO_CTA_RECORDS", FLAG_NO_CTA_RECORDS),
+            ("KAIROS_FLAG_OVERLAPPED", FLAG_OVERLAPPED),
+            ("KAIROS_FLAG_START_RECORD", FLAG_START_RECORD),
+            ("KAIROS_REC_PLACED", REC_PLACED),
+            ("KAIROS_REC_FINISHED", REC_FINISHED),
+            ("KAIROS_REC_DONE", REC_DONE),
+        ] {
+            assert!(proto.contains(&format!("#define {name} {value}u")), "{name} is not {value} in protocol.cuh");
+        }
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub struct VirtualDriver<G: Gpu> {
     records: Vec<RequestRecord>,
     other: Vec<Output>,
     out: Vec<Output>,
+    checks: bool,
 }
 
 impl<G: Gpu> VirtualDriver<G> {
@@ -74,11 +75,27 @@ impl<G: Gpu> VirtualDriver<G> {
             records: Vec::new(),
             other: Vec::new(),
             out: Vec::new(),
+            checks: false,
         })
     }
 
     pub fn now_ns(&self) -> u64 {
         self.d.gpu().now_ns()
+    }
+
+    /// Checks the dispatcher's books after every step ([`Dispatcher::check_invariants`]): a run
+    /// fails at the first step that breaks one (for tests; O(jobs x launches) per step).
+    pub fn set_checks(&mut self, on: bool) {
+        self.checks = on;
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if self.checks {
+            self.d
+                .check_invariants()
+                .map_err(|e| Error::Gpu(format!("dispatcher invariant broken at {} ns: {e}", self.now_ns())))?;
+        }
+        Ok(())
     }
 
     pub fn dispatcher(&self) -> &Dispatcher<G> {
@@ -168,6 +185,7 @@ impl<G: Gpu> VirtualDriver<G> {
     fn run(&mut self, until: Option<u64>) -> Result<(), Error> {
         loop {
             self.d.poll_gpu(&mut self.out)?;
+            self.check()?;
             self.collect();
             let now = self.d.gpu().now_ns();
             let mut fed = false;
@@ -181,6 +199,7 @@ impl<G: Gpu> VirtualDriver<G> {
             }
             if fed {
                 self.d.dispatch(&mut self.out);
+                self.check()?;
                 self.collect();
                 continue;
             }

@@ -41,7 +41,7 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { dispatcher: Config::default(), submit_queue_max: 4096, gpu_wait_ns: 20_000, idle_wait_ms: 50 }
+        EngineConfig { dispatcher: Config::default(), submit_queue_max: 4096, gpu_wait_ns: 2_000, idle_wait_ms: 50 }
     }
 }
 
@@ -75,6 +75,12 @@ struct Shared {
     launches_in_flight: AtomicU64,
     launches: AtomicU64,
     preemptions: AtomicU64,
+    events: AtomicU64,
+    launches_lost: AtomicU64,
+    busy_ns: AtomicU64,
+    launch_call_ns: AtomicU64,
+    policy_ns: AtomicU64,
+    events_ns: AtomicU64,
 }
 
 /// A snapshot of the engine's counters (for metrics).
@@ -94,6 +100,17 @@ pub struct EngineStats {
     pub launches: u64,
     /// Launches a policy preempted so far (they resume where they stopped).
     pub preemptions: u64,
+    /// GPU events read (notification records, copies done): over `launches`, the records per launch.
+    pub events: u64,
+    /// Launches the GPU lost (notification ring overflow); their requests failed.
+    pub launches_lost: u64,
+    /// Time the dispatcher thread spent working (commands, GPU events, decisions, launches), i.e.
+    /// not waiting on its queue or the GPU: its CPU time in the serving loop.
+    pub busy_ns: u64,
+    /// Of that, in `Gpu::launch` calls, in the policy, and reading and applying GPU events.
+    pub launch_call_ns: u64,
+    pub policy_ns: u64,
+    pub events_ns: u64,
 }
 
 /// The in-process serving API: one dispatcher thread and its GPU.
@@ -299,6 +316,12 @@ impl Engine {
             launches_in_flight: s.launches_in_flight.load(Ordering::Relaxed),
             launches: s.launches.load(Ordering::Relaxed),
             preemptions: s.preemptions.load(Ordering::Relaxed),
+            events: s.events.load(Ordering::Relaxed),
+            launches_lost: s.launches_lost.load(Ordering::Relaxed),
+            busy_ns: s.busy_ns.load(Ordering::Relaxed),
+            launch_call_ns: s.launch_call_ns.load(Ordering::Relaxed),
+            policy_ns: s.policy_ns.load(Ordering::Relaxed),
+            events_ns: s.events_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -503,7 +526,9 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
     let mut out = Vec::new();
     let mut waiters = Waiters::default();
     let mut disconnected = false;
+    let mut busy_ns = 0u64;
     loop {
+        let turn = std::time::Instant::now();
         let mut busy = false;
         for _ in 0..COMMANDS_PER_TURN {
             match rx.try_recv() {
@@ -536,6 +561,16 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.launches_in_flight.store(d.launches_in_flight() as u64, Ordering::Relaxed);
         shared.launches.store(s.launches, Ordering::Relaxed);
         shared.preemptions.store(s.preemptions, Ordering::Relaxed);
+        shared.events.store(s.events, Ordering::Relaxed);
+        shared.launches_lost.store(s.launches_lost, Ordering::Relaxed);
+        shared.launch_call_ns.store(s.launch_call_ns, Ordering::Relaxed);
+        shared.policy_ns.store(s.policy_ns, Ordering::Relaxed);
+        shared.events_ns.store(s.events_ns, Ordering::Relaxed);
+        // A turn that found nothing to do only looked: its time is waiting, not work.
+        if busy || !out.is_empty() {
+            busy_ns += turn.elapsed().as_nanos() as u64;
+            shared.busy_ns.store(busy_ns, Ordering::Relaxed);
+        }
         if d.is_shut_down() {
             return;
         }

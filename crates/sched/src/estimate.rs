@@ -4,8 +4,12 @@
 //! given and matches the plan) or else from a roofline: the larger of FLOPs over the compute rate
 //! and bytes over the memory bandwidth, both scaled by the share of the GPU the launch's CTAs can
 //! cover, plus a fixed launch overhead. Every completed launch then refines its own estimate with
-//! the duration the GPU reported (first CTA placed to launch done): a running mean over the first
-//! `window` samples, an exponential average with weight 1/window after that.
+//! the duration the GPU reported (first logical block taken to launch done, for launches that
+//! report their start; otherwise first CTA placed, or the end of the launch before it on its
+//! stream if that came later, to launch done): a running mean over the first `window` samples, an
+//! exponential average with weight 1/window after that. A job's remaining time is the sum of the
+//! *current* estimates of its launches not done: the dispatcher moves every admitted job's
+//! remaining time when an estimate moves.
 
 use crate::request::EstimateSource;
 use kairos_gpu::profile::ModelProfile;
@@ -84,8 +88,9 @@ impl Estimates {
         self.total_ns
     }
 
-    /// Folds in one observed duration of a launch that ran all its blocks.
-    pub fn observe(&mut self, launch: u32, duration_ns: u64) {
+    /// Folds in one observed duration of a launch that ran all its blocks; returns how far the
+    /// launch's estimate moved (new minus old).
+    pub fn observe(&mut self, launch: u32, duration_ns: u64) -> f64 {
         let i = launch as usize;
         let n = (self.samples[i] + 1).min(self.window);
         let old = self.est_ns[i];
@@ -93,6 +98,7 @@ impl Estimates {
         self.est_ns[i] = new;
         self.samples[i] = self.samples[i].saturating_add(1);
         self.total_ns += new - old;
+        new - old
     }
 }
 

@@ -30,6 +30,7 @@ pub mod driver;
 pub mod engine;
 pub mod estimate;
 pub mod experiments;
+mod idmap;
 pub mod occupancy;
 pub mod policy;
 pub mod request;
@@ -58,12 +59,18 @@ pub const LAUNCHES_PER_PLAN_MAX: usize = 1 << 20;
 pub const DECISIONS_PER_ROUND_MAX: usize = 65_536;
 pub const SUBMIT_QUEUE_MAX: usize = 1 << 20;
 pub const TRACE_MAX: usize = 1 << 24;
-/// Launches of one job that may wait on a stream behind its running launch: the cap, and the
-/// default. One hides the notification round trip between a job's kernels; deeper chains commit
-/// more of a job's kernels to a hardware queue ahead of other jobs' (SRPT can no longer reorder
-/// them: Paella's head-of-line test gets a 1.6x p99 at depth 4 on the simulated H100).
-pub const CHAIN_DEPTH_MAX: u32 = 64;
-pub const CHAIN_DEPTH_DEFAULT: u32 = 1;
+/// Issue-ahead per job (`Config::lookahead_ns`, `Config::lookahead_launches_max`): the caps, and
+/// the defaults. The default keeps about 50 us of a job's work waiting on its lane behind the
+/// running kernel, more than the ~15-20 us it takes the dispatcher to hear that a kernel started
+/// and put another behind it (record latency, the launch call, the launch's own latency), so a
+/// job's kernels run back to back; a longer lookahead commits more of a job's kernels to the GPU
+/// ahead of other jobs' (SRPT can no longer reorder them).
+pub const LOOKAHEAD_NS_MAX: u64 = 10_000_000;
+pub const LOOKAHEAD_NS_DEFAULT: u64 = 50_000;
+pub const LOOKAHEAD_LAUNCHES_MAX: u32 = 64;
+pub const LOOKAHEAD_LAUNCHES_DEFAULT: u32 = 8;
+/// Default `Config::wake_lead_ns`: a client's wake-up from an eventfd takes tens of microseconds.
+pub const WAKE_LEAD_NS_DEFAULT: u64 = 50_000;
 /// Host mappings (zero-copy I/O regions) one dispatcher holds at once.
 pub const HOST_MAPPINGS_MAX: usize = 1024;
 /// Distinct kernel resource shapes across all loaded models.

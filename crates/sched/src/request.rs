@@ -37,9 +37,10 @@ pub struct RequestOptions {
     /// Benchmarks only: do not copy inputs in or outputs out (the response carries no outputs and
     /// the kernels run on whatever the request's buffers held). Timing is unchanged otherwise.
     pub skip_io: bool,
-    /// Ask for [`Output::AlmostDone`] when the request's last launch is issued (Paella's early
-    /// wake-up: a client sleeping on an event can be woken while that kernel runs and poll for the
-    /// result, instead of paying the wake-up after it).
+    /// Ask for [`Output::AlmostDone`] shortly before the request completes (Paella's early
+    /// wake-up: a client sleeping on an event can be woken while the last kernels run and poll for
+    /// the result, instead of paying the wake-up after it). It fires once the request's estimated
+    /// remaining GPU time is at most `Config::wake_lead_ns`, or only its last launch is left.
     pub notify_before_done: bool,
 }
 
@@ -155,6 +156,14 @@ pub struct Timing {
     /// that one ended, without waiting for the host to hear of it), resumed ones included.
     pub chained: u32,
     pub deadline_missed: bool,
+    /// When its first launch took its first block (0: no launch reported its start).
+    pub first_start_ns: u64,
+    /// When its last launch ended on the device (0: unknown).
+    pub last_done_ns: u64,
+    /// GPU time of its launches, first block taken to end, summed (launches that report their start).
+    pub gpu_ns: u64,
+    /// The dispatcher's estimate of its GPU time when it was admitted.
+    pub estimated_ns: u64,
 }
 
 impl Timing {

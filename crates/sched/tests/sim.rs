@@ -59,12 +59,13 @@ fn results_are_exact_through_every_policy() {
                     let (checked, violations, _) = Checked::new(policy.clone());
                     let boxed: Box<dyn Policy> =
                         if preempt { Box::new(Preempting::new(Box::new(checked), 30)) } else { Box::new(checked) };
-                    // Chains of up to 4 launches behind a running one: the stream gate must stop
-                    // the rest of a chain whose head is preempted.
+                    // Lanes of up to 4 launches behind a running one: the stream gate must stop
+                    // the rest of a lane whose head is preempted.
                     let cfg = Config {
                         slots_per_model_max: 3,
                         trace_max: 1 << 16,
-                        chain_depth_max: rng.random_range(1..=4),
+                        lookahead_launches_max: rng.random_range(1..=4),
+                        lookahead_ns: 10_000_000,
                         ..Config::default().with_policy(policy.clone())
                     };
                     let mut driver = VirtualDriver::with_policy(cfg, gpu, boxed).unwrap();
@@ -217,4 +218,99 @@ fn estimates_converge_to_what_the_gpu_reports() {
     assert!((after - 100_000.0).abs() < 10_000.0, "learned {after} ns, the GPU runs 100 us");
     assert!(d.records().iter().all(|r| r.result.is_ok()));
     let _ = DType::F32;
+}
+
+/// Issue-ahead: one request at a time of a 40-kernel model whose kernels are short (20 us), so
+/// a notification round trip between kernels would be a large share of each. Kernel by kernel
+/// with the default lookahead, every launch after the first is issued behind the one before it on
+/// the job's lane and the latency stays within a few percent of whole-job issue (`fifo`); with the
+/// lookahead off, each kernel waits for the host to hear of the one before it.
+#[test]
+fn issue_ahead_hides_the_round_trip_between_a_jobs_kernels() {
+    let seed = seeds(1)[0];
+    eprintln!("issue_ahead_hides_the_round_trip_between_a_jobs_kernels: seed {seed}");
+    let k = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
+    let plan = synthetic::layered_plan("m", &[k; 40]);
+    let profile = synthetic::profile_with_durations(&plan, &[20_000; 40], "sim", 132);
+    let mean_latency = |policy: &str, lookahead_launches_max: u32| {
+        let mut gpu = timing_sim(seed);
+        gpu.register_plan(&plan, &profile).unwrap();
+        let cfg = Config {
+            lookahead_launches_max,
+            trace_max: 1 << 16,
+            ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
+        };
+        let mut d = VirtualDriver::new(cfg, gpu).unwrap();
+        d.set_checks(true);
+        d.load_model(ModelSpec { name: "m".into(), plan: Arc::new(plan.clone()), profile: Some(profile.clone()) }).unwrap();
+        for i in 0..20 {
+            d.submit_at(i * 5_000_000, "m", vec![], RequestOptions { skip_io: true, ..Default::default() });
+        }
+        d.run_until_idle().unwrap();
+        let records = d.take_records();
+        assert!(records.iter().all(|r| r.result.is_ok()));
+        let chained: u32 = records.iter().map(|r| r.result.as_ref().unwrap().chained).sum();
+        let mean = records.iter().map(|r| r.latency_ns()).sum::<u64>() / records.len() as u64;
+        eprintln!(
+            "  {policy} lookahead {lookahead_launches_max}: mean latency {mean} ns, {chained} launches issued behind another"
+        );
+        (mean, chained)
+    };
+    let (whole, _) = mean_latency("fifo", 8);
+    let (ahead, chained) = mean_latency("paella", 8);
+    let (one_by_one, none) = mean_latency("paella", 0);
+    // A job alone takes 40 x 20 us = 0.8 ms of kernel time.
+    assert!(whole >= 800_000);
+    assert_eq!(chained, 20 * 39, "every launch but each job's first goes behind another");
+    assert_eq!(none, 0);
+    assert!(ahead * 100 <= whole * 105, "issue-ahead {ahead} ns vs whole-job {whole} ns");
+    assert!(one_by_one > ahead + 40 * 2_000, "without issue-ahead {one_by_one} ns vs {ahead} ns");
+}
+
+/// The occupancy gate holds for launches that go behind another on their lane: a one-CTA kernel
+/// followed by a kernel that wants the whole GPU is not let into the hardware while the GPU is
+/// full of another job's work (it needs room beyond what the one-CTA kernel frees); the same
+/// kernel behind a launch as large as itself passes. So at most one kernel plus the headroom
+/// waits in the hardware queues whatever the lookahead.
+#[test]
+fn lane_launches_pass_the_gate_only_for_the_room_they_take_over() {
+    use kairos_sched::occupancy::Occupancy;
+    use kairos_sched::policy::{GpuView, ReadyKernel};
+    let limits = kairos_gpu::SmLimits { threads_max: 2048, registers_max: 65536, shared_mem_bytes_max: 228 * 1024, ctas_max: 32 };
+    let mut occupancy = Occupancy::modelled(4, limits);
+    let class = occupancy
+        .intern(kairos_gpu::KernelResources {
+            threads_per_cta: 256,
+            registers_per_thread: 32,
+            shared_mem_bytes: 0,
+            ctas_per_sm_max: 8,
+        })
+        .unwrap();
+    let mut out = Vec::new();
+    // The GPU is full, and one CTA waits to be placed.
+    occupancy.place_model(class, 32, &kairos_gpu::SmMask::first(4), 0, &mut out);
+    assert_eq!(occupancy.free_ctas(class), 0);
+    let view = GpuView {
+        occupancy: &occupancy,
+        pending_ctas: 1,
+        headroom_ctas: 4,
+        launches_in_flight: 3,
+        launches_in_flight_max: 100,
+        streams: &[],
+        idle_streams: 4,
+    };
+    let k = |ctas, behind, frees_ctas| ReadyKernel {
+        launch: 1,
+        first_block: 0,
+        blocks_left: ctas,
+        ctas,
+        class,
+        est_ns: 1,
+        behind,
+        frees_ctas,
+    };
+    assert!(!view.fits(&k(32, true, 1)), "a full wave behind a one-CTA launch must wait for room");
+    assert!(view.fits(&k(32, true, 32)), "a launch taking over its predecessor's room passes");
+    assert!(view.fits(&k(4, true, 1)), "3 CTAs beyond what the predecessor frees fit in the headroom");
+    assert!(!view.fits(&k(32, false, 0)));
 }

@@ -411,6 +411,7 @@ mod tests {
             launches: 1,
             chained: 0,
             deadline_missed: true,
+            ..Default::default()
         };
         mm.completed(Class::RealTime, true, 7000, Some(&t));
         m.unknown().count(Class::BestEffort, Protocol::Http, Outcome::NotFound);

@@ -121,6 +121,7 @@ fn main() {
                     stream: s,
                     after: None,
                     report_ctas: true,
+                    report_start: false,
                 };
                 let id = gpu.launch(&req).unwrap();
                 owner.insert(id, i);

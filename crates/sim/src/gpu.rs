@@ -147,6 +147,8 @@ struct Grid {
     ctas_live: u32,
     /// CtasPlaced / CtasFinished events are sent (LaunchRequest::report_ctas).
     report_ctas: bool,
+    /// LaunchStarted is sent when its first block is taken (LaunchRequest::report_start).
+    report_start: bool,
     ctas_working: u32,
     model: BlockModel,
     /// Completion tail after the last CTA leaves (calibrated from the model's profile).
@@ -1083,6 +1085,9 @@ impl SimGpu {
         }
         touched.clear();
         self.scratch_touched = touched;
+        if working > 0 {
+            self.note_start(g, first, t);
+        }
         if !idle_members.is_empty() {
             let c = self.cohorts.insert(Cohort { grid: g, idle: true, members: idle_members });
             self.schedule(t + self.desc.latency.cta_exit_ns, Ev::CohortEnd(c));
@@ -1364,6 +1369,7 @@ impl SimGpu {
             let first = self.grids[g].next_block;
             self.grids[g].next_block += took;
             self.record(TraceEvent::Take { launch: id, first, count: took, at_ns: t });
+            self.note_start(g, first, t);
             self.poll_flag(g, t);
         }
         if left > 0 {
@@ -1379,6 +1385,15 @@ impl SimGpu {
             self.maybe_finish(g, t);
         } else {
             self.start_blocks(g, next, Some((c, members)), t);
+        }
+    }
+
+    /// Reports the launch's start when a take handed out its first block (and it asked for that).
+    fn note_start(&mut self, g: u32, first: u32, t: u64) {
+        let grid = &self.grids[g];
+        if first == grid.first_block && grid.report_start {
+            let id = grid.id;
+            self.notify(GpuEvent::LaunchStarted { launch: id, at_ns: t }, t);
         }
     }
 
@@ -1423,6 +1438,7 @@ impl SimGpu {
         if self.grids[g].report_ctas {
             self.notify(GpuEvent::CtasPlaced { launch: id, sm, ctas: 1, at_ns: t }, t);
         }
+        self.note_start(g, first, t);
         self.poll_flag(g, t);
         let mut members = self.member_vec();
         members.push(Member { sm, ctas: 1, iters: 0 });
@@ -1857,6 +1873,7 @@ impl Gpu for SimGpu {
             next_block: req.first_block,
             ctas_unplaced: ctas,
             report_ctas: req.report_ctas,
+            report_start: req.report_start,
             ctas_live: 0,
             ctas_working: 0,
             model,

@@ -149,6 +149,8 @@ impl TraceHasher {
                 (15, launch.0, preempted as u32, 0, next_block, at_ns)
             }
             GpuEvent::CopyDone { copy, at_ns } => (16, copy.0, 0, 0, 0, at_ns),
+            GpuEvent::LaunchStarted { launch, at_ns } => (18, launch.0, 0, 0, 0, at_ns),
+            GpuEvent::LaunchLost { launch, at_ns } => (19, launch.0, 0, 0, 0, at_ns),
         };
         self.word(id ^ (kind << 56) ^ ((sm as u64) << 40));
         self.word(at ^ deliver_ns.rotate_left(32));

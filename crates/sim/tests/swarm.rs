@@ -83,6 +83,7 @@ struct LaunchRec {
     first_block: u32,
     mask: SmMask,
     preempted_by_us: bool,
+    report_start: bool,
 }
 
 struct Job {
@@ -214,11 +215,21 @@ impl Swarm {
             stream,
             after: None,
             report_ctas: true,
+            report_start: self.rng.random_bool(0.5),
         };
         let id = self.gpu.launch(&req).unwrap_or_else(|e| panic!("seed {}: launch failed: {e}", self.seed));
         self.jobs[job].launches += 1;
-        self.launches
-            .insert(id, LaunchRec { job, partition_sms: part, first_block, mask: mask.intersect(&part), preempted_by_us: false });
+        self.launches.insert(
+            id,
+            LaunchRec {
+                job,
+                partition_sms: part,
+                first_block,
+                mask: mask.intersect(&part),
+                preempted_by_us: false,
+                report_start: req.report_start,
+            },
+        );
         self.in_flight.push(id);
     }
 
@@ -337,6 +348,7 @@ impl Swarm {
         // Notifications: in time order, never early, each launch and copy ends exactly once.
         let mut last = 0;
         let mut done = HashSet::new();
+        let mut started: HashSet<LaunchId> = HashSet::new();
         let mut placed: HashMap<(LaunchId, u32), i64> = HashMap::new();
         let mut blocks: HashMap<LaunchId, u64> = HashMap::new();
         for &(polled_ns, e) in &self.delivered {
@@ -344,8 +356,17 @@ impl Swarm {
                 GpuEvent::CtasPlaced { at_ns, .. }
                 | GpuEvent::CtasFinished { at_ns, .. }
                 | GpuEvent::LaunchDone { at_ns, .. }
+                | GpuEvent::LaunchStarted { at_ns, .. }
+                | GpuEvent::LaunchLost { at_ns, .. }
                 | GpuEvent::CopyDone { at_ns, .. } => at_ns,
             };
+            // A start record: asked for, once, before the launch's end, after a CTA was placed.
+            if let GpuEvent::LaunchStarted { launch, .. } = e {
+                assert!(self.launches[&launch].report_start, "seed {seed}: {launch:?} reported a start it did not ask for");
+                assert!(started.insert(launch), "seed {seed}: {launch:?} started twice");
+                assert!(!done.contains(&launch), "seed {seed}: {launch:?} started after its end");
+                assert!(placed.keys().any(|k| k.0 == launch), "seed {seed}: {launch:?} started before a CTA was placed");
+            }
             assert!(at >= last, "seed {seed}: notification {e:?} out of time order");
             assert!(polled_ns >= at, "seed {seed}: {e:?} seen at {polled_ns} before it happened");
             last = at;
@@ -365,13 +386,19 @@ impl Swarm {
                     assert!(done.insert(launch), "seed {seed}: {launch:?} done twice");
                     let ran = blocks.get(&launch).copied().unwrap_or(0);
                     let first = self.launches[&launch].first_block;
+                    assert!(
+                        !self.launches[&launch].report_start || (ran > 0) == started.contains(&launch),
+                        "seed {seed}: {launch:?} ran {ran} blocks, start reported: {}",
+                        started.contains(&launch)
+                    );
                     assert_eq!(
                         ran,
                         (next_block - first) as u64,
                         "seed {seed}: {launch:?} reports {ran} blocks for [{first}, {next_block})"
                     );
                 }
-                GpuEvent::CopyDone { .. } => {}
+                GpuEvent::LaunchLost { launch, .. } => panic!("seed {seed}: {launch:?} lost"),
+                GpuEvent::LaunchStarted { .. } | GpuEvent::CopyDone { .. } => {}
             }
         }
         assert_eq!(done.len(), self.launches.len(), "seed {seed}: launches without LaunchDone");

@@ -3,6 +3,7 @@
 use super::*;
 
 impl<G: Gpu> Dispatcher<G> {
+    /// The host mappings held (zero-copy I/O regions).
     pub fn host_mappings(&self) -> usize {
         self.host_maps.len()
     }
@@ -325,12 +326,15 @@ impl<G: Gpu> Dispatcher<G> {
             slot: None,
             bound,
             bound_bases: None,
-            states: vec![LState::Waiting; n],
-            deps_left: Vec::new(),
-            ready: BinaryHeap::new(),
+            states: vec![LState::Pending { first_block: 0 }; n],
+            deps_open: Vec::new(),
+            issuable: BTreeSet::new(),
             running: BTreeSet::new(),
-            chainable: None,
-            queued: 0,
+            lane: None,
+            lane_tail: None,
+            ahead_launches: 0,
+            ahead_ns: 0.0,
+            draining: false,
             chained: 0,
             unissued: n as u32,
             in_flight: 0,
@@ -341,6 +345,9 @@ impl<G: Gpu> Dispatcher<G> {
             stream: None,
             remaining_ns: 0.0,
             total_ns: 0.0,
+            first_start_ns: None,
+            last_done_ns: 0,
+            gpu_ns: 0,
             seq: 0,
             last_issue_seq: 0,
             counted_ready: false,
@@ -411,13 +418,8 @@ impl<G: Gpu> Dispatcher<G> {
         }
         job.slot = Some(slot);
         job.admitted_ns = now;
-        job.deps_left = m.dep_counts.clone();
-        for (i, &d) in job.deps_left.iter().enumerate() {
-            if d == 0 {
-                job.states[i] = LState::Ready { first_block: 0 };
-                job.ready.push(Reverse(i as u32));
-            }
-        }
+        job.deps_open = m.dep_counts.clone();
+        job.issuable = job.deps_open.iter().enumerate().filter(|&(_, &d)| d == 0).map(|(i, _)| i as u32).collect();
         job.total_ns = m.estimates.total_ns();
         job.remaining_ns = job.total_ns;
         self.admit_seq += 1;
@@ -455,6 +457,7 @@ impl<G: Gpu> Dispatcher<G> {
             self.finish(key, None, out);
             return;
         }
+        self.maybe_wake(key);
         self.refresh(key);
     }
 
@@ -483,7 +486,7 @@ impl<G: Gpu> Dispatcher<G> {
         }
         job.error = Some(reason);
         job.running.clear();
-        job.chainable = None;
+        job.issuable.clear();
         let issued: Vec<LaunchId> =
             job.states.iter().filter_map(|s| if let LState::Issued(l) = s { Some(*l) } else { None }).collect();
         for l in issued {
@@ -567,6 +570,10 @@ impl<G: Gpu> Dispatcher<G> {
                                 launches: job.states.len() as u32,
                                 chained: job.chained,
                                 deadline_missed,
+                                first_start_ns: job.first_start_ns.unwrap_or(0),
+                                last_done_ns: job.last_done_ns,
+                                gpu_ns: job.gpu_ns,
+                                estimated_ns: job.total_ns as u64,
                             },
                         })
                     }

@@ -1,10 +1,16 @@
-//! Issue: the policy's decisions applied, launches sent to the GPU, the stream pool and lookahead.
+//! Issue: the policy's decisions applied, launches sent to the GPU, the stream pool and the lanes.
+//!
+//! A kernel-level job holds one stream of the pool, its *lane*, while it has launches in flight:
+//! its first launch takes an idle stream, every later one goes behind the lane's last launch
+//! (`after` it, so the protocol's stream gate stops it if that one stops early) and the job gives
+//! the stream back when its last launch in flight ends. Stream order runs a job's launches in the
+//! order they were issued, so a launch may be issued as soon as its dependencies are issued: the
+//! dispatcher offers it while the job's issue-ahead window is open (see `Config::lookahead_ns`),
+//! and the next kernel of a job is on the GPU before the one before it ends.
 
 use super::*;
 
 impl<G: Gpu> Dispatcher<G> {
-    // ---------------------------------------------------------------- dispatch
-
     /// Asks the policy for decisions and applies them until it has none (or the round's limit).
     pub fn dispatch(&mut self, out: &mut Vec<Output>) {
         self.decide(out);
@@ -14,7 +20,9 @@ impl<G: Gpu> Dispatcher<G> {
     pub(super) fn decide(&mut self, out: &mut Vec<Output>) {
         self.now_ns = self.gpu.now_ns();
         for _ in 0..self.cfg.decisions_per_round_max {
+            let t0 = self.gpu.now_ns();
             let decision = self.policy.decide(&self.view());
+            self.stats.policy_ns += self.gpu.now_ns().saturating_sub(t0);
             let Some(d) = decision else { return };
             if !self.apply(d, out) {
                 self.stats.refused_decisions += 1;
@@ -27,126 +35,146 @@ impl<G: Gpu> Dispatcher<G> {
     /// Applies one decision; false if it was invalid (nothing changed).
     pub(super) fn apply(&mut self, d: Decision, out: &mut Vec<Output>) -> bool {
         match d {
-            Decision::Issue { job: key, launch, ctas, sm_mask } => {
-                let Some(job) = self.job(key) else { return false };
-                if job.cancelled || job.stream.is_some() || job.slot.is_none() {
-                    return false;
-                }
-                if self.in_flight.len() >= self.cfg.launches_in_flight_max as usize {
-                    return false;
-                }
-                let chain = job.chainable.filter(|c| c.0 == launch);
-                if let Some((_, stream, after)) = chain {
-                    // Behind its running dependency, on that dependency's stream.
-                    let after_running =
-                        self.in_flight.get(&after).is_some_and(|f| f.ahead.is_none() && job.running.contains(&f.launch));
-                    if job.states.get(launch as usize) != Some(&LState::Waiting) || !after_running {
-                        return false;
-                    }
-                    let job = self.job_mut(key).unwrap();
-                    job.chainable = None;
-                    match self.issue(key, launch, stream, 0, ctas, sm_mask, Some(after), Some(after)) {
-                        Ok(id) => {
-                            self.in_flight.get_mut(&after).expect("chained behind a launch in flight").ahead = Some(id);
-                            let job = self.job_mut(key).unwrap();
-                            job.queued += 1;
-                            job.chained += 1;
-                            self.mark_chainable(key);
-                        }
-                        Err(e) => self.fail(key, e, out),
-                    }
-                    self.refresh(key);
-                    return true;
-                }
-                let Some(LState::Ready { first_block }) = job.states.get(launch as usize).copied() else { return false };
-                let Some(stream) = self.take_idle_stream() else { return false };
-                let job = self.job_mut(key).unwrap();
-                if job.ready.peek() == Some(&Reverse(launch)) {
-                    job.ready.pop();
-                } else {
-                    job.ready.retain(|r| r.0 != launch);
-                }
-                match self.issue(key, launch, stream, first_block, ctas, sm_mask, None, None) {
-                    Ok(_) => self.mark_chainable(key),
-                    Err(e) => self.fail(key, e, out),
-                }
-                self.refresh(key);
-                true
-            }
-            Decision::Preempt { job: key, launch } => {
-                let Some(job) = self.jobs.get_mut(key.slot as usize).and_then(|j| j.as_mut()).filter(|j| j.key == key) else {
-                    return false;
-                };
-                let Some(LState::Issued(id)) = job.states.get(launch as usize).copied() else { return false };
-                if job.stream.is_some() || !job.running.remove(&launch) {
-                    return false;
-                }
-                // What waits behind it on its stream must not run on a partial result: stop it too.
-                if job.chainable.is_some_and(|c| c.2 == id) {
-                    job.chainable = None;
-                }
-                // Everything chained behind it goes too (the stream gate stops what has not started).
-                let mut result = self.gpu.preempt(id);
-                let mut ahead = self.in_flight.get(&id).and_then(|f| f.ahead);
-                while let Some(a) = ahead {
-                    let f = &self.in_flight[&a];
-                    job.running.remove(&f.launch);
-                    if job.chainable.is_some_and(|c| c.2 == a) {
-                        job.chainable = None;
-                    }
-                    ahead = f.ahead;
-                    result = result.and(self.gpu.preempt(a));
-                }
-                if let Err(e) = result {
-                    self.fail(key, e.into(), out);
-                }
-                self.stats.preemptions += 1;
-                self.refresh(key);
-                true
-            }
-            Decision::IssueAll { job: key, stream } => {
-                let Some(job) = self.job(key) else { return false };
-                let view = job.view.map(|v| self.views[v]);
-                if !view.is_some_and(|v| v.is_unstarted()) || stream as usize >= self.streams.len() {
-                    return false;
-                }
-                let n = job.states.len();
-                if !self.in_flight.is_empty() && self.in_flight.len() + n > self.cfg.launches_in_flight_max as usize {
-                    return false;
-                }
-                let s = stream as usize;
-                let was_idle = self.stream_is_idle(s);
-                self.streams[s].jobs += 1;
-                self.stream_update(s, was_idle);
-                let job = self.job_mut(key).unwrap();
-                job.stream = Some(stream);
-                job.ready.clear();
-                let mut result = Ok(());
-                let mut previous = None;
-                for i in 0..n as u32 {
-                    let first_block = match self.job(key).unwrap().states[i as usize] {
-                        LState::Ready { first_block } => first_block,
-                        _ => 0,
-                    };
-                    // Each launch reads what the ones before it on the stream wrote: the stream
-                    // gate stops the rest of the job if one of them stops early.
-                    match self.issue(key, i, stream, first_block, None, None, None, previous) {
-                        Ok(id) => previous = Some(id),
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    }
-                }
-                if let Err(e) = result {
-                    self.fail(key, e, out);
-                }
-                self.refresh(key);
-                true
-            }
+            Decision::Issue { job: key, launch, ctas, sm_mask } => self.apply_issue(key, launch, ctas, sm_mask, out),
+            Decision::Preempt { job: key, launch } => self.apply_preempt(key, launch, out),
+            Decision::IssueAll { job: key, stream } => self.apply_issue_all(key, stream, out),
         }
     }
 
+    fn apply_issue(
+        &mut self,
+        key: JobKey,
+        launch: u32,
+        ctas: Option<u32>,
+        sm_mask: Option<SmMask>,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        let Some(job) = self.job(key) else { return false };
+        if job.cancelled || job.stream.is_some() || job.slot.is_none() || job.draining {
+            return false;
+        }
+        if self.in_flight.len() >= self.cfg.launches_in_flight_max as usize {
+            return false;
+        }
+        let Some(LState::Pending { first_block }) = job.states.get(launch as usize).copied() else { return false };
+        if !job.issuable.contains(&launch) {
+            return false;
+        }
+        let window_open = job.in_flight == 0
+            || (job.ahead_launches < self.cfg.lookahead_launches_max && job.ahead_ns < self.cfg.lookahead_ns as f64);
+        if !window_open {
+            return false;
+        }
+        // On the job's lane behind its launches in flight, or on an idle stream that becomes it.
+        let (stream, after) = if job.in_flight > 0 {
+            match (job.lane, job.lane_tail) {
+                (Some(s), Some(t)) if self.in_flight.contains_key(&t) => (s, Some(t)),
+                _ => return false,
+            }
+        } else {
+            match self.take_idle_stream() {
+                Some(s) => (s, None),
+                None => return false,
+            }
+        };
+        match self.issue(key, launch, stream, first_block, ctas, sm_mask, after, after) {
+            Ok(id) => {
+                if let Some(t) = after {
+                    self.in_flight.get_mut(&t).expect("the lane's tail is in flight").ahead = Some(id);
+                }
+                let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
+                job.lane = Some(stream);
+                job.lane_tail = Some(id);
+                if after.is_some() {
+                    job.chained += 1;
+                }
+                job.issuable.remove(&launch);
+                let m = self.models[job.model].as_ref().expect("model of a job exists");
+                for &d in &m.dependents[launch as usize] {
+                    let open = &mut job.deps_open[d as usize];
+                    *open -= 1;
+                    if *open == 0 && matches!(job.states[d as usize], LState::Pending { .. }) {
+                        job.issuable.insert(d);
+                    }
+                }
+            }
+            Err(e) => self.fail(key, e, out),
+        }
+        self.refresh(key);
+        true
+    }
+
+    fn apply_preempt(&mut self, key: JobKey, launch: u32, out: &mut Vec<Output>) -> bool {
+        let Some(job) = self.jobs.get_mut(key.slot as usize).and_then(|j| j.as_mut()).filter(|j| j.key == key) else {
+            return false;
+        };
+        let Some(LState::Issued(id)) = job.states.get(launch as usize).copied() else { return false };
+        if job.stream.is_some() || !job.running.remove(&launch) {
+            return false;
+        }
+        // Nothing more goes to the lane until it is empty: what waits behind the stopped launch
+        // stops at the stream gate, and the dispatcher stops it too.
+        job.draining = true;
+        let mut result = self.gpu.preempt(id);
+        let mut ahead = self.in_flight.get(&id).and_then(|f| f.ahead);
+        while let Some(a) = ahead {
+            let f = &self.in_flight[&a];
+            job.running.remove(&f.launch);
+            ahead = f.ahead;
+            result = result.and(self.gpu.preempt(a));
+        }
+        if let Err(e) = result {
+            self.fail(key, e.into(), out);
+        }
+        self.stats.preemptions += 1;
+        self.refresh(key);
+        true
+    }
+
+    fn apply_issue_all(&mut self, key: JobKey, stream: u32, out: &mut Vec<Output>) -> bool {
+        let Some(job) = self.job(key) else { return false };
+        let view = job.view.map(|v| self.views[v]);
+        if !view.is_some_and(|v| v.is_unstarted()) || stream as usize >= self.streams.len() {
+            return false;
+        }
+        let n = job.states.len();
+        if !self.in_flight.is_empty() && self.in_flight.len() + n > self.cfg.launches_in_flight_max as usize {
+            return false;
+        }
+        let s = stream as usize;
+        let was_idle = self.stream_is_idle(s);
+        self.streams[s].jobs += 1;
+        self.stream_update(s, was_idle);
+        let job = self.job_mut(key).unwrap();
+        job.stream = Some(stream);
+        job.issuable.clear();
+        let mut result = Ok(());
+        let mut previous = None;
+        for i in 0..n as u32 {
+            let first_block = match self.job(key).unwrap().states[i as usize] {
+                LState::Pending { first_block } => first_block,
+                _ => 0,
+            };
+            // Each launch reads what the ones before it on the stream wrote: the stream gate
+            // stops the rest of the job if one of them stops early.
+            match self.issue(key, i, stream, first_block, None, None, None, previous) {
+                Ok(id) => previous = Some(id),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = result {
+            self.fail(key, e, out);
+        }
+        self.refresh(key);
+        true
+    }
+
+    /// Sends one launch to the GPU and records it. `behind`: the launch it waits behind on its
+    /// lane (its CTAs are not pending until that one ends); `after`: the launch its stream gate
+    /// names.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn issue(
         &mut self,
@@ -167,8 +195,12 @@ impl<G: Gpu> Dispatcher<G> {
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
         // A job handed whole to a stream needs only each launch's end: its order is the
-        // stream's, and no policy places other work by its CTAs.
-        let report_ctas = job.stream.is_none();
+        // stream's, and no policy places other work by its CTAs. Kernel-level launches report
+        // their start (one record), or every CTA with `cta_records`.
+        let kernel_level = job.stream.is_none();
+        let report_ctas = kernel_level && self.cfg.cta_records;
+        let report_start = kernel_level;
+        let mask = sm_mask.unwrap_or(self.whole);
         let request = LaunchRequest {
             kernel: &l.kernel,
             dtype: l.dtype,
@@ -176,44 +208,83 @@ impl<G: Gpu> Dispatcher<G> {
             args: &self.args,
             first_block,
             ctas,
-            sm_mask: sm_mask.unwrap_or(self.whole),
+            sm_mask: mask,
             partition: PartitionId::WHOLE,
             stream: self.stream_ids[stream as usize],
             after,
             report_ctas,
+            report_start,
         };
+        let t0 = self.gpu.now_ns();
         let id = self.gpu.launch(&request)?;
+        let call_ns = self.gpu.now_ns().saturating_sub(t0);
+        self.stats.launch_call_ns += call_ns;
         let cost = m.estimates.get(launch);
         let class = m.classes[launch as usize];
         self.stats.launches += 1;
         self.issue_seq += 1;
         job.states[launch as usize] = LState::Issued(id);
         job.unissued -= 1;
-        if job.unissued == 0 && job.options.notify_before_done && !job.notified {
-            job.notified = true;
-            self.almost_done.push(job.id);
-        }
         job.in_flight += 1;
         job.running.insert(launch);
         job.last_issue_seq = self.issue_seq;
-        job.first_issue_ns.get_or_insert(self.now_ns);
+        job.first_issue_ns.get_or_insert(t0);
+        if report_start {
+            job.ahead_launches += 1;
+            job.ahead_ns += cost;
+        }
         let (tenant, request_id) = (job.options.tenant, job.id);
+        let trace = if self.cfg.trace_max == 0 {
+            None
+        } else if self.trace.len() < self.cfg.trace_max {
+            self.trace.push(IssueRecord {
+                at_ns: t0,
+                request: request_id,
+                tenant,
+                launch,
+                gpu_launch: id,
+                stream,
+                first_block,
+                ctas,
+                call_ns,
+                behind: behind.is_some(),
+                est_ns: cost as u64,
+                after_done_ns: None,
+                started_ns: None,
+                done_ns: None,
+                seen_ns: None,
+                stopped: false,
+            });
+            Some(self.trace.len() - 1)
+        } else {
+            self.stats.trace_dropped += 1;
+            None
+        };
+        let modelled = if report_start && !report_ctas { self.spare_placements.pop().unwrap_or_default() } else { Vec::new() };
         self.in_flight.insert(
             id,
             InFlight {
                 job: key,
                 launch,
                 class,
+                ctas,
                 unplaced: ctas,
                 live: 0,
                 blocks: 0,
                 first_block,
-                issued_ns: self.now_ns,
+                issued_ns: t0,
                 first_placed_ns: None,
+                started_ns: None,
                 stream,
                 behind,
                 ahead: None,
                 report_ctas,
+                report_start,
+                modelled,
+                mask,
+                est_ns: cost,
+                in_window: report_start,
+                trace,
             },
         );
         if behind.is_none() {
@@ -226,70 +297,7 @@ impl<G: Gpu> Dispatcher<G> {
         self.streams[s].in_flight += 1;
         self.stream_update(s, was_idle);
         self.charge(tenant, cost);
-        if self.cfg.trace_max > 0 {
-            if self.trace.len() < self.cfg.trace_max {
-                self.trace.push(IssueRecord {
-                    at_ns: self.now_ns,
-                    request: request_id,
-                    tenant,
-                    launch,
-                    gpu_launch: id,
-                    stream,
-                    first_block,
-                    ctas,
-                });
-            } else {
-                self.stats.trace_dropped += 1;
-            }
-        }
         Ok(id)
-    }
-
-    /// Offers the job's next lookahead launch: behind the tail of one of its chains (a launch
-    /// in flight with nothing behind it, that no one asked to stop: a running one with all CTAs
-    /// placed, or one waiting itself while fewer than `chain_depth_max` of the job's launches
-    /// wait), the first waiting dependent of that tail whose unfinished dependencies are all on
-    /// the tail's chain.
-    pub(super) fn mark_chainable(&mut self, key: JobKey) {
-        let Some(job) = self.jobs.get_mut(key.slot as usize).and_then(|j| j.as_mut()).filter(|j| j.key == key) else { return };
-        if job.cancelled || job.stream.is_some() || job.chainable.is_some() || job.queued >= self.cfg.chain_depth_max {
-            // (A running tail with placed CTAs and no launch waiting still needs depth >= 1.)
-            return;
-        }
-        let m = self.models[job.model].as_ref().expect("model of a job exists");
-        let mut chain: Vec<u32> = Vec::new();
-        for &tail in &job.running {
-            let LState::Issued(tail_id) = job.states[tail as usize] else { continue };
-            // Behind a running launch once all its CTAs are on SMs (then the launch behind waits
-            // for nothing but it), or deeper behind one that waits itself.
-            let Some(f) = self.in_flight.get(&tail_id).filter(|f| {
-                f.ahead.is_none() && if f.behind.is_none() { f.unplaced == 0 } else { job.queued < self.cfg.chain_depth_max }
-            }) else {
-                continue;
-            };
-            let stream = f.stream;
-            // The chain ending at `tail`: it and the launches it waits behind, all still running.
-            chain.clear();
-            let mut at = Some(tail_id);
-            while let Some(id) = at {
-                let g = &self.in_flight[&id];
-                chain.push(g.launch);
-                at = g.behind;
-            }
-            if chain.iter().any(|l| !job.running.contains(l)) {
-                continue;
-            }
-            let next = m.dependents[tail as usize].iter().copied().find(|&d| {
-                let deps = &m.plan.launches[d as usize].deps;
-                let on_chain = deps.iter().enumerate().filter(|&(i, x)| chain.contains(x) && !deps[..i].contains(x)).count();
-                job.states[d as usize] == LState::Waiting && job.deps_left[d as usize] as usize == on_chain
-            });
-            if let Some(d) = next {
-                job.chainable = Some((d, stream, tail_id));
-                self.refresh(key);
-                return;
-            }
-        }
     }
 
     pub(super) fn stream_is_idle(&self, s: usize) -> bool {
@@ -305,8 +313,6 @@ impl<G: Gpu> Dispatcher<G> {
         }
     }
 
-    /// An idle stream, scanning round robin from the last one taken (spreads kernels over the
-    /// hardware queues the streams map to).
     /// Idle streams whose hardware queue has no launch waiting behind a dependency.
     pub(super) fn available_streams(&self) -> u32 {
         if self.blocked_queues.iter().all(|&b| b == 0) {
@@ -315,6 +321,9 @@ impl<G: Gpu> Dispatcher<G> {
         (0..self.streams.len()).filter(|&s| self.stream_is_idle(s) && self.blocked_queues[s % self.hw_queues] == 0).count() as u32
     }
 
+    /// An idle stream, scanning round robin from the last one taken (spreads kernels over the
+    /// hardware queues the streams map to), skipping streams whose queue has a launch waiting
+    /// behind a dependency.
     pub(super) fn take_idle_stream(&mut self) -> Option<u32> {
         if self.idle_streams == 0 {
             return None;

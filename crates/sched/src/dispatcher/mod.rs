@@ -50,8 +50,7 @@ use kairos_gpu::{
 };
 use kairos_ir::Tensor;
 use kairos_ir::plan::Plan;
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 mod admission;
@@ -70,12 +69,25 @@ pub struct Config {
     /// fits on the SMs now, on top of the one kernel the gate always lets wait (see
     /// [`GpuView::fits`](crate::policy::GpuView::fits)).
     pub headroom_ctas: u32,
-    /// Lookahead per job: launches of one job that may wait on a stream behind the job's launch
-    /// running there (0: none). A launch whose unfinished dependencies are all on that stream's
-    /// chain is issued behind its tail, so it starts when they end instead of a notification round
-    /// trip later (see [`ReadyKernel::behind`]); the protocol's stream gate stops it before it
-    /// runs if a launch ahead of it stops early.
-    pub chain_depth_max: u32,
+    /// Issue-ahead per job: a kernel-level job's launches all go to its *lane* (one stream of the
+    /// pool, held while the job has launches in flight), and its next launch is offered to the
+    /// policy while the launches it has waiting there, issued and not yet started, add up to less
+    /// than `lookahead_ns` of estimated GPU time and number fewer than `lookahead_launches_max`.
+    /// So the next kernel already waits on the GPU when the running one ends (no notification
+    /// round trip between a job's kernels), while the policy still picks, kernel by kernel, whose
+    /// work goes out next. Each launch behind another names it as `after`, so the protocol's stream
+    /// gate stops the rest of the lane if one is preempted. `lookahead_launches_max` 0: one launch
+    /// of a job at a time (Paella without issue-ahead).
+    pub lookahead_ns: u64,
+    pub lookahead_launches_max: u32,
+    /// Kernel-level launches report their CTAs per SM (`LaunchRequest::report_ctas`: up to two
+    /// records per SM per launch, an exact occupancy mirror) instead of one start record per
+    /// launch, from which the dispatcher models where the CTAs went (see [`crate::occupancy`]).
+    pub cta_records: bool,
+    /// A request asking for an early wake-up ([`RequestOptions::notify_before_done`]) gets
+    /// [`Output::AlmostDone`] once its estimated remaining GPU time is at most this, or when only
+    /// its last launch is left, whatever the policy.
+    pub wake_lead_ns: u64,
     /// Streams in the pool; `None` takes the device's hardware queue count, at least
     /// [`STREAM_COUNT_DEFAULT_MIN`] (streams beyond the hardware queues share them, which costs
     /// kernel-level dispatch nothing: its launches never wait on their own stream).
@@ -106,7 +118,10 @@ impl Default for Config {
         Config {
             policy: PolicyConfig::by_name("paella").unwrap(),
             headroom_ctas: 132,
-            chain_depth_max: CHAIN_DEPTH_DEFAULT,
+            lookahead_ns: LOOKAHEAD_NS_DEFAULT,
+            lookahead_launches_max: LOOKAHEAD_LAUNCHES_DEFAULT,
+            cta_records: false,
+            wake_lead_ns: WAKE_LEAD_NS_DEFAULT,
             stream_count: None,
             jobs_max: 4096,
             slots_per_model_max: 64,
@@ -140,11 +155,14 @@ impl Config {
         check("tenants_max", self.tenants_max as u64, TENANTS_MAX as u64)?;
         check("launches_in_flight_max", self.launches_in_flight_max as u64, LAUNCHES_IN_FLIGHT_MAX as u64)?;
         check("decisions_per_round_max", self.decisions_per_round_max as u64, DECISIONS_PER_ROUND_MAX as u64)?;
-        if self.chain_depth_max > CHAIN_DEPTH_MAX {
+        if self.lookahead_launches_max > LOOKAHEAD_LAUNCHES_MAX {
             return Err(Error::InvalidInput(format!(
-                "chain_depth_max = {} must be at most {CHAIN_DEPTH_MAX}",
-                self.chain_depth_max
+                "lookahead_launches_max = {} must be at most {LOOKAHEAD_LAUNCHES_MAX}",
+                self.lookahead_launches_max
             )));
+        }
+        if self.lookahead_ns > LOOKAHEAD_NS_MAX {
+            return Err(Error::InvalidInput(format!("lookahead_ns = {} must be at most {LOOKAHEAD_NS_MAX}", self.lookahead_ns)));
         }
         if let Some(s) = self.stream_count {
             check("stream_count", s as u64, STREAMS_MAX as u64)?;
@@ -159,6 +177,7 @@ impl Config {
 /// One issued launch, recorded when `trace_max` > 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IssueRecord {
+    /// When the launch call began (host clock).
     pub at_ns: u64,
     pub request: RequestId,
     pub tenant: TenantId,
@@ -167,6 +186,23 @@ pub struct IssueRecord {
     pub stream: u32,
     pub first_block: u32,
     pub ctas: u32,
+    /// How long the launch call took on the host (the GPU's clock read before and after it).
+    pub call_ns: u64,
+    /// Issued behind another launch of its job on the job's lane (issue-ahead).
+    pub behind: bool,
+    /// The launch's estimated duration when it was issued.
+    pub est_ns: u64,
+    /// When the launch it was queued behind ended (device time on the host clock).
+    pub after_done_ns: Option<u64>,
+    /// When its first logical block was taken (launches that report their start).
+    pub started_ns: Option<u64>,
+    /// When it ended on the device.
+    pub done_ns: Option<u64>,
+    /// When the dispatcher read its end.
+    pub seen_ns: Option<u64>,
+    /// It ended short of its last block (preempted, stopped at the stream gate, cancelled) or its
+    /// notifications were lost.
+    pub stopped: bool,
 }
 
 /// Counters of what the dispatcher did.
@@ -190,12 +226,21 @@ pub struct DispatcherStats {
     /// with the launch's resume point (lost or wrong notifications; tests require 0).
     pub notification_anomalies: u64,
     pub trace_dropped: u64,
+    /// Launches the GPU reported lost (its notification ring overflowed; their jobs failed).
+    pub launches_lost: u64,
+    /// Host time spent in `Gpu::launch` calls, in asking the policy, and in reading and applying
+    /// GPU events (the GPU's clock, i.e. the host's on CUDA and virtual time on the simulator).
+    pub launch_call_ns: u64,
+    pub policy_ns: u64,
+    pub events_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LState {
-    Waiting,
-    Ready { first_block: u32 },
+    /// Not issued (or returned after it stopped early): it resumes at `first_block`.
+    Pending {
+        first_block: u32,
+    },
     Issued(LaunchId),
     Done,
 }
@@ -239,6 +284,14 @@ struct Model {
     unloading: bool,
 }
 
+impl Model {
+    /// The launch's dependencies, each once.
+    fn dep_list(&self, i: usize) -> impl Iterator<Item = u32> + '_ {
+        let deps = &self.plan.launches[i].deps;
+        deps.iter().enumerate().filter(move |&(k, d)| !deps[..k].contains(d)).map(|(_, &d)| d)
+    }
+}
+
 struct Job {
     key: JobKey,
     id: RequestId,
@@ -254,15 +307,23 @@ struct Job {
     bound: Option<Bound>,
     bound_bases: Option<SpaceBases>,
     states: Vec<LState>,
-    deps_left: Vec<u32>,
-    ready: BinaryHeap<Reverse<u32>>,
+    /// Per launch, its dependencies neither issued nor done: at 0 it may be issued (behind the
+    /// issued ones on the job's lane, whose stream order runs them first).
+    deps_open: Vec<u32>,
+    /// Launches with no open dependency, not issued and not done: the ones a policy may be offered.
+    issuable: BTreeSet<u32>,
     /// Launches in flight that no one asked to stop.
     running: BTreeSet<u32>,
-    /// A launch that may go behind the tail of a chain holding all its unfinished dependencies:
-    /// (launch, stream, tail).
-    chainable: Option<(u32, u32, LaunchId)>,
-    /// Launches of this job in flight behind another one on its stream (not started).
-    queued: u32,
+    /// The stream of the pool this kernel-level job holds while it has launches in flight, and
+    /// the last launch issued there (the next one goes `after` it).
+    lane: Option<u32>,
+    lane_tail: Option<LaunchId>,
+    /// Launches of the job issued and not yet started (they wait on the lane), and their
+    /// estimated GPU time: the issue-ahead window.
+    ahead_launches: u32,
+    ahead_ns: f64,
+    /// A launch of the job was preempted: nothing more goes to its lane until the lane is empty.
+    draining: bool,
     /// Launches of this job issued behind another one (for [`Timing::chained`]).
     chained: u32,
     unissued: u32,
@@ -272,9 +333,14 @@ struct Job {
     error: Option<Error>,
     /// Index in `views` while admitted.
     view: Option<usize>,
+    /// The stream a whole-job issue bound it to.
     stream: Option<u32>,
+    /// Estimated GPU time of the launches not yet done (current estimates).
     remaining_ns: f64,
     total_ns: f64,
+    first_start_ns: Option<u64>,
+    last_done_ns: u64,
+    gpu_ns: u64,
     seq: u64,
     last_issue_seq: u64,
     counted_ready: bool,
@@ -286,12 +352,16 @@ struct InFlight {
     job: JobKey,
     launch: u32,
     class: ResourceClass,
+    /// CTAs started.
+    ctas: u32,
+    /// CTAs not yet placed (reported or, without CTA records, modelled).
     unplaced: u32,
     live: u32,
     blocks: u64,
     first_block: u32,
     issued_ns: u64,
     first_placed_ns: Option<u64>,
+    started_ns: Option<u64>,
     stream: u32,
     /// Issued behind this launch of the same job on the same stream: its CTAs are not counted
     /// as pending until this one ends.
@@ -302,6 +372,16 @@ struct InFlight {
     /// only its end: its CTAs count as pending (`unplaced`) until then and never enter the
     /// occupancy map (the policies that hand out whole jobs do not place work by it).
     report_ctas: bool,
+    /// It reports its start, and its CTAs enter the occupancy map as modelled placements then
+    /// (`modelled`: SM, CTAs), leaving it at its end.
+    report_start: bool,
+    modelled: Vec<(u32, u32)>,
+    mask: SmMask,
+    /// Its estimate when issued, counted in the job's issue-ahead window until it starts.
+    est_ns: f64,
+    in_window: bool,
+    /// Its issue record, when traced.
+    trace: Option<usize>,
 }
 
 /// The dispatcher over one GPU. See the module docs.
@@ -318,10 +398,10 @@ pub struct Dispatcher<G: Gpu> {
     free_slots: Vec<u32>,
     generation: u32,
     job_count: usize,
-    by_id: HashMap<RequestId, JobKey>,
+    by_id: crate::idmap::IdMap<RequestId, JobKey>,
     views: Vec<JobView>,
     tenants: Vec<TenantView>,
-    tenant_index: HashMap<TenantId, usize>,
+    tenant_index: crate::idmap::IdMap<TenantId, usize>,
     stream_ids: Vec<StreamId>,
     streams: Vec<StreamView>,
     /// Per stream, when its last launch ended (device clock as events report it): a launch that
@@ -334,8 +414,10 @@ pub struct Dispatcher<G: Gpu> {
     hw_queues: usize,
     blocked_queues: Vec<u32>,
     stream_cursor: usize,
-    in_flight: HashMap<LaunchId, InFlight>,
+    in_flight: crate::idmap::IdMap<LaunchId, InFlight>,
+    /// CTAs issued and not yet placed, of launches not waiting behind another on their stream.
     pending_ctas: u64,
+    spare_placements: Vec<Vec<(u32, u32)>>,
     admit_seq: u64,
     issue_seq: u64,
     now_ns: u64,
@@ -387,17 +469,21 @@ impl<G: Gpu> Dispatcher<G> {
             policy,
             whole: info.partitions[0].sms,
             rates,
-            occupancy: Occupancy::new(info.sm_count, info.sm_limits),
+            occupancy: if cfg.cta_records {
+                Occupancy::new(info.sm_count, info.sm_limits)
+            } else {
+                Occupancy::modelled(info.sm_count, info.sm_limits)
+            },
             models: Vec::new(),
             model_names: HashMap::new(),
             jobs: Vec::new(),
             free_slots: Vec::new(),
             generation: 0,
             job_count: 0,
-            by_id: HashMap::new(),
+            by_id: Default::default(),
             views: Vec::new(),
             tenants: Vec::new(),
-            tenant_index: HashMap::new(),
+            tenant_index: Default::default(),
             streams: vec![StreamView::default(); stream_ids.len()],
             stream_last_done_ns: vec![0; stream_ids.len()],
             idle_streams: stream_ids.len() as u32,
@@ -405,8 +491,9 @@ impl<G: Gpu> Dispatcher<G> {
             blocked_queues: vec![0; info.hardware_queues.max(1) as usize],
             stream_ids,
             stream_cursor: 0,
-            in_flight: HashMap::new(),
+            in_flight: Default::default(),
             pending_ctas: 0,
+            spare_placements: Vec::new(),
             admit_seq: 0,
             issue_seq: 0,
             now_ns: gpu.now_ns(),
@@ -538,7 +625,6 @@ impl<G: Gpu> Dispatcher<G> {
         }
     }
 
-    /// The host mappings held (zero-copy I/O regions).
     // ---------------------------------------------------------------- bookkeeping
 
     fn job(&self, key: JobKey) -> Option<&Job> {
@@ -549,56 +635,129 @@ impl<G: Gpu> Dispatcher<G> {
         self.jobs.get_mut(key.slot as usize)?.as_mut().filter(|j| j.key == key)
     }
 
+    /// Checks the dispatcher's books against each other (for tests: the swarm runs it after every
+    /// step): remaining times are the sums of the current estimates of the launches not done,
+    /// pending CTAs and issue-ahead windows match the launches in flight, every kernel-level job's
+    /// launches in flight are on its lane, the issuable sets and open-dependency counts match the
+    /// launch states, and the occupancy mirror holds exactly the modelled placements and the
+    /// reported live CTAs. O(jobs x launches).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let pending: u64 = self.in_flight.values().filter(|f| f.behind.is_none()).map(|f| f.unplaced as u64).sum();
+        if pending != self.pending_ctas {
+            return Err(format!("pending CTAs {} but the launches in flight leave {pending} unplaced", self.pending_ctas));
+        }
+        for view in &self.views {
+            let job = self.job(view.key).ok_or("a view names no job")?;
+            let m = self.models[job.model].as_ref().ok_or("a job's model is gone")?;
+            let n = job.states.len();
+            let left: f64 = (0..n as u32).filter(|&i| job.states[i as usize] != LState::Done).map(|i| m.estimates.get(i)).sum();
+            if !job.cancelled && (job.remaining_ns - left).abs() > 1.0 + 1e-9 * left {
+                return Err(format!(
+                    "job {:?}: remaining {} ns, its launches not done are estimated at {left} ns",
+                    job.id, job.remaining_ns
+                ));
+            }
+            let mine: Vec<&InFlight> = self.in_flight.values().filter(|f| f.job == job.key).collect();
+            if mine.len() as u32 != job.in_flight {
+                return Err(format!("job {:?}: {} launches in flight, it counts {}", job.id, mine.len(), job.in_flight));
+            }
+            let window = mine.iter().filter(|f| f.in_window);
+            let (ahead, ahead_ns) = window.fold((0u32, 0.0), |(c, t), f| (c + 1, t + f.est_ns));
+            if ahead != job.ahead_launches || (ahead_ns - job.ahead_ns).abs() > 1.0 + 1e-9 * ahead_ns {
+                return Err(format!(
+                    "job {:?}: {ahead} launches ({ahead_ns} ns) wait to start, its window counts {} ({} ns)",
+                    job.id, job.ahead_launches, job.ahead_ns
+                ));
+            }
+            if job.stream.is_none() {
+                if job.in_flight > 0 && mine.iter().any(|f| Some(f.stream) != job.lane) {
+                    return Err(format!("job {:?}: a launch in flight is off its lane {:?}", job.id, job.lane));
+                }
+                if job.in_flight == 0 && (job.lane.is_some() || job.draining) {
+                    return Err(format!("job {:?}: holds lane {:?} with nothing in flight", job.id, job.lane));
+                }
+                if job.cancelled {
+                    continue;
+                }
+                for i in 0..n {
+                    let open = m.dep_list(i).filter(|&d| matches!(job.states[d as usize], LState::Pending { .. })).count() as u32;
+                    if open != job.deps_open[i] {
+                        return Err(format!(
+                            "job {:?} launch {i}: {open} open dependencies, counted {}",
+                            job.id, job.deps_open[i]
+                        ));
+                    }
+                    let issuable = open == 0 && matches!(job.states[i], LState::Pending { .. });
+                    if issuable != job.issuable.contains(&(i as u32)) {
+                        return Err(format!("job {:?} launch {i}: issuable {issuable}, the set disagrees", job.id));
+                    }
+                }
+            }
+        }
+        if self.occupancy.is_modelled() {
+            let mut ctas = vec![0u64; self.occupancy.group_count() as usize];
+            for f in self.in_flight.values() {
+                for &(g, n) in &f.modelled {
+                    ctas[g as usize] += n as u64;
+                }
+            }
+            for (g, &want) in ctas.iter().enumerate() {
+                let got = self.occupancy.group(g as u32).ctas;
+                if got != want {
+                    return Err(format!("group {g}: the mirror holds {got} CTAs, the modelled placements {want}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Rewrites the job's view after its state changed.
     fn refresh(&mut self, key: JobKey) {
         let Some(job) = self.jobs[key.slot as usize].as_mut().filter(|j| j.key == key) else { return };
         let Some(v) = job.view else { return };
         let m = self.models[job.model].as_ref().expect("model of a job exists");
-        let next_ready = if job.cancelled || job.stream.is_some() {
+        // The issue-ahead window: a job with launches in flight is offered its next one only while
+        // what waits on its lane is short of the lookahead.
+        let window_open = job.in_flight == 0
+            || (job.ahead_launches < self.cfg.lookahead_launches_max && job.ahead_ns < self.cfg.lookahead_ns as f64);
+        let next_ready = if job.cancelled || job.stream.is_some() || job.draining || !window_open {
             None
         } else {
-            job.ready
-                .peek()
-                .map(|&Reverse(i)| {
-                    let first_block = match job.states[i as usize] {
-                        LState::Ready { first_block } => first_block,
-                        s => unreachable!("launch {i} in the ready heap is {s:?}"),
-                    };
-                    let blocks_left = m.plan.launches[i as usize].shape.logical_blocks - first_block;
-                    ReadyKernel {
-                        launch: i,
-                        first_block,
-                        blocks_left,
-                        ctas: blocks_left.min(m.capacity_ctas[i as usize]),
-                        class: m.classes[i as usize],
-                        est_ns: m.estimates.get(i) as u64,
-                        behind: false,
-                    }
-                })
-                .or_else(|| {
-                    job.chainable.map(|(i, _, _)| {
-                        let blocks = m.plan.launches[i as usize].shape.logical_blocks;
-                        ReadyKernel {
-                            launch: i,
-                            first_block: 0,
-                            blocks_left: blocks,
-                            ctas: blocks.min(m.capacity_ctas[i as usize]),
-                            class: m.classes[i as usize],
-                            est_ns: m.estimates.get(i) as u64,
-                            behind: true,
-                        }
-                    })
-                })
+            job.issuable.first().map(|&i| {
+                let first_block = match job.states[i as usize] {
+                    LState::Pending { first_block } => first_block,
+                    s => unreachable!("issuable launch {i} is {s:?}"),
+                };
+                let blocks_left = m.plan.launches[i as usize].shape.logical_blocks - first_block;
+                let capacity = m.capacity_ctas[i as usize];
+                // Behind the lane's tail, it starts when that one ends and takes the room it
+                // frees: in CTAs of this kernel's class, the tail's share of a full wave.
+                let tail = job.lane_tail.filter(|_| job.in_flight > 0).and_then(|t| self.in_flight.get(&t));
+                let frees_ctas = tail.map_or(0, |t| {
+                    let tail_capacity = self.occupancy.capacity_ctas(t.class).max(1) as u64;
+                    (t.ctas as u64 * capacity as u64 / tail_capacity) as u32
+                });
+                ReadyKernel {
+                    launch: i,
+                    first_block,
+                    blocks_left,
+                    ctas: blocks_left.min(capacity),
+                    class: m.classes[i as usize],
+                    est_ns: m.estimates.get(i) as u64,
+                    behind: tail.is_some(),
+                    frees_ctas,
+                }
+            })
         };
         let ready_now = next_ready.is_some();
         let tenant_delta = ready_now as i32 - job.counted_ready as i32;
         job.counted_ready = ready_now;
         let view = &mut self.views[v];
-        view.remaining_ns = job.remaining_ns as u64;
+        view.remaining_ns = job.remaining_ns.max(0.0) as u64;
         view.launches_unissued = job.unissued;
         view.in_flight = job.in_flight;
         view.next_ready = next_ready;
-        view.ready_count = if next_ready.is_some() { job.ready.len() as u32 } else { 0 };
+        view.ready_count = if ready_now { job.issuable.len() as u32 } else { 0 };
         view.stream = job.stream;
         view.last_issue_seq = job.last_issue_seq;
         view.running = if job.stream.is_some() { None } else { job.running.first().copied() };

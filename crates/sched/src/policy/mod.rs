@@ -19,9 +19,11 @@
 //! | `streams` | [`streams`] | whole jobs, N streams | none |
 //! | `streams-kernel` | [`streams_kernel`] | kernels, oldest job first | none |
 //! | `paella` | [`paella`] | kernels, SRPT + per-tenant deficits | occupancy + headroom |
+//! | `edf` | [`edf`] | kernels, earliest (virtual) deadline | occupancy + headroom |
 //! | `sjf` | [`sjf`] | kernels, shortest job first | occupancy + headroom |
 //! | `rr` | [`rr`] | kernels, least recently served job | occupancy + headroom |
 
+pub mod edf;
 pub mod fifo;
 pub mod paella;
 pub mod rr;
@@ -53,11 +55,13 @@ pub struct ReadyKernel {
     pub class: ResourceClass,
     /// Estimated duration on the whole GPU.
     pub est_ns: u64,
-    /// Its unfinished dependencies are all on one stream's chain of this job, whose tail is
-    /// running with all CTAs placed (or waits itself, with `chain_depth_max` > 1); issued, it goes
-    /// behind that tail on its stream (no idle stream needed) and takes the room the chain leaves,
-    /// so the occupancy gate passes it.
+    /// The job has launches in flight on its lane: issued, this one waits behind the last of them
+    /// on that stream (no idle stream needed) and starts when it ends.
     pub behind: bool,
+    /// When `behind`: the CTAs of this kernel's class that the launch it waits behind frees when
+    /// it ends (its share of a full wave, in this class's CTAs). Only CTAs beyond these need room
+    /// (see [`GpuView::fits`]).
+    pub frees_ctas: u32,
 }
 
 /// An admitted job (it has its buffers and can be scheduled), as policies see it.
@@ -81,8 +85,9 @@ pub struct JobView {
     pub launches: u32,
     pub launches_unissued: u32,
     pub in_flight: u32,
-    /// Lowest-indexed ready launch, else the launch that may go behind its running dependency
-    /// (`behind`); `None` for a cancelled job or a job bound to a stream.
+    /// Its lowest-indexed launch whose dependencies are all issued or done, while its issue-ahead
+    /// window is open (see `Config::lookahead_ns`); `None` for a cancelled job, a job bound to a
+    /// stream, or one whose lane is full or draining after a preemption.
     pub next_ready: Option<ReadyKernel>,
     pub ready_count: u32,
     /// The stream an `IssueAll` bound the job to.
@@ -144,15 +149,18 @@ pub struct GpuView<'a> {
 }
 
 impl GpuView<'_> {
-    /// The occupancy gate: nothing issued is waiting to be placed, or the kernel's CTAs (at most
-    /// one wave) fit in the SMs' free room plus the headroom B behind the CTAs already issued and
-    /// not yet placed. So the hardware queues hold at most one kernel, plus B CTAs, that cannot
-    /// start now: enough to hide the notification round trip, too little to make a kernel the
-    /// policy ranks first wait behind work it ranked later.
+    /// The occupancy gate: the kernel needs no more room than the launch it waits behind frees
+    /// (issue-ahead on a job's lane), or nothing issued is waiting to be placed, or the CTAs it
+    /// needs beyond that (at most one wave) fit in the SMs' free room plus the headroom B behind
+    /// the CTAs already issued and not yet placed. So the hardware queues hold at most one kernel,
+    /// plus B CTAs, that cannot start now (besides the launches waiting on their lanes, each no
+    /// larger than what its predecessor frees): enough to hide the notification round trip, too
+    /// little to make a kernel the policy ranks first wait behind work it ranked later.
     pub fn fits(&self, k: &ReadyKernel) -> bool {
-        k.behind
+        let need = if k.behind { k.ctas.saturating_sub(k.frees_ctas) } else { k.ctas };
+        need == 0
             || self.pending_ctas == 0
-            || self.pending_ctas + k.ctas as u64 <= self.occupancy.free_ctas(k.class) as u64 + self.headroom_ctas as u64
+            || self.pending_ctas + need as u64 <= self.occupancy.free_ctas(k.class) as u64 + self.headroom_ctas as u64
     }
 
     /// A kernel can be issued at all: a launch slot is free, and an idle stream unless it goes
@@ -182,8 +190,9 @@ pub struct View<'a> {
 /// What a policy asks the dispatcher to do next.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Decision {
-    /// Issue the job's ready launch on an idle stream. `ctas` and `sm_mask` default to the
-    /// ready kernel's CTAs and the whole GPU (later policies right-size with them).
+    /// Issue the job's next ready launch: on its lane behind its launches in flight, or on an
+    /// idle stream that becomes its lane. `ctas` and `sm_mask` default to the ready kernel's
+    /// CTAs and the whole GPU (later policies right-size with them).
     Issue { job: JobKey, launch: u32, ctas: Option<u32>, sm_mask: Option<SmMask> },
     /// Bind the unstarted job to stream `stream` of the pool and issue all its launches there.
     IssueAll { job: JobKey, stream: u32 },
@@ -206,24 +215,42 @@ pub enum PolicyConfig {
     Streams { streams: u32, jobs_per_stream: u32 },
     StreamsKernel,
     Paella { fairness_threshold_ns: u64, backfill: bool },
+    Edf { slowdown: f64 },
     Sjf,
     Rr,
 }
 
 impl PolicyConfig {
-    pub const NAMES: [&'static str; 6] = ["fifo", "streams", "streams-kernel", "paella", "sjf", "rr"];
+    pub const NAMES: [&'static str; 7] = ["fifo", "streams", "streams-kernel", "paella", "edf", "sjf", "rr"];
 
-    /// A policy with its default parameters.
+    /// A policy by name with its default parameters, or `name:value` for its main parameter:
+    /// `streams:N` (streams), `paella:T` (fairness threshold in µs, or `inf`), `edf:S` (slowdown).
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
-        Some(match name {
+        let (base, param) = match name.split_once(':') {
+            Some((b, p)) => (b, Some(p)),
+            None => (name, None),
+        };
+        let mut p = match base {
             "fifo" => PolicyConfig::Fifo { jobs_queued: 2 },
             "streams" => PolicyConfig::Streams { streams: 32, jobs_per_stream: 1 },
             "streams-kernel" => PolicyConfig::StreamsKernel,
             "paella" => PolicyConfig::Paella { fairness_threshold_ns: paella::FAIRNESS_THRESHOLD_NS_DEFAULT, backfill: false },
+            "edf" => PolicyConfig::Edf { slowdown: edf::SLOWDOWN_DEFAULT },
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
             _ => return None,
-        })
+        };
+        if let Some(v) = param {
+            match &mut p {
+                PolicyConfig::Streams { streams, .. } => *streams = v.parse().ok().filter(|&n| n > 0)?,
+                PolicyConfig::Paella { fairness_threshold_ns, .. } => {
+                    *fairness_threshold_ns = if v == "inf" { u64::MAX } else { v.parse::<u64>().ok()?.checked_mul(1000)? }
+                }
+                PolicyConfig::Edf { slowdown } => *slowdown = v.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0)?,
+                _ => return None,
+            }
+        }
+        Some(p)
     }
 
     pub fn name(&self) -> &'static str {
@@ -232,6 +259,7 @@ impl PolicyConfig {
             PolicyConfig::Streams { .. } => "streams",
             PolicyConfig::StreamsKernel => "streams-kernel",
             PolicyConfig::Paella { .. } => "paella",
+            PolicyConfig::Edf { .. } => "edf",
             PolicyConfig::Sjf => "sjf",
             PolicyConfig::Rr => "rr",
         }
@@ -252,6 +280,7 @@ impl PolicyConfig {
             PolicyConfig::Paella { fairness_threshold_ns, backfill } => {
                 Box::new(paella::Paella { fairness_threshold_ns, backfill })
             }
+            PolicyConfig::Edf { slowdown } => Box::new(edf::Edf { slowdown }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
         }
@@ -272,6 +301,7 @@ impl std::fmt::Display for PolicyConfig {
                     write!(f, "paella(threshold={}us{})", fairness_threshold_ns / 1000, if *backfill { ",backfill" } else { "" })
                 }
             }
+            PolicyConfig::Edf { slowdown } => write!(f, "edf(slowdown={slowdown})"),
             other => f.write_str(other.name()),
         }
     }

@@ -9,9 +9,9 @@
 //!
 //! and it is issued only when it passes the occupancy gate ([`GpuView::fits`](super::GpuView::fits)):
 //! at most one kernel plus B CTAs wait in the hardware for room. Without `backfill`, a first-ranked
-//! kernel that does not pass blocks every other kernel until it does. A job's next kernel may be
-//! the one that goes behind its running kernel on the same stream (`ReadyKernel::behind`, the
-//! dispatcher's one-kernel lookahead), which passes the gate.
+//! kernel that does not pass blocks every other kernel until it does. A job's next kernel may go
+//! behind its kernels in flight on its lane (`ReadyKernel::behind`, the dispatcher's issue-ahead);
+//! it needs room only beyond what the kernel it waits behind frees.
 //!
 //! **Behaviour** (simulated H100 SXM, timing only, roofline kernel times; `cargo run --release -p
 //! kairos-sched --example paella_sim`): with the threshold at infinity it is pure SRPT: short jobs

@@ -28,6 +28,9 @@ pub struct MiniConfig {
     /// Launches tracked at once (0: unbounded); one more is `GpuError::Exhausted`, as CUDA's
     /// launch slots.
     pub launches_in_flight_max: u32,
+    /// Fault injection: one launch end in this many is lost and reported as `LaunchLost` (as the
+    /// CUDA backend does after its notification ring overflowed); 0: never.
+    pub lose_one_in: u32,
 }
 
 pub fn default_block_ns(k: &Kernel, s: &LaunchShape) -> u64 {
@@ -47,6 +50,7 @@ impl Default for MiniConfig {
             block_ns: default_block_ns,
             seed: 0,
             launches_in_flight_max: 0,
+            lose_one_in: 0,
         }
     }
 }
@@ -73,6 +77,9 @@ struct L {
     eligible: bool,
     /// LaunchRequest::report_ctas: CtasPlaced / CtasFinished are sent.
     report_ctas: bool,
+    /// LaunchRequest::report_start: LaunchStarted is sent when the first block is taken.
+    report_start: bool,
+    first_block: u32,
 }
 
 pub struct MiniGpu {
@@ -242,6 +249,14 @@ impl MiniGpu {
     fn cta_take(&mut self, id: u64, sm: u32, blocks: u32) {
         let l = self.launches.get_mut(&id).unwrap();
         if !l.preempt && l.next_block < l.total {
+            if l.next_block == l.first_block && l.report_start {
+                let e = GpuEvent::LaunchStarted { launch: LaunchId(id), at_ns: self.now };
+                l.next_block += 1;
+                let t = self.now + l.block_ns;
+                self.notify(e);
+                self.at(t, Ev::CtaStep { launch: id, sm, blocks: blocks + 1 });
+                return;
+            }
             l.next_block += 1;
             let t = self.now + l.block_ns;
             self.at(t, Ev::CtaStep { launch: id, sm, blocks: blocks + 1 });
@@ -270,12 +285,16 @@ impl MiniGpu {
             return;
         }
         let l = self.launches.remove(&id).unwrap();
-        self.notify(GpuEvent::LaunchDone {
-            launch: LaunchId(id),
-            next_block: l.next_block,
-            preempted: l.next_block < l.total,
-            at_ns: self.now,
-        });
+        if self.cfg.lose_one_in > 0 && self.rng.random_range(0..self.cfg.lose_one_in) == 0 {
+            self.notify(GpuEvent::LaunchLost { launch: LaunchId(id), at_ns: self.now });
+        } else {
+            self.notify(GpuEvent::LaunchDone {
+                launch: LaunchId(id),
+                next_block: l.next_block,
+                preempted: l.next_block < l.total,
+                at_ns: self.now,
+            });
+        }
         debug_assert_eq!(self.streams[l.stream].front(), Some(&id));
         self.streams[l.stream].pop_front();
         if let Some(&next) = self.streams[l.stream].front() {
@@ -385,6 +404,8 @@ impl Gpu for MiniGpu {
                 scheduled: false,
                 eligible: false,
                 report_ctas: r.report_ctas,
+                report_start: r.report_start,
+                first_block: r.first_block,
             },
         );
         self.streams[s].push_back(id);

@@ -89,7 +89,8 @@ pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
 
 /// A random policy with random parameters.
 pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
-    match rng.random_range(0..6) {
+    match rng.random_range(0..7) {
+        6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)] },
         0 => PolicyConfig::Fifo { jobs_queued: rng.random_range(1..=3) },
         1 => PolicyConfig::Streams { streams: rng.random_range(1..=8), jobs_per_stream: rng.random_range(1..=3) },
         2 => PolicyConfig::StreamsKernel,
@@ -114,7 +115,10 @@ pub fn random_config(rng: &mut SmallRng, policy: PolicyConfig) -> Config {
         tenants_max: [2, 64][rng.random_range(0..2)],
         launches_in_flight_max: [4, 16, 1024][rng.random_range(0..3)],
         decisions_per_round_max: [1, 7, 1024][rng.random_range(0..3)],
-        chain_depth_max: [0, 1, 1, 2, 4][rng.random_range(0..5)],
+        lookahead_launches_max: [0, 1, 2, 8, 8][rng.random_range(0..5)],
+        lookahead_ns: [0, 5_000, 50_000, 50_000, 10_000_000][rng.random_range(0..5)],
+        cta_records: rng.random_bool(0.3),
+        wake_lead_ns: [0, 50_000][rng.random_range(0..2)],
         trace_max: 1 << 20,
         ..Config::default()
     }
@@ -129,6 +133,7 @@ pub fn random_mini_config(rng: &mut SmallRng, seed: u64) -> mini::MiniConfig {
         notify_jitter_ns: [0, 3_000][rng.random_range(0..2)],
         // Random plans have at most 16 launches: a whole job always fits.
         launches_in_flight_max: [0, 0, 16, 40][rng.random_range(0..4)],
+        lose_one_in: [0, 0, 0, 50][rng.random_range(0..4)],
         seed,
         ..mini::MiniConfig::default()
     }
@@ -150,6 +155,11 @@ pub struct LaunchAudit {
     /// What the dispatcher asked for (LaunchRequest::report_ctas); the inner GPU always reports
     /// CTAs to the audit, which passes them on only if asked.
     pub report_ctas: bool,
+    /// LaunchRequest::report_start, and when the start was reported.
+    pub report_start: bool,
+    pub started_ns: Option<u64>,
+    /// Reported lost (`GpuEvent::LaunchLost`) instead of done.
+    pub lost: bool,
 }
 
 #[derive(Default)]
@@ -179,6 +189,8 @@ impl<G: Gpu> Audit<G> {
             GpuEvent::CtasPlaced { at_ns, .. }
             | GpuEvent::CtasFinished { at_ns, .. }
             | GpuEvent::LaunchDone { at_ns, .. }
+            | GpuEvent::LaunchStarted { at_ns, .. }
+            | GpuEvent::LaunchLost { at_ns, .. }
             | GpuEvent::CopyDone { at_ns, .. } => at_ns,
         };
         if at < log.last_event_ns {
@@ -245,6 +257,38 @@ impl<G: Gpu> Audit<G> {
                         .push(format!("launch {launch:?} ran {} blocks but reports {}..{next_block}", a.blocks, a.first_block));
                 }
             }
+            GpuEvent::LaunchStarted { launch, at_ns } => {
+                let Some(a) = log.launches.get_mut(&launch) else {
+                    log.violations.push(format!("start of unknown launch {launch:?}"));
+                    return;
+                };
+                if !a.report_start {
+                    log.violations.push(format!("launch {launch:?} reported a start it was not asked for"));
+                }
+                if a.started_ns.is_some() || a.done_ns.is_some() {
+                    log.violations.push(format!("launch {launch:?} started twice or after its end"));
+                }
+                if a.first_placed_ns.is_none_or(|p| p > at_ns) {
+                    log.violations.push(format!("launch {launch:?} started before any of its CTAs was placed"));
+                }
+                a.started_ns = Some(at_ns);
+            }
+            GpuEvent::LaunchLost { launch, at_ns } => {
+                let Some(a) = log.launches.get_mut(&launch) else {
+                    log.violations.push(format!("loss of unknown launch {launch:?}"));
+                    return;
+                };
+                if a.done_ns.is_some() {
+                    log.violations.push(format!("launch {launch:?} lost after it ended"));
+                }
+                // It ended where its CTAs stopped; the dispatcher never learns where.
+                a.done_ns = Some(at_ns);
+                a.next_block = Some(a.first_block + a.blocks as u32);
+                a.lost = true;
+                if a.live != 0 {
+                    log.violations.push(format!("launch {launch:?} lost with {} CTAs live", a.live));
+                }
+            }
             GpuEvent::CopyDone { .. } => {}
         }
     }
@@ -296,6 +340,7 @@ impl<G: Gpu> Gpu for Audit<G> {
                 first_block: r.first_block,
                 res: Some(res),
                 report_ctas: r.report_ctas,
+                report_start: r.report_start,
                 ..Default::default()
             },
         );
@@ -444,7 +489,10 @@ impl Policy for Checked {
                 if !self.config.is_kernel_level() {
                     bad(format!("{}: a whole-job policy issued a single kernel", self.name()));
                 }
-                let gated = matches!(self.config, PolicyConfig::Paella { .. } | PolicyConfig::Sjf | PolicyConfig::Rr);
+                let gated = matches!(
+                    self.config,
+                    PolicyConfig::Paella { .. } | PolicyConfig::Edf { .. } | PolicyConfig::Sjf | PolicyConfig::Rr
+                );
                 if gated && !view.gpu.fits(&k) {
                     bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
                 }

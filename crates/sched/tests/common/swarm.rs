@@ -32,6 +32,7 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
     let boxed: Box<dyn kairos_sched::Policy> =
         if preempt { Box::new(Preempting::new(Box::new(checked), 40)) } else { Box::new(checked) };
     let mut driver = VirtualDriver::with_policy(cfg.clone(), gpu, boxed).unwrap();
+    driver.set_checks(true);
     let rng = &mut *rng;
 
     let models = rng.random_range(1..=3);
@@ -91,6 +92,7 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
     let records = driver.records().to_vec();
     let mut seen = HashSet::new();
     let mut ok = HashSet::new();
+    let mut lost = HashSet::new();
     for r in &records {
         assert!(seen.insert(r.id), "request {:?} answered twice", r.id);
         match (&r.result, expect_error.get(&r.id)) {
@@ -113,6 +115,8 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
             }
             (Err(Error::Cancelled), None) => assert!(cancelled.contains(&r.id), "request {:?} cancelled without a cancel", r.id),
             (Err(Error::Overloaded { .. }), None) => {}
+            // A launch of it was lost (fault injection): it fails, the rest goes on.
+            (Err(Error::Gpu(m)), None) if m.contains("was lost") => lost.insert(r.id).then_some(()).unwrap(),
             (Err(e), None) => panic!("request {:?} failed: {e}", r.id),
         }
     }
@@ -133,6 +137,7 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
 
     let d = driver.dispatcher();
     let stats = d.stats();
+    assert!(lost.is_empty() || stats.launches_lost > 0, "requests failed as lost with no launch lost");
     assert_eq!(stats.refused_decisions, 0, "the dispatcher refused policy decisions");
     assert_eq!(stats.notification_anomalies, 0);
     assert_eq!(d.occupancy().anomalies(), 0, "mirrored occupancy disagreed with the GPU");
@@ -152,12 +157,14 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
     }
 
     eprintln!(
-        "  {} requests: {} ok, {} cancelled, {} overloaded; {} launches, {} decisions, {} preemptions, {} resumed launches",
+        "  {} requests: {} ok, {} cancelled, {} overloaded, {} lost; {} launches ({} behind another), {} decisions, {} preemptions, {} resumed launches",
         records.len(),
         ok.len(),
         records.iter().filter(|r| matches!(r.result, Err(Error::Cancelled))).count(),
         records.iter().filter(|r| matches!(r.result, Err(Error::Overloaded { .. }))).count(),
+        lost.len(),
         stats.launches,
+        trace.iter().filter(|r| r.behind).count(),
         stats.decisions,
         stats.preemptions,
         trace.iter().filter(|r| r.first_block > 0).count()

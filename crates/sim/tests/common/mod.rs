@@ -95,6 +95,7 @@ pub fn request<'a>(
         stream,
         after: None,
         report_ctas: true,
+        report_start: false,
     }
 }
 
