@@ -44,6 +44,8 @@ pub struct SweepOptions {
     pub seed: u64,
     /// Where trace files go (and the folder `Point::trace` is relative to).
     pub trace_dir: Option<PathBuf>,
+    /// Where each point's per-request records go (`kairos-raw/1`; `Point::raw` names the file).
+    pub raw_dir: Option<PathBuf>,
     pub preset: PresetOptions,
     /// Repeats (after one warm-up) of each isolated-latency measurement.
     pub isolated_repeats: usize,
@@ -62,6 +64,7 @@ impl Default for SweepOptions {
             slo_ns: None,
             seed: 1,
             trace_dir: None,
+            raw_dir: None,
             preset: PresetOptions::default(),
             isolated_repeats: 3,
         }
@@ -96,7 +99,10 @@ pub fn parse_policies(names: &[String]) -> Result<Vec<PolicyConfig>, Error> {
         .iter()
         .map(|n| {
             PolicyConfig::by_name(n.trim()).ok_or_else(|| {
-                Error::Invalid(format!("unknown policy '{n}': the dispatcher has {}", PolicyConfig::NAMES.join(", ")))
+                Error::Invalid(format!(
+                    "unknown policy '{n}': the dispatcher has {} (streams:N, paella:THRESHOLD_US|inf and edf:SLOWDOWN set a parameter)",
+                    PolicyConfig::NAMES.join(", ")
+                ))
             })
         })
         .collect()
@@ -344,6 +350,26 @@ pub fn run_preset(
                 let rec = run(target, &config, &schedule, &catalog, &run_opts, &mut |f| progress.fraction(f))?;
                 let metrics = measure(&schedule, &rec.outcomes, opts.slo_ns);
                 saturated = metrics.saturated(opts.saturation);
+                let raw = match &opts.raw_dir {
+                    Some(dir) => {
+                        let file = format!(
+                            "{}{}-{}-load{load}.raw.json",
+                            preset.name(),
+                            if v.is_empty() { String::new() } else { format!("-{}", v.replace('=', "")) },
+                            // The parameters too: two settings of one policy must not share a file.
+                            policy
+                                .to_string()
+                                .chars()
+                                .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' })
+                                .collect::<String>()
+                                .trim_end_matches('-')
+                        );
+                        crate::trace::RawFile::new(&preset.name(), v, policy.name(), load, &schedule, &rec.outcomes)
+                            .write(&dir.join(&file))?;
+                        Some(file)
+                    }
+                    None => None,
+                };
                 let point = Point {
                     preset: preset.name(),
                     variant: v.clone(),
@@ -359,6 +385,8 @@ pub fn run_preset(
                     model_unloads: rec.model_unloads,
                     wall_s: rec.wall_ns as f64 * 1e-9,
                     trace,
+                    raw,
+                    dispatcher: rec.counters,
                 };
                 progress.point_done(&point);
                 results.points.push(point);

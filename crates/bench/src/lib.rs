@@ -15,6 +15,10 @@
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
 //! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory
 //!   channel with hybrid wait or polling, its Unix socket), with the client's CPU use.
+//! - [`breakdown`]: where a request's time goes, launch by launch (launch call, hardware queue,
+//!   execution, the record's way back, the GPU's gaps between a request's kernels), each model
+//!   alone and in a mix; the one module that drives the dispatcher directly, to read its issue
+//!   records.
 //! - [`trace`]: the arrival traces the PyTorch peers replay (`scripts/peer_replay.py`), and their
 //!   results read back; [`report`]: results JSON, markdown tables, plots ([`plot`]).
 //!
@@ -24,6 +28,7 @@
 //! run grows has a `*_MAX` limit, and exceeding it is an error, not a stall.
 
 pub mod azure;
+pub mod breakdown;
 pub mod experiment;
 pub mod metrics;
 pub mod plot;

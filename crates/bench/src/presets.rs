@@ -3,6 +3,7 @@
 //! | preset | models | arrivals | load 1.0 means |
 //! |---|---|---|---|
 //! | `paella-mix` | the 11 vision models of the zoo, uniform | one lognormal process (sigma 1.5 and 2) | serial capacity: 1 / mean isolated latency |
+//! | `mix8` | 8 vision models (no resnet152, densenet201, vgg19), uniform | one lognormal process (sigma 1.5 and 2) | serial capacity: 1 / mean isolated latency |
 //! | `paella-short-long` | resnet18 (tenant 0) vs inception_v3 (tenant 1), shares inverse to isolated latency | Poisson | serial capacity of the mix |
 //! | `paella-hol` | jobs of 8 chained one-CTA kernels of ~300 us | Poisson | 32 streams busy: 32 / isolated latency |
 //! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
@@ -58,6 +59,11 @@ pub const VISION: [&str; 11] = [
     "googlenet",
     "inception_v3",
 ];
+
+/// The 8 vision models of `mix8`: the serving test that compared kairos with a PyTorch server
+/// replaying CUDA graphs (the issue that built kairos' issue-ahead dispatch).
+pub const MIX8: [&str; 8] =
+    ["resnet18", "mobilenet_v2", "resnet34", "squeezenet1_1", "resnet50", "densenet121", "googlenet", "inception_v3"];
 
 /// DISB's five models.
 pub const DISB_MODELS: [&str; 5] = ["vgg19", "resnet152", "densenet201", "inception_v3", "distilbert"];
@@ -159,6 +165,7 @@ pub enum Length {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Preset {
     PaellaMix,
+    Mix8,
     PaellaShortLong,
     PaellaHol,
     /// 'a' to 'e'.
@@ -180,8 +187,9 @@ pub struct Calibration {
 }
 
 impl Preset {
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 12] = [
         "paella-mix",
+        "mix8",
         "paella-short-long",
         "paella-hol",
         "disb-a",
@@ -197,6 +205,7 @@ impl Preset {
     pub fn by_name(name: &str) -> Option<Preset> {
         Some(match name {
             "paella-mix" => Preset::PaellaMix,
+            "mix8" => Preset::Mix8,
             "paella-short-long" => Preset::PaellaShortLong,
             "paella-hol" => Preset::PaellaHol,
             "disb-a" => Preset::Disb('a'),
@@ -214,6 +223,7 @@ impl Preset {
     pub fn name(&self) -> String {
         match self {
             Preset::PaellaMix => "paella-mix".into(),
+            Preset::Mix8 => "mix8".into(),
             Preset::PaellaShortLong => "paella-short-long".into(),
             Preset::PaellaHol => "paella-hol".into(),
             Preset::Disb(c) => format!("disb-{c}"),
@@ -226,6 +236,7 @@ impl Preset {
     pub fn about(&self) -> String {
         match self {
             Preset::PaellaMix => "Paella (b): uniform mix of the 11 vision models, lognormal inter-arrival times".into(),
+            Preset::Mix8 => format!("uniform mix of 8 vision models ({}), lognormal inter-arrival times", MIX8.join(", ")),
             Preset::PaellaShortLong => {
                 "Paella (c): resnet18 (short) vs inception_v3 (long), shares inverse to size, Poisson".into()
             }
@@ -244,7 +255,9 @@ impl Preset {
     /// What "load" means for the preset.
     pub fn load_meaning(&self) -> &'static str {
         match self {
-            Preset::PaellaMix | Preset::PaellaShortLong => "multiple of the serial capacity (1 / mean isolated latency)",
+            Preset::PaellaMix | Preset::Mix8 | Preset::PaellaShortLong => {
+                "multiple of the serial capacity (1 / mean isolated latency)"
+            }
             Preset::PaellaHol => "fraction of the rate that keeps 32 streams busy",
             Preset::Disb(_) => "multiple of DISB's real-time rates (best-effort clients stay closed-loop)",
             Preset::Daris => "fraction of the GPU's measured throughput on this task mix (closed loop, base policy)",
@@ -258,6 +271,7 @@ impl Preset {
         let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();
         match self {
             Preset::PaellaMix => v(&VISION),
+            Preset::Mix8 => v(&MIX8),
             Preset::PaellaShortLong => v(&["resnet18", "inception_v3"]),
             Preset::PaellaHol => v(&[HOL_MODEL]),
             Preset::Disb('a' | 'b') => v(&["vgg19", "resnet152"]),
@@ -270,7 +284,7 @@ impl Preset {
 
     pub fn default_loads(&self) -> Vec<f64> {
         match self {
-            Preset::PaellaMix => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0],
+            Preset::PaellaMix | Preset::Mix8 => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0],
             Preset::PaellaShortLong => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
             Preset::PaellaHol => vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
             Preset::Disb('b') => vec![1.0],
@@ -283,7 +297,9 @@ impl Preset {
 
     pub fn default_policies(&self) -> Vec<&'static str> {
         match self {
-            Preset::PaellaMix | Preset::PaellaShortLong => vec!["fifo", "streams", "streams-kernel", "paella", "sjf", "rr"],
+            Preset::PaellaMix | Preset::Mix8 | Preset::PaellaShortLong => {
+                vec!["fifo", "streams", "streams-kernel", "paella", "sjf", "rr"]
+            }
             Preset::PaellaHol => vec!["streams", "paella"],
             Preset::Disb(_) => vec!["fifo", "streams", "paella"],
             Preset::Daris => vec!["fifo", "streams", "paella", "sjf"],
@@ -293,7 +309,9 @@ impl Preset {
 
     pub fn default_length(&self) -> Length {
         match self {
-            Preset::PaellaMix | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Coldstart => Length::Requests(600),
+            Preset::PaellaMix | Preset::Mix8 | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Coldstart => {
+                Length::Requests(2000)
+            }
             Preset::Disb(_) | Preset::Custom => Length::DurationNs(2_000_000_000),
             Preset::Daris => Length::DurationNs(3_000_000_000),
         }
@@ -311,14 +329,17 @@ impl Preset {
     /// Variants run side by side (paella-mix: one per sigma); "" when there is one.
     pub fn variants(&self, opts: &PresetOptions) -> Vec<String> {
         match self {
-            Preset::PaellaMix => opts.sigmas.iter().map(|s| format!("sigma={s}")).collect(),
+            Preset::PaellaMix | Preset::Mix8 => opts.sigmas.iter().map(|s| format!("sigma={s}")).collect(),
             _ => vec![String::new()],
         }
     }
 
     /// Whether the workload depends on the models' isolated latencies.
     pub fn needs_isolated(&self) -> bool {
-        matches!(self, Preset::PaellaMix | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Daris | Preset::Coldstart)
+        matches!(
+            self,
+            Preset::PaellaMix | Preset::Mix8 | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Daris | Preset::Coldstart
+        )
     }
 
     /// The closed-loop workload whose throughput defines load 1 (DARIS: its tasks, in their
@@ -363,13 +384,14 @@ impl Preset {
         let mut w = Workload::default();
         let mut residency = Residency::All;
         match self {
-            Preset::PaellaMix => {
+            Preset::PaellaMix | Preset::Mix8 => {
+                let models: &[&str] = if *self == Preset::Mix8 { &MIX8 } else { &VISION };
                 let sigma: f64 = variant
                     .strip_prefix("sigma=")
                     .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| Error::Invalid(format!("paella-mix variant '{variant}' is not sigma=S")))?;
-                let mean = VISION.iter().map(|m| iso(m)).sum::<Result<f64, Error>>()? / VISION.len() as f64;
-                let streams: Vec<(u32, f64)> = VISION.iter().map(|m| (w.stream(Stream::new(m, m)), 1.0)).collect();
+                    .ok_or_else(|| Error::Invalid(format!("{} variant '{variant}' is not sigma=S", self.name())))?;
+                let mean = models.iter().map(|m| iso(m)).sum::<Result<f64, Error>>()? / models.len() as f64;
+                let streams: Vec<(u32, f64)> = models.iter().map(|m| (w.stream(Stream::new(m, m)), 1.0)).collect();
                 w.sources.push(Source { arrival: Arrival::LogNormal { rate_per_s: load * 1e9 / mean, sigma }, streams });
             }
             Preset::PaellaShortLong => {

@@ -34,6 +34,12 @@ pub struct Point {
     pub wall_s: f64,
     /// The trace file the point ran (relative to the results' folder).
     pub trace: Option<String>,
+    /// Its requests one by one (`kairos-raw/1`, relative to the results' folder; kairos points).
+    #[serde(default)]
+    pub raw: Option<String>,
+    /// What the dispatcher did (in-process kairos targets).
+    #[serde(default)]
+    pub dispatcher: Option<crate::target::DispatcherCounters>,
 }
 
 impl Point {
@@ -157,6 +163,8 @@ impl Results {
                 model_unloads: 0,
                 wall_s: run.wall_s,
                 trace: Some(run.trace.clone()),
+                raw: None,
+                dispatcher: None,
             });
             added += 1;
         }

@@ -130,6 +130,8 @@ pub struct RunRecord {
     pub load_ns: u64,
     /// Host time the run took.
     pub wall_ns: u64,
+    /// The dispatcher's counters at the end of the run (in-process targets).
+    pub counters: Option<crate::target::DispatcherCounters>,
 }
 
 struct Resident {
@@ -210,8 +212,10 @@ pub fn run(
     w.validate().map_err(Error::Invalid)?;
     target.begin(config)?;
     let result = generate(target, schedule, catalog, opts, progress);
+    let counters = target.counters();
     let ended = target.end();
     let mut rec = result?;
+    rec.counters = counters;
     ended?;
     rec.wall_ns = wall.elapsed().as_nanos() as u64;
     Ok(rec)

@@ -39,6 +39,32 @@ pub struct Completion {
     pub result: Result<Timing, kairos_sched::Error>,
 }
 
+/// What the dispatcher did during a run, when the target can tell (in-process targets).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DispatcherCounters {
+    pub completed: u64,
+    pub launches: u64,
+    /// GPU events read: notification records (and finished copies).
+    pub events: u64,
+    pub launches_lost: u64,
+    /// Time the dispatcher spent working (threaded engine: its thread not waiting; virtual driver
+    /// on a GPU: launch calls, policy and events, the parts it measures).
+    pub busy_ns: u64,
+    pub launch_call_ns: u64,
+    pub policy_ns: u64,
+    pub events_ns: u64,
+}
+
+impl DispatcherCounters {
+    /// Dispatcher time per completed request (ns).
+    pub fn busy_ns_per_request(&self) -> f64 {
+        self.busy_ns as f64 / self.completed.max(1) as f64
+    }
+    pub fn events_per_launch(&self) -> f64 {
+        self.events as f64 / self.launches.max(1) as f64
+    }
+}
+
 /// A serving system the load generator can drive.
 pub trait Target {
     /// What is being measured ("kairos, virtual-time driver").
@@ -65,6 +91,10 @@ pub trait Target {
     /// Waits until at least one completion is available (appended to `out`) or the clock reaches
     /// `until_ns`, whichever comes first.
     fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error>;
+    /// The dispatcher's counters since `begin`, if the target can see them (before `end`).
+    fn counters(&self) -> Option<DispatcherCounters> {
+        None
+    }
 }
 
 /// The dispatcher in the GPU's clock on the calling thread.
@@ -150,6 +180,20 @@ impl<G: Gpu> Target for VirtualTarget<G> {
         let id = self.driver()?.submit_at(arrival_ns, model, vec![], options);
         self.tags.insert(id, tag);
         Ok(())
+    }
+
+    fn counters(&self) -> Option<DispatcherCounters> {
+        let s = self.driver.as_ref()?.dispatcher().stats();
+        Some(DispatcherCounters {
+            completed: s.completed,
+            launches: s.launches,
+            events: s.events,
+            launches_lost: s.launches_lost,
+            busy_ns: s.launch_call_ns + s.policy_ns + s.events_ns,
+            launch_call_ns: s.launch_call_ns,
+            policy_ns: s.policy_ns,
+            events_ns: s.events_ns,
+        })
     }
 
     fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error> {
@@ -316,6 +360,20 @@ where
     fn wait(&mut self, until_ns: u64, out: &mut Vec<Completion>) -> Result<(), Error> {
         let now = self.now_ns();
         wait_on_channel(&self.rx, &mut self.pending, now, until_ns, out, "the engine's completions stopped")
+    }
+
+    fn counters(&self) -> Option<DispatcherCounters> {
+        let s = self.engine.as_ref()?.stats();
+        Some(DispatcherCounters {
+            completed: s.completed,
+            launches: s.launches,
+            events: s.events,
+            launches_lost: s.launches_lost,
+            busy_ns: s.busy_ns,
+            launch_call_ns: s.launch_call_ns,
+            policy_ns: s.policy_ns,
+            events_ns: s.events_ns,
+        })
     }
 }
 

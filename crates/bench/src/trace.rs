@@ -20,6 +20,85 @@ use std::path::Path;
 
 pub const TRACE_FORMAT: &str = "kairos-trace/1";
 pub const PEER_FORMAT: &str = "kairos-peer/1";
+pub const RAW_FORMAT: &str = "kairos-raw/1";
+
+/// Every request of one kairos run, as the generator saw it (`kairos-raw/1`), so a point's numbers
+/// can be recomputed: per request its stream, scheduled arrival and outcome, times relative to the
+/// run's start. `status`: `done`, `rejected`, `failed` or `unfinished`; `done_ns`, `queue_ns` and
+/// `gpu_ns` are set for `done` only (`gpu_ns`: first kernel issued to completion).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RawFile {
+    pub format: String,
+    pub preset: String,
+    pub variant: String,
+    pub policy: String,
+    pub load: f64,
+    pub duration_ns: u64,
+    pub warmup_ns: u64,
+    /// Stream names, indexed by `stream`.
+    pub streams: Vec<String>,
+    pub stream: Vec<u32>,
+    pub arrival_ns: Vec<u64>,
+    pub status: Vec<String>,
+    pub done_ns: Vec<Option<u64>>,
+    pub queue_ns: Vec<Option<u64>>,
+    pub gpu_ns: Vec<Option<u64>>,
+    pub closed: Vec<bool>,
+    /// The error text of failed and rejected requests.
+    pub error: Vec<Option<String>>,
+}
+
+impl RawFile {
+    pub fn new(preset: &str, variant: &str, policy: &str, load: f64, schedule: &Schedule, outcomes: &[Outcome]) -> RawFile {
+        let mut f = RawFile {
+            format: RAW_FORMAT.into(),
+            preset: preset.into(),
+            variant: variant.into(),
+            policy: policy.into(),
+            load,
+            duration_ns: schedule.duration_ns,
+            warmup_ns: schedule.warmup_ns,
+            streams: schedule.workload.streams.iter().map(|s| s.name.clone()).collect(),
+            stream: Vec::with_capacity(outcomes.len()),
+            arrival_ns: Vec::with_capacity(outcomes.len()),
+            status: Vec::with_capacity(outcomes.len()),
+            done_ns: Vec::with_capacity(outcomes.len()),
+            queue_ns: Vec::with_capacity(outcomes.len()),
+            gpu_ns: Vec::with_capacity(outcomes.len()),
+            closed: Vec::with_capacity(outcomes.len()),
+            error: Vec::with_capacity(outcomes.len()),
+        };
+        for o in outcomes {
+            f.stream.push(o.stream);
+            f.arrival_ns.push(o.arrival_ns);
+            f.closed.push(o.closed);
+            let (status, done, queue, gpu, error) = match &o.status {
+                Status::Done { done_ns, queue_ns, gpu_ns } => ("done", Some(*done_ns), Some(*queue_ns), Some(*gpu_ns), None),
+                Status::Rejected(e) => ("rejected", None, None, None, Some(e.clone())),
+                Status::Failed(e) => ("failed", None, None, None, Some(e.clone())),
+                Status::Unfinished => ("unfinished", None, None, None, None),
+            };
+            f.status.push(status.into());
+            f.done_ns.push(done);
+            f.queue_ns.push(queue);
+            f.gpu_ns.push(gpu);
+            f.error.push(error);
+        }
+        f
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), Error> {
+        write_json(path, self)
+    }
+
+    pub fn read(path: &Path) -> Result<RawFile, Error> {
+        let f: RawFile = read_json(path)?;
+        if f.format != RAW_FORMAT {
+            return Err(Error::Invalid(format!("{}: format '{}', expected {RAW_FORMAT}", path.display(), f.format)));
+        }
+        Ok(f)
+    }
+}
 
 /// A model as the peer must build it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

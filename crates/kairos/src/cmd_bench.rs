@@ -44,6 +44,149 @@ pub enum BenchCommand {
     Latency(Box<crate::cmd_latency::LatencyArgs>),
     /// Serving overhead per front end (REST, gRPC, shared memory) and the client's CPU use per wait scheme.
     Serve(Box<crate::cmd_bench_serve::ServeBenchArgs>),
+    /// Where a request's time goes, kernel by kernel (launch call, hardware queue, execution, the
+    /// record's way back, the GPU's gaps between a request's kernels): models alone and in a mix.
+    Breakdown(Box<BreakdownArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct BreakdownArgs {
+    #[arg(long, value_enum, env = "KAIROS_BACKEND", default_value = "sim")]
+    pub backend: Backend,
+    /// The simulated GPU (sim backend).
+    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
+    pub sim_gpu: String,
+    #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
+    pub device: u32,
+    /// Models timed alone, and followed inside the mix.
+    #[arg(long, value_delimiter = ',', default_value = "resnet50,bert_base")]
+    pub models: Vec<String>,
+    /// The mix's other models (default: mix8's).
+    #[arg(long, value_delimiter = ',')]
+    pub mix_models: Option<Vec<String>>,
+    #[arg(long, value_delimiter = ',', default_value = "fifo,streams,paella")]
+    pub policies: Vec<String>,
+    /// Requests of each model alone.
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// Requests of the mix.
+    #[arg(long, default_value_t = 2000)]
+    pub mix_requests: usize,
+    /// Offered rate of the mix, requests/s (0: no mix run).
+    #[arg(long, default_value_t = 400.0)]
+    pub mix_rate: f64,
+    /// Lognormal sigma of the mix's inter-arrival times.
+    #[arg(long, default_value_t = 2.0)]
+    pub sigma: f64,
+    #[arg(long, env = "KAIROS_SEED", default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, env = "KAIROS_DTYPE", default_value = "f16", value_parser = crate::model_args::parse_dtype)]
+    pub dtype: DType,
+    /// Measured profiles (the dispatcher's first estimates; the simulator's kernel times).
+    #[arg(long, env = "KAIROS_PROFILES")]
+    pub profiles: Option<PathBuf>,
+    /// Keep the lowering's tiles (cuda backend).
+    #[arg(long, env = "KAIROS_NO_AUTOTUNE")]
+    pub no_autotune: bool,
+    /// Folder for breakdown.json (every launch's and request's timeline) and breakdown.md.
+    #[arg(long, default_value = "out/breakdown")]
+    pub out: PathBuf,
+}
+
+fn run_breakdown(a: BreakdownArgs) -> Result<()> {
+    use kairos_bench::breakdown::{self, BreakdownFile, Scenario};
+    let t0 = Instant::now();
+    let policies = bx::parse_policies(&a.policies)?;
+    let mix: Vec<String> =
+        a.mix_models.clone().unwrap_or_else(|| kairos_bench::presets::MIX8.iter().map(|s| s.to_string()).collect());
+    let mut archs = a.models.clone();
+    if a.mix_rate > 0.0 {
+        for m in &mix {
+            if !archs.contains(m) {
+                archs.push(m.clone());
+            }
+        }
+    }
+    let profile_dir = match (&a.profiles, a.backend) {
+        (Some(d), _) => d.clone(),
+        (None, Backend::Sim) => sim_desc(&a.sim_gpu)?.profile_dir(Path::new(".")),
+        (None, _) => PathBuf::from("data/profiles/h200"),
+    };
+    let profiles = ProfileSet::load_dir(&profile_dir).map_err(anyhow::Error::msg)?;
+    let mut catalog = bx::lower_models(&archs, a.dtype, &profiles, |m, s| eprintln!("  lowered {m} in {s:.1} s"))?;
+    if a.backend == Backend::Cuda && !a.no_autotune {
+        autotune_catalog(&mut catalog, a.device)?;
+    }
+    let mut scenarios: Vec<Scenario> = a.models.iter().map(|m| Scenario::alone(m, a.requests)).collect();
+    if a.mix_rate > 0.0 {
+        scenarios.push(Scenario::mix(
+            &format!("mix of {} at {:.0}/s, sigma {}", archs.len(), a.mix_rate, a.sigma),
+            &archs,
+            a.mix_requests,
+            a.mix_rate,
+            a.sigma,
+            a.seed,
+        )?);
+    }
+    let base = kairos_sched::Config::default();
+    let mut runs = Vec::new();
+    let mut probe = String::new();
+    let mut each =
+        |gpu_runs: &mut dyn FnMut(&kairos_sched::PolicyConfig, &Scenario) -> Result<breakdown::BreakdownRun>| -> Result<()> {
+            for p in &policies {
+                for sc in &scenarios {
+                    let r = gpu_runs(p, sc)?;
+                    for m in &r.summaries {
+                        eprintln!(
+                            "  {:<34} {:<28} {:<14} p50 {:>8.1} us  gap p50 {:>6.1} us  record p50 {:>5.1} us",
+                            sc.name,
+                            p.to_string(),
+                            m.model,
+                            m.latency_p50_us,
+                            m.gap_p50_us,
+                            m.record_p50_us
+                        );
+                    }
+                    runs.push(r);
+                }
+            }
+            Ok(())
+        };
+    let device = match a.backend {
+        Backend::Cpu => bail!("the breakdown needs a GPU: use --backend sim or --backend cuda"),
+        Backend::Sim => {
+            let mut gpu = Some(kairos_sim::SimGpu::new(sim_desc(&a.sim_gpu)?, kairos_sim::SimOptions::timing_only(a.seed)));
+            bx::register_on_sim(gpu.as_mut().unwrap(), &catalog)?;
+            let name = gpu.as_ref().unwrap().info().name.clone();
+            each(&mut |p, sc| {
+                let (r, g) = breakdown::run(gpu.take().expect("the GPU comes back"), &base, p, &catalog, sc, 3)?;
+                gpu = Some(g);
+                Ok(r)
+            })?;
+            format!("simulated {name}")
+        }
+        Backend::Cuda => {
+            let mut g = kairos_cuda::CudaGpu::new(a.device)?;
+            probe = launch_cost_probe(&mut g, &catalog, &a.models)?;
+            eprintln!("{probe}");
+            let mut gpu = Some(g);
+            let name = gpu.as_ref().unwrap().info().name.clone();
+            each(&mut |p, sc| {
+                let (r, g) = breakdown::run(gpu.take().expect("the GPU comes back"), &base, p, &catalog, sc, 5)?;
+                gpu = Some(g);
+                Ok(r)
+            })?;
+            name
+        }
+    };
+    let file = BreakdownFile { format: breakdown::BREAKDOWN_FORMAT.into(), device, seed: a.seed, runs };
+    std::fs::create_dir_all(&a.out)?;
+    std::fs::write(a.out.join("breakdown.json"), serde_json::to_string(&file)?)?;
+    let md = breakdown::markdown(&file) + &probe;
+    std::fs::write(a.out.join("breakdown.md"), &md)?;
+    println!("{md}");
+    eprintln!("wrote {} and breakdown.md in {:.1} s", a.out.join("breakdown.json").display(), t0.elapsed().as_secs_f64());
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -166,6 +309,10 @@ pub struct RunArgs {
     pub minutes: Option<usize>,
     #[arg(long, default_value_t = 1000.0)]
     pub minute_ms: f64,
+    /// Keep the lowering's tiles (cuda backend): do not autotune the plans before the sweep (kairos
+    /// serve autotunes at load; choices are cached beside the CUBIN cache).
+    #[arg(long, env = "KAIROS_NO_AUTOTUNE")]
+    pub no_autotune: bool,
 }
 
 #[derive(Args, Debug)]
@@ -462,6 +609,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Paella(a) => run_paella(a),
         BenchCommand::Latency(a) => crate::cmd_latency::run(*a),
         BenchCommand::Serve(a) => crate::cmd_bench_serve::run(*a),
+        BenchCommand::Breakdown(a) => run_breakdown(*a),
     }
 }
 
@@ -555,7 +703,10 @@ fn run_presets(a: RunArgs) -> Result<()> {
         profiles.models.len(),
         profile_dir.display()
     );
-    let catalog = bx::lower_models(&archs, a.dtype, &profiles, |m, s| eprintln!("  lowered {m} in {s:.1} s"))?;
+    let mut catalog = bx::lower_models(&archs, a.dtype, &profiles, |m, s| eprintln!("  lowered {m} in {s:.1} s"))?;
+    if a.backend == Backend::Cuda && !a.no_autotune {
+        autotune_catalog(&mut catalog, a.device)?;
+    }
     std::fs::create_dir_all(&a.out)?;
     let trace_dir = a.out.join("traces");
     let sweep = SweepOptions {
@@ -572,6 +723,8 @@ fn run_presets(a: RunArgs) -> Result<()> {
         slo_ns: a.slo_ms.map(ms_to_ns).transpose()?,
         seed: a.seed,
         trace_dir: a.traces.then(|| trace_dir.clone()),
+        // Every point's requests one by one, beside the results (a number can be rechecked).
+        raw_dir: Some(a.out.join("raw")),
         preset: popts,
         ..SweepOptions::default()
     };
@@ -622,6 +775,159 @@ fn run_presets(a: RunArgs) -> Result<()> {
     }
     write_results(&results, &a.out, a.per_model)?;
     eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// What one `Gpu::launch` costs the host on this machine: an empty kernel through the driver alone,
+/// then every launch of each model's plan issued back to back through `Gpu::launch` (whole-job
+/// style, end records only), one request per stream over 1 and over 32 streams; the split between
+/// kairos' own work and the driver call comes from `CudaGpu::launch_costs`. Markdown lines.
+fn launch_cost_probe(
+    gpu: &mut kairos_cuda::CudaGpu,
+    catalog: &kairos_bench::runner::Catalog,
+    models: &[String],
+) -> Result<String> {
+    use kairos_gpu::{GpuEvent, LaunchRequest, MemKind, PartitionId, exec};
+    let stream = gpu.utility_stream()?;
+    let mut empty: Vec<u64> = Vec::new();
+    for _ in 0..2000 {
+        let t = Instant::now();
+        gpu.launch_empty(1, 128, stream)?;
+        empty.push(t.elapsed().as_nanos() as u64);
+    }
+    gpu.synchronize()?;
+    empty.sort_unstable();
+    let mut s = format!(
+        "\nHost time of one launch on {} (CUDA_DEVICE_MAX_CONNECTIONS={}, {} launcher threads): an empty kernel through the driver alone, p50 {:.2} µs, p90 {:.2} µs.\n\n\
+         | model | streams | launches | µs per launch (Gpu::launch) | of which kairos | of which the driver call (or the handoff to a launcher) | µs per launch, wall |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        gpu.info().name,
+        std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").unwrap_or_else(|_| "unset (8)".into()),
+        gpu.launch_threads(),
+        empty[empty.len() / 2] as f64 / 1e3,
+        empty[empty.len() * 9 / 10] as f64 / 1e3
+    );
+    // Launch throughput from several host threads at once, each with its own handle (the same
+    // primary context) and stream: does the driver let launches go out in parallel?
+    let device = gpu.info().name.clone();
+    let _ = device;
+    s += "\n| host threads launching at once | empty kernels per second, all threads | µs per launch per thread |\n|---:|---:|---:|\n";
+    for threads in [1usize, 2, 4] {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+        let per_thread = 3000;
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || -> Result<(f64, f64)> {
+                    let mut g = kairos_cuda::CudaGpu::new(0)?;
+                    let st = g.utility_stream()?;
+                    g.launch_empty(1, 128, st)?;
+                    g.synchronize()?;
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..per_thread {
+                        g.launch_empty(1, 128, st)?;
+                    }
+                    let issue = t.elapsed().as_secs_f64();
+                    g.synchronize()?;
+                    Ok((issue, t.elapsed().as_secs_f64()))
+                })
+            })
+            .collect();
+        let mut slowest = 0f64;
+        let mut issue_sum = 0f64;
+        for h in handles {
+            let (issue, _) = h.join().map_err(|_| anyhow::anyhow!("a launch thread panicked"))??;
+            slowest = slowest.max(issue);
+            issue_sum += issue;
+        }
+        s += &format!(
+            "| {threads} | {:.0} | {:.2} |\n",
+            (threads * per_thread) as f64 / slowest,
+            issue_sum / threads as f64 / per_thread as f64 * 1e6
+        );
+    }
+    let whole = gpu.info().partitions[0].sms;
+    let mut events: Vec<GpuEvent> = Vec::new();
+    for m in models {
+        let Ok(spec) = catalog.get(m) else { continue };
+        let plan = spec.plan.clone();
+        let weights = exec::upload_weights(gpu, &plan, MemKind::Device)?;
+        let inputs: Vec<kairos_ir::Tensor> =
+            plan.inputs.iter().map(|i| kairos_ir::Tensor::zeros(i.dtype, i.shape.clone())).collect();
+        let mut allocations = Vec::new();
+        let bases = exec::alloc_request(gpu, &plan, weights.ptr, &inputs, &mut allocations)?;
+        for n in [1usize, 32] {
+            let streams: Vec<_> = (0..n).map(|_| gpu.create_stream(0)).collect::<kairos_gpu::Result<_>>()?;
+            let reps = 40;
+            let before = gpu.launch_costs();
+            let t = Instant::now();
+            let mut args = Vec::new();
+            for r in 0..reps {
+                for l in &plan.launches {
+                    bases.resolve_all(&l.args, &mut args);
+                    let mut req = LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, streams[r % n]);
+                    req.report_ctas = false;
+                    gpu.launch(&req)?;
+                }
+                // Keep below the launch slots: read the ends of what finished.
+                while gpu.launches_in_flight() > 512 {
+                    events.clear();
+                    gpu.poll(&mut events)?;
+                }
+            }
+            let wall_ns = t.elapsed().as_nanos() as u64;
+            while gpu.launches_in_flight() > 0 {
+                let now = gpu.now_ns();
+                gpu.wait(now + 1_000_000)?;
+                events.clear();
+                gpu.poll(&mut events)?;
+            }
+            let c = gpu.launch_costs().since(&before);
+            let per = |ns: u64| ns as f64 / 1e3 / c.launches.max(1) as f64;
+            s += &format!(
+                "| {m} | {n} | {} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                c.launches,
+                per(c.total_ns),
+                per(c.total_ns - c.driver_ns),
+                per(c.driver_ns),
+                per(wall_ns)
+            );
+            for st in streams {
+                gpu.destroy_stream(st)?;
+            }
+        }
+        for a in allocations {
+            gpu.free(a)?;
+        }
+        gpu.free(weights)?;
+    }
+    Ok(s)
+}
+
+/// Autotunes every plan of the catalog on the GPU, as `kairos serve` does at load (tiles, CTA
+/// size and shared memory per shape; cached beside the CUBIN cache). A profile measured on the
+/// lowering's tiles no longer matches a retiled plan: such a model starts from roofline estimates
+/// and learns its kernels' durations online.
+pub fn autotune_catalog(catalog: &mut kairos_bench::runner::Catalog, device: u32) -> Result<()> {
+    let mut gpu = kairos_cuda::CudaGpu::new(device)?;
+    let specs: Vec<ModelSpec> = catalog.specs().cloned().collect();
+    for mut spec in specs {
+        if spec.plan.launches.is_empty() || spec.name == kairos_bench::presets::HOL_MODEL {
+            continue;
+        }
+        let mut plan = (*spec.plan).clone();
+        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], ..kairos_cuda::TuneOptions::default() };
+        let r = kairos_cuda::autotune_plan(&mut gpu, &mut plan, &opts)?;
+        if r.launches_changed > 0
+            && let Some(p) = &spec.profile
+            && let Err(e) = p.check_plan(&plan)
+        {
+            eprintln!("  {}: profile dropped after autotuning ({e}); roofline estimates, refined online", spec.name);
+            spec.profile = None;
+        }
+        spec.plan = Arc::new(plan);
+        catalog.insert(spec);
+    }
     Ok(())
 }
 

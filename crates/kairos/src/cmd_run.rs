@@ -43,6 +43,14 @@ pub struct RunArgs {
     /// CUDA device ordinal.
     #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
     pub device: u32,
+    /// Run through the dispatcher with this policy (sim and cuda backends): `--requests` copies of
+    /// the request at once, so their kernels interleave on the GPU; every copy must return the
+    /// same outputs (without it, the plan runs launch after launch on one stream).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Copies of the request submitted at once with `--policy`.
+    #[arg(long, default_value_t = 4)]
+    pub requests: usize,
 }
 
 /// Random inputs for a plan: uniform floats in [-1, 1], token ids in [0, 1000).
@@ -67,6 +75,59 @@ pub fn sim_desc(name: &str) -> Result<kairos_sim::GpuDesc> {
         "h200" => kairos_sim::GpuDesc::h200(),
         other => bail!("unknown simulated GPU '{other}': use h100-sxm, h100-pcie or h200"),
     })
+}
+
+/// `requests` copies of one request through the dispatcher under `policy`, all at once; the outputs
+/// of the first and the time the last took, after checking that every copy returned the same.
+fn run_dispatched<G: Gpu>(gpu: G, plan: &Plan, inputs: &[Tensor], policy: &str, requests: usize) -> Result<(Vec<Tensor>, f64)> {
+    use kairos_sched::{Config, PolicyConfig, RequestOptions, VirtualDriver};
+    let p = PolicyConfig::by_name(policy)
+        .ok_or_else(|| anyhow::anyhow!("unknown policy '{policy}': use {}", PolicyConfig::NAMES.join(", ")))?;
+    let mut d = VirtualDriver::new(Config::default().with_policy(p), gpu)?;
+    d.set_checks(true);
+    let name = plan.model.clone();
+    d.load_model(kairos_sched::ModelSpec { name: name.clone(), plan: std::sync::Arc::new(plan.clone()), profile: None })?;
+    // A warm-up request (kernel loading), then the copies at once.
+    let now = d.now_ns();
+    d.submit_at(now, &name, inputs.to_vec(), RequestOptions::default());
+    d.run_until_idle()?;
+    d.take_records();
+    let t0 = d.now_ns();
+    for _ in 0..requests.max(1) {
+        d.submit_at(t0, &name, inputs.to_vec(), RequestOptions::default());
+    }
+    d.run_until_idle()?;
+    let records = d.take_records();
+    let stats = d.dispatcher().stats();
+    let mut first: Option<Vec<Tensor>> = None;
+    let (mut last_ns, mut behind) = (0, 0);
+    for r in records {
+        let timing = r.result.map_err(|e| anyhow::anyhow!("request {:?} failed: {e}", r.id))?;
+        last_ns = last_ns.max(timing.done_ns.saturating_sub(t0));
+        behind += timing.chained;
+        match &first {
+            None => first = Some(r.outputs),
+            Some(f) => {
+                for (a, b) in f.iter().zip(&r.outputs) {
+                    if a.to_f32_vec() != b.to_f32_vec() {
+                        bail!("two copies of the same request returned different outputs under {policy}");
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} copies through the dispatcher ({policy}): identical outputs; {} launches ({} behind another on their lane), {} GPU events, {} anomalies",
+        requests.max(1),
+        stats.launches,
+        behind,
+        stats.events,
+        stats.notification_anomalies
+    );
+    if stats.notification_anomalies > 0 {
+        bail!("the dispatcher saw {} notification anomalies", stats.notification_anomalies);
+    }
+    Ok((first.unwrap_or_default(), last_ns as f64 / 1e6))
 }
 
 fn run_on<G: Gpu>(gpu: &mut G, plan: &Plan, inputs: &[Tensor]) -> Result<(Vec<Tensor>, f64)> {
@@ -116,6 +177,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         v
     };
     let t = Instant::now();
+    if args.policy.is_some() && args.backend == Backend::Cpu {
+        bail!("--policy runs the request through the dispatcher: use --backend sim or --backend cuda");
+    }
     let (outputs, time_label) = match args.backend {
         Backend::Cpu => {
             let out = kairos_kernels::cpu::execute_plan(&plan, &inputs).map_err(anyhow::Error::msg)?;
@@ -125,14 +189,25 @@ pub fn run(args: RunArgs) -> Result<()> {
             let desc = sim_desc(&args.sim_gpu)?;
             let name = args.sim_gpu.clone();
             let mut gpu = kairos_sim::SimGpu::new(desc, kairos_sim::SimOptions { seed: spec.seed, ..Default::default() });
-            let (out, ms) = run_on(&mut gpu, &plan, &inputs)?;
+            let (out, ms) = match &args.policy {
+                Some(p) => run_dispatched(gpu, &plan, &inputs, p, args.requests)?,
+                None => run_on(&mut gpu, &plan, &inputs)?,
+            };
             (out, format!("{ms:.3} ms simulated on {name} ({:.2} s of host time)", t.elapsed().as_secs_f64()))
         }
         Backend::Cuda => {
             let mut gpu = kairos_cuda::CudaGpu::new(args.device).context("the cuda backend needs an NVIDIA GPU and driver")?;
             let device = gpu.info().name.clone();
-            let (out, ms) = run_on(&mut gpu, &plan, &inputs)?;
-            (out, format!("{ms:.3} ms on {device}, kernel by kernel"))
+            match &args.policy {
+                Some(p) => {
+                    let (out, ms) = run_dispatched(gpu, &plan, &inputs, p, args.requests)?;
+                    (out, format!("{ms:.3} ms on {device} for {} requests at once through the dispatcher ({p})", args.requests))
+                }
+                None => {
+                    let (out, ms) = run_on(&mut gpu, &plan, &inputs)?;
+                    (out, format!("{ms:.3} ms on {device}, kernel by kernel"))
+                }
+            }
         }
     };
     eprintln!("ran in {time_label}");

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Kernel-by-kernel dispatch against a CUDA-graph server, on one GPU, in one device call: the
+# measurements behind docs/benchmarks.md's "Dispatch speed" section.
+#
+#   scripts/dispatch-bench.sh build    here (no GPU): the release binary, stripped and gzipped, into
+#                                      .carry/kairos.gz, and the kernel library as CUBIN into
+#                                      .carry-cubin/ (needs libnvrtc: LD_LIBRARY_PATH at an NVRTC 13)
+#   scripts/dispatch-bench.sh run      on the device, with .carry/kairos.gz and .carry-cubin carried
+#
+# STEPS (comma-separated, default "check,peers,breakdown"; "serve" is the long one):
+#   check      four requests at once through the dispatcher (CHECK_POLICIES: paella, streams) on
+#              CHECK_MODELS (resnet50, bert_base, densenet121), outputs compared with tract
+#   peers      PyTorch eager and CUDA-graph latency per model (scripts/pytorch_peer.py, batch 1)
+#   breakdown  `kairos bench breakdown`: every model alone and the mix (BREAKDOWN_RATE req/s),
+#              launch by launch, under fifo, streams and paella (BREAKDOWN_POLICIES)
+#   serve      `kairos bench run mix8` (SERVE_LOADS, SERVE_SIGMAS, SERVE_POLICIES; 2000 requests a
+#              point, the threaded engine), then scripts/peer_replay.py on the very same traces
+#              (CUDA graphs on 1, 4 and 8 streams, graph priority streams, eager on 4 streams:
+#              PEER_MODES), then `kairos bench report` merges both into one table and plot
+#
+# CUDA_DEVICE_MAX_CONNECTIONS defaults to 32 here (one hardware queue per stream of the
+# dispatcher's pool); set it to 8 to see the default. Models are autotuned at load unless
+# NO_AUTOTUNE=1; the tuned tiles are saved to $OUT/autotune/ (carry them in .carry-cubin/ to skip
+# tuning in the next call). Everything is written under $WORK (/tmp/dispatch-bench) and packed into
+# $OUT/results.tgz (the device tool returns 8 files); the summary and the tables are copied beside
+# it, and a short table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+if [ "$mode" = build ]; then
+    set -e
+    cargo build --release -p kairos
+    mkdir -p .carry
+    strip -o .carry/kairos target/release/kairos
+    gzip -9f .carry/kairos
+    if [ "${KEEP_CUBIN:-0}" != 1 ]; then
+        rm -rf .carry-cubin
+        target/release/kairos kernels compile --cache-dir .carry-cubin && gzip -9f .carry-cubin/*.cubin ||
+            echo "note: no CUBIN cache prepared; the device compiles the kernels (minutes)"
+    fi
+    du -sh .carry .carry-cubin
+    exit 0
+fi
+
+FINAL=${OUT:-out/dispatch-bench}
+OUT=${WORK:-/tmp/dispatch-bench}
+mkdir -p "$OUT" "$FINAL"
+BIN=/tmp/kairos-bin
+mkdir -p "$BIN"
+gunzip -c .carry/kairos.gz >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing .carry/kairos.gz: run scripts/dispatch-bench.sh build first"; exit 1; }
+export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
+. scripts/cubin-carry.sh
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+export PYTHONUNBUFFERED=1
+[ "${NO_AUTOTUNE:-0}" = 1 ] && export KAIROS_NO_AUTOTUNE=true
+steps=${STEPS:-check,peers,breakdown}
+has() { [[ ",$steps," == *",$1,"* ]]; }
+step() { local name=$1 limit=$2; shift 2; local t=$(date +%s); echo "== $name"; timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: rc $? in $(( $(date +%s) - t )) s" | tee -a "$OUT/summary.txt"; }
+MODELS=${MODELS:-resnet18,mobilenet_v2,resnet34,squeezenet1_1,resnet50,densenet121,googlenet,inception_v3,bert_base}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; echo "CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS"; } | tee "$OUT/device.txt"
+
+if has check; then
+    for m in ${CHECK_MODELS:-resnet50 bert_base densenet121}; do
+        for p in ${CHECK_POLICIES:-paella streams}; do
+            step "check-$m-$p" 120 "$BIN/kairos" run "$m" --backend cuda --dtype f16 --policy "$p" --requests 4 --check
+        done
+    done
+fi
+has peers && step peers "${PEERS_S:-200}" python3 scripts/pytorch_peer.py --batch 1 --models "$MODELS" --reps 30 --out "$OUT/pytorch_peer.json"
+if has breakdown; then
+    step breakdown "${BREAKDOWN_S:-420}" "$BIN/kairos" bench breakdown --backend cuda --models "$MODELS" \
+        --policies "${BREAKDOWN_POLICIES:-fifo,streams,paella}" --requests "${BREAKDOWN_REQUESTS:-100}" \
+        --mix-rate "${BREAKDOWN_RATE:-600}" --mix-requests "${BREAKDOWN_MIX_REQUESTS:-2000}" --out "$OUT/breakdown"
+fi
+if has serve; then
+    sout="$OUT/serve"
+    step serve-kairos "${SERVE_KAIROS_S:-300}" "$BIN/kairos" bench run "mix8:${SERVE_LOADS:-0.5:1:1.5:2:2.5}" --backend cuda --engine threaded \
+        --sigma "${SERVE_SIGMAS:-2}" --policies "${SERVE_POLICIES:-paella,streams}" --saturation 0.8 --traces --out "$sout"
+    step serve-peers "${SERVE_PEERS_S:-280}" python3 scripts/peer_replay.py --traces "$sout/traces" \
+        --modes "${PEER_MODES:-graph:1,graph:4,graph:8,graph-priority:4,streams:4}" --budget-s "${SERVE_PEERS_BUDGET_S:-260}" --out "$sout/peers.json"
+    [ -f "$sout/peers.json" ] && step serve-report 60 "$BIN/kairos" bench report --results "$sout/results.json" --peers "$sout/peers.json"
+fi
+# The tuned tiles, for the next call's carry.
+mkdir -p "$OUT/autotune" && cp "$KAIROS_CACHE_DIR"/autotune-*.json "$OUT/autotune/" 2>/dev/null
+tar czf "$FINAL/results.tgz" -C "$OUT" . 2>/dev/null
+cp "$OUT/summary.txt" "$FINAL/" 2>/dev/null
+[ -f "$OUT/breakdown/breakdown.md" ] && cp "$OUT/breakdown/breakdown.md" "$FINAL/"
+[ -f "$OUT/serve/results.md" ] && cp "$OUT/serve/results.md" "$FINAL/serve.md"
+
+echo
+echo "== summary"
+cat "$OUT/summary.txt"
+for f in "$OUT"/check-*.log; do [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -E 'copies through|relative L2' "$f" | tr '\n' ' ')"; done
+if [ -f "$OUT/pytorch_peer.json" ]; then
+    python3 - "$OUT/pytorch_peer.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"PyTorch {d['torch']} on {d['device']} (batch 1): model eager_ms graph_ms")
+for r in d["rows"]:
+    print(f"  {r['model']:<14} {r.get('eager_ms', float('nan')):7.3f} {r.get('graph_ms', float('nan')):7.3f} {r.get('error', '')}")
+PY
+fi
+[ -f "$OUT/breakdown/breakdown.md" ] && cat "$OUT/breakdown/breakdown.md"
+if [ -f "$OUT/serve/results.json" ]; then
+    python3 - "$OUT/serve/results.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"\n== mix8 on {r['device']} (peers: {'; '.join(r['peers']) or 'none'})")
+print(f"{'variant':<10} {'system':<8} {'policy':<16} {'load':>5} {'offered':>8} {'served/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'disp us/req':>11} {'rec/launch':>10}")
+for p in r["presets"]:
+    for pt in sorted(p["points"], key=lambda x: (x["variant"], x["system"] != "kairos", x["policy"], x["load"])):
+        m = pt["metrics"]["overall"]
+        d = pt.get("dispatcher") or {}
+        per = d.get("busy_ns", 0) / max(d.get("completed", 0), 1) / 1e3 if d else float("nan")
+        rl = d.get("events", 0) / max(d.get("launches", 0), 1) if d else float("nan")
+        sat = " sat" if pt["saturated"] else ""
+        print(f"{pt['variant']:<10} {pt['system']:<8} {pt['policy'].removeprefix(pt['system'] + '-'):<16} {pt['load']:>5} "
+              f"{pt['metrics']['offered_per_s']:>8.0f} {m['throughput_per_s']:>9.1f} {m['latency']['p50_ns'] / 1e6:>8.2f} {m['latency']['p99_ns'] / 1e6:>8.2f} {per:>11.1f} {rl:>10.2f}{sat}")
+PY
+fi
