@@ -49,6 +49,8 @@ pub use request::{
 /// Hard caps on the configurable limits.
 pub const JOBS_MAX: usize = 65_536;
 pub const SLOTS_PER_MODEL_MAX: usize = 4096;
+/// Default `Config::slots_per_model_prealloc`: I/O slots allocated with the model.
+pub const SLOTS_PER_MODEL_PREALLOC_DEFAULT: usize = 16;
 pub const MODELS_MAX: usize = 1024;
 pub const TENANTS_MAX: usize = 65_536;
 pub const STREAMS_MAX: usize = 128;

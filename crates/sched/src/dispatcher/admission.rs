@@ -164,6 +164,17 @@ impl<G: Gpu> Dispatcher<G> {
             estimated_ns: estimates.total_ns() as u64,
             estimate_source: estimates.source(),
         };
+        // Slots for the first burst, now rather than on the dispatcher's path later; running
+        // out of memory here only leaves fewer (the rest come on demand, up to the limit).
+        let prealloc = self.cfg.slots_per_model_prealloc.min(self.cfg.slots_per_model_max);
+        let mut slots_free = Vec::with_capacity(prealloc);
+        while slots_free.len() < prealloc {
+            match new_slot(&mut self.gpu, &plan, weights.ptr) {
+                Ok(s) => slots_free.push(s),
+                Err(_) => break,
+            }
+        }
+        let slots_total = slots_free.len();
         let model = Model {
             name: spec.name.clone(),
             plan,
@@ -173,8 +184,8 @@ impl<G: Gpu> Dispatcher<G> {
             classes,
             capacity_ctas,
             estimates,
-            slots_free: Vec::new(),
-            slots_total: 0,
+            slots_free,
+            slots_total,
             waiting: VecDeque::new(),
             jobs: 0,
             unloading: false,

@@ -96,6 +96,11 @@ pub struct Config {
     pub jobs_max: usize,
     /// I/O slots (in-flight requests) per model.
     pub slots_per_model_max: usize,
+    /// I/O slots allocated when a model is loaded (at most `slots_per_model_max`; fewer if memory
+    /// runs out). Slots beyond them are allocated when a burst needs them, on the dispatcher's
+    /// thread: three `cuMemAlloc`s each, which stalled every job behind them for milliseconds on an
+    /// H100 (mix8 at 461 requests/s under `streams:8`: one 25 ms stall set the point's p99).
+    pub slots_per_model_prealloc: usize,
     pub models_max: usize,
     /// Tenants with requests in the dispatcher at once.
     pub tenants_max: usize,
@@ -125,6 +130,7 @@ impl Default for Config {
             stream_count: None,
             jobs_max: 4096,
             slots_per_model_max: 64,
+            slots_per_model_prealloc: SLOTS_PER_MODEL_PREALLOC_DEFAULT,
             models_max: 64,
             tenants_max: 1024,
             launches_in_flight_max: 8192,

@@ -6,7 +6,7 @@
 //! earliest deadline: its own (`RequestOptions::deadline_ns` from its arrival) if it has one, else
 //! its arrival plus `slowdown` times its estimated GPU time (ties by admission order). It is issued
 //! only when it passes the occupancy gate, as in `paella`; a first-ranked kernel that does not pass
-//! blocks the others.
+//! blocks the others (with `backfill`, the best-ranked kernel that passes goes instead).
 //!
 //! **Behaviour:** a fresh short job ranks before a long one that arrived at about the same time
 //! (its virtual deadline is nearer), as under SRPT, but a long job's deadline does not move: once
@@ -25,6 +25,8 @@ pub const SLOWDOWN_DEFAULT: f64 = 4.0;
 #[derive(Clone, Copy, Debug)]
 pub struct Edf {
     pub slowdown: f64,
+    /// Issue the best-ranked kernel that passes the gate when the first-ranked one does not.
+    pub backfill: bool,
 }
 
 impl Edf {
@@ -40,7 +42,7 @@ impl Policy for Edf {
     }
 
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
-        gated_pick(view, false, |j: &JobView| {
+        gated_pick(view, self.backfill, |j: &JobView| {
             let rank = ((j.class != Class::RealTime) as u128) << 96
                 | ((i32::MAX as i64 - j.priority as i64) as u128) << 64
                 | self.deadline_ns(j) as u128;
@@ -55,7 +57,7 @@ mod tests {
 
     #[test]
     fn a_long_job_that_waited_ranks_before_a_fresh_short_one() {
-        let p = Edf { slowdown: 4.0 };
+        let p = Edf { slowdown: 4.0, backfill: false };
         let job = |arrival_ns, total_ns, deadline_at_ns| JobView {
             key: crate::policy::JobKey { slot: 0, generation: 0 },
             id: crate::RequestId(0),

@@ -215,7 +215,7 @@ pub enum PolicyConfig {
     Streams { streams: u32, jobs_per_stream: u32 },
     StreamsKernel,
     Paella { fairness_threshold_ns: u64, backfill: bool },
-    Edf { slowdown: f64 },
+    Edf { slowdown: f64, backfill: bool },
     Sjf,
     Rr,
 }
@@ -224,8 +224,14 @@ impl PolicyConfig {
     pub const NAMES: [&'static str; 7] = ["fifo", "streams", "streams-kernel", "paella", "edf", "sjf", "rr"];
 
     /// A policy by name with its default parameters, or `name:value` for its main parameter:
-    /// `streams:N` (streams), `paella:T` (fairness threshold in µs, or `inf`), `edf:S` (slowdown).
+    /// `streams:N` (streams), `paella:T` (fairness threshold in µs, or `inf`), `edf:S` (slowdown);
+    /// a `+backfill` suffix lets `paella` and `edf` issue the best-ranked kernel that passes the
+    /// gate when the first-ranked one does not (`paella+backfill`, `edf:2+backfill`).
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
+        let (name, with_backfill) = match name.strip_suffix("+backfill") {
+            Some(n) => (n, true),
+            None => (name, false),
+        };
         let (base, param) = match name.split_once(':') {
             Some((b, p)) => (b, Some(p)),
             None => (name, None),
@@ -235,7 +241,7 @@ impl PolicyConfig {
             "streams" => PolicyConfig::Streams { streams: 32, jobs_per_stream: 1 },
             "streams-kernel" => PolicyConfig::StreamsKernel,
             "paella" => PolicyConfig::Paella { fairness_threshold_ns: paella::FAIRNESS_THRESHOLD_NS_DEFAULT, backfill: false },
-            "edf" => PolicyConfig::Edf { slowdown: edf::SLOWDOWN_DEFAULT },
+            "edf" => PolicyConfig::Edf { slowdown: edf::SLOWDOWN_DEFAULT, backfill: false },
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
             _ => return None,
@@ -246,7 +252,13 @@ impl PolicyConfig {
                 PolicyConfig::Paella { fairness_threshold_ns, .. } => {
                     *fairness_threshold_ns = if v == "inf" { u64::MAX } else { v.parse::<u64>().ok()?.checked_mul(1000)? }
                 }
-                PolicyConfig::Edf { slowdown } => *slowdown = v.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0)?,
+                PolicyConfig::Edf { slowdown, .. } => *slowdown = v.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0)?,
+                _ => return None,
+            }
+        }
+        if with_backfill {
+            match &mut p {
+                PolicyConfig::Paella { backfill, .. } | PolicyConfig::Edf { backfill, .. } => *backfill = true,
                 _ => return None,
             }
         }
@@ -265,6 +277,30 @@ impl PolicyConfig {
         }
     }
 
+    /// The name `by_name` reads back: the policy's name, its main parameter when it is not the
+    /// default (`streams:8`, `paella:0`, `edf:2`), and `+backfill` when set.
+    pub fn label(&self) -> String {
+        let mut l = self.name().to_string();
+        match *self {
+            PolicyConfig::Streams { streams, .. } if streams != 32 => l += &format!(":{streams}"),
+            PolicyConfig::Paella { fairness_threshold_ns, .. }
+                if fairness_threshold_ns != paella::FAIRNESS_THRESHOLD_NS_DEFAULT =>
+            {
+                l += &if fairness_threshold_ns == u64::MAX {
+                    ":inf".to_string()
+                } else {
+                    format!(":{}", fairness_threshold_ns / 1000)
+                }
+            }
+            PolicyConfig::Edf { slowdown, .. } if slowdown != edf::SLOWDOWN_DEFAULT => l += &format!(":{slowdown}"),
+            _ => {}
+        }
+        if matches!(self, PolicyConfig::Paella { backfill: true, .. } | PolicyConfig::Edf { backfill: true, .. }) {
+            l += "+backfill";
+        }
+        l
+    }
+
     /// Whether the policy issues kernel by kernel (and so reads the dispatcher's waitlists).
     pub fn is_kernel_level(&self) -> bool {
         !matches!(self, PolicyConfig::Fifo { .. } | PolicyConfig::Streams { .. })
@@ -280,7 +316,7 @@ impl PolicyConfig {
             PolicyConfig::Paella { fairness_threshold_ns, backfill } => {
                 Box::new(paella::Paella { fairness_threshold_ns, backfill })
             }
-            PolicyConfig::Edf { slowdown } => Box::new(edf::Edf { slowdown }),
+            PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
         }
@@ -301,7 +337,9 @@ impl std::fmt::Display for PolicyConfig {
                     write!(f, "paella(threshold={}us{})", fairness_threshold_ns / 1000, if *backfill { ",backfill" } else { "" })
                 }
             }
-            PolicyConfig::Edf { slowdown } => write!(f, "edf(slowdown={slowdown})"),
+            PolicyConfig::Edf { slowdown, backfill } => {
+                write!(f, "edf(slowdown={slowdown}{})", if *backfill { ",backfill" } else { "" })
+            }
             other => f.write_str(other.name()),
         }
     }
@@ -329,4 +367,33 @@ pub(crate) fn gated_pick<K: Ord>(view: &View<'_>, backfill: bool, key: impl Fn(&
 pub(crate) fn issue(j: &JobView) -> Option<Decision> {
     let k = j.next_ready?;
     Some(Decision::Issue { job: j.key, launch: k.launch, ctas: None, sm_mask: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_with_parameters_read_back() {
+        for n in [
+            "fifo",
+            "streams",
+            "streams:8",
+            "paella",
+            "paella:0",
+            "paella:inf+backfill",
+            "edf",
+            "edf:2",
+            "edf:2+backfill",
+            "sjf",
+            "rr",
+        ] {
+            let p = PolicyConfig::by_name(n).unwrap_or_else(|| panic!("{n} does not parse"));
+            assert_eq!(p.label(), n);
+            assert_eq!(PolicyConfig::by_name(&p.label()), Some(p));
+        }
+        for bad in ["nope", "streams:0", "fifo:3", "edf:-1", "sjf+backfill", "paella:x"] {
+            assert_eq!(PolicyConfig::by_name(bad), None, "{bad}");
+        }
+    }
 }

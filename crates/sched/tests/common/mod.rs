@@ -90,7 +90,7 @@ pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
 /// A random policy with random parameters.
 pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
     match rng.random_range(0..7) {
-        6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)] },
+        6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)], backfill: rng.random_bool(0.5) },
         0 => PolicyConfig::Fifo { jobs_queued: rng.random_range(1..=3) },
         1 => PolicyConfig::Streams { streams: rng.random_range(1..=8), jobs_per_stream: rng.random_range(1..=3) },
         2 => PolicyConfig::StreamsKernel,
