@@ -53,7 +53,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         args.gpu
     );
     eprintln!("  seed {} (reproduce with --seed {}); lognormal arrivals, sigma {}", args.seed, args.seed, args.sigma);
-    let profile_dir = args.profiles.clone().unwrap_or_else(|| desc.profile_dir(std::path::Path::new(".")));
+    let profile_dir = args.profiles.clone().unwrap_or_else(|| crate::paths::profile_dir(&desc.key));
     let profiles = ProfileSet::load_dir(&profile_dir).map_err(anyhow::Error::msg)?;
     let mut models = Vec::new();
     for name in MODELS {

@@ -35,7 +35,7 @@ use kairos_sched::{
 };
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,7 +96,7 @@ pub struct LatencyArgs {
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h200")]
     pub sim_gpu: String,
     /// Measured profiles (the dispatcher's estimates; the simulator's kernel times). Default: the
-    /// simulated GPU's folder under data/profiles (sim), data/profiles/h200 (cuda).
+    /// simulated GPU's folder under data/profiles (sim), the device's (cuda), beside the installation.
     #[arg(long, env = "KAIROS_PROFILES")]
     pub profiles: Option<PathBuf>,
     /// Keep the lowering's tiles (cuda backend): skip the autotuner at load.
@@ -823,7 +823,7 @@ fn build_runner(a: &LatencyArgs) -> Result<(Box<dyn Runner>, ProfileSet)> {
         Backend::Cpu => bail!("bench latency measures a GPU: use --backend cuda, or --backend sim for the simulated one"),
         Backend::Sim => {
             let desc = sim_desc(&a.sim_gpu)?;
-            let dir = a.profiles.clone().unwrap_or_else(|| desc.profile_dir(Path::new(".")));
+            let dir = a.profiles.clone().unwrap_or_else(|| crate::paths::profile_dir(&desc.key));
             let profiles = ProfileSet::load_dir(&dir).map_err(anyhow::Error::msg)?;
             eprintln!("{} measured profiles from {} (roofline kernel times for the rest)", profiles.models.len(), dir.display());
             let gpu = kairos_sim::SimGpu::new(desc, kairos_sim::SimOptions::timing_only(a.seed));
@@ -832,7 +832,7 @@ fn build_runner(a: &LatencyArgs) -> Result<(Box<dyn Runner>, ProfileSet)> {
             (Box::new(SimRunner { driver: VirtualDriver::new(config, gpu)?, name }), profiles)
         }
         Backend::Cuda => {
-            let dir = a.profiles.clone().unwrap_or_else(|| PathBuf::from("data/profiles/h200"));
+            let dir = a.profiles.clone().unwrap_or_else(|| crate::paths::cuda_profile_dir(a.device));
             let profiles = ProfileSet::load_dir(&dir).map_err(anyhow::Error::msg)?;
             let tune = (!a.no_autotune).then(|| kairos_cuda::TuneOptions {
                 progress: false,
@@ -872,7 +872,7 @@ mod tests {
     }
 
     fn repo() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
     }
 
     #[test]

@@ -114,7 +114,7 @@ pub struct ServeArgs {
     #[arg(long, env = "KAIROS_SEED", default_value_t = 1)]
     pub seed: u64,
     /// Folder of `kairos profile` JSONs for kernel time estimates (default: data/profiles/<sim gpu>
-    /// on the simulator, data/profiles/h200 on CUDA, when present).
+    /// on the simulator, the device's on CUDA, when present; found beside the installation).
     #[arg(long, env = "KAIROS_PROFILES")]
     pub profiles: Option<PathBuf>,
     /// CUDA: keep the lowering's tiles (by default fp16 convolution and matrix-product tiles are
@@ -232,13 +232,13 @@ pub fn make_backend_with(
         if kind == ServeBackend::Auto {
             tracing::info!("an NVIDIA GPU is present: backend cuda");
         }
-        Box::new(CudaBackend { engine, profiles: load_profiles(profiles, PathBuf::from("data/profiles/h200"))?, autotune })
+        Box::new(CudaBackend { engine, profiles: load_profiles(profiles, crate::paths::cuda_profile_dir(0))?, autotune })
     } else {
         if kind == ServeBackend::Auto {
             tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
         }
         let desc = sim_desc(sim_gpu)?;
-        let profiles = load_profiles(profiles, desc.profile_dir(std::path::Path::new(".")))?;
+        let profiles = load_profiles(profiles, crate::paths::profile_dir(&desc.key))?;
         Box::new(SimBackend { desc, seed, compute: sim_compute, engine, profiles })
     })
 }

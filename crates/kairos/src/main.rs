@@ -11,6 +11,7 @@ mod cmd_run;
 mod cmd_serve;
 mod cmd_zoo;
 mod model_args;
+mod paths;
 
 use clap::{Parser, Subcommand};
 

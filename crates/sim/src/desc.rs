@@ -27,6 +27,12 @@ pub struct LatencyDesc {
     /// From an event on the GPU until the host can poll it from the notification ring (median).
     /// Probe: launch -> block start seen 6.0 us p50 / 9.7 us p99 = launch latency + dispatch + this.
     pub notify_delay_ns: u64,
+    /// Host time one notification costs the dispatcher (decoding the record, updating the job, the
+    /// occupancy model and the estimates): the simulator advances its clock by this much per event
+    /// that [`kairos_gpu::Gpu::poll`] delivers, so the dispatcher thread is a busy resource shared by
+    /// launches and records. 0 (free) unless a description measured it.
+    #[serde(default)]
+    pub event_host_ns: u64,
     /// Log-normal sigma of launch latencies and notification delays (p99/p50 = exp(2.33 sigma)).
     pub latency_sigma: f64,
     /// One read of the host's preempt flag over PCIe: a poll that finds the flag set makes the

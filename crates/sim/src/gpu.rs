@@ -1925,6 +1925,7 @@ impl Gpu for SimGpu {
     }
 
     fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
+        let before = events.len();
         while let Some(&(deliver, e)) = self.outbox.front() {
             if deliver > self.now_ns {
                 break;
@@ -1936,6 +1937,11 @@ impl Gpu for SimGpu {
             if self.opts.record_trace && self.trace.len() < TRACE_EVENTS_MAX {
                 self.trace.push(TraceEvent::Deliver { event: e, at_ns: deliver });
             }
+        }
+        // The dispatcher's time on the records it just took (0 unless the description sets it).
+        let delivered = (events.len() - before) as u64;
+        if delivered > 0 && self.desc.latency.event_host_ns > 0 {
+            self.host_spend(delivered * self.desc.latency.event_host_ns);
         }
         if let Some(e) = self.error.take() {
             return Err(GpuError::Invalid(e));

@@ -471,10 +471,11 @@ fn roofline_estimates_are_in_a_sane_range() {
     let k = gemm(4096, 4096, 4096, 128);
     let t = gpu.estimate_duration_ns(&k, DType::F16, &shape(&k, 256, 0), 132).unwrap();
     assert!((300_000..700_000).contains(&t), "{t} ns");
-    // A tiny element-wise kernel is dominated by latency: a few microseconds.
+    // A tiny element-wise kernel is dominated by latency: a few microseconds, most of them the
+    // grid's dispatch and completion (3.7 us together, measured between a job's kernels on an H100).
     let k = eltwise_add(1024, 1024);
     let t = gpu.estimate_duration_ns(&k, DType::F32, &shape(&k, 256, 0), 132).unwrap();
-    assert!((1_000..5_000).contains(&t), "{t} ns");
+    assert!((1_000..8_000).contains(&t), "{t} ns");
 }
 
 /// A `kairos profile` JSON of a plan drives the simulated durations of that plan's launches;

@@ -53,6 +53,7 @@ fn random_desc(rng: &mut SmallRng) -> GpuDesc {
         &mut l.grid_dispatch_ns,
         &mut l.grid_complete_ns,
         &mut l.notify_delay_ns,
+        &mut l.event_host_ns,
         &mut l.preempt_flag_delay_ns,
         &mut l.copy_setup_ns,
         &mut l.cta_exit_ns,
