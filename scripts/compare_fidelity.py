@@ -1,54 +1,90 @@
 #!/usr/bin/env python3
-"""Simulator fidelity: the same `kairos bench paella` run on the real GPU and on the simulator,
-point by point (policy, offered load): p50, p99 and throughput, with the simulator's deviation.
+"""The simulator against the GPU: the same `kairos bench run` points, side by side.
 
-    python3 scripts/compare_fidelity.py REAL/paella.json SIM/paella.json [EXPERIMENT ...]
+    scripts/compare_fidelity.py GPU/results.json SIM/results.json [--tolerance 0.15] [--md OUT.md]
+
+Both files are `kairos bench run` results (kairos-bench/1): one measured with `--backend cuda`, one
+with `--backend sim` on the same presets, variants, policies and loads (and the same seed, so the
+same arrival traces). Points are matched by (preset, variant, policy, load); for each the script
+prints served/s, p50 and p99 on both and the simulator's relative error, and marks a point whose
+error exceeds the tolerance (15%: the bar for using the simulator to argue about speed). Points
+that saturated on either side are compared on served/s only (their latencies measure how long the
+run lasted). Exit status 0 always: this is a report, not a test.
 """
-import json, sys
+import argparse
+import json
+import sys
 
 
-def policy(label):
-    for sep in "( [":
-        label = label.split(sep)[0]
-    return label
+def points(path):
+    r = json.load(open(path))
+    out = {}
+    for preset in r["presets"]:
+        for p in preset["points"]:
+            if p.get("system", "kairos") != "kairos":
+                continue
+            key = (preset["preset"], p["variant"], p["policy"], float(p["load"]))
+            m = p["metrics"]["overall"]
+            out[key] = {
+                "served": m["throughput_per_s"],
+                "p50": m["latency"]["p50_ns"] / 1e6,
+                "p99": m["latency"]["p99_ns"] / 1e6,
+                "saturated": bool(p.get("saturated")),
+            }
+    return r.get("device", "?"), out
+
+
+def rel(sim, gpu):
+    return (sim - gpu) / gpu if gpu else float("nan")
 
 
 def main():
-    real, sim = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-    wanted = sys.argv[3:] or sorted(set(real) & set(sim))
-    for exp in wanted:
-        if exp not in real or exp not in sim:
-            print(f"{exp}: missing in {'real' if exp not in real else 'sim'}")
-            continue
-        print(f"\n### {exp}\n")
-        print("| policy | load | p50 real / sim (ms) | p99 real / sim (ms) | throughput real / sim (/s) | dev p50 | dev p99 | dev tput |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        devs = {"p50": [], "p99": [], "tput": []}
-        sim_by = {}
-        for p in sim[exp]:
-            sim_by.setdefault(policy(p["policy"]), []).append(p)
-        counts = {}
-        for p in real[exp]:
-            pol = policy(p["policy"])
-            i = counts.get(pol, 0)
-            counts[pol] = i + 1
-            cands = sim_by.get(pol, [])
-            if i >= len(cands):
-                continue
-            q = cands[i]
-            r50, s50 = p["latency"]["p50_ns"] / 1e6, q["latency"]["p50_ns"] / 1e6
-            r99, s99 = p["latency"]["p99_ns"] / 1e6, q["latency"]["p99_ns"] / 1e6
-            rt, st = p["throughput_per_s"], q["throughput_per_s"]
-            d = lambda a, b: (b - a) / a * 100 if a else float("nan")
-            devs["p50"].append(abs(d(r50, s50)))
-            devs["p99"].append(abs(d(r99, s99)))
-            devs["tput"].append(abs(d(rt, st)))
-            print(f"| {pol} | {i + 1} | {r50:.2f} / {s50:.2f} | {r99:.2f} / {s99:.2f} | {rt:.0f} / {st:.0f} | {d(r50, s50):+.0f}% | {d(r99, s99):+.0f}% | {d(rt, st):+.0f}% |")
-        for k, v in devs.items():
-            if v:
-                v.sort()
-                print(f"\n{k}: median |deviation| {v[len(v) // 2]:.0f}%, within 15% at {sum(x <= 15 for x in v)}/{len(v)} points", end="")
-        print()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gpu")
+    ap.add_argument("sim")
+    ap.add_argument("--tolerance", type=float, default=0.15)
+    ap.add_argument("--md", help="also write the table here (markdown)")
+    a = ap.parse_args()
+    gdev, g = points(a.gpu)
+    sdev, s = points(a.sim)
+    keys = sorted(set(g) & set(s))
+    if not keys:
+        print(f"no common points between {a.gpu} ({len(g)}) and {a.sim} ({len(s)})", file=sys.stderr)
+        return
+    lines = [
+        f"Simulator ({sdev}) against the GPU ({gdev}); error = sim / GPU - 1, '!' beyond {a.tolerance:.0%}.",
+        "",
+        "| preset | variant | policy | load | served/s GPU | sim | err | p50 ms GPU | sim | err | p99 ms GPU | sim | err |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    within = total = 0
+
+    def cell(e):
+        nonlocal within, total
+        total += 1
+        ok = abs(e) <= a.tolerance
+        within += ok
+        return f"{e:+.0%}{'' if ok else ' !'}"
+
+    for k in keys:
+        gp, sp = g[k], s[k]
+        served = cell(rel(sp["served"], gp["served"]))
+        if gp["saturated"] or sp["saturated"]:
+            lat = ["-", "-"]
+            note = " (saturated)"
+        else:
+            lat = [cell(rel(sp["p50"], gp["p50"])), cell(rel(sp["p99"], gp["p99"]))]
+            note = ""
+        lines.append(
+            f"| {k[0]} | {k[1]} | {k[2]}{note} | {k[3]:g} | {gp['served']:.0f} | {sp['served']:.0f} | {served} | "
+            f"{gp['p50']:.2f} | {sp['p50']:.2f} | {lat[0]} | {gp['p99']:.1f} | {sp['p99']:.1f} | {lat[1]} |"
+        )
+    lines.append("")
+    lines.append(f"{within} of {total} compared values within {a.tolerance:.0%}.")
+    text = "\n".join(lines)
+    print(text)
+    if a.md:
+        open(a.md, "w").write(text + "\n")
 
 
 if __name__ == "__main__":

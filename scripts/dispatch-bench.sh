@@ -13,10 +13,16 @@
 #   peers      PyTorch eager and CUDA-graph latency per model (scripts/pytorch_peer.py, batch 1)
 #   breakdown  `kairos bench breakdown`: every model alone and the mix (BREAKDOWN_RATE req/s),
 #              launch by launch, under fifo, streams and paella (BREAKDOWN_POLICIES)
-#   serve      `kairos bench run mix8` (SERVE_LOADS, SERVE_SIGMAS, SERVE_POLICIES; 2000 requests a
-#              point, the threaded engine), then scripts/peer_replay.py on the very same traces
-#              (CUDA graphs on 1, 4 and 8 streams, graph priority streams, eager on 4 streams:
-#              PEER_MODES), then `kairos bench report` merges both into one table and plot
+#   profile    `kairos profile` of PROFILE_MODELS (mix8's, the rest of paella-mix's, bert_base) into
+#              $WORK/profiles/<gpu key>/ (the layout of data/profiles/, for the simulator)
+#   serve      `kairos bench run SERVE_SPECS` (default mix8:0.5:1:1.5:2:2.5; SERVE_SIGMAS, SERVE_POLICIES;
+#              SERVE_REQUESTS (2000) a point, the threaded engine, traces kept), then each run of
+#              SERVE_EXTRA ("NAME|SPECS|POLICIES|SIGMAS|ARGS;...", e.g.
+#              "tenants|mix8:1:1.5|paella,paella:2000|2|--tenant-per-model") into serve-NAME/; then, unless
+#              NO_PEERS=1, scripts/peer_replay.py on the very same traces (PEER_MODES) and
+#              `kairos bench report` merging both into one table and plot
+#   replay     the peers alone, on the traces and results of an earlier call carried in
+#              REPLAY_DIR (default .carry-serve: results.json and traces/ of a serve step)
 #
 # CUDA_DEVICE_MAX_CONNECTIONS defaults to 32 here (one hardware queue per stream of the
 # dispatcher's pool); set it to 8 to see the default. Models are autotuned at load unless
@@ -73,20 +79,73 @@ if has breakdown; then
         --policies "${BREAKDOWN_POLICIES:-fifo,streams,paella}" --requests "${BREAKDOWN_REQUESTS:-100}" \
         --mix-rate "${BREAKDOWN_RATE:-600}" --mix-requests "${BREAKDOWN_MIX_REQUESTS:-2000}" --out "$OUT/breakdown"
 fi
+if has profile; then
+    key=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '/H200/ {print "h200"; next} /H100/ && /PCIe/ {print "h100_pcie"; next} {print "h100_sxm"}')
+    mkdir -p "$OUT/profiles/$key"
+    t0=$(date +%s)
+    for m in ${PROFILE_MODELS:-resnet18 mobilenet_v2 resnet34 squeezenet1_1 resnet50 densenet121 googlenet inception_v3 resnet152 densenet201 vgg19 bert_base}; do
+        step "profile-$m" 120 "$BIN/kairos" profile "$m" --dtype f16 -o "$OUT/profiles/$key/$m-f16-b1.json"
+    done
+    echo "== profiles: $(ls "$OUT/profiles/$key" | wc -l) in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+fi
+serve_run() { # name out-dir specs policies sigmas extra-args...
+    local name=$1 dir=$2 specs=$3 policies=$4 sigmas=$5; shift 5
+    step "$name" "${SERVE_KAIROS_S:-300}" "$BIN/kairos" bench run "$specs" --backend cuda --engine threaded \
+        --sigma "$sigmas" --policies "$policies" --saturation 0.8 --traces \
+        --requests "${SERVE_REQUESTS:-2000}" --out "$dir" "$@"
+}
+replay() { # dir with results.json and traces/ [step name suffix]
+    local suffix=${2:-}
+    step "serve-peers$suffix" "${SERVE_PEERS_S:-280}" python3 scripts/peer_replay.py --traces "$1/traces" \
+        --modes "${PEER_MODES:-graph:1,graph:4,graph:8,graph-priority:4,streams:4}" --budget-s "${SERVE_PEERS_BUDGET_S:-260}" --out "$1/peers.json"
+    [ -f "$1/peers.json" ] && step "serve-report$suffix" 60 "$BIN/kairos" bench report --results "$1/results.json" --peers "$1/peers.json"
+}
 if has serve; then
     sout="$OUT/serve"
-    step serve-kairos "${SERVE_KAIROS_S:-300}" "$BIN/kairos" bench run "mix8:${SERVE_LOADS:-0.5:1:1.5:2:2.5}" --backend cuda --engine threaded \
-        --sigma "${SERVE_SIGMAS:-2}" --policies "${SERVE_POLICIES:-paella,streams}" --saturation 0.8 --traces --out "$sout"
-    step serve-peers "${SERVE_PEERS_S:-280}" python3 scripts/peer_replay.py --traces "$sout/traces" \
-        --modes "${PEER_MODES:-graph:1,graph:4,graph:8,graph-priority:4,streams:4}" --budget-s "${SERVE_PEERS_BUDGET_S:-260}" --out "$sout/peers.json"
-    [ -f "$sout/peers.json" ] && step serve-report 60 "$BIN/kairos" bench report --results "$sout/results.json" --peers "$sout/peers.json"
+    serve_run serve-kairos "$sout" "${SERVE_SPECS:-mix8:0.5:1:1.5:2:2.5}" "${SERVE_POLICIES:-paella,streams}" "${SERVE_SIGMAS:-2}"
+    IFS=';' read -ra extra <<<"${SERVE_EXTRA:-}"
+    for e in "${extra[@]}"; do
+        [ -n "$e" ] || continue
+        IFS='|' read -r name specs policies sigmas args <<<"$e"
+        # shellcheck disable=SC2086
+        serve_run "serve-$name" "$OUT/serve-$name" "$specs" "$policies" "$sigmas" $args
+    done
+    [ "${NO_PEERS:-0}" = 1 ] || replay "$sout"
+fi
+if has replay; then
+    # REPLAY_DIR: one serve step's folder (results.json, traces/), or folders of them (serve, serve-NAME).
+    src=${REPLAY_DIR:-.carry-serve}
+    if [ -f "$src/results.json" ]; then
+        mkdir -p "$OUT/serve" && cp -r "$src"/. "$OUT/serve/" && replay "$OUT/serve"
+    else
+        # One replay over every folder's traces (the graphs are captured once), merged into each.
+        mkdir -p "$OUT/all-traces"
+        for d in "$src"/*/; do
+            n=$(basename "$d")
+            [ -f "$d/results.json" ] && mkdir -p "$OUT/$n" && cp -r "$d". "$OUT/$n/" && cp "$d"traces/*.json "$OUT/all-traces/"
+        done
+        step serve-peers "${SERVE_PEERS_S:-280}" python3 scripts/peer_replay.py --traces "$OUT/all-traces" \
+            --modes "${PEER_MODES:-graph:1,graph:4,graph:8,graph-priority:4,streams:4}" --budget-s "${SERVE_PEERS_BUDGET_S:-260}" --out "$OUT/peers.json"
+        for d in "$OUT"/serve*/; do
+            [ -f "$OUT/peers.json" ] && [ -f "$d/results.json" ] &&
+                step "report-$(basename "$d")" 60 "$BIN/kairos" bench report --results "$d/results.json" --peers "$OUT/peers.json"
+        done
+    fi
 fi
 # The tuned tiles, for the next call's carry.
 mkdir -p "$OUT/autotune" && cp "$KAIROS_CACHE_DIR"/autotune-*.json "$OUT/autotune/" 2>/dev/null
-tar czf "$FINAL/results.tgz" -C "$OUT" . 2>/dev/null
+tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null
+# The device tool returns files of at most 16 MiB: larger archives come back in parts
+# (cat results.tgz.part-* > results.tgz).
+if [ "$(stat -c %s /tmp/results.tgz)" -gt 15000000 ]; then
+    split -b 15000000 /tmp/results.tgz "$FINAL/results.tgz.part-"
+else
+    cp /tmp/results.tgz "$FINAL/results.tgz"
+fi
 cp "$OUT/summary.txt" "$FINAL/" 2>/dev/null
 [ -f "$OUT/breakdown/breakdown.md" ] && cp "$OUT/breakdown/breakdown.md" "$FINAL/"
 [ -f "$OUT/serve/results.md" ] && cp "$OUT/serve/results.md" "$FINAL/serve.md"
+for d in "$OUT"/serve-*/; do [ -f "$d/results.md" ] && cp "$d/results.md" "$FINAL/$(basename "$d").md"; done
 
 echo
 echo "== summary"
@@ -102,12 +161,13 @@ for r in d["rows"]:
 PY
 fi
 [ -f "$OUT/breakdown/breakdown.md" ] && cat "$OUT/breakdown/breakdown.md"
-if [ -f "$OUT/serve/results.json" ]; then
-    python3 - "$OUT/serve/results.json" <<'PY'
+for res in "$OUT"/serve/results.json "$OUT"/serve-*/results.json; do
+    [ -f "$res" ] || continue
+    python3 - "$res" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"\n== mix8 on {r['device']} (peers: {'; '.join(r['peers']) or 'none'})")
-print(f"{'variant':<10} {'system':<8} {'policy':<16} {'load':>5} {'offered':>8} {'served/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'disp us/req':>11} {'rec/launch':>10}")
+print(f"\n== {sys.argv[1]} on {r['device']} (peers: {'; '.join(r['peers']) or 'none'})")
+print(f"{'preset variant':<22} {'system':<8} {'policy':<16} {'load':>5} {'offered':>8} {'served/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'disp us/req':>11} {'rec/launch':>10}")
 for p in r["presets"]:
     for pt in sorted(p["points"], key=lambda x: (x["variant"], x["system"] != "kairos", x["policy"], x["load"])):
         m = pt["metrics"]["overall"]
@@ -115,7 +175,7 @@ for p in r["presets"]:
         per = d.get("busy_ns", 0) / max(d.get("completed", 0), 1) / 1e3 if d else float("nan")
         rl = d.get("events", 0) / max(d.get("launches", 0), 1) if d else float("nan")
         sat = " sat" if pt["saturated"] else ""
-        print(f"{pt['variant']:<10} {pt['system']:<8} {pt['policy'].removeprefix(pt['system'] + '-'):<16} {pt['load']:>5} "
+        print(f"{p['preset'] + ' ' + pt['variant']:<22} {pt['system']:<8} {pt['policy'].removeprefix(pt['system'] + '-'):<16} {pt['load']:>5} "
               f"{pt['metrics']['offered_per_s']:>8.0f} {m['throughput_per_s']:>9.1f} {m['latency']['p50_ns'] / 1e6:>8.2f} {m['latency']['p99_ns'] / 1e6:>8.2f} {per:>11.1f} {rl:>10.2f}{sat}")
 PY
-fi
+done

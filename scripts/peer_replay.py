@@ -616,7 +616,13 @@ def main():
             log(f"  worker {i} ({kind}): {len(graphs.by_worker[i])} CUDA graphs warmed and captured in {graphs.seconds[i]:.1f} s{failed}")
         log(f"  CUDA graphs of {len(needed)} models on {len(gworkers)} workers in {time.time() - t:.1f} s")
     # One thread at a time: autotuning under contention would pick worse convolution plans.
-    for i in range(2 * nmax):
+    # Eager warm-up only on the workers the eager modes use (a worker's first passes re-run cuDNN's
+    # per-thread autotuning: ~16 s each on an H100 host).
+    eager_used = set()
+    for kind, n in modes:
+        if kind not in GRAPH_KINDS:
+            eager_used.update(mode_workers(kind, n, nmax))
+    for i in sorted(eager_used):
         t = time.time()
         workers.start(i, models.warm).wait()
         log(f"  worker {i} warmed in {time.time() - t:.1f} s")

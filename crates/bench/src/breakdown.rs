@@ -91,7 +91,8 @@ pub struct PhaseSummary {
     pub kernel_est_over_actual_p50: Option<f64>,
 }
 
-/// One run: a scenario under a policy.
+/// One run: a scenario under a policy. `launches_traced` holds the launches of the followed models'
+/// requests only; `summaries` covers every model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BreakdownRun {
     pub scenario: String,
@@ -174,6 +175,7 @@ pub fn run<G: Gpu>(
     catalog: &Catalog,
     scenario: &Scenario,
     warmup_per_model: usize,
+    keep_launches_of: &[String],
 ) -> Result<(BreakdownRun, G), Error> {
     let cfg = Config { trace_max: TRACE_LAUNCHES_MAX, ..crate::experiment::config_for(base, policy) };
     let mut d = VirtualDriver::new(cfg, gpu)?;
@@ -236,7 +238,7 @@ pub fn run<G: Gpu>(
             }
         })
         .collect();
-    let launches: Vec<LaunchRow> = trace
+    let all_launches: Vec<LaunchRow> = trace
         .iter()
         .map(|r| LaunchRow {
             request: r.request.0,
@@ -253,7 +255,11 @@ pub fn run<G: Gpu>(
             stopped: r.stopped,
         })
         .collect();
-    let summaries = models.iter().map(|m| summarize(m, &requests, &launches)).collect();
+    let summaries = models.iter().map(|m| summarize(m, &requests, &all_launches)).collect();
+    // The file keeps the launch rows of the models followed (a mix has hundreds of thousands).
+    let kept: std::collections::HashSet<u64> =
+        requests.iter().filter(|r| keep_launches_of.contains(&r.model)).map(|r| r.request).collect();
+    let launches: Vec<LaunchRow> = all_launches.into_iter().filter(|l| kept.contains(&l.request)).collect();
     let run = BreakdownRun {
         scenario: scenario.name.clone(),
         policy: policy.to_string(),

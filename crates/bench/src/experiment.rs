@@ -310,12 +310,12 @@ pub fn run_preset(
                     "{}{} {} load {load}",
                     preset.name(),
                     if v.is_empty() { String::new() } else { format!(" {v}") },
-                    policy.name()
+                    policy.label()
                 );
                 if saturated {
                     results.skipped.push(format!(
                         "{}{} at load {load}",
-                        policy.name(),
+                        policy.label(),
                         if v.is_empty() { "".into() } else { format!(" ({v})") }
                     ));
                     continue;
@@ -364,7 +364,7 @@ pub fn run_preset(
                                 .collect::<String>()
                                 .trim_end_matches('-')
                         );
-                        crate::trace::RawFile::new(&preset.name(), v, policy.name(), load, &schedule, &rec.outcomes)
+                        crate::trace::RawFile::new(&preset.name(), v, &policy.label(), load, &schedule, &rec.outcomes)
                             .write(&dir.join(&file))?;
                         Some(file)
                     }
@@ -374,7 +374,7 @@ pub fn run_preset(
                     preset: preset.name(),
                     variant: v.clone(),
                     system: "kairos".into(),
-                    policy: policy.name().into(),
+                    policy: policy.label(),
                     policy_detail: policy.to_string(),
                     load,
                     duration_ns,

@@ -107,6 +107,9 @@ pub struct PresetOptions {
     pub budget_fraction: f64,
     pub budget_bytes: Option<u64>,
     pub custom: CustomSpec,
+    /// `paella-mix`, `mix8`: each model's requests come from a tenant of their own (tenant i for
+    /// the i-th model), so fairness between tenants (`paella`'s threshold) acts between models.
+    pub tenant_per_model: bool,
 }
 
 impl Default for PresetOptions {
@@ -117,6 +120,7 @@ impl Default for PresetOptions {
             budget_fraction: 1.0 / 3.0,
             budget_bytes: None,
             custom: CustomSpec::default(),
+            tenant_per_model: false,
         }
     }
 }
@@ -329,7 +333,11 @@ impl Preset {
     /// Variants run side by side (paella-mix: one per sigma); "" when there is one.
     pub fn variants(&self, opts: &PresetOptions) -> Vec<String> {
         match self {
-            Preset::PaellaMix | Preset::Mix8 => opts.sigmas.iter().map(|s| format!("sigma={s}")).collect(),
+            Preset::PaellaMix | Preset::Mix8 => opts
+                .sigmas
+                .iter()
+                .map(|s| format!("sigma={s}{}", if opts.tenant_per_model { ",tenant-per-model" } else { "" }))
+                .collect(),
             _ => vec![String::new()],
         }
     }
@@ -386,12 +394,23 @@ impl Preset {
         match self {
             Preset::PaellaMix | Preset::Mix8 => {
                 let models: &[&str] = if *self == Preset::Mix8 { &MIX8 } else { &VISION };
-                let sigma: f64 = variant
-                    .strip_prefix("sigma=")
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| Error::Invalid(format!("{} variant '{variant}' is not sigma=S", self.name())))?;
+                let (sigma_text, per_model) = match variant.split_once(',') {
+                    Some((s, "tenant-per-model")) => (s, true),
+                    Some(_) => (variant, false),
+                    None => (variant, false),
+                };
+                let sigma: f64 = sigma_text.strip_prefix("sigma=").and_then(|s| s.parse().ok()).ok_or_else(|| {
+                    Error::Invalid(format!("{} variant '{variant}' is not sigma=S[,tenant-per-model]", self.name()))
+                })?;
                 let mean = models.iter().map(|m| iso(m)).sum::<Result<f64, Error>>()? / models.len() as f64;
-                let streams: Vec<(u32, f64)> = models.iter().map(|m| (w.stream(Stream::new(m, m)), 1.0)).collect();
+                let streams: Vec<(u32, f64)> = models
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| {
+                        let tenant = if per_model { i as u32 } else { 0 };
+                        (w.stream(Stream::new(m, m).with_tenant(tenant)), 1.0)
+                    })
+                    .collect();
                 w.sources.push(Source { arrival: Arrival::LogNormal { rate_per_s: load * 1e9 / mean, sigma }, streams });
             }
             Preset::PaellaShortLong => {
@@ -605,6 +624,22 @@ mod tests {
             }
         }
         assert!(Preset::by_name("disb-f").is_none());
+    }
+
+    #[test]
+    fn a_tenant_per_model_when_asked() {
+        let iso = iso_all();
+        let mut opts = PresetOptions { sigmas: vec![2.0], ..PresetOptions::default() };
+        let v = Preset::Mix8.variants(&opts);
+        let (w, _) = Preset::Mix8.workload(1.0, &v[0], &iso, &Catalog::default(), &opts).unwrap();
+        assert!(w.streams.iter().all(|s| s.tenant == 0));
+        opts.tenant_per_model = true;
+        let v = Preset::Mix8.variants(&opts);
+        assert_eq!(v, vec!["sigma=2,tenant-per-model".to_string()]);
+        let (w, _) = Preset::Mix8.workload(1.0, &v[0], &iso, &Catalog::default(), &opts).unwrap();
+        let tenants: std::collections::BTreeSet<u32> = w.streams.iter().map(|s| s.tenant).collect();
+        assert_eq!(tenants.len(), MIX8.len());
+        assert!(Preset::Mix8.workload(1.0, "sigma=2,other", &iso, &Catalog::default(), &opts).is_err());
     }
 
     #[test]

@@ -109,8 +109,8 @@ fn run_breakdown(a: BreakdownArgs) -> Result<()> {
     }
     let profile_dir = match (&a.profiles, a.backend) {
         (Some(d), _) => d.clone(),
-        (None, Backend::Sim) => sim_desc(&a.sim_gpu)?.profile_dir(Path::new(".")),
-        (None, _) => PathBuf::from("data/profiles/h200"),
+        (None, Backend::Sim) => crate::paths::profile_dir(&sim_desc(&a.sim_gpu)?.key),
+        (None, _) => crate::paths::cuda_profile_dir(a.device),
     };
     let profiles = ProfileSet::load_dir(&profile_dir).map_err(anyhow::Error::msg)?;
     let mut catalog = bx::lower_models(&archs, a.dtype, &profiles, |m, s| eprintln!("  lowered {m} in {s:.1} s"))?;
@@ -159,7 +159,7 @@ fn run_breakdown(a: BreakdownArgs) -> Result<()> {
             bx::register_on_sim(gpu.as_mut().unwrap(), &catalog)?;
             let name = gpu.as_ref().unwrap().info().name.clone();
             each(&mut |p, sc| {
-                let (r, g) = breakdown::run(gpu.take().expect("the GPU comes back"), &base, p, &catalog, sc, 3)?;
+                let (r, g) = breakdown::run(gpu.take().expect("the GPU comes back"), &base, p, &catalog, sc, 3, &a.models)?;
                 gpu = Some(g);
                 Ok(r)
             })?;
@@ -172,7 +172,7 @@ fn run_breakdown(a: BreakdownArgs) -> Result<()> {
             let mut gpu = Some(g);
             let name = gpu.as_ref().unwrap().info().name.clone();
             each(&mut |p, sc| {
-                let (r, g) = breakdown::run(gpu.take().expect("the GPU comes back"), &base, p, &catalog, sc, 5)?;
+                let (r, g) = breakdown::run(gpu.take().expect("the GPU comes back"), &base, p, &catalog, sc, 5, &a.models)?;
                 gpu = Some(g);
                 Ok(r)
             })?;
@@ -261,7 +261,8 @@ pub struct RunArgs {
     #[arg(long, env = "KAIROS_DTYPE", default_value = "f16", value_parser = crate::model_args::parse_dtype)]
     pub dtype: DType,
     /// Measured profiles (the dispatcher's estimates, the simulator's kernel times); default: the
-    /// simulated GPU's folder under data/profiles/ (sim), data/profiles/h200 (cuda).
+    /// simulated GPU's folder under data/profiles/ (sim), the device's (cuda: h100_sxm, h100_pcie or h200), found
+    /// beside the installation (see `KAIROS_DATA_DIR`).
     #[arg(long, env = "KAIROS_PROFILES")]
     pub profiles: Option<PathBuf>,
     /// Folder for results.json, results.md, plots/ and traces/.
@@ -279,6 +280,9 @@ pub struct RunArgs {
     /// paella-mix: lognormal sigmas (one variant each).
     #[arg(long, value_delimiter = ',', default_value = "1.5,2")]
     pub sigma: Vec<f64>,
+    /// paella-mix, mix8: each model's requests from a tenant of its own (fairness acts between models).
+    #[arg(long)]
+    pub tenant_per_model: bool,
     /// coldstart: instances of each model.
     #[arg(long, default_value_t = 3)]
     pub instances: u32,
@@ -313,6 +317,12 @@ pub struct RunArgs {
     /// serve autotunes at load; choices are cached beside the CUBIN cache).
     #[arg(long, env = "KAIROS_NO_AUTOTUNE")]
     pub no_autotune: bool,
+    /// The occupancy gate's headroom B in CTAs (default: the dispatcher's, 132).
+    #[arg(long, env = "KAIROS_HEADROOM_CTAS")]
+    pub headroom_ctas: Option<u32>,
+    /// Issue-ahead per job in µs of estimated GPU time (default: the dispatcher's, 50).
+    #[arg(long, env = "KAIROS_LOOKAHEAD_US")]
+    pub lookahead_us: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -570,7 +580,7 @@ fn run_paella(a: PaellaArgs) -> Result<()> {
     let profiles = match (&a.profiles, a.backend) {
         (Some(dir), _) => ProfileSet::load_dir(dir).map_err(anyhow::Error::msg)?,
         (None, Backend::Sim) => {
-            ProfileSet::load_dir(&sim_desc(&a.sim_gpu)?.profile_dir(std::path::Path::new("."))).map_err(anyhow::Error::msg)?
+            ProfileSet::load_dir(&crate::paths::profile_dir(&sim_desc(&a.sim_gpu)?.key)).map_err(anyhow::Error::msg)?
         }
         (None, _) => ProfileSet::default(),
     };
@@ -649,6 +659,7 @@ fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
     };
     Ok(PresetOptions {
         sigmas: a.sigma.clone(),
+        tenant_per_model: a.tenant_per_model,
         instances: a.instances,
         budget_bytes: a.budget_mb.map(|m| (m * 1024.0 * 1024.0) as u64),
         custom: CustomSpec {
@@ -689,8 +700,8 @@ fn run_presets(a: RunArgs) -> Result<()> {
     }
     let profile_dir = match (&a.profiles, a.backend) {
         (Some(d), _) => d.clone(),
-        (None, Backend::Sim) => sim_desc(&a.sim_gpu)?.profile_dir(Path::new(".")),
-        (None, _) => PathBuf::from("data/profiles/h200"),
+        (None, Backend::Sim) => crate::paths::profile_dir(&sim_desc(&a.sim_gpu)?.key),
+        (None, _) => crate::paths::cuda_profile_dir(a.device),
     };
     let profiles = ProfileSet::load_dir(&profile_dir).map_err(anyhow::Error::msg)?;
     eprintln!(
@@ -722,6 +733,16 @@ fn run_presets(a: RunArgs) -> Result<()> {
         saturation: a.saturation,
         slo_ns: a.slo_ms.map(ms_to_ns).transpose()?,
         seed: a.seed,
+        base: {
+            let mut c = kairos_sched::Config::default();
+            if let Some(h) = a.headroom_ctas {
+                c.headroom_ctas = h;
+            }
+            if let Some(l) = a.lookahead_us {
+                c.lookahead_ns = l.saturating_mul(1000);
+            }
+            c
+        },
         trace_dir: a.traces.then(|| trace_dir.clone()),
         // Every point's requests one by one, beside the results (a number can be rechecked).
         raw_dir: Some(a.out.join("raw")),
@@ -808,9 +829,10 @@ fn launch_cost_probe(
     );
     // Launch throughput from several host threads at once, each with its own handle (the same
     // primary context) and stream: does the driver let launches go out in parallel?
-    let device = gpu.info().name.clone();
-    let _ = device;
-    s += "\n| host threads launching at once | empty kernels per second, all threads | µs per launch per thread |\n|---:|---:|---:|\n";
+    // (Printed after the per-model table, which `s` has the header of.)
+    let mut threads_table = String::from(
+        "\n| host threads launching at once | empty kernels per second, all threads | µs per launch per thread |\n|---:|---:|---:|\n",
+    );
     for threads in [1usize, 2, 4] {
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
         let per_thread = 3000;
@@ -840,7 +862,7 @@ fn launch_cost_probe(
             slowest = slowest.max(issue);
             issue_sum += issue;
         }
-        s += &format!(
+        threads_table += &format!(
             "| {threads} | {:.0} | {:.2} |\n",
             (threads * per_thread) as f64 / slowest,
             issue_sum / threads as f64 / per_thread as f64 * 1e6
@@ -901,6 +923,7 @@ fn launch_cost_probe(
         }
         gpu.free(weights)?;
     }
+    s += &threads_table;
     Ok(s)
 }
 
