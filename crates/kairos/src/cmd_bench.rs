@@ -215,7 +215,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, env = "KAIROS_BENCH_ENGINE", default_value = "virtual")]
     pub engine: EngineMode,
     /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
-    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h200")]
+    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
     /// Remote engines: client threads (one request in flight each).
     #[arg(long, env = "KAIROS_BENCH_CLIENTS", default_value_t = 64)]

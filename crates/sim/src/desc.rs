@@ -15,7 +15,8 @@ use std::path::Path;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencyDesc {
     /// Host time one launch (or async copy) call costs: the simulator advances its clock by this much
-    /// inside [`kairos_gpu::Gpu::launch`]. Probe: 2.3 us per empty-kernel launch.
+    /// inside [`kairos_gpu::Gpu::launch`]. H100 SXM: 4.0 us, the dispatcher's measured time per
+    /// launch (3.3 us with 2 launcher threads) and policy decision (0.6-1.2 us).
     pub launch_host_ns: u64,
     /// From the start of the launch call until the command sits in its hardware queue (median).
     pub launch_latency_ns: u64,
@@ -33,6 +34,13 @@ pub struct LatencyDesc {
     /// launches and records. 0 (free) unless a description measured it.
     #[serde(default)]
     pub event_host_ns: u64,
+    /// Completion tail of every launch of a profiled kernel: what the dispatcher's kernel-by-kernel
+    /// latency adds to the profile's kernel durations. `None`: calibrated per model from the
+    /// profile itself (its kernel-by-kernel latency beyond its kernels' durations, which counts
+    /// the profiler's own host round trips). H100 SXM: 4.0 us, the fit of the dispatcher's
+    /// latency alone against the profiles' kernel sums over 8 models (3.9-5.4 us per launch).
+    #[serde(default)]
+    pub profiled_launch_tail_ns: Option<u64>,
     /// Log-normal sigma of launch latencies and notification delays (p99/p50 = exp(2.33 sigma)).
     pub latency_sigma: f64,
     /// One read of the host's preempt flag over PCIe: a poll that finds the flag set makes the

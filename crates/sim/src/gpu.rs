@@ -472,7 +472,7 @@ impl SimGpu {
     /// and resources. Returns the number of kernels registered.
     pub fn register_plan(&mut self, plan: &Plan, profile: &ModelProfile) -> Result<usize, String> {
         self.resource_cache = None;
-        self.timing.insert_plan(plan, profile)
+        self.timing.insert_plan(plan, profile, self.desc.latency.profiled_launch_tail_ns)
     }
 
     /// Registers every plan that has a profile in `set` (matched by model name, dtype and the

@@ -168,12 +168,16 @@ impl TimingTable {
 
     /// Registers every kernel of `profile` against the launches of `plan` it was measured on.
     /// Returns how many entries were added. The profile must be of this plan: same launch count,
-    /// and for each profiled launch the same logical block count.
-    pub fn insert_plan(&mut self, plan: &Plan, profile: &ModelProfile) -> Result<usize, String> {
+    /// and for each profiled launch the same logical block count. Every launch gets a completion
+    /// tail: `fixed_tail_ns`, else what the profile's kernel-by-kernel latency adds to its
+    /// kernels' durations, per launch.
+    pub fn insert_plan(&mut self, plan: &Plan, profile: &ModelProfile, fixed_tail_ns: Option<u64>) -> Result<usize, String> {
         check_profile(plan, profile)?;
         // What the kernel-by-kernel latency adds to the kernels' durations, per launch.
         let kernel_sum: u64 = profile.kernels.iter().map(|k| k.duration_ns).sum();
-        let tail = if profile.kernels.is_empty() {
+        let tail = if let Some(t) = fixed_tail_ns {
+            t
+        } else if profile.kernels.is_empty() {
             0
         } else {
             profile.latency_ns.saturating_sub(kernel_sum) / profile.kernels.len() as u64

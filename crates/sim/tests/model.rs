@@ -540,24 +540,31 @@ fn registered_profiles_set_the_durations_of_their_plans_launches() {
             })
             .collect(),
     };
-    let mut gpu = SimGpu::new(GpuDesc::h100_sxm(), exact());
-    assert_eq!(gpu.register_plan(&plan, &profile).unwrap(), 2);
-    assert_eq!(gpu.registered_kernels(), 2);
-    let s = gpu.create_stream(0).unwrap();
-    // The profile's kernel-by-kernel latency exceeds the kernels' sum: each launch completes that
-    // excess, spread evenly, after its last CTA leaves (the calibrated completion tail).
-    let tail = (profile.latency_ns - durations.iter().sum::<u64>()) / kernels.len() as u64;
-    assert_eq!(tail, 2500);
-    for (k, d) in kernels.iter().zip(durations) {
-        let res = gpu.kernel_resources(k, DType::F32, &shape(k, 256, 0)).unwrap();
-        assert_eq!((res.registers_per_thread, res.shared_mem_bytes), (40, 8192), "resources come from the profile");
-        let args = alloc_args(&mut gpu, k, DType::F32, &[]);
-        let p = ptrs(&args);
-        let id = gpu.launch(&request(k, DType::F32, shape(k, 256, 0), &p, s)).unwrap();
-        drain(&mut gpu);
-        let t = span(gpu.trace(), id);
-        assert!(t.abs_diff(d + tail) <= 4, "profiled {d} ns + tail {tail} ns, simulated {t}");
+    // The profile's kernel-by-kernel latency exceeds the kernels' sum: without a tail set by the
+    // description, each launch completes that excess, spread evenly, after its last CTA leaves
+    // (the calibrated completion tail); the H100 SXM's description sets its measured one.
+    let calibrated = (profile.latency_ns - durations.iter().sum::<u64>()) / kernels.len() as u64;
+    assert_eq!(calibrated, 2500);
+    let h100_tail = GpuDesc::h100_sxm().latency.profiled_launch_tail_ns.expect("the H100 SXM's tail is measured");
+    for (fixed, tail) in [(None, calibrated), (Some(h100_tail), h100_tail)] {
+        let mut desc = GpuDesc::h100_sxm();
+        desc.latency.profiled_launch_tail_ns = fixed;
+        let mut gpu = SimGpu::new(desc, exact());
+        assert_eq!(gpu.register_plan(&plan, &profile).unwrap(), 2);
+        assert_eq!(gpu.registered_kernels(), 2);
+        let s = gpu.create_stream(0).unwrap();
+        for (k, d) in kernels.iter().zip(durations) {
+            let res = gpu.kernel_resources(k, DType::F32, &shape(k, 256, 0)).unwrap();
+            assert_eq!((res.registers_per_thread, res.shared_mem_bytes), (40, 8192), "resources come from the profile");
+            let args = alloc_args(&mut gpu, k, DType::F32, &[]);
+            let p = ptrs(&args);
+            let id = gpu.launch(&request(k, DType::F32, shape(k, 256, 0), &p, s)).unwrap();
+            drain(&mut gpu);
+            let t = span(gpu.trace(), id);
+            assert!(t.abs_diff(d + tail) <= 4, "profiled {d} ns + tail {tail} ns, simulated {t}");
+        }
     }
+    let mut gpu = SimGpu::new(GpuDesc::h100_sxm(), exact());
     let mut other = profile.clone();
     other.kernels[1].logical_blocks += 1;
     assert!(gpu.register_plan(&plan, &other).is_err());
