@@ -16,7 +16,8 @@
 #   profile    `kairos profile` of PROFILE_MODELS (mix8's, the rest of paella-mix's, bert_base) into
 #              $WORK/profiles/<gpu key>/ (the layout of data/profiles/, for the simulator)
 #   serve      `kairos bench run SERVE_SPECS` (default mix8:0.5:1:1.5:2:2.5; SERVE_SIGMAS, SERVE_POLICIES;
-#              SERVE_REQUESTS (2000) a point, the threaded engine, traces kept), then each run of
+#              SERVE_REQUESTS (2000) a point, the threaded engine, traces kept; SERVE_ARGS: more options,
+#              e.g. "--models resnet18,resnet50 --arrival lognormal:1.5 --rate 1" for custom), then each run of
 #              SERVE_EXTRA ("NAME|SPECS|POLICIES|SIGMAS|ARGS;...", e.g.
 #              "tenants|mix8:1:1.5|paella,paella:2000|2|--tenant-per-model") into serve-NAME/; then, unless
 #              NO_PEERS=1, scripts/peer_replay.py on the very same traces (PEER_MODES) and
@@ -102,7 +103,8 @@ replay() { # dir with results.json and traces/ [step name suffix]
 }
 if has serve; then
     sout="$OUT/serve"
-    serve_run serve-kairos "$sout" "${SERVE_SPECS:-mix8:0.5:1:1.5:2:2.5}" "${SERVE_POLICIES:-paella,streams}" "${SERVE_SIGMAS:-2}"
+    # shellcheck disable=SC2086
+    serve_run serve-kairos "$sout" "${SERVE_SPECS:-mix8:0.5:1:1.5:2:2.5}" "${SERVE_POLICIES:-paella,streams}" "${SERVE_SIGMAS:-2}" ${SERVE_ARGS:-}
     IFS=';' read -ra extra <<<"${SERVE_EXTRA:-}"
     for e in "${extra[@]}"; do
         [ -n "$e" ] || continue
