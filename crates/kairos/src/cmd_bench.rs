@@ -320,6 +320,10 @@ pub struct RunArgs {
     /// The occupancy gate's headroom B in CTAs (default: the dispatcher's, 132).
     #[arg(long, env = "KAIROS_HEADROOM_CTAS")]
     pub headroom_ctas: Option<u32>,
+    /// At most this many CTAs per launch where the policy leaves the count to the dispatcher
+    /// (default: as many as fit on the GPU).
+    #[arg(long, env = "KAIROS_LAUNCH_CTAS_MAX")]
+    pub launch_ctas_max: Option<u32>,
     /// Issue-ahead per job in µs of estimated GPU time (default: the dispatcher's, 50).
     #[arg(long, env = "KAIROS_LOOKAHEAD_US")]
     pub lookahead_us: Option<u64>,
@@ -735,6 +739,9 @@ fn run_presets(a: RunArgs) -> Result<()> {
         seed: a.seed,
         base: {
             let mut c = kairos_sched::Config::default();
+            if a.launch_ctas_max.is_some() {
+                c.launch_ctas_max = a.launch_ctas_max;
+            }
             if let Some(h) = a.headroom_ctas {
                 c.headroom_ctas = h;
             }

@@ -314,3 +314,45 @@ fn lane_launches_pass_the_gate_only_for_the_room_they_take_over() {
     assert!(view.fits(&k(4, true, 1)), "3 CTAs beyond what the predecessor frees fit in the headroom");
     assert!(!view.fits(&k(32, false, 0)));
 }
+
+/// `Config::launch_ctas_max` caps the CTAs of every launch whose count the policy leaves to the
+/// dispatcher, whole-job or kernel by kernel, and the results do not change (each CTA loops over
+/// more of the kernel's blocks).
+#[test]
+fn launch_ctas_max_caps_every_default_grid() {
+    let seed = seeds(1)[0];
+    eprintln!("launch_ctas_max_caps_every_default_grid: seed {seed}");
+    let k = SyntheticKernel { logical_blocks: 300, threads_per_block: 128, shared_mem_bytes: 0 };
+    let plan = Arc::new(synthetic::layered_plan("m", &[k; 3]));
+    let n = plan.inputs[0].shape[0];
+    let x: Vec<f32> = (0..n).map(|i| (i as f32 - n as f32 / 2.0) / n as f32).collect();
+    let want: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+    for policy in ["streams", "paella"] {
+        for cap in [None, Some(7)] {
+            let gpu = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed, compute: true, ..SimOptions::default() });
+            let cfg = Config {
+                launch_ctas_max: cap,
+                trace_max: 1 << 12,
+                ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
+            };
+            let mut d = VirtualDriver::new(cfg, gpu).unwrap();
+            d.set_checks(true);
+            d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+            for i in 0..3 {
+                d.submit_at(i * 1_000, "m", vec![Tensor::f32(vec![n], x.clone())], RequestOptions::default());
+            }
+            d.run_until_idle().unwrap();
+            let records = d.take_records();
+            assert_eq!(records.len(), 3);
+            for r in &records {
+                r.result.as_ref().unwrap_or_else(|e| panic!("{policy} cap {cap:?}: {e}"));
+                assert_eq!(r.outputs[0].as_f32().unwrap(), &want[..], "{policy} cap {cap:?}");
+            }
+            let most = d.dispatcher().trace().iter().map(|t| t.ctas).max().unwrap();
+            match cap {
+                Some(c) => assert!(most <= c, "{policy}: a launch of {most} CTAs above the cap {c}"),
+                None => assert!(most > 7, "{policy}: without a cap a 300-block launch gets more than 7 CTAs"),
+            }
+        }
+    }
+}

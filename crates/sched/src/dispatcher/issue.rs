@@ -191,7 +191,8 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let l = &m.plan.launches[launch as usize];
         let blocks_left = l.shape.logical_blocks - first_block;
-        let ctas = ctas.unwrap_or(m.capacity_ctas[launch as usize]).clamp(1, blocks_left.max(1));
+        let default_ctas = m.capacity_ctas[launch as usize].min(self.cfg.launch_ctas_max.unwrap_or(u32::MAX));
+        let ctas = ctas.unwrap_or(default_ctas).clamp(1, blocks_left.max(1));
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
         // A job handed whole to a stream needs only each launch's end: its order is the

@@ -88,6 +88,10 @@ pub struct Config {
     /// [`Output::AlmostDone`] once its estimated remaining GPU time is at most this, or when only
     /// its last launch is left, whatever the policy.
     pub wake_lead_ns: u64,
+    /// At most this many CTAs for a launch whose CTA count the policy leaves to the dispatcher
+    /// (`None`: as many as fit on the GPU at once, each looping over the kernel's blocks). A cap
+    /// leaves room for co-running kernels at the price of more blocks per CTA.
+    pub launch_ctas_max: Option<u32>,
     /// Streams in the pool; `None` takes the device's hardware queue count, at least
     /// [`STREAM_COUNT_DEFAULT_MIN`] (streams beyond the hardware queues share them, which costs
     /// kernel-level dispatch nothing: its launches never wait on their own stream).
@@ -127,6 +131,7 @@ impl Default for Config {
             lookahead_launches_max: LOOKAHEAD_LAUNCHES_DEFAULT,
             cta_records: false,
             wake_lead_ns: WAKE_LEAD_NS_DEFAULT,
+            launch_ctas_max: None,
             stream_count: None,
             jobs_max: 4096,
             slots_per_model_max: 64,
