@@ -22,20 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
-if [ "$mode" = build ]; then
-    set -e
-    cargo build --release -p kairos
-    mkdir -p .carry
-    strip -o .carry/kairos target/release/kairos
-    gzip -9f .carry/kairos
-    ls -la .carry
-    # The kernel library as CUBIN for sm_90, so the device does not spend minutes compiling it
-    # (needs libnvrtc here: LD_LIBRARY_PATH at an NVRTC 13 lib folder; skipped with a note otherwise).
-    [ "${KEEP_CUBIN:-0}" = 1 ] || rm -rf .carry-cubin
-    target/release/kairos kernels compile --cache-dir .carry-cubin && gzip -9f .carry-cubin/*.cubin ||
-        echo "note: no CUBIN cache prepared; the device compiles the kernels"
-    exit 0
-fi
+[ "$mode" = build ] && exec scripts/carry-build.sh
 
 OUT=${OUT:-out/device-bench}
 mkdir -p "$OUT"

@@ -34,20 +34,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
-if [ "$mode" = build ]; then
-    set -e
-    cargo build --release -p kairos
-    mkdir -p .carry
-    strip -o .carry/kairos target/release/kairos
-    gzip -9f .carry/kairos
-    if [ "${KEEP_CUBIN:-0}" != 1 ]; then
-        rm -rf .carry-cubin
-        target/release/kairos kernels compile --cache-dir .carry-cubin && gzip -9f .carry-cubin/*.cubin ||
-            echo "note: no CUBIN cache prepared; the device compiles the kernels (minutes)"
-    fi
-    du -sh .carry .carry-cubin
-    exit 0
-fi
+[ "$mode" = build ] && exec scripts/carry-build.sh
 
 FINAL=${OUT:-out/dispatch-bench}
 OUT=${WORK:-/tmp/dispatch-bench}

@@ -22,13 +22,13 @@ use crate::launcher::{Failure, Job, LAUNCH_THREADS_MAX, Launchers};
 use crate::nvrtc::{self, KernelCache, Variant};
 use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_TIMEOUT_NS, Record, RingError};
 use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
+use kairos_gpu::idmap::IdMap;
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape};
 use kairos_kernels::source::{self, ParamBlock};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::Instant;
@@ -157,37 +157,6 @@ struct Entry {
     ctas_per_sm: u32,
 }
 
-/// FxHash-style hashing for the launch path's small keys (launch ids, entry keys): a multiply per
-/// word, against SipHash's tens of nanoseconds. Not for keys an adversary chooses.
-#[derive(Default)]
-pub(crate) struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(w));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(n as u64);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 pub struct CudaGpu {
     /// Launcher threads (None: launches on the caller's thread). Joined first when dropped.
     launchers: Option<Launchers>,
@@ -204,7 +173,7 @@ pub struct CudaGpu {
     host_events: VecDeque<GpuEvent>,
     records: Vec<Record>,
     in_flight: Vec<Option<InFlight>>,
-    slot_of: HashMap<LaunchId, u32, BuildHasherDefault<KeyHasher>>,
+    slot_of: IdMap<LaunchId, u32>,
     spans: VecDeque<(LaunchId, u64)>,
     /// Notification records read, and ring overflows recovered from (for metrics and reports).
     records_read: u64,
@@ -221,7 +190,7 @@ pub struct CudaGpu {
     functions: HashMap<(String, Variant), Arc<FunctionInfo>>,
     /// Per launch shape, what the launch path looks up (entry function, its name, CTAs per SM), so a
     /// launch builds no strings and hashes a small key once.
-    entries: HashMap<(source::EntryKey, u32, u32), Entry, BuildHasherDefault<KeyHasher>>,
+    entries: IdMap<(source::EntryKey, u32, u32), Entry>,
     modules: HashMap<(source::Module, Variant), Arc<Module>>,
     occupancy: HashMap<(String, Variant, u32, u32), u32>,
     /// Most shared memory one CTA may have (static and dynamic, opted in).

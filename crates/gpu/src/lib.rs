@@ -13,6 +13,7 @@
 //! dispatcher uses to account occupancy.
 
 pub mod exec;
+pub mod idmap;
 pub mod profile;
 
 use kairos_ir::DType;

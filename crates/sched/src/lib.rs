@@ -30,7 +30,6 @@ pub mod driver;
 pub mod engine;
 pub mod estimate;
 pub mod experiments;
-mod idmap;
 pub mod occupancy;
 pub mod policy;
 pub mod request;

@@ -409,10 +409,10 @@ pub struct Dispatcher<G: Gpu> {
     free_slots: Vec<u32>,
     generation: u32,
     job_count: usize,
-    by_id: crate::idmap::IdMap<RequestId, JobKey>,
+    by_id: kairos_gpu::idmap::IdMap<RequestId, JobKey>,
     views: Vec<JobView>,
     tenants: Vec<TenantView>,
-    tenant_index: crate::idmap::IdMap<TenantId, usize>,
+    tenant_index: kairos_gpu::idmap::IdMap<TenantId, usize>,
     stream_ids: Vec<StreamId>,
     streams: Vec<StreamView>,
     /// Per stream, when its last launch ended (device clock as events report it): a launch that
@@ -425,7 +425,7 @@ pub struct Dispatcher<G: Gpu> {
     hw_queues: usize,
     blocked_queues: Vec<u32>,
     stream_cursor: usize,
-    in_flight: crate::idmap::IdMap<LaunchId, InFlight>,
+    in_flight: kairos_gpu::idmap::IdMap<LaunchId, InFlight>,
     /// CTAs issued and not yet placed, of launches not waiting behind another on their stream.
     pending_ctas: u64,
     spare_placements: Vec<Vec<(u32, u32)>>,

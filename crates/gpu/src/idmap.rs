@@ -1,7 +1,8 @@
-//! Hash maps keyed by the dispatcher's own small ids (launch ids, request ids, tenants): hashed
-//! with a multiply per word instead of SipHash, which costs tens of nanoseconds per lookup on a
-//! path that does a few lookups per GPU event. The keys are not chosen by an adversary: launch ids
-//! come from the GPU backend, request ids from the engine's counter.
+//! Hash maps keyed by small ids on the launch path (launch ids, request ids, tenants, kernel entry
+//! keys): hashed with a multiply per word instead of SipHash, which costs tens of nanoseconds per
+//! lookup on a path that does a few lookups per launch and per GPU event. The keys are not chosen
+//! by an adversary: launch ids come from the GPU backend, request ids from the engine's counter.
+//! Shared by the dispatcher (kairos-sched) and the CUDA backend.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -23,6 +24,10 @@ impl Hasher for IdHasher {
     }
 
     fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_usize(&mut self, n: usize) {
         self.write_u64(n as u64);
     }
 
