@@ -168,8 +168,14 @@ fn main() {
     // compiles both modules again with the report on (minutes; a verbose image is never cached
     // under the key a server reads).
     let verbose = kairos_cuda::nvrtc::KernelCache { verbose: true, ..gpu.kernel_cache().clone() };
-    let report_modules =
-        if ptxas { vec![kairos_kernels::source::Module::Conv, kairos_kernels::source::Module::Gemm] } else { vec![] };
+    let report_modules = if ptxas {
+        [kairos_kernels::source::Module::Conv, kairos_kernels::source::Module::Gemm]
+            .into_iter()
+            .flat_map(kairos_kernels::source::Unit::of_module)
+            .collect()
+    } else {
+        vec![]
+    };
     for m in report_modules {
         match verbose.image(m, kairos_cuda::Variant::Protocol) {
             Ok(img) => {

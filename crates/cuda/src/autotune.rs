@@ -33,7 +33,7 @@ use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::lower::emit::{SMALL_M_ROWS, smem_for};
 use kairos_ir::plan::{Conv2dParams, GemmParams, Kernel, LaunchShape, Plan};
-use kairos_kernels::source::is_wide_tile;
+use kairos_kernels::source::{Unit, is_wide_tile, unit_of};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -258,6 +258,10 @@ pub struct TuneOptions {
     pub time_budget_ms: u64,
     /// Every candidate's time on stderr, not only the choice (diagnosis: `kernel_speed --tune-log`).
     pub log_candidates: bool,
+    /// Compile every kernel unit the candidates may run before timing (true), or (false: what a
+    /// server's first load wants) time only the candidates whose units are at hand, compile the
+    /// others in the background into the cache, and save nothing (the next load tunes them all).
+    pub compile_all_candidates: bool,
 }
 
 impl Default for TuneOptions {
@@ -269,6 +273,7 @@ impl Default for TuneOptions {
             progress: true,
             time_budget_ms: 60_000,
             log_candidates: false,
+            compile_all_candidates: true,
         }
     }
 }
@@ -289,6 +294,9 @@ pub struct TuneReport {
     pub tuned_kernel_ns: u64,
     pub elapsed_ms: f64,
     pub table_file: Option<PathBuf>,
+    /// Tuned without the candidates of units not yet compiled (`compile_all_candidates` false);
+    /// nothing was saved.
+    pub partial: bool,
 }
 
 fn median(v: &mut [u64]) -> u64 {
@@ -326,7 +334,16 @@ fn describe(kernel: &Kernel, dtype: DType) -> String {
 pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> Result<TuneReport> {
     let t0 = Instant::now();
     let table_file = if opts.use_cache { gpu.kernel_cache().tuning_file(&gpu.info().name, gpu.info().sm_count) } else { None };
-    let mut table = table_file.as_deref().and_then(|p| TuneTable::load(p).ok()).unwrap_or_default();
+    // The table in the cache folder, else one embedded in the binary under the same name.
+    let mut table = table_file
+        .as_deref()
+        .and_then(|p| {
+            TuneTable::load(p).ok().or_else(|| {
+                let bytes = crate::nvrtc::prebuilt(&p.file_name()?.to_string_lossy())?;
+                serde_json::from_slice(&bytes).ok()
+            })
+        })
+        .unwrap_or_default();
     table.device = gpu.info().name.clone();
 
     // Distinct shapes, each with its first launch.
@@ -357,10 +374,46 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
     }
 
     let mut chosen: BTreeMap<String, TuneEntry> = BTreeMap::new();
+    let mut skip: Vec<Unit> = Vec::new();
     if !todo.is_empty() {
+        // Every entry the candidates may run, compiled in parallel up front (not one by one as
+        // the timing meets them).
+        let mut units: Vec<(Unit, crate::Variant)> = Vec::new();
+        for (_, i) in &todo {
+            let l = &plan.launches[*i];
+            units.extend(
+                kairos_kernels::source::tuning_units(&l.kernel, l.dtype).into_iter().map(|u| (u, crate::Variant::Protocol)),
+            );
+        }
+        units.sort();
+        units.dedup();
+        let missing: Vec<(Unit, crate::Variant)> = units.iter().copied().filter(|&(u, v)| !gpu.unit_ready(u, v)).collect();
+        if opts.compile_all_candidates || missing.is_empty() {
+            gpu.prepare_units(&units, &format!("autotuning {}", plan.model))?;
+        } else {
+            // The plan's own units (its launches need them anyway), now; the others' in the
+            // background, for the next load.
+            let own = CudaGpu::plan_units(plan)?;
+            gpu.prepare_units(&own, &plan.model)?;
+            skip = missing.iter().map(|m| m.0).filter(|u| !own.iter().any(|o| o.0 == *u)).collect();
+            if !skip.is_empty() {
+                report.partial = true;
+                let names: Vec<String> = skip.iter().map(|u| u.name()).collect();
+                eprintln!(
+                    "autotune {}: tuning without the candidates of kernel units {} (compiling them in the background for \
+                     the next load; these choices are not saved)",
+                    plan.model,
+                    names.join(", ")
+                );
+                let later: Vec<(Unit, crate::Variant)> = skip.iter().map(|&u| (u, crate::Variant::Protocol)).collect();
+                gpu.compile_in_background(later, format!("autotuning {} later", plan.model));
+            }
+        }
+        // The time budget bounds the timing, not the compilation above.
+        let timing_t0 = Instant::now();
         let inputs: Vec<_> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
         let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
-        let r = time_shapes(gpu, plan, &bufs, &todo, opts, t0, &mut chosen);
+        let r = time_shapes(gpu, plan, &bufs, &todo, opts, timing_t0, &skip, &mut chosen);
         bufs.free(gpu)?;
         r?;
     }
@@ -372,6 +425,7 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
     }
     if let Some(path) = &table_file
         && !chosen.is_empty()
+        && !report.partial
         && let Err(e) = table.save(path)
     {
         eprintln!("autotune: could not save {e} (the next load tunes again)");
@@ -405,6 +459,7 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
     Ok(report)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn time_shapes(
     gpu: &mut CudaGpu,
     plan: &Plan,
@@ -412,12 +467,15 @@ fn time_shapes(
     todo: &[&(String, usize)],
     opts: &TuneOptions,
     t0: Instant,
+    skip: &[Unit],
     chosen: &mut BTreeMap<String, TuneEntry>,
 ) -> Result<()> {
     let stream = gpu.utility_stream()?;
     let whole = gpu.info().partitions[0].sms;
     let mut args = Vec::new();
+    let activity = crate::progress::Activity::begin(format!("autotuning {}: 0/{} shapes", plan.model, todo.len()));
     for (n, (key, i)) in todo.iter().enumerate() {
+        activity.set(format!("autotuning {}: {n}/{} shapes, {:.1} s", plan.model, todo.len(), t0.elapsed().as_secs_f64()));
         if t0.elapsed().as_millis() as u64 > opts.time_budget_ms {
             if opts.progress {
                 eprintln!("autotune: time budget spent; {} shapes keep the plan's tiles", todo.len() - n);
@@ -430,6 +488,9 @@ fn time_shapes(
         let mut own_ns = None;
         for c in candidates(&l.kernel, l.dtype, &l.shape) {
             let kernel = with_tile(&l.kernel, c.tile_m, c.tile_n);
+            if !skip.is_empty() && unit_of(&kernel, l.dtype, c.threads).is_ok_and(|u| skip.contains(&u)) {
+                continue;
+            }
             let shape = LaunchShape {
                 logical_blocks: kernel.logical_blocks(),
                 threads_per_block: c.threads,

@@ -25,8 +25,11 @@ use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBu
 use kairos_gpu::idmap::IdMap;
 use kairos_gpu::*;
 use kairos_ir::DType;
-use kairos_ir::plan::{Kernel, LaunchShape};
+use kairos_ir::plan::{Kernel, LaunchShape, Plan};
 use kairos_kernels::source::{self, ParamBlock};
+
+/// The unit of the runtime helpers and measurement kernels.
+const UTIL: source::Unit = source::Unit { module: source::Module::Util, entry: None };
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -191,7 +194,7 @@ pub struct CudaGpu {
     /// Per launch shape, what the launch path looks up (entry function, its name, CTAs per SM), so a
     /// launch builds no strings and hashes a small key once.
     entries: IdMap<(source::EntryKey, u32, u32), Entry>,
-    modules: HashMap<(source::Module, Variant), Arc<Module>>,
+    modules: HashMap<(source::Unit, Variant), Arc<Module>>,
     occupancy: HashMap<(String, Variant, u32, u32), u32>,
     /// Most shared memory one CTA may have (static and dynamic, opted in).
     smem_optin_bytes: u32,
@@ -241,9 +244,8 @@ impl CudaGpu {
         if ordinal as i32 >= count {
             return Err(GpuError::NoDevice(format!("GPU {ordinal} asked for, {count} present")));
         }
-        if !nvrtc::is_present() {
-            return Err(GpuError::NoDevice("NVRTC (libnvrtc) is not installed: kairos compiles its kernels at run time".into()));
-        }
+        // Without NVRTC the GPU still opens: the cache folder and the images embedded in the
+        // binary may hold every unit; a unit found nowhere is then a clear compile error.
         let dev = driver::device_get(ordinal as i32).map_err(drv)?;
         let attr = |a| driver::device_attribute(dev, a).map_err(drv);
         let (major, minor) =
@@ -449,7 +451,7 @@ impl CudaGpu {
     /// Runs the SM probe on `stream` (a green-context stream) or the helper stream: which SMs a
     /// wide grid of spinning CTAs lands on.
     fn probe_sms(&mut self, stream: Option<&Stream>) -> Result<SmMask> {
-        let f = self.function_by_name("kairos_smmap", source::Module::Util, Variant::Protocol)?;
+        let f = self.function_by_name("kairos_smmap", UTIL, Variant::Protocol)?;
         let bitmap = DeviceBuffer::new((source::SM_COUNT_MAX / 8) as u64).map_err(drv)?;
         bitmap.fill(0).map_err(drv)?;
         let stream = stream.unwrap_or(&self.helper_stream);
@@ -467,7 +469,7 @@ impl CudaGpu {
     /// Maps device time to host time: the largest (device - host) seen when the host observes a
     /// fresh %globaltimer value is the offset with the least delay in it.
     fn calibrate_clock(&mut self) -> Result<()> {
-        let f = self.function_by_name("kairos_clock", source::Module::Util, Variant::Protocol)?;
+        let f = self.function_by_name("kairos_clock", UTIL, Variant::Protocol)?;
         let cell = MappedBuffer::new(16).map_err(drv)?;
         let ptr = cell.dev_ptr().to_le_bytes();
         let mut best = i64::MIN;
@@ -524,22 +526,61 @@ impl CudaGpu {
         Ok(())
     }
 
-    fn module(&mut self, m: source::Module, v: Variant) -> Result<Arc<Module>> {
-        if let Some(x) = self.modules.get(&(m, v)) {
+    fn module(&mut self, u: source::Unit, v: Variant) -> Result<Arc<Module>> {
+        if let Some(x) = self.modules.get(&(u, v)) {
             return Ok(Arc::clone(x));
         }
-        let image = self.cache.image(m, v).map_err(|log| GpuError::Compile { kernel: format!("module {}", m.name()), log })?;
-        let module = Module::load(&image.bytes).map_err(drv)?;
-        self.modules.insert((m, v), Arc::clone(&module));
-        Ok(module)
+        self.prepare_units(&[(u, v)], &format!("kernel unit {}", u.name()))?;
+        Ok(Arc::clone(&self.modules[&(u, v)]))
     }
 
-    fn function_by_name(&mut self, name: &str, m: source::Module, v: Variant) -> Result<Arc<FunctionInfo>> {
+    /// Loads a unit's image; one from the cache or the binary that the driver refuses (made by a
+    /// newer toolkit than the driver, or damaged) is compiled again here, replacing the cached file.
+    fn load_unit(&mut self, u: source::Unit, v: Variant, image: nvrtc::Image) -> Result<()> {
+        let compile_err = |log: String| GpuError::Compile { kernel: format!("kernel unit {}", u.name()), log };
+        let module = match Module::load(&image.bytes) {
+            Ok(m) => m,
+            Err(e) if image.from_cache() && nvrtc::is_present() => {
+                eprintln!(
+                    "kairos: the driver refused the {:?} image of kernel unit {} ({e}); compiling it here",
+                    image.origin,
+                    u.name()
+                );
+                let fresh = self.cache.image_forced(u, v).map_err(compile_err)?;
+                Module::load(&fresh.bytes).map_err(drv)?
+            }
+            Err(e) => return Err(drv(e)),
+        };
+        self.modules.insert((u, v), module);
+        Ok(())
+    }
+
+    /// Makes the given units ready: those neither loaded nor at hand (cache folder, embedded
+    /// images) are compiled in parallel on every core (`KAIROS_COMPILE_JOBS`), with progress on
+    /// stderr naming `what` they are for; returns the milliseconds it took.
+    pub fn prepare_units(&mut self, units: &[(source::Unit, Variant)], what: &str) -> Result<f64> {
+        self.bind()?;
+        let t = Instant::now();
+        let mut jobs: Vec<(source::Unit, Variant)> = units.iter().copied().filter(|k| !self.modules.contains_key(k)).collect();
+        jobs.sort();
+        jobs.dedup();
+        if jobs.is_empty() {
+            return Ok(0.0);
+        }
+        let images = self.cache.images(&jobs, nvrtc::compile_workers(), what);
+        for ((u, v), image) in jobs.into_iter().zip(images) {
+            let image = image.map_err(|log| GpuError::Compile { kernel: format!("kernel unit {}", u.name()), log })?;
+            self.load_unit(u, v, image)?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    fn function_by_name(&mut self, name: &str, u: source::Unit, v: Variant) -> Result<Arc<FunctionInfo>> {
         if let Some(f) = self.functions.get(&(name.to_string(), v)) {
             return Ok(Arc::clone(f));
         }
         self.bind()?;
-        let module = self.module(m, v)?;
+        let module = self.module(u, v)?;
         let f = module.function(name).map_err(drv)?;
         let static_smem_bytes = f.static_shared_bytes().map_err(drv)?;
         // Let launches ask for dynamic shared memory up to the library's limit (the driver's
@@ -563,7 +604,8 @@ impl CudaGpu {
 
     fn kernel_function(&mut self, kernel: &Kernel, dtype: DType, threads: u32, v: Variant) -> Result<Arc<FunctionInfo>> {
         let name = source::function_name(kernel, dtype, threads).map_err(GpuError::Invalid)?;
-        self.function_by_name(&name, source::module_of(kernel), v)
+        let unit = source::unit_of(kernel, dtype, threads).map_err(GpuError::Invalid)?;
+        self.function_by_name(&name, unit, v)
     }
 
     fn occupancy_of(&mut self, name: &str, f: &FunctionInfo, v: Variant, threads: u32, dyn_smem_bytes: u32) -> Result<u32> {
@@ -580,27 +622,42 @@ impl CudaGpu {
         &self.cache
     }
 
-    /// Compiles (or loads from the disk cache) every module of the library in the given
-    /// variants, compiling in parallel threads; returns the milliseconds it took.
-    pub fn prepare(&mut self, variants: &[Variant]) -> Result<f64> {
-        self.bind()?;
-        let t = Instant::now();
-        let jobs: Vec<(source::Module, Variant)> = variants
-            .iter()
-            .flat_map(|&v| source::Module::ALL.into_iter().map(move |m| (m, v)))
-            .filter(|k| !self.modules.contains_key(k))
-            .collect();
-        let cache = &self.cache;
-        let images: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = jobs.iter().map(|&(m, v)| s.spawn(move || (m, v, cache.image(m, v)))).collect();
-            handles.into_iter().map(|h| h.join().expect("an NVRTC compile thread panicked")).collect()
+    /// Whether a unit is loaded or its image at hand without compiling.
+    pub fn unit_ready(&self, u: source::Unit, v: Variant) -> bool {
+        self.modules.contains_key(&(u, v)) || self.cache.is_ready(u, v)
+    }
+
+    /// Compiles units into the cache folder on a background thread (every core, progress on
+    /// stderr); a later `prepare_units` finds them there, or waits for a unit still compiling
+    /// instead of compiling it twice. Errors are reported on stderr only.
+    pub fn compile_in_background(&self, units: Vec<(source::Unit, Variant)>, what: String) {
+        let cache = self.cache.clone();
+        let spawned = std::thread::Builder::new().name("kairos-nvrtc".into()).spawn(move || {
+            let _ = cache.images(&units, nvrtc::compile_workers(), &what);
         });
-        for (m, v, image) in images {
-            let image = image.map_err(|log| GpuError::Compile { kernel: format!("module {}", m.name()), log })?;
-            let module = Module::load(&image.bytes).map_err(drv)?;
-            self.modules.insert((m, v), module);
+        if let Err(e) = spawned {
+            eprintln!("kairos: cannot start a background compilation ({e}); the units compile on first use");
         }
-        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// Makes every unit of the library ready in the given variants (see [`CudaGpu::prepare_units`]);
+    /// returns the milliseconds it took.
+    pub fn prepare(&mut self, variants: &[Variant]) -> Result<f64> {
+        let jobs: Vec<(source::Unit, Variant)> =
+            variants.iter().flat_map(|&v| source::Unit::all().into_iter().map(move |u| (u, v))).collect();
+        self.prepare_units(&jobs, "the kernel library")
+    }
+
+    /// The units a plan launches (protocol build), at its launch shapes.
+    pub fn plan_units(plan: &Plan) -> Result<Vec<(source::Unit, Variant)>> {
+        let mut units = Vec::new();
+        for l in &plan.launches {
+            let u = source::unit_of(&l.kernel, l.dtype, l.shape.threads_per_block).map_err(GpuError::Invalid)?;
+            units.push((u, Variant::Protocol));
+        }
+        units.sort();
+        units.dedup();
+        Ok(units)
     }
 
     fn stream_for(&mut self, id: StreamId, partition: u32) -> Result<&Stream> {
@@ -922,7 +979,7 @@ impl CudaGpu {
     /// The `kairos_spin` helper: `blocks` logical blocks of `ns_per_block` each, counting every
     /// execution of block b in `counts[b]` (u32).
     pub fn launch_spin(&mut self, counts: DevicePtr, blocks: u32, ns_per_block: u64, o: &LaunchOptions) -> Result<LaunchId> {
-        let f = self.function_by_name("kairos_spin", source::Module::Util, Variant::Protocol)?;
+        let f = self.function_by_name("kairos_spin", UTIL, Variant::Protocol)?;
         let mut args = ParamBlock::default();
         args.u64(counts.0);
         args.u64(ns_per_block);
@@ -932,7 +989,7 @@ impl CudaGpu {
 
     /// The `kairos_noop` helper: `blocks` empty logical blocks under the protocol.
     pub fn launch_noop(&mut self, blocks: u32, threads: u32, o: &LaunchOptions) -> Result<LaunchId> {
-        let f = self.function_by_name("kairos_noop", source::Module::Util, Variant::Protocol)?;
+        let f = self.function_by_name("kairos_noop", UTIL, Variant::Protocol)?;
         self.launch_inner("kairos_noop", &f, None, blocks, threads, 0, o, Variant::Protocol)
     }
 
@@ -940,7 +997,7 @@ impl CudaGpu {
     /// Returns when it has been issued.
     pub fn launch_empty(&mut self, ctas: u32, threads: u32, stream: StreamId) -> Result<()> {
         self.flush_launches();
-        let f = self.function_by_name("kairos_empty", source::Module::Util, Variant::Protocol)?;
+        let f = self.function_by_name("kairos_empty", UTIL, Variant::Protocol)?;
         let s = self.stream_for(stream, 0)?;
         // SAFETY: kairos_empty takes no parameters.
         unsafe { f.f.launch(ctas, threads, 0, s, &[]) }.map_err(drv)
@@ -1372,6 +1429,11 @@ impl Gpu for CudaGpu {
         self.retired_gate_words.push((st.gate_word, st.last_launch));
         self.streams_destroyed += 1;
         Ok(())
+    }
+
+    fn prepare_plan(&mut self, plan: &kairos_ir::plan::Plan) -> Result<()> {
+        let units = Self::plan_units(plan)?;
+        self.prepare_units(&units, &plan.model).map(|_| ())
     }
 
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {

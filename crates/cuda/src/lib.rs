@@ -5,7 +5,10 @@
 //! call, `unsafe` where the caller must uphold a contract) -> [`safe`] (owning RAII types) ->
 //! [`CudaGpu`] (the `Gpu` implementation). All unsafe code of kairos lives in this crate.
 //!
-//! - [`nvrtc`]: compiles `kairos_kernels::source` to CUBIN for the device with an on-disk cache.
+//! - [`nvrtc`]: compiles `kairos_kernels::source` to CUBIN for the device, unit by unit in
+//!   parallel, with an on-disk cache and images embedded at build time.
+//! - [`progress`]: progress of compilation and autotuning on stderr, and the activity line a
+//!   server reports while it is not ready.
 //! - [`protocol`]: the host side of the kernel protocol (launch slots, preempt flags in mapped
 //!   pinned memory, the notification ring).
 //! - [`profile`]: `kairos profile` (per-kernel durations, resources, KRISP's min SMs).
@@ -25,6 +28,7 @@ pub mod hostmap;
 pub mod launcher;
 pub mod nvrtc;
 pub mod profile;
+pub mod progress;
 pub mod protocol;
 pub mod safe;
 pub mod suite;

@@ -1,19 +1,33 @@
-//! NVRTC: compiling the kernel library for the device, with an on-disk cache.
+//! NVRTC: compiling the kernel library for the device, with an on-disk cache and prebuilt images.
 //!
-//! Each [`Module`] of `kairos_kernels::source` is compiled on first use to CUBIN for the device's
-//! own architecture (`sm_90` on H100/H200); only when this NVRTC cannot target the device does it
-//! fall back to PTX for the newest architecture it knows, which the driver then JIT-compiles.
-//! Images are cached under `$KAIROS_CACHE_DIR` (default `~/.cache/kairos/cubin`), keyed by a hash
-//! of the module's source and headers, the compile options, the target and the NVRTC version (and,
-//! for PTX, the driver version that JIT-compiles it): editing a kernel, changing options or
-//! upgrading NVRTC misses the cache, anything else hits it. CUBIN images do not depend on the
-//! driver, so `kairos kernels compile` can fill the cache ahead of time on a machine without a GPU.
-//! A failed compilation reports NVRTC's log.
+//! The library is compiled in [`Unit`]s (`kairos_kernels::source`): the small modules whole, the
+//! two tensor-core modules one entry kind per unit, so the units compile in parallel on every core
+//! and a model compiles only the units its plan launches ([`KernelCache::images`]). Each unit is
+//! compiled to CUBIN for the device's own architecture (`sm_90` on H100/H200); only when this
+//! NVRTC cannot target the device does it fall back to PTX for the newest architecture it knows,
+//! which the driver then JIT-compiles.
+//!
+//! Where an image comes from, first hit wins: the cache folder (`$KAIROS_CACHE_DIR`, default
+//! `~/.cache/kairos/cubin`), then the images embedded in the binary at build time
+//! ([`register_prebuilt`]; `scripts/build-release.sh`), then NVRTC. The file name is the key: a
+//! hash of the unit's source and headers, the compile options (the unit's entry selection among
+//! them) and the target. A CUBIN is machine code for its architecture and depends on nothing
+//! else, so its key names neither the driver nor the NVRTC that made it (a cache filled by
+//! `kairos kernels compile` on a machine without a GPU, or embedded in the binary, serves any
+//! machine of that architecture); should a driver refuse an image (one from a newer toolkit than
+//! the driver), the GPU recompiles it with its own NVRTC ([`KernelCache::image_forced`]). PTX is
+//! JIT-compiled by the driver, so its key names the driver and NVRTC versions. Writes are atomic
+//! (a temporary file renamed into place), so processes sharing a folder never read half an image
+//! and two writers of one key write the same bytes. A failed compilation reports NVRTC's log.
 
+use crate::progress::CompileProgress;
 use cudarc::nvrtc::sys;
-use kairos_kernels::source::{HEADERS, Module};
+use kairos_kernels::source::{HEADERS, Module, Unit};
 use std::ffi::{CString, c_char};
+use std::io::Read;
 use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// How a module's kernels are built.
@@ -25,22 +39,82 @@ pub enum Variant {
     Plain,
 }
 
-/// A compiled module image.
+/// Where an image came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled by NVRTC now.
+    Compiled,
+    /// Read from the cache folder.
+    Cache,
+    /// Embedded in the binary at build time.
+    Prebuilt,
+}
+
+/// A compiled unit image.
 #[derive(Clone, Debug)]
 pub struct Image {
     /// CUBIN, or NUL-terminated PTX when `cubin` is false.
     pub bytes: Vec<u8>,
     pub cubin: bool,
-    /// NVRTC's log (ptxas resource lines when compiled with `verbose`); empty from the cache.
+    /// NVRTC's log (ptxas resource lines when compiled with `verbose`); empty unless compiled now.
     pub log: String,
-    pub from_cache: bool,
+    pub origin: Origin,
     pub compile_ms: f64,
+}
+
+impl Image {
+    pub fn from_cache(&self) -> bool {
+        self.origin != Origin::Compiled
+    }
 }
 
 /// Whether libnvrtc can be loaded.
 pub fn is_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries to open the library by its candidate names.
-    unsafe { sys::is_culib_present() }
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Files embedded in the binary (unit images, autotuning tables): (cache file name, bytes; gzip
+/// when the name ends in `.gz`).
+static PREBUILT: OnceLock<&'static [(&'static str, &'static [u8])]> = OnceLock::new();
+
+/// Registers the images a binary embeds (the `kairos` binary's build script embeds the folder
+/// `KAIROS_PREBUILT_KERNELS` names). Once per process; later calls are ignored.
+pub fn register_prebuilt(images: &'static [(&'static str, &'static [u8])]) {
+    let _ = PREBUILT.set(images);
+}
+
+/// The names of the embedded images.
+pub fn prebuilt_names() -> Vec<&'static str> {
+    PREBUILT.get().map(|v| v.iter().map(|(n, _)| *n).collect()).unwrap_or_default()
+}
+
+/// An embedded file (image or autotuning table) by its cache file name, decompressed.
+pub(crate) fn prebuilt(file: &str) -> Option<Vec<u8>> {
+    let images = PREBUILT.get()?;
+    if let Some((_, bytes)) = images.iter().find(|(n, _)| *n == file) {
+        return Some(bytes.to_vec());
+    }
+    let gz = format!("{file}.gz");
+    let (_, bytes) = images.iter().find(|(n, _)| *n == gz)?;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(*bytes).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// Reads an image of the cache folder (`file`, or `file.gz` as `kairos kernels compile --gzip`
+/// writes for shipping).
+fn cached(dir: &std::path::Path, file: &str) -> Option<Vec<u8>> {
+    if let Ok(bytes) = std::fs::read(dir.join(file))
+        && !bytes.is_empty()
+    {
+        return Some(bytes);
+    }
+    let gz = std::fs::read(dir.join(format!("{file}.gz"))).ok()?;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut out).ok()?;
+    (!out.is_empty()).then_some(out)
 }
 
 fn nvrtc_check(call: &str, r: sys::nvrtcResult) -> Result<(), String> {
@@ -185,8 +259,12 @@ impl KernelCache {
     }
 
     /// The NVRTC target: CUBIN for the device when NVRTC supports its architecture, else PTX for
-    /// the newest architecture not above it.
+    /// the newest architecture not above it. Without NVRTC: CUBIN for the device (the cache and
+    /// the embedded images may hold it; compiling then fails with a clear error).
     pub fn target(&self) -> Result<(u32, bool), String> {
+        if !is_present() {
+            return Ok((self.arch, true));
+        }
         let archs = supported_archs()?;
         if archs.contains(&(self.arch as i32)) {
             return Ok((self.arch, true));
@@ -199,88 +277,230 @@ impl KernelCache {
             .ok_or_else(|| format!("NVRTC supports none of the architectures up to sm_{}", self.arch))
     }
 
-    pub fn options(&self, target: u32, cubin: bool, variant: Variant) -> Vec<String> {
+    /// NVRTC's options for a unit (its entry selection included).
+    pub fn options(&self, unit: Unit, target: u32, cubin: bool, variant: Variant) -> Vec<String> {
         let mut o =
             vec![format!("--gpu-architecture={}_{target}", if cubin { "sm" } else { "compute" }), "--std=c++17".to_string()];
         if variant == Variant::Plain {
             o.push("-DKAIROS_PROTOCOL_OFF".to_string());
         }
+        o.extend(unit.define());
         if self.verbose {
             o.push("--ptxas-options=-v".to_string());
         }
         o
     }
 
-    /// Where the autotuner keeps its choices for this device: next to the CUBIN images, keyed like
-    /// them by the sources of the tuned kernels (conv and gemm modules and every header), the
-    /// target, the driver and NVRTC versions, plus the device's name and SM count (an H100 and an
-    /// H200 share sm_90 but not their best tiles). None without a cache folder.
+    /// Where the autotuner keeps its choices for this device: next to the CUBIN images, keyed by
+    /// the sources of the tuned kernels (conv and gemm modules and every header), the target, the
+    /// driver and NVRTC versions, plus the device's name and SM count (an H100 and an H200 share
+    /// sm_90 but not their best tiles). None without a cache folder.
     pub fn tuning_file(&self, device_name: &str, sm_count: u32) -> Option<PathBuf> {
         let dir = self.dir.as_ref()?;
         let (target, cubin) = self.target().ok()?;
-        let nvrtc = version().ok()?;
         let mut parts: Vec<&[u8]> = vec![Module::Conv.source().as_bytes(), Module::Gemm.source().as_bytes()];
         for h in HEADERS.iter() {
             parts.push(h.0.as_bytes());
             parts.push(h.1.as_bytes());
         }
-        let opt_text = self.options(target, cubin, Variant::Protocol).join(" ");
-        let versions =
-            format!("driver {} nvrtc {}.{} device {device_name} sms {sm_count}", self.driver_version, nvrtc.0, nvrtc.1);
+        let opt_text = self.options(Unit { module: Module::Gemm, entry: None }, target, cubin, Variant::Protocol).join(" ");
+        // Like the CUBIN keys: the machine code, and so the timings, depend on the sources, the
+        // options and the target, not on the driver or the NVRTC that compiled them; a table made
+        // on one H100 SXM serves every other (and can be shipped or embedded like the images).
+        let versions = if cubin {
+            format!("device {device_name} sms {sm_count}")
+        } else {
+            let nvrtc = version().ok()?;
+            format!("driver {} nvrtc {}.{} device {device_name} sms {sm_count}", self.driver_version, nvrtc.0, nvrtc.1)
+        };
         parts.push(opt_text.as_bytes());
         parts.push(versions.as_bytes());
         Some(dir.join(format!("autotune-sm{target}-{}.json", content_hash(&parts))))
     }
 
-    /// The cache file name of a module's image for `target` (CUBIN or PTX) under NVRTC `nvrtc`.
-    pub fn image_file(&self, module: Module, variant: Variant, target: u32, cubin: bool, nvrtc: (i32, i32)) -> String {
-        let options = self.options(target, cubin, variant);
-        let mut parts: Vec<&[u8]> = vec![module.source().as_bytes()];
+    /// The cache file name of a unit's image for `target` (CUBIN or PTX); `nvrtc` enters only PTX
+    /// keys (see the module doc).
+    pub fn image_file(&self, unit: Unit, variant: Variant, target: u32, cubin: bool, nvrtc: (i32, i32)) -> String {
+        let options = self.options(unit, target, cubin, variant);
+        let mut parts: Vec<&[u8]> = vec![unit.module.source().as_bytes()];
         for h in HEADERS.iter() {
             parts.push(h.0.as_bytes());
             parts.push(h.1.as_bytes());
         }
         let opt_text = options.join(" ");
-        // A CUBIN is machine code for its architecture: any driver that runs sm_XX loads it, so
-        // its key leaves the driver out (`kairos kernels compile` fills the cache on a machine
-        // without a GPU). PTX is JIT-compiled by the driver, so its key names the driver.
-        let versions = if cubin {
-            format!("nvrtc {}.{}", nvrtc.0, nvrtc.1)
-        } else {
-            format!("driver {} nvrtc {}.{}", self.driver_version, nvrtc.0, nvrtc.1)
-        };
+        let versions =
+            if cubin { "cubin".to_string() } else { format!("driver {} nvrtc {}.{}", self.driver_version, nvrtc.0, nvrtc.1) };
         parts.push(opt_text.as_bytes());
         parts.push(versions.as_bytes());
         let key = content_hash(&parts);
         let variant_name = if variant == Variant::Plain { "plain" } else { "proto" };
-        format!("{}-{variant_name}-sm{target}-{key}.{}", module.name(), if cubin { "cubin" } else { "ptx" })
+        format!("{}-{variant_name}-sm{target}-{key}.{}", unit.name(), if cubin { "cubin" } else { "ptx" })
     }
 
-    /// A module's image: from the cache when present, else compiled (and cached).
-    pub fn image(&self, module: Module, variant: Variant) -> Result<Image, String> {
+    /// The cache file name of a unit's image for this device and this NVRTC.
+    pub fn file_of(&self, unit: Unit, variant: Variant) -> Result<String, String> {
         let (target, cubin) = self.target()?;
-        let options = self.options(target, cubin, variant);
-        let file = self.image_file(module, variant, target, cubin, version()?);
-        if !self.verbose
-            && let Some(dir) = &self.dir
-            && let Ok(bytes) = std::fs::read(dir.join(&file))
-            && !bytes.is_empty()
-        {
-            return Ok(Image { bytes, cubin, log: String::new(), from_cache: true, compile_ms: 0.0 });
+        let nvrtc = if cubin { (0, 0) } else { version()? };
+        Ok(self.image_file(unit, variant, target, cubin, nvrtc))
+    }
+
+    /// Whether a unit's image is at hand without compiling (cache folder or embedded).
+    pub fn is_ready(&self, unit: Unit, variant: Variant) -> bool {
+        let Ok(file) = self.file_of(unit, variant) else { return false };
+        if self.verbose {
+            return false;
         }
-        let t = Instant::now();
-        let (bytes, log) = compile(&format!("{}.cu", module.name()), module.source(), &HEADERS, &options, cubin)?;
-        let compile_ms = t.elapsed().as_secs_f64() * 1e3;
-        if let Some(dir) = &self.dir {
-            // Write then rename, so a concurrent reader never sees half a file; a failure only
-            // costs the next run a compilation.
-            let tmp = dir.join(format!("{file}.{}.tmp", std::process::id()));
-            if std::fs::write(&tmp, &bytes).is_ok() {
-                let _ = std::fs::rename(&tmp, dir.join(&file));
+        self.dir.as_ref().is_some_and(|d| d.join(&file).is_file() || d.join(format!("{file}.gz")).is_file())
+            || prebuilt_names().iter().any(|n| *n == file || n.strip_suffix(".gz") == Some(file.as_str()))
+    }
+
+    /// A unit's image: from the cache folder or the embedded images when present, else compiled
+    /// (and cached).
+    pub fn image(&self, unit: Unit, variant: Variant) -> Result<Image, String> {
+        let (target, cubin) = self.target()?;
+        let file = self.file_of(unit, variant)?;
+        if !self.verbose {
+            if let Some(bytes) = self.dir.as_ref().and_then(|d| cached(d, &file)) {
+                return Ok(Image { bytes, cubin, log: String::new(), origin: Origin::Cache, compile_ms: 0.0 });
+            }
+            if let Some(bytes) = prebuilt(&file) {
+                return Ok(Image { bytes, cubin, log: String::new(), origin: Origin::Prebuilt, compile_ms: 0.0 });
             }
         }
-        Ok(Image { bytes, cubin, log, from_cache: false, compile_ms })
+        self.compile_unit(unit, variant, target, cubin, &file)
     }
+
+    /// A unit's image compiled now by this NVRTC, replacing the cached one (for an image the
+    /// driver refused).
+    pub fn image_forced(&self, unit: Unit, variant: Variant) -> Result<Image, String> {
+        let (target, cubin) = self.target()?;
+        let file = self.file_of(unit, variant)?;
+        self.compile_unit(unit, variant, target, cubin, &file)
+    }
+
+    fn compile_unit(&self, unit: Unit, variant: Variant, target: u32, cubin: bool, file: &str) -> Result<Image, String> {
+        if !is_present() {
+            return Err(format!(
+                "kernel unit {} is neither in the cache ({}) nor embedded in this binary, and libnvrtc cannot be loaded to \
+                 compile it: install NVRTC (`pip install nvidia-cuda-nvrtc`, LD_LIBRARY_PATH at its lib folder), fill the \
+                 cache elsewhere with `kairos kernels compile --arch {}`, or use a binary built by scripts/build-release.sh",
+                unit.name(),
+                self.dir.as_ref().map_or("none".to_string(), |d| d.display().to_string()),
+                self.arch
+            ));
+        }
+        // One compilation per image and process: a second caller waits for the first and reads
+        // its result from the cache folder.
+        let _claim = match &self.dir {
+            Some(dir) if !self.verbose => match Claim::take(dir.join(file)) {
+                Some(c) => Some(c),
+                None => {
+                    if let Some(bytes) = cached(dir, file) {
+                        return Ok(Image { bytes, cubin, log: String::new(), origin: Origin::Cache, compile_ms: 0.0 });
+                    }
+                    Claim::take(dir.join(file))
+                }
+            },
+            _ => None,
+        };
+        let options = self.options(unit, target, cubin, variant);
+        let t = Instant::now();
+        let (bytes, log) = compile(&format!("{}.cu", unit.module.name()), unit.module.source(), &HEADERS, &options, cubin)?;
+        let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+        if let Some(dir) = &self.dir
+            && !self.verbose
+        {
+            // Write then rename, so a concurrent reader never sees half a file; a failure only
+            // costs the next run a compilation.
+            static SEQ: AtomicUsize = AtomicUsize::new(0);
+            let tmp = dir.join(format!("{file}.{}-{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+            if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, dir.join(file)).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        Ok(Image { bytes, cubin, log, origin: Origin::Compiled, compile_ms })
+    }
+
+    /// The images of several units, those not at hand compiled in parallel on up to `workers`
+    /// threads, with progress on stderr when anything is compiled. Results in the order asked.
+    pub fn images(&self, jobs: &[(Unit, Variant)], workers: usize, what: &str) -> Vec<Result<Image, String>> {
+        let (ready, todo): (Vec<usize>, Vec<usize>) = (0..jobs.len()).partition(|&i| self.is_ready(jobs[i].0, jobs[i].1));
+        let mut out: Vec<Option<Result<Image, String>>> = (0..jobs.len()).map(|_| None).collect();
+        for i in ready {
+            out[i] = Some(self.image(jobs[i].0, jobs[i].1));
+        }
+        if !todo.is_empty() {
+            let names: Vec<String> = todo.iter().map(|&i| jobs[i].0.name()).collect();
+            let progress = CompileProgress::start(what, self.arch, &names, workers.clamp(1, todo.len()));
+            let next = AtomicUsize::new(0);
+            let done: Vec<(usize, Result<Image, String>)> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..workers.clamp(1, todo.len()))
+                    .map(|_| {
+                        s.spawn(|| {
+                            let mut mine = Vec::new();
+                            loop {
+                                let k = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(&i) = todo.get(k) else { break };
+                                let (unit, variant) = jobs[i];
+                                progress.begin(k);
+                                let r = self.image(unit, variant);
+                                progress.end(k, r.as_ref().map(|img| img.compile_ms).map_err(|_| ()));
+                                mine.push((i, r));
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                handles.into_iter().flat_map(|h| h.join().expect("an NVRTC compile thread panicked")).collect()
+            });
+            progress.finish();
+            for (i, r) in done {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter().map(|r| r.expect("every job has a result")).collect()
+    }
+}
+
+/// The images being compiled in this process (their cache paths).
+static IN_FLIGHT: (std::sync::Mutex<Vec<PathBuf>>, std::sync::Condvar) =
+    (std::sync::Mutex::new(Vec::new()), std::sync::Condvar::new());
+
+/// The right to compile one image in this process, released (and waiters woken) on drop.
+struct Claim(PathBuf);
+
+impl Claim {
+    /// Claims `path`; when another thread holds it, waits until it is released and returns None
+    /// (the image should then be in the cache folder).
+    fn take(path: PathBuf) -> Option<Claim> {
+        let (lock, cv) = &IN_FLIGHT;
+        let mut v = lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !v.contains(&path) {
+            v.push(path.clone());
+            return Some(Claim(path));
+        }
+        while v.contains(&path) {
+            v = cv.wait(v).unwrap_or_else(|e| e.into_inner());
+        }
+        None
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let (lock, cv) = &IN_FLIGHT;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| p != &self.0);
+        cv.notify_all();
+    }
+}
+
+/// Threads for parallel compilation: `$KAIROS_COMPILE_JOBS`, else every core.
+pub fn compile_workers() -> usize {
+    std::env::var("KAIROS_COMPILE_JOBS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
 }
 
 /// ptxas' resource report of one function, parsed from a verbose compile log.
@@ -337,18 +557,100 @@ mod tests {
     }
 
     #[test]
-    fn cubin_keys_leave_the_driver_out_and_ptx_keys_do_not() {
+    fn cubin_keys_leave_driver_and_nvrtc_out_and_ptx_keys_do_not() {
+        use kairos_kernels::source::EntryKind;
         let at = |driver_version| KernelCache { dir: None, arch: 90, driver_version, verbose: false };
         let (a, b) = (at(12080), at(13000));
-        let file = |c: &KernelCache, cubin| c.image_file(Module::Gemm, Variant::Protocol, 90, cubin, (13, 0));
+        let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16w) };
+        let file = |c: &KernelCache, cubin| c.image_file(gemm_w, Variant::Protocol, 90, cubin, (13, 0));
         assert_eq!(file(&a, true), file(&b, true), "a CUBIN loads on any driver for its architecture");
+        assert_eq!(file(&a, true), a.image_file(gemm_w, Variant::Protocol, 90, true, (12, 8)), "nor does NVRTC matter");
         assert_ne!(file(&a, false), file(&b, false), "PTX is JIT-compiled by the driver");
-        assert!(file(&a, true).starts_with("gemm-proto-sm90-") && file(&a, true).ends_with(".cubin"));
+        assert_ne!(file(&a, false), a.image_file(gemm_w, Variant::Protocol, 90, false, (12, 8)), "and by that NVRTC's PTX");
+        assert!(file(&a, true).starts_with("gemm_f16w-proto-sm90-") && file(&a, true).ends_with(".cubin"));
         let other = |f: &dyn Fn(&KernelCache) -> String| assert_ne!(file(&a, true), f(&a));
-        other(&|c| c.image_file(Module::Gemm, Variant::Protocol, 90, true, (13, 1)));
-        other(&|c| c.image_file(Module::Gemm, Variant::Plain, 90, true, (13, 0)));
-        other(&|c| c.image_file(Module::Gemm, Variant::Protocol, 100, true, (13, 0)));
-        other(&|c| c.image_file(Module::Conv, Variant::Protocol, 90, true, (13, 0)));
+        other(&|c| c.image_file(gemm_w, Variant::Plain, 90, true, (13, 0)));
+        other(&|c| c.image_file(gemm_w, Variant::Protocol, 100, true, (13, 0)));
+        other(&|c| {
+            c.image_file(Unit { module: Module::Gemm, entry: Some(EntryKind::F16) }, Variant::Protocol, 90, true, (13, 0))
+        });
+        other(&|c| {
+            c.image_file(Unit { module: Module::Conv, entry: Some(EntryKind::F16w) }, Variant::Protocol, 90, true, (13, 0))
+        });
+        // Every unit has its own file.
+        let names: std::collections::HashSet<String> =
+            Unit::all().into_iter().map(|u| a.image_file(u, Variant::Protocol, 90, true, (13, 0))).collect();
+        assert_eq!(names.len(), Unit::all().len());
+    }
+
+    #[test]
+    fn a_claimed_image_makes_the_second_caller_wait() {
+        let path = std::env::temp_dir().join(format!("kairos-claim-{}.cubin", std::process::id()));
+        let first = Claim::take(path.clone()).expect("nobody holds it");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p2 = path.clone();
+        let waiter = std::thread::spawn(move || {
+            let second = Claim::take(p2);
+            tx.send(second.is_none()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(),
+            "the second caller must wait while the first compiles"
+        );
+        drop(first);
+        assert!(rx.recv_timeout(std::time::Duration::from_secs(10)).expect("released"), "it waited, then did not compile");
+        waiter.join().unwrap();
+        assert!(Claim::take(path).is_some(), "free again");
+    }
+
+    #[test]
+    fn images_come_from_the_cache_folder_in_the_order_asked() {
+        let dir = std::env::temp_dir().join(format!("kairos-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cache = KernelCache { dir: Some(dir.clone()), arch: 90, driver_version: 0, verbose: false };
+        let units = Unit::all();
+        let jobs: Vec<(Unit, Variant)> = units.iter().map(|&u| (u, Variant::Protocol)).collect();
+        if is_present() && cache.target().map(|t| t.1) != Ok(true) {
+            eprintln!("note: this NVRTC cannot emit sm_90 CUBIN; skipping");
+            return;
+        }
+        // Fake images for every unit: each must come back as its own file, marked cached.
+        for (i, &(u, v)) in jobs.iter().enumerate() {
+            std::fs::write(dir.join(cache.file_of(u, v).unwrap()), format!("image {i}")).unwrap();
+            assert!(cache.is_ready(u, v));
+        }
+        let got = cache.images(&jobs, 4, "a test");
+        for (i, r) in got.iter().enumerate() {
+            let img = r.as_ref().unwrap();
+            assert_eq!(img.bytes, format!("image {i}").into_bytes());
+            assert_eq!(img.origin, Origin::Cache);
+        }
+        if !is_present() {
+            // Without NVRTC a missing unit is a clear error, not a panic.
+            std::fs::remove_file(dir.join(cache.file_of(units[0], Variant::Protocol).unwrap())).unwrap();
+            let got = cache.images(&jobs[..2], 2, "a test");
+            let err = got[0].as_ref().unwrap_err();
+            assert!(err.contains("libnvrtc cannot be loaded") && err.contains(&units[0].name()), "{err}");
+            assert!(got[1].is_ok());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reads_plain_and_gzipped_cache_files() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("kairos-nvrtc-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.cubin"), b"plain").unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"zipped").unwrap();
+        std::fs::write(dir.join("b.cubin.gz"), gz.finish().unwrap()).unwrap();
+        std::fs::write(dir.join("c.cubin"), b"").unwrap();
+        assert_eq!(cached(&dir, "a.cubin").as_deref(), Some(&b"plain"[..]));
+        assert_eq!(cached(&dir, "b.cubin").as_deref(), Some(&b"zipped"[..]));
+        assert_eq!(cached(&dir, "c.cubin"), None, "an empty file is no image");
+        assert_eq!(cached(&dir, "d.cubin"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

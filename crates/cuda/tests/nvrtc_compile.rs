@@ -5,7 +5,7 @@
 //! NVRTC cannot be loaded.
 
 use kairos_cuda::nvrtc::{self, KernelCache, Variant, parse_ptxas_log};
-use kairos_kernels::source::Module;
+use kairos_kernels::source::Unit;
 
 /// Registers a function may use: 65536 / (threads x CTAs per SM) of its `__launch_bounds__`
 /// (common.cuh: the narrow tensor-core entries `_f16n` are (128, 3), the wide ones `_f16w` (128, 2),
@@ -38,11 +38,18 @@ fn library_compiles_for_sm90_within_its_register_bounds() {
     assert_eq!(cache.target().expect("NVRTC lists its architectures"), (90, true), "NVRTC 13 emits CUBIN for sm_90");
     let mut rows = Vec::new();
     for variant in [Variant::Protocol, Variant::Plain] {
-        for m in Module::ALL {
-            let image = cache
-                .image(m, variant)
-                .unwrap_or_else(|log| panic!("module {} ({variant:?}) failed to compile:\n{log}", m.name()));
-            assert!(image.cubin && image.bytes.starts_with(b"\x7fELF"), "module {} is not a CUBIN", m.name());
+        for m in Unit::all() {
+            let image =
+                cache.image(m, variant).unwrap_or_else(|log| panic!("unit {} ({variant:?}) failed to compile:\n{log}", m.name()));
+            assert!(image.cubin && image.bytes.starts_with(b"\x7fELF"), "unit {} is not a CUBIN", m.name());
+            // Exactly the unit's functions: a unit that compiled another's entries too would
+            // cost every model that loads it the other's compile time.
+            let reports_all = parse_ptxas_log(&image.log);
+            let mut defined: Vec<&str> = reports_all.iter().map(|r| r.function.as_str()).collect();
+            defined.sort();
+            let mut expected = m.functions();
+            expected.sort();
+            assert_eq!(defined, expected, "unit {} defines other functions than its own", m.name());
             let reports = parse_ptxas_log(&image.log);
             for f in m.functions() {
                 let r =

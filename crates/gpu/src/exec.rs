@@ -127,6 +127,7 @@ pub fn execute_plan_on<G: Gpu + ?Sized>(
         )));
     }
     let queue_depth = queue_depth.max(1);
+    gpu.prepare_plan(plan)?;
     let mut allocations = Vec::new();
     let result = (|| {
         let bases = alloc_request(gpu, plan, weights, inputs, &mut allocations)?;

@@ -435,6 +435,14 @@ pub trait Gpu {
     /// The id is never handed out again. Using or destroying a destroyed stream is an error.
     fn destroy_stream(&mut self, stream: StreamId) -> Result<()>;
 
+    /// Makes ready every kernel a plan launches before its launches are looked at one by one (the
+    /// CUDA backend compiles the kernel units they need in parallel, with progress); kernels not
+    /// prepared are still compiled on first use. Nothing to do by default.
+    fn prepare_plan(&mut self, plan: &kairos_ir::plan::Plan) -> Result<()> {
+        let _ = plan;
+        Ok(())
+    }
+
     /// Resources of a kernel at a launch shape, compiling and loading it on first use.
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources>;
 

@@ -1,25 +1,37 @@
 //! `kairos kernels compile`: fill the CUBIN cache ahead of time, without a GPU.
 //!
-//! A server compiles the kernel library with NVRTC the first time it meets a device (minutes for
-//! the tensor-core modules) and caches the images under `$KAIROS_CACHE_DIR`. A CUBIN depends only
-//! on the sources, the options, the architecture and the NVRTC version, not on the GPU or driver,
-//! so a deployment can compile once, on any machine with libnvrtc, and ship the folder (a
-//! container image layer, a shared volume): servers started with the same `KAIROS_CACHE_DIR` and
-//! the same NVRTC version then load the images in milliseconds.
+//! A server compiles the kernel units its models need with NVRTC the first time it meets a device
+//! and caches the images under `$KAIROS_CACHE_DIR`. A CUBIN depends only on the sources, the
+//! options and the architecture, not on the GPU, the driver or the NVRTC version, so a deployment
+//! can compile once, on any machine with libnvrtc, and ship the folder (a container image layer, a
+//! shared volume) or embed it in the binary (`scripts/build-release.sh`). Units compile in
+//! parallel on every core (`--jobs`).
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use kairos_cuda::Variant;
 use kairos_cuda::nvrtc::{self, KernelCache};
-use kairos_kernels::source::Module;
+use kairos_kernels::source::{Module, Unit};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 #[derive(Subcommand, Debug)]
 pub enum KernelsCommand {
     /// Compile the kernel library with NVRTC into the CUBIN cache (no GPU needed).
     Compile(CompileArgs),
+    /// Where each kernel unit's image is for an architecture: the cache folder, embedded in this
+    /// binary, or nowhere (compiled on first use).
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Compute capability as major * 10 + minor.
+    #[arg(long, default_value_t = 90)]
+    pub arch: u32,
+    /// Cache folder (default: ~/.cache/kairos/cubin).
+    #[arg(long, env = "KAIROS_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -33,21 +45,27 @@ pub enum Variants {
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
-    /// Compute capability as major * 10 + minor (90: H100 and H200).
-    #[arg(long, default_value_t = 90)]
-    pub arch: u32,
+    /// Compute capabilities as major * 10 + minor, comma-separated (90: H100 and H200; 80: A100;
+    /// 89: L4, L40S).
+    #[arg(long, value_delimiter = ',', default_value = "90")]
+    pub arch: Vec<u32>,
     /// Cache folder (default: ~/.cache/kairos/cubin; servers read $KAIROS_CACHE_DIR).
     #[arg(long, env = "KAIROS_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Variants::Protocol)]
     pub variants: Variants,
-    /// Modules compiled at once (each tensor-core module takes ~1.5 GB of memory while it
-    /// compiles; default: the number of cores, at most 8).
+    /// Units compiled at once (default: every core, or $KAIROS_COMPILE_JOBS; a tensor-core unit
+    /// takes up to ~1 GB of memory while it compiles).
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Only these modules (comma-separated names: conv, gemm, eltwise, ...; default: all).
+    /// Only these modules or units (comma-separated: conv, gemm, eltwise, gemm_f16w, ...; default:
+    /// all).
     #[arg(long, value_delimiter = ',')]
     pub modules: Vec<String>,
+    /// Also write each image gzipped (`NAME.cubin.gz`, what scripts/build-release.sh embeds; the
+    /// runtime reads both) and remove the uncompressed one.
+    #[arg(long)]
+    pub gzip: bool,
     /// Print ptxas' report of every entry function (registers, spill bytes, stack frame): the way to
     /// see register pressure without a GPU. Always compiles (the report is not cached); the images
     /// land under their own cache key and are never what a server loads.
@@ -58,21 +76,35 @@ pub struct CompileArgs {
 pub fn run(cmd: KernelsCommand) -> Result<()> {
     match cmd {
         KernelsCommand::Compile(a) => compile(a),
+        KernelsCommand::Status(a) => status(a),
     }
 }
 
-/// The modules `--modules` names (all of them when it names none), or an error naming the unknown ones.
-fn select_modules(names: &[String]) -> Result<Vec<Module>> {
-    let unknown: Vec<&String> = names.iter().filter(|n| !Module::ALL.iter().any(|m| m.name() == n.as_str())).collect();
+/// The units `--modules` names (a module names all its units; all of them when it names none),
+/// or an error naming the unknown ones.
+fn select_units(names: &[String]) -> Result<Vec<Unit>> {
+    let of_name = |n: &str| -> Option<Vec<Unit>> {
+        if let Some(m) = Module::ALL.iter().find(|m| m.name() == n) {
+            return Some(Unit::of_module(*m));
+        }
+        Unit::by_name(n).map(|u| vec![u])
+    };
+    let unknown: Vec<&String> = names.iter().filter(|n| of_name(n).is_none()).collect();
     if !unknown.is_empty() {
-        let known: Vec<&str> = Module::ALL.iter().map(|m| m.name()).collect();
-        bail!("unknown module(s) {unknown:?}: the library has {}", known.join(", "));
+        let known: Vec<String> = Unit::all().iter().map(|u| u.name()).collect();
+        bail!("unknown module(s) or unit(s) {unknown:?}: the library has {}", known.join(", "));
     }
-    Ok(Module::ALL.into_iter().filter(|m| names.is_empty() || names.iter().any(|n| n == m.name())).collect())
+    if names.is_empty() {
+        return Ok(Unit::all());
+    }
+    let mut units: Vec<Unit> = names.iter().flat_map(|n| of_name(n).unwrap_or_default()).collect();
+    units.sort();
+    units.dedup();
+    Ok(units)
 }
 
 fn compile(a: CompileArgs) -> Result<()> {
-    let modules = select_modules(&a.modules)?;
+    let units = select_units(&a.modules)?;
     if !nvrtc::is_present() {
         bail!(
             "libnvrtc cannot be loaded: install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and point \
@@ -84,86 +116,128 @@ fn compile(a: CompileArgs) -> Result<()> {
         None => bail!("no cache folder: pass --cache-dir or set KAIROS_CACHE_DIR"),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    // The driver version only enters the key of PTX images; for CUBIN it is not used.
-    // (Not verbose: ptxas' report is an option, and options are part of the key.)
-    let cache = KernelCache { dir: Some(dir.clone()), arch: a.arch, driver_version: 0, verbose: a.ptxas };
-    let (target, cubin) = cache.target().map_err(anyhow::Error::msg)?;
-    if !cubin {
-        bail!(
-            "this NVRTC cannot emit CUBIN for sm_{} (newest it knows: sm_{target}); a PTX image is JIT-compiled by the \
-             driver and its cache key names the driver, so it cannot be prepared without the GPU",
-            a.arch
-        );
-    }
     let (major, minor) = nvrtc::version().map_err(anyhow::Error::msg)?;
     let variants: &[Variant] = match a.variants {
         Variants::Protocol => &[Variant::Protocol],
         Variants::Plain => &[Variant::Plain],
         Variants::Both => &[Variant::Protocol, Variant::Plain],
     };
-    let jobs: Vec<(Module, Variant)> = variants.iter().flat_map(|&v| modules.iter().map(move |&m| (m, v))).collect();
-    let workers = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)).max(1);
-    eprintln!(
-        "compiling {} module images for sm_{target} with NVRTC {major}.{minor} into {} ({} at a time)",
-        jobs.len(),
-        dir.display(),
-        workers
-    );
+    let workers = a.jobs.unwrap_or_else(nvrtc::compile_workers).max(1);
     let t0 = Instant::now();
-    let next = AtomicUsize::new(0);
-    let results: Vec<Vec<(usize, Result<String>)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(m, v)) = jobs.get(i) else { break };
-                        let r = cache
-                            .image(m, v)
-                            .map_err(|log| anyhow::anyhow!("module {} ({v:?}) failed to compile:\n{log}", m.name()))
-                            .map(|img| {
-                                let mut text = describe(m, v, &img);
-                                if a.ptxas {
-                                    for r in nvrtc::parse_ptxas_log(&img.log) {
-                                        text.push_str(&format!(
-                                            "\n    {:<20} {:>3} registers, spills {:>5} B stored / {:>5} B loaded, stack {:>5} B",
-                                            r.function, r.registers, r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes
-                                        ));
-                                    }
-                                }
-                                text
-                            });
-                        if let Ok(line) = &r {
-                            eprintln!("  {line}");
-                        }
-                        done.push((i, r));
-                    }
-                    done
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("a compile thread panicked")).collect()
-    });
-    let mut results: Vec<(usize, Result<String>)> = results.into_iter().flatten().collect();
-    results.sort_by_key(|r| r.0);
-    let mut failed = 0;
-    for (_, r) in &results {
-        if let Err(e) = r {
-            eprintln!("{e:#}");
-            failed += 1;
+    let mut images = 0;
+    for &arch in &a.arch {
+        // The driver version only enters the key of PTX images; for CUBIN it is not used.
+        // (Not verbose: ptxas' report is an option, and options are part of the key.)
+        let cache = KernelCache { dir: Some(dir.clone()), arch, driver_version: 0, verbose: a.ptxas };
+        let (target, cubin) = cache.target().map_err(anyhow::Error::msg)?;
+        if !cubin {
+            bail!(
+                "this NVRTC cannot emit CUBIN for sm_{arch} (newest it knows: sm_{target}); a PTX image is JIT-compiled by \
+                 the driver and its cache key names the driver, so it cannot be prepared without the GPU"
+            );
         }
+        let jobs: Vec<(Unit, Variant)> = variants.iter().flat_map(|&v| units.iter().map(move |&u| (u, v))).collect();
+        eprintln!(
+            "{} kernel unit images for sm_{target} with NVRTC {major}.{minor} into {} ({workers} at a time)",
+            jobs.len(),
+            dir.display()
+        );
+        let results = cache.images(&jobs, workers, "the library");
+        let mut failed = 0;
+        for (&(u, v), r) in jobs.iter().zip(&results) {
+            match r {
+                Err(log) => {
+                    eprintln!("unit {} ({v:?}) failed to compile for sm_{target}:\n{log}", u.name());
+                    failed += 1;
+                }
+                Ok(img) => {
+                    let mut text = describe(u, v, img);
+                    if a.ptxas {
+                        for r in nvrtc::parse_ptxas_log(&img.log) {
+                            text.push_str(&format!(
+                                "\n    {:<20} {:>3} registers, spills {:>5} B stored / {:>5} B loaded, stack {:>5} B",
+                                r.function, r.registers, r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes
+                            ));
+                        }
+                    }
+                    eprintln!("  {text}");
+                    if a.gzip && !a.ptxas {
+                        gzip_in_place(&dir, &cache.file_of(u, v).map_err(anyhow::Error::msg)?, &img.bytes)?;
+                    }
+                }
+            }
+        }
+        if failed > 0 {
+            bail!("{failed} of {} unit images failed to compile for sm_{target}", jobs.len());
+        }
+        images += jobs.len();
     }
-    if failed > 0 {
-        bail!("{failed} of {} module images failed to compile", jobs.len());
-    }
-    println!("{} module images ready in {} ({:.1} s)", jobs.len(), dir.display(), t0.elapsed().as_secs_f64());
+    println!("{images} kernel unit images ready in {} ({:.1} s)", dir.display(), t0.elapsed().as_secs_f64());
     Ok(())
 }
 
-fn describe(m: Module, v: Variant, img: &nvrtc::Image) -> String {
-    let head = format!("{:<8} {:<9} {:>8.1} KB", m.name(), format!("{v:?}"), img.bytes.len() as f64 / 1024.0);
-    if img.from_cache { format!("{head}  already cached") } else { format!("{head}  compiled in {:.1} s", img.compile_ms / 1e3) }
+fn status(a: StatusArgs) -> Result<()> {
+    let dir = a.cache_dir.clone().or_else(nvrtc::default_cache_dir);
+    let cache = KernelCache { dir: dir.clone(), arch: a.arch, driver_version: 0, verbose: false };
+    let embedded = nvrtc::prebuilt_names();
+    let mut out = String::new();
+    out.push_str(&format!(
+        "kernel units for sm_{}: cache folder {}; {} image(s) embedded in this binary; NVRTC {}",
+        a.arch,
+        dir.as_ref().map_or("none".to_string(), |d| d.display().to_string()),
+        embedded.len(),
+        if nvrtc::is_present() {
+            nvrtc::version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|e| e)
+        } else {
+            "not found (units found nowhere cannot be compiled)".to_string()
+        }
+    ));
+    out.push('\n');
+    let mut missing = 0;
+    for v in [Variant::Protocol, Variant::Plain] {
+        for u in Unit::all() {
+            let file = cache.file_of(u, v).map_err(anyhow::Error::msg)?;
+            let in_dir = dir.as_ref().is_some_and(|d| d.join(&file).is_file() || d.join(format!("{file}.gz")).is_file());
+            let in_binary = embedded.iter().any(|n| n.strip_suffix(".gz").unwrap_or(n) == file);
+            let at = match (in_dir, in_binary) {
+                (true, true) => "cache folder, embedded",
+                (true, false) => "cache folder",
+                (false, true) => "embedded",
+                (false, false) => {
+                    missing += 1;
+                    "missing: compiled on first use"
+                }
+            };
+            if v == Variant::Protocol || in_dir || in_binary {
+                out.push_str(&format!("  {:<14} {:<9} {at}\n", u.name(), format!("{v:?}")));
+            }
+        }
+    }
+    out.push_str(&format!("{missing} unit image(s) missing (the plain build is only for protocol-cost measurements)\n"));
+    // A reader that stops early (`| head`, `grep -q`) is not an error.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
+    Ok(())
+}
+
+/// Writes `file.gz` beside the cache folder's `file` (atomically) and removes `file`.
+fn gzip_in_place(dir: &std::path::Path, file: &str, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(bytes)?;
+    let tmp = dir.join(format!("{file}.gz.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, gz.finish()?).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join(format!("{file}.gz")))?;
+    let _ = std::fs::remove_file(dir.join(file));
+    Ok(())
+}
+
+fn describe(u: Unit, v: Variant, img: &nvrtc::Image) -> String {
+    let head = format!("{:<14} {:<9} {:>8.1} KB", u.name(), format!("{v:?}"), img.bytes.len() as f64 / 1024.0);
+    if img.from_cache() {
+        format!("{head}  already there ({:?})", img.origin)
+    } else {
+        format!("{head}  compiled in {:.1} s", img.compile_ms / 1e3)
+    }
 }
 
 #[cfg(test)]
@@ -171,13 +245,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn module_selection_names_the_unknown_ones() {
-        assert_eq!(select_modules(&[]).unwrap().len(), Module::ALL.len());
-        let picked: Vec<&str> =
-            select_modules(&["gemm".to_string(), "conv".to_string()]).unwrap().iter().map(|m| m.name()).collect();
-        assert_eq!(picked.len(), 2);
-        assert!(picked.contains(&"gemm") && picked.contains(&"conv"), "{picked:?}");
-        let err = select_modules(&["gemm".to_string(), "wgmma".to_string()]).unwrap_err().to_string();
-        assert!(err.contains("wgmma") && err.contains("gemm"), "{err}");
+    fn unit_selection_names_the_unknown_ones() {
+        assert_eq!(select_units(&[]).unwrap().len(), Unit::all().len());
+        let picked: Vec<String> =
+            select_units(&["gemm".to_string(), "eltwise".to_string()]).unwrap().iter().map(|u| u.name()).collect();
+        assert_eq!(picked.len(), Unit::of_module(Module::Gemm).len() + 1, "{picked:?}");
+        assert!(picked.contains(&"gemm_f16w".to_string()) && picked.contains(&"eltwise".to_string()), "{picked:?}");
+        let one = select_units(&["conv_f16n".to_string(), "conv_f16n".to_string()]).unwrap();
+        assert_eq!(one.len(), 1);
+        let err = select_units(&["gemm".to_string(), "wgmma".to_string()]).unwrap_err().to_string();
+        assert!(err.contains("wgmma") && err.contains("gemm_f16w"), "{err}");
     }
 }

@@ -142,6 +142,7 @@ fn run_on<G: Gpu>(gpu: &mut G, plan: &Plan, inputs: &[Tensor]) -> Result<(Vec<Te
 
 pub fn run(args: RunArgs) -> Result<()> {
     let spec = args.model.spec();
+    let started = Instant::now();
     let t = Instant::now();
     let bytes = spec.onnx_bytes()?;
     let graph = kairos_ir::onnx::load_bytes(&spec.name(), &bytes, &spec.load_options())?;
@@ -210,7 +211,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         }
     };
-    eprintln!("ran in {time_label}");
+    eprintln!("ran in {time_label}; {:.2} s since the command started", started.elapsed().as_secs_f64());
     let reference = if args.check { Some(kairos_ir::onnx::tract_reference(&bytes, &inputs)?) } else { None };
     for (k, (o, decl)) in outputs.iter().zip(&plan.outputs).enumerate() {
         let v = o.to_f32_vec();

@@ -164,13 +164,21 @@ impl Backend for CudaBackend {
         // Tuned on GPU 0 (instances on other GPUs of the same kind share the choice); choices
         // are cached beside the CUBIN cache, so a model seen before times nothing.
         let mut gpu = kairos_cuda::CudaGpu::new(0).map_err(|e| ServeError::Internal(format!("autotuner: {e}")))?;
-        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], progress: false, ..Default::default() };
+        // Bounded first load: candidates whose kernel units are not compiled yet are left out
+        // (and compiled in the background for the next load) rather than waited for.
+        let opts = kairos_cuda::TuneOptions {
+            dtypes: vec![plan.dtype],
+            progress: true,
+            compile_all_candidates: false,
+            ..Default::default()
+        };
         let r = kairos_cuda::autotune_plan(&mut gpu, plan, &opts).map_err(|e| ServeError::Internal(format!("autotuner: {e}")))?;
         Ok(Some(format!(
-            "autotuned: {} shapes ({} timed now, {} from the cache), {} launches retiled, kernel time {:.3} -> {:.3} ms in {:.0} ms",
+            "autotuned: {} shapes ({} timed now, {} from the cache{}), {} launches retiled, kernel time {:.3} -> {:.3} ms in {:.0} ms",
             r.shapes,
             r.timed,
             r.from_table,
+            if r.partial { "; without the candidates still compiling" } else { "" },
             r.launches_changed,
             r.plan_kernel_ns as f64 / 1e6,
             r.tuned_kernel_ns as f64 / 1e6,

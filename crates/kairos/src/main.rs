@@ -13,6 +13,12 @@ mod cmd_zoo;
 mod model_args;
 mod paths;
 
+/// Kernel images embedded at build time (crates/kairos/build.rs; empty unless built with
+/// `KAIROS_PREBUILT_KERNELS`, as scripts/build-release.sh does).
+mod prebuilt_kernels {
+    include!(concat!(env!("OUT_DIR"), "/prebuilt_kernels.rs"));
+}
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -37,7 +43,8 @@ enum Command {
     Profile(cmd_profile::ProfileArgs),
     /// Serve a model repository: Open Inference Protocol over REST and gRPC, shared memory, metrics.
     Serve(Box<cmd_serve::ServeArgs>),
-    /// The kernel library: compile it into the CUBIN cache ahead of time (no GPU needed).
+    /// The kernel library: compile it into the CUBIN cache ahead of time (no GPU needed), or see
+    /// which units are cached or embedded.
     #[command(subcommand)]
     Kernels(cmd_kernels::KernelsCommand),
     /// Benchmarks: the papers' experiments on the simulator or the GPU.
@@ -46,6 +53,7 @@ enum Command {
 }
 
 fn main() {
+    kairos_cuda::nvrtc::register_prebuilt(prebuilt_kernels::IMAGES);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => cmd_demo::run(a),

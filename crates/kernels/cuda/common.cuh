@@ -182,16 +182,69 @@ __device__ __forceinline__ float warp_min(float v) {
     return v;
 }
 
+// Entry selection. A compilation unit of the library (kairos_kernels::source::Unit) compiles one
+// module with -DKAIROS_ENTRIES=<mask> and so emits only the entries of that mask; without it every
+// entry is emitted. The tensor-core modules are compiled one entry kind per unit, so their entries
+// compile in parallel and a model compiles only those its plan launches.
+#define KAIROS_E_F32 1
+#define KAIROS_E_F16 2
+#define KAIROS_E_F16N 4
+#define KAIROS_E_F16W 8
+#define KAIROS_E_SK_F32 16
+#define KAIROS_E_SK_F16 32
+#define KAIROS_E_SK_F16N 64
+#ifndef KAIROS_ENTRIES
+#define KAIROS_ENTRIES 127
+#endif
+
+// One entry: `extern "C" name##suffix` with launch bounds (threads, min CTAs per SM) running
+// body<...>(P, A).
+#define KAIROS_ENTRY(fname, Args, threads, ctas, ...)                                                         \
+    extern "C" __global__ void __launch_bounds__(threads, ctas)                                               \
+        fname(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                        \
+        __VA_ARGS__(P, A);                                                                                    \
+    }
+
+#if KAIROS_ENTRIES & KAIROS_E_F32
+#define KAIROS_ENTRY_F32(name, Args, body, t) KAIROS_ENTRY(name##_f32, Args, t, 2, body<float>)
+#else
+#define KAIROS_ENTRY_F32(name, Args, body, t)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_SK_F32
+#define KAIROS_ENTRY_SK_F32(name, Args, body) KAIROS_ENTRY(name##_sk_f32, Args, 256, 2, body<float, TC_STD, true>)
+#else
+#define KAIROS_ENTRY_SK_F32(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_F16
+#define KAIROS_ENTRY_F16(name, Args, body, t) KAIROS_ENTRY(name##_f16, Args, t, 2, body<h16>)
+#else
+#define KAIROS_ENTRY_F16(name, Args, body, t)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_F16N
+#define KAIROS_ENTRY_F16N(name, Args, body) KAIROS_ENTRY(name##_f16n, Args, 128, 3, body<h16, TC_NARROW>)
+#else
+#define KAIROS_ENTRY_F16N(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_F16W
+#define KAIROS_ENTRY_F16W(name, Args, body) KAIROS_ENTRY(name##_f16w, Args, 128, 2, body<h16, TC_WIDE>)
+#else
+#define KAIROS_ENTRY_F16W(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_SK_F16
+#define KAIROS_ENTRY_SK_F16(name, Args, body) KAIROS_ENTRY(name##_sk_f16, Args, 256, 2, body<h16, TC_STD, true>)
+#else
+#define KAIROS_ENTRY_SK_F16(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_SK_F16N
+#define KAIROS_ENTRY_SK_F16N(name, Args, body) KAIROS_ENTRY(name##_sk_f16n, Args, 128, 3, body<h16, TC_NARROW, true>)
+#else
+#define KAIROS_ENTRY_SK_F16N(name, Args, body)
+#endif
+
 // Defines `extern "C" name_f32` and `name_f16` kernels that run `body<T>(P, A)`.
 #define KAIROS_KERNELS(name, Args, body, max_threads)                                                         \
-    extern "C" __global__ void __launch_bounds__(max_threads, 2)                                                 \
-        name##_f32(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                   \
-        body<float>(P, A);                                                                                    \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(max_threads, 2)                                                 \
-        name##_f16(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                   \
-        body<h16>(P, A);                                                                                      \
-    }
+    KAIROS_ENTRY_F32(name, Args, body, max_threads)                                                           \
+    KAIROS_ENTRY_F16(name, Args, body, max_threads)
 
 // The tensor-core kernels (fp16 conv2d and gemm) also get `name_f16n`: the body for CTAs of at
 // most 128 threads (the small tiles) with warp tiles of at most 4 fragments (tile.cuh: TC_NARROW),
@@ -201,28 +254,13 @@ __device__ __forceinline__ float warp_min(float v) {
 // (kairos_kernels::source::function_name picks the entry by the CTA size and the tile).
 #define KAIROS_KERNELS_TC(name, Args, body)                                                                   \
     KAIROS_KERNELS(name, Args, body, 256)                                                                     \
-    extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
-        name##_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                  \
-        body<h16, TC_NARROW>(P, A);                                                                           \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128, 2)                                                      \
-        name##_f16w(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                  \
-        body<h16, TC_WIDE>(P, A);                                                                             \
-    }                                                                                                         \
+    KAIROS_ENTRY_F16N(name, Args, body)                                                                       \
+    KAIROS_ENTRY_F16W(name, Args, body)                                                                       \
     KAIROS_KERNELS_SPLIT_K(name, Args, body)
 
 // Their split-K entries `name_sk_f32`, `name_sk_f16` and `name_sk_f16n` (body<T, CLS, true>), for
 // launches with split_k > 1: apart from the others, so the split path costs them no registers.
 #define KAIROS_KERNELS_SPLIT_K(name, Args, body)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        name##_sk_f32(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                \
-        body<float, TC_STD, true>(P, A);                                                                      \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        name##_sk_f16(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {                \
-        body<h16, TC_STD, true>(P, A);                                                                        \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128, 3)                                                      \
-        name##_sk_f16n(const __grid_constant__ KairosProto P, const __grid_constant__ Args A) {               \
-        body<h16, TC_NARROW, true>(P, A);                                                                     \
-    }
+    KAIROS_ENTRY_SK_F32(name, Args, body)                                                                     \
+    KAIROS_ENTRY_SK_F16(name, Args, body)                                                                     \
+    KAIROS_ENTRY_SK_F16N(name, Args, body)

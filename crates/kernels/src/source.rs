@@ -66,9 +66,9 @@ impl Module {
         }
     }
 
-    /// The `extern "C"` functions the module defines.
-    pub fn functions(self) -> Vec<String> {
-        let kernels: &[&str] = match self {
+    /// The kernels of the module (the base names of its entries; none for [`Module::Util`]).
+    pub fn kernels(self) -> &'static [&'static str] {
+        match self {
             Module::Conv => &["conv2d", "dwconv2d"],
             Module::Gemm => &["gemm"],
             Module::Pool => &["pool2d"],
@@ -76,8 +76,22 @@ impl Module {
             Module::Reduce => &["reduce", "splitk_sum"],
             Module::Gather => &["gather"],
             Module::Eltwise => &["eltwise"],
-            Module::Util => return UTIL_FUNCTIONS.iter().map(|s| s.to_string()).collect(),
-        };
+            Module::Util => &[],
+        }
+    }
+
+    /// Whether the module is compiled one [`EntryKind`] per [`Unit`] (the tensor-core modules,
+    /// which took about 300 s each as one program on an H100 host's core).
+    pub fn split_by_entry(self) -> bool {
+        matches!(self, Module::Conv | Module::Gemm)
+    }
+
+    /// The `extern "C"` functions the module defines.
+    pub fn functions(self) -> Vec<String> {
+        if self == Module::Util {
+            return UTIL_FUNCTIONS.iter().map(|s| s.to_string()).collect();
+        }
+        let kernels = self.kernels();
         let mut f: Vec<String> = kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect();
         for k in kernels.iter().filter(|k| TENSOR_CORE_KERNELS.contains(k)) {
             f.extend([
@@ -90,6 +104,134 @@ impl Module {
         }
         f
     }
+}
+
+/// The entry kinds of the tensor-core modules: one compilation [`Unit`] each (the C side selects
+/// them with `-DKAIROS_ENTRIES=<mask>`, common.cuh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryKind {
+    F32,
+    F16,
+    F16n,
+    F16w,
+    SkF32,
+    SkF16,
+    SkF16n,
+}
+
+impl EntryKind {
+    pub const ALL: [EntryKind; 7] =
+        [EntryKind::F32, EntryKind::F16, EntryKind::F16n, EntryKind::F16w, EntryKind::SkF32, EntryKind::SkF16, EntryKind::SkF16n];
+
+    /// The suffix of the entry functions of this kind (`gemm` + `_f16w`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            EntryKind::F32 => "_f32",
+            EntryKind::F16 => "_f16",
+            EntryKind::F16n => "_f16n",
+            EntryKind::F16w => "_f16w",
+            EntryKind::SkF32 => "_sk_f32",
+            EntryKind::SkF16 => "_sk_f16",
+            EntryKind::SkF16n => "_sk_f16n",
+        }
+    }
+
+    /// The bit of `KAIROS_ENTRIES` (common.cuh: `KAIROS_E_*`).
+    pub fn mask(self) -> u32 {
+        1 << (self as u32)
+    }
+
+    pub fn from_suffix(suffix: &str) -> Option<EntryKind> {
+        EntryKind::ALL.into_iter().find(|k| k.suffix() == suffix)
+    }
+}
+
+/// A compilation unit: one NVRTC program and one module image. The small modules are one unit
+/// each; the tensor-core modules ([`Module::split_by_entry`]) are one unit per [`EntryKind`], so
+/// their entries compile in parallel (each alone takes a fraction of the whole module's time) and a
+/// model compiles only the units its plan launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Unit {
+    pub module: Module,
+    /// The one entry kind this unit compiles; `None`: the whole module.
+    pub entry: Option<EntryKind>,
+}
+
+impl Unit {
+    /// Every unit of the library.
+    pub fn all() -> Vec<Unit> {
+        Module::ALL.into_iter().flat_map(Unit::of_module).collect()
+    }
+
+    /// The units of one module.
+    pub fn of_module(module: Module) -> Vec<Unit> {
+        if module.split_by_entry() {
+            EntryKind::ALL.into_iter().map(|k| Unit { module, entry: Some(k) }).collect()
+        } else {
+            vec![Unit { module, entry: None }]
+        }
+    }
+
+    /// `gemm_f16w`, `eltwise`: names the cache files and the progress lines.
+    pub fn name(self) -> String {
+        match self.entry {
+            Some(k) => format!("{}{}", self.module.name(), k.suffix()),
+            None => self.module.name().to_string(),
+        }
+    }
+
+    /// The unit a name of [`Unit::name`] names.
+    pub fn by_name(name: &str) -> Option<Unit> {
+        Unit::all().into_iter().find(|u| u.name() == name)
+    }
+
+    /// The preprocessor definition that selects this unit's entries, if it is not a whole module.
+    pub fn define(self) -> Option<String> {
+        self.entry.map(|k| format!("-DKAIROS_ENTRIES={}", k.mask()))
+    }
+
+    /// The `extern "C"` functions this unit defines.
+    pub fn functions(self) -> Vec<String> {
+        let all = self.module.functions();
+        match self.entry {
+            None => all,
+            Some(k) => {
+                let bases = self.module.kernels();
+                all.into_iter().filter(|f| bases.iter().any(|b| f.strip_prefix(b) == Some(k.suffix()))).collect()
+            }
+        }
+    }
+
+    /// The unit that defines a launch's entry function.
+    pub fn of_entry(module: Module, key: EntryKey) -> Unit {
+        let entry = if module.split_by_entry() { EntryKind::from_suffix(key.suffix) } else { None };
+        Unit { module, entry }
+    }
+}
+
+/// The unit that holds a launch's entry function (see [`function_name`]).
+pub fn unit_of(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<Unit, String> {
+    Ok(Unit::of_entry(module_of(kernel), entry_key(kernel, dtype, threads_per_cta)?))
+}
+
+/// The units of every entry the autotuner may try for a kernel at a dtype: the plan's own and the
+/// other CTA sizes and tiles of its candidates (fp16 tensor-core kernels: `_f16`, `_f16n`, `_f16w`,
+/// or their split-K entries; otherwise the one entry of the dtype).
+pub fn tuning_units(kernel: &Kernel, dtype: DType) -> Vec<Unit> {
+    let module = module_of(kernel);
+    let sk = kernel.is_split_k();
+    let kinds: Vec<EntryKind> = match dtype {
+        DType::F16 if uses_tensor_cores(kernel, dtype) && sk => vec![EntryKind::SkF16, EntryKind::SkF16n],
+        DType::F16 if uses_tensor_cores(kernel, dtype) => vec![EntryKind::F16, EntryKind::F16n, EntryKind::F16w],
+        DType::F16 if sk => vec![EntryKind::SkF16],
+        DType::F16 => vec![EntryKind::F16],
+        DType::F32 if sk => vec![EntryKind::SkF32],
+        _ => vec![EntryKind::F32],
+    };
+    let mut units: Vec<Unit> =
+        kinds.into_iter().map(|k| Unit::of_entry(module, EntryKey { base: kernel.name(), suffix: k.suffix() })).collect();
+    units.dedup();
+    units
 }
 
 /// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs, a
@@ -664,6 +806,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_function_is_in_exactly_one_unit() {
+        for m in Module::ALL {
+            for f in m.functions() {
+                let holders: Vec<Unit> = Unit::of_module(m).into_iter().filter(|u| u.functions().contains(&f)).collect();
+                assert_eq!(holders.len(), 1, "{f} is in {holders:?}");
+            }
+        }
+        let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16w) };
+        assert_eq!(gemm_w.functions(), vec!["gemm_f16w".to_string()]);
+        assert_eq!(gemm_w.name(), "gemm_f16w");
+        assert_eq!(Unit::by_name("gemm_f16w"), Some(gemm_w));
+        let conv_f16 = Unit { module: Module::Conv, entry: Some(EntryKind::F16) };
+        assert_eq!(conv_f16.functions(), vec!["conv2d_f16".to_string(), "dwconv2d_f16".to_string()]);
+        assert_eq!(Unit::all().len(), 6 + 2 * EntryKind::ALL.len());
+        assert!(Unit::all().iter().all(|u| Unit::by_name(&u.name()) == Some(*u)));
+    }
+
+    #[test]
+    fn entry_masks_agree_with_common_cuh() {
+        let header = HEADERS.iter().find(|h| h.0 == "kairos/common.cuh").unwrap().1;
+        for k in EntryKind::ALL {
+            let name = format!("KAIROS_E{}", k.suffix().to_uppercase());
+            let line = header
+                .lines()
+                .find(|l| l.split_whitespace().nth(1) == Some(name.as_str()))
+                .unwrap_or_else(|| panic!("common.cuh defines no {name}"));
+            assert_eq!(line.split_whitespace().nth(2), Some(k.mask().to_string().as_str()), "{line}");
+            assert!(header.contains(&format!("#if KAIROS_ENTRIES & {name}")), "common.cuh never tests {name}");
+        }
+    }
+
+    #[test]
     fn param_block_aligns_fields_like_c() {
         let mut w = ParamBlock::default();
         w.u32(1);
@@ -729,6 +903,11 @@ mod tests {
         assert_eq!(function_name(&gemm.kernel, DType::F16, 256).unwrap(), "gemm_sk_f16");
         assert_eq!(function_name(&gemm.kernel, DType::F32, 256).unwrap(), "gemm_sk_f32");
         assert!(Module::Gemm.functions().contains(&"gemm_sk_f16n".to_string()));
+        for (dtype, threads) in [(DType::F16, 128), (DType::F16, 256), (DType::F32, 256)] {
+            let unit = unit_of(&gemm.kernel, dtype, threads).unwrap();
+            assert!(unit.functions().contains(&function_name(&gemm.kernel, dtype, threads).unwrap()), "{unit:?}");
+            assert!(tuning_units(&gemm.kernel, dtype).contains(&unit), "{unit:?}");
+        }
         // The C structs' sizes: GemmArgs 200, SplitKSumArgs 112 (pack_args checks them).
         assert_eq!(pack_args(&gemm.kernel, &[1, 2, 3]).unwrap().len(), 200);
         let sum = Kernel::SplitKSum(SplitKSumParams {
@@ -786,8 +965,19 @@ mod tests {
         assert_eq!(function_name(&tiled(128, 128), DType::F32, 128).unwrap(), "gemm_f32");
         assert!(Module::Gemm.functions().contains(&"gemm_f16w".to_string()));
         assert!(Module::Conv.functions().contains(&"conv2d_f16w".to_string()));
+        // Every CTA size and tile the autotuner may try is in the units it compiles first.
+        for (tm, tn, threads) in [(128, 128, 128), (128, 64, 128), (128, 128, 256), (16, 16, 64)] {
+            for dtype in [DType::F16, DType::F32] {
+                let unit = unit_of(&tiled(tm, tn), dtype, threads).unwrap();
+                assert!(unit.functions().contains(&function_name(&tiled(tm, tn), dtype, threads).unwrap()));
+                assert!(tuning_units(&tiled(tm, tn), dtype).contains(&unit), "{unit:?} for {tm}x{tn}x{threads} {dtype:?}");
+            }
+        }
         let tile = HEADERS.iter().find(|h| h.0 == "kairos/common.cuh").unwrap().1;
-        assert!(tile.contains(&format!("__launch_bounds__({TC_WIDE_THREADS}, 2)")), "the wide entries' launch bound");
+        assert!(
+            tile.contains(&format!("KAIROS_ENTRY(name##_f16w, Args, {TC_WIDE_THREADS}, 2,")),
+            "the wide entries' launch bound"
+        );
     }
 
     #[test]

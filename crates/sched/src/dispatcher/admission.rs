@@ -131,6 +131,7 @@ impl<G: Gpu> Dispatcher<G> {
                 plan.launches.len()
             )));
         }
+        self.gpu.prepare_plan(&plan)?;
         let mut classes = Vec::with_capacity(plan.launches.len());
         let mut capacity_ctas = Vec::with_capacity(plan.launches.len());
         for (i, l) in plan.launches.iter().enumerate() {
