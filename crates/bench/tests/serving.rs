@@ -17,6 +17,7 @@ fn start(tag: &str) -> (RunningServer, Endpoints, std::path::PathBuf) {
     cfg.grpc = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     cfg.shm = Some(ShmConfig { socket: dir.join("kairos.sock"), ..ShmConfig::default() });
     let server = RunningServer::start(cfg, Box::new(SimBackend::new(kairos_sim::GpuDesc::h100_sxm(), 3))).unwrap();
+    server.wait_until_ready(std::time::Duration::from_secs(60)).expect("the bench repository loads");
     let at = Endpoints {
         http: server.http_addr().map(|a| format!("http://{a}")),
         grpc: server.grpc_addr().map(|a| format!("http://{a}")),
@@ -107,6 +108,9 @@ fn the_load_generator_drives_a_server_over_every_front_end() {
                 ..SimBackend::new(kairos_sim::GpuDesc::h200(), 5)
             };
             let server = RunningServer::start(c, Box::new(backend)).map_err(|e| kairos_bench::Error::Invalid(e.to_string()))?;
+            server
+                .wait_until_ready(std::time::Duration::from_secs(120))
+                .map_err(|e| kairos_bench::Error::Invalid(e.to_string()))?;
             let endpoints = Endpoints {
                 http: server.http_addr().map(|a| format!("http://{a}")),
                 grpc: server.grpc_addr().map(|a| format!("http://{a}")),

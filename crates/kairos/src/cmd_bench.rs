@@ -1011,6 +1011,8 @@ fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result
                 backend,
             )
             .map_err(|e| fail(e.to_string()))?;
+            // The models load in the background: the benchmark's first request must find them ready.
+            server.wait_until_ready(std::time::Duration::from_secs(1800)).map_err(|e| fail(e.to_string()))?;
             let endpoints = Endpoints {
                 http: server.http_addr().map(|x| format!("http://{x}")),
                 grpc: server.grpc_addr().map(|x| format!("http://{x}")),

@@ -111,6 +111,7 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
         eprintln!("starting a server in-process ({}), loading {}", backend.describe(), a.models.join(", "));
         let t = Instant::now();
         let s = RunningServer::start(cfg, backend).map_err(|e| anyhow::anyhow!("{e}"))?;
+        s.wait_until_ready(std::time::Duration::from_secs(1800)).map_err(|e| anyhow::anyhow!("{e}"))?;
         eprintln!("server ready in {:.1} s", t.elapsed().as_secs_f64());
         let e = Endpoints {
             http: s.http_addr().map(|x| format!("http://{x}")),

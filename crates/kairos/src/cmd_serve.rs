@@ -247,7 +247,7 @@ pub fn make_backend_with(
         }
         let desc = sim_desc(sim_gpu)?;
         let profiles = load_profiles(profiles, crate::paths::profile_dir(&desc.key))?;
-        Box::new(SimBackend { desc, seed, compute: sim_compute, engine, profiles })
+        Box::new(SimBackend { compute: sim_compute, engine, profiles, ..SimBackend::new(desc, seed) })
     })
 }
 

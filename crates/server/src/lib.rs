@@ -26,12 +26,13 @@ pub mod metrics;
 pub mod repository;
 pub mod rest;
 pub mod shm;
+mod sim_gpu;
 pub mod state;
 
 pub use error::ServeError;
 pub use repository::{ModelConfig, ModelSource, Repository};
 pub use shm::ShmConfig;
-pub use state::{Backend, SimBackend, State, StateConfig};
+pub use state::{Backend, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,10 +81,14 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Loads the repository (blocking, with progress in the log), binds the listeners and serves
-    /// on background threads.
+    /// Starts the engines, binds the listeners and serves on background threads, then plans and
+    /// loads the repository's start-up models on a thread of its own (progress in the log). Returns
+    /// once listening: each model serves as soon as it has loaded, and the server is ready (REST
+    /// `/v2/health/ready`, gRPC ServerReady) once all were dealt with; until then readiness says
+    /// why not ([`State::not_ready_reason`]). Callers that need every model loaded before they go
+    /// on call [`RunningServer::wait_until_ready`].
     pub fn start(cfg: ServerConfig, backend: Box<dyn Backend>) -> Result<RunningServer, ServeError> {
-        let state = State::start(cfg.state.clone(), backend)?;
+        let state = State::new(cfg.state.clone(), backend)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.threads.max(1))
             .thread_name("kairos-net")
@@ -143,7 +148,15 @@ impl RunningServer {
             ),
             None => None,
         };
-        Ok(RunningServer { state, runtime: Some(runtime), http_addr, grpc_addr, shutdown, tasks, shm })
+        let server = RunningServer { state, runtime: Some(runtime), http_addr, grpc_addr, shutdown, tasks, shm };
+        server.state.start_loading()?;
+        Ok(server)
+    }
+
+    /// Blocks until the start-up models were all dealt with (loaded, or UNAVAILABLE with their
+    /// reason), at most `timeout`; see [`State::wait_until_ready`].
+    pub fn wait_until_ready(&self, timeout: Duration) -> Result<(), ServeError> {
+        self.state.wait_until_ready(timeout)
     }
 
     pub fn http_addr(&self) -> Option<SocketAddr> {
@@ -171,7 +184,8 @@ impl RunningServer {
     }
 
     /// Stops accepting requests, lets the listeners finish their connections (5 s at most), stops
-    /// the shared-memory channel, then the engines.
+    /// the shared-memory channel and the start-up loader (it finishes the model it is loading,
+    /// waited for [`state::LOADER_STOP_WAIT`] at most), then the engines.
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -191,6 +205,7 @@ impl RunningServer {
         if let Some(s) = self.shm.take() {
             s.stop();
         }
+        self.state.stop_loader(state::LOADER_STOP_WAIT);
         info!("kairos serve stopped");
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v2/health/live`, `/v2/health/ready` | 200, or 503 when not ready |
+//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load |
 //! | GET | `/v2` | server metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]` | model metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]/ready` | 200 when ready, else 404/503 |
@@ -94,11 +94,12 @@ async fn live() -> Response {
     StatusCode::OK.into_response()
 }
 
+/// 200 once the start-up loading has finished; until then (and during the shutdown) 503 with the
+/// reason ("loading models: 2 of 5 done (now: resnet50, 12.3 s)").
 async fn ready(AxState(app): AxState<App>) -> Response {
-    if app.state.is_ready() {
-        StatusCode::OK.into_response()
-    } else {
-        error_response(&ServeError::Unavailable("not ready".into()))
+    match app.state.not_ready_reason() {
+        None => StatusCode::OK.into_response(),
+        Some(reason) => error_response(&ServeError::Unavailable(reason)),
     }
 }
 

@@ -5,15 +5,17 @@
 use crate::error::{Outcome, ServeError};
 use crate::metrics::{EngineView, Metrics, ModelMetrics, Protocol};
 use crate::repository::{ModelConfig, Repository};
+use crate::sim_gpu::InboxSimGpu;
+pub use crate::sim_gpu::SimStartProfiles;
 use kairos_gpu::profile::{ModelProfile, ProfileSet};
 use kairos_gpu::{HostMapping, HostMemory};
 use kairos_ir::plan::{IoTensor, Plan};
 use kairos_ir::{DType, Tensor};
 use kairos_sched::{Class, Engine, EngineConfig, IoBinding, ModelInfo, RequestOptions, TenantId, Timing};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// Request priority levels as Triton numbers them: 1 is the most urgent, `PRIORITY_LEVELS_MAX` the
@@ -36,12 +38,15 @@ pub struct PlannedModel {
     pub profile: Option<ModelProfile>,
 }
 
-/// Starts the engine of one GPU. The simulator registers the measured profiles of the models known
-/// at start (`models`); models loaded later run on its roofline timing.
+/// Starts the engine of one GPU and adapts plans to it. The server starts its engines before it
+/// plans any model (so that it listens at once), then plans and loads the start-up models one by
+/// one on a background thread.
 pub trait Backend: Send + Sync {
     /// "sim (h100-sxm)", "cuda", ...
     fn describe(&self) -> String;
-    /// The engine of device `gpu`, and a name for the device.
+    /// The engine of device `gpu`, and a name for the device. `models` are models already planned
+    /// for it; the server passes none (it starts the engines first) and announces each start-up
+    /// model with [`Backend::register_start_model`] instead.
     fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(Engine, String), ServeError>;
     /// Kernel profiles for the dispatcher's estimates, if the backend has a folder of them.
     fn profiles(&self) -> Option<&ProfileSet> {
@@ -53,21 +58,44 @@ pub trait Backend: Send + Sync {
     fn prepare(&self, _plan: &mut Plan) -> Result<Option<String>, ServeError> {
         Ok(None)
     }
+    /// A model of the start-up set is about to be loaded on the engine of `gpu` (called once per
+    /// GPU the model names, before its instances load). The simulator registers the model's
+    /// measured profile with that GPU here, as it did for the models known when it started. Nothing
+    /// by default.
+    fn register_start_model(&self, _gpu: u32, _model: &PlannedModel) -> Result<(), ServeError> {
+        Ok(())
+    }
+    /// What the backend is busy with right now, for the reason the server gives while it is not
+    /// ready ("compiling kernels 3/7"); `None` when nothing worth saying.
+    fn activity(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The simulated GPU of `kairos-sim`, with computation on by default (results are real: the CPU
-/// reference kernels run every logical block).
+/// reference kernels run every logical block). The measured profiles of the start-up models are
+/// registered with the simulator's timing model as they load; models loaded later through the
+/// repository API run on its roofline timing.
 pub struct SimBackend {
     pub desc: kairos_sim::GpuDesc,
     pub seed: u64,
     pub compute: bool,
     pub engine: EngineConfig,
     pub profiles: Option<ProfileSet>,
+    /// Filled when the server starts the engines; leave it at its default.
+    pub start_profiles: SimStartProfiles,
 }
 
 impl SimBackend {
     pub fn new(desc: kairos_sim::GpuDesc, seed: u64) -> SimBackend {
-        SimBackend { desc, seed, compute: true, engine: EngineConfig::default(), profiles: None }
+        SimBackend {
+            desc,
+            seed,
+            compute: true,
+            engine: EngineConfig::default(),
+            profiles: None,
+            start_profiles: SimStartProfiles::default(),
+        }
     }
 }
 
@@ -85,6 +113,7 @@ impl Backend for SimBackend {
         };
         let pairs: Vec<(Arc<Plan>, Option<ModelProfile>)> = models.iter().map(|m| (m.plan.clone(), m.profile.clone())).collect();
         let name = format!("simulated {}", desc.name);
+        let inbox = self.start_profiles.open(gpu);
         let engine = Engine::start(self.engine.clone(), move || {
             let mut g = kairos_sim::SimGpu::new(desc, opts);
             for (plan, profile) in &pairs {
@@ -92,7 +121,7 @@ impl Backend for SimBackend {
                     g.register_plan(plan, p).map_err(kairos_gpu::GpuError::Invalid)?;
                 }
             }
-            Ok(g)
+            Ok(InboxSimGpu { gpu: g, inbox })
         })
         .map_err(|e| ServeError::Internal(format!("cannot start the simulated GPU {gpu}: {e}")))?;
         Ok((engine, name))
@@ -100,6 +129,15 @@ impl Backend for SimBackend {
 
     fn profiles(&self) -> Option<&ProfileSet> {
         self.profiles.as_ref()
+    }
+
+    fn register_start_model(&self, gpu: u32, model: &PlannedModel) -> Result<(), ServeError> {
+        if let Some(p) = &model.profile
+            && !self.start_profiles.push(gpu, model.plan.clone(), p.clone())
+        {
+            return Err(ServeError::Internal(format!("the simulated GPU {gpu} was not started")));
+        }
+        Ok(())
     }
 }
 
@@ -340,13 +378,61 @@ struct EngineSlot {
     device: String,
 }
 
+/// How long [`crate::RunningServer::shutdown`] waits for the start-up loader to finish the model
+/// it is loading (autotuning on CUDA may take minutes); after that it leaves it behind.
+pub const LOADER_STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// The start-up loading: the models to load at start, in order, and how far it got.
+struct Startup {
+    /// The start-up models in load order.
+    names: Vec<String>,
+    /// Those neither taken by the loader yet nor by a repository load or unload meanwhile.
+    pending: BTreeSet<String>,
+    /// Models the loader dealt with so far (loaded, failed, or left to the repository API).
+    done: usize,
+    /// The model being planned or loaded, since when.
+    current: Option<(String, Instant)>,
+    /// When the loader started, and how long it took once it ended.
+    began: Option<Instant>,
+    took: Option<Duration>,
+    /// The loader thread ended (every model dealt with, or stopped by the shutdown).
+    exited: bool,
+    loader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Where the start-up loading stands ([`State::startup_progress`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartupProgress {
+    /// Models to load at start.
+    pub total: usize,
+    /// Of them, dealt with so far (loaded, failed, or left to the repository API).
+    pub done: usize,
+    /// Of them, ready now.
+    pub ready: usize,
+    /// Of them, unavailable now, with the reason.
+    pub unavailable: Vec<(String, String)>,
+    /// The model being planned or loaded, and for how long.
+    pub current: Option<(String, Duration)>,
+    /// Since the loading began (zero before); once it ended, how long it took.
+    pub elapsed: Duration,
+    /// The loading ended: every model dealt with, or stopped by the shutdown.
+    pub finished: bool,
+}
+
 pub struct State {
     pub repository: Repository,
     backend: Box<dyn Backend>,
     engines: Vec<EngineSlot>,
     models: RwLock<BTreeMap<String, ModelSlot>>,
+    /// Held by every change of the table that talks to the engines: a repository load or unload,
+    /// and the start-up loader for one model at a time (never across the whole start-up, so
+    /// health and readiness answer meanwhile). Lock order: `admin`, `startup`, `models`.
     admin: Mutex<()>,
+    startup: Mutex<Startup>,
+    /// Signalled when the start-up loading moves on or ends, and when the shutdown begins.
+    startup_changed: Condvar,
     pub metrics: Metrics,
+    /// The start-up loading finished.
     ready: AtomicBool,
     shutting_down: AtomicBool,
     sampler_stop: Arc<AtomicBool>,
@@ -354,48 +440,32 @@ pub struct State {
 }
 
 impl State {
-    /// Plans the models to load at start (with progress in the log), starts one engine per GPU,
-    /// loads the models, and starts the busy sampler. Models that fail are reported UNAVAILABLE with
-    /// their reason; the server still starts.
+    /// [`State::new`], then [`State::start_loading`]: returns once the engines run; the models
+    /// load in the background ([`State::wait_until_ready`] waits for them).
     pub fn start(cfg: StateConfig, backend: Box<dyn Backend>) -> Result<Arc<State>, ServeError> {
+        let state = State::new(cfg, backend)?;
+        state.start_loading()?;
+        Ok(state)
+    }
+
+    /// Starts one engine per GPU and the busy sampler, and puts every model to load at start in
+    /// the table as loading. Plans and loads nothing: [`State::start_loading`] does, on a thread
+    /// of its own. Not ready until that loading has finished.
+    pub fn new(cfg: StateConfig, backend: Box<dyn Backend>) -> Result<Arc<State>, ServeError> {
         if cfg.gpus == 0 || cfg.gpus > GPUS_MAX {
             return Err(ServeError::invalid(format!("gpus = {} must be in 1..={GPUS_MAX}", cfg.gpus)));
         }
         let repository = Repository::new(cfg.repository.clone());
-        let names = match &cfg.load {
+        let mut names = match &cfg.load {
             None => repository.model_names()?,
             Some(v) => v.clone(),
         };
+        let mut seen = BTreeSet::new();
+        names.retain(|n| seen.insert(n.clone()));
         info!(repository = %repository.root.display(), backend = %backend.describe(), gpus = cfg.gpus, models = names.len(), "kairos serve starting");
-        let mut planned = Vec::new();
-        let mut failed = BTreeMap::new();
-        for (i, name) in names.iter().enumerate() {
-            let t = Instant::now();
-            match plan_model_for(&repository, name, backend.as_ref()) {
-                Ok(p) => {
-                    info!(
-                        progress = %format!("[{}/{}]", i + 1, names.len()),
-                        model = %name,
-                        source = %p.config.source.describe(),
-                        dtype = %p.config.dtype,
-                        kernels = p.plan.launches.len(),
-                        weight_mb = format!("{:.1}", p.plan.weight_bytes as f64 / 1e6),
-                        profile = p.profile.is_some(),
-                        lower_s = format!("{:.2}", t.elapsed().as_secs_f64()),
-                        "planned"
-                    );
-                    planned.push(p);
-                }
-                Err(e) => {
-                    warn!(progress = %format!("[{}/{}]", i + 1, names.len()), model = %name, error = %e, "cannot plan");
-                    failed.insert(name.clone(), e.to_string());
-                }
-            }
-        }
         let mut engines = Vec::new();
         for gpu in 0..cfg.gpus {
-            let here: Vec<&PlannedModel> = planned.iter().filter(|p| p.config.gpus.contains(&gpu)).collect();
-            let (engine, device) = backend.start(gpu, &here)?;
+            let (engine, device) = backend.start(gpu, &[])?;
             info!(gpu, device = %device, "engine started");
             engines.push(EngineSlot { engine, device });
         }
@@ -406,37 +476,271 @@ impl State {
             engines,
             models: RwLock::new(BTreeMap::new()),
             admin: Mutex::new(()),
+            startup: Mutex::new(Startup {
+                pending: names.iter().cloned().collect(),
+                names,
+                done: 0,
+                current: None,
+                began: None,
+                took: None,
+                exited: false,
+                loader: None,
+            }),
+            startup_changed: Condvar::new(),
             ready: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             sampler_stop: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
         });
-        for (name, reason) in failed {
-            state.set_slot(&name, "1", SlotState::Unavailable(reason));
+        let names = state.lock_startup().names.clone();
+        for name in &names {
+            let version = state.repository.config(name).map(|c| c.version).unwrap_or_else(|_| "1".into());
+            state.set_slot(name, &version, SlotState::Loading);
         }
-        let _admin = state.admin.lock().unwrap_or_else(|e| e.into_inner());
-        for p in planned {
-            let name = p.config.name.clone();
-            if let Err(e) = state.load_planned(p) {
-                warn!(model = %name, error = %e, "cannot load");
-            }
-        }
-        drop(_admin);
         state.start_sampler();
-        state.ready.store(true, Ordering::Release);
-        info!(ready = state.ready_models().len(), "kairos serve ready");
         Ok(state)
     }
 
-    /// Live and accepting: start-up finished and no shutdown began.
+    /// Starts the loader thread: it plans and loads the start-up models one after another, in
+    /// order (with progress in the log); each model is ready as soon as it has loaded. Models that
+    /// fail are UNAVAILABLE with their reason. The server is ready once every model was dealt
+    /// with. A second call does nothing.
+    pub fn start_loading(self: &Arc<Self>) -> Result<(), ServeError> {
+        let mut s = self.lock_startup();
+        if s.began.is_some() {
+            return Ok(());
+        }
+        let weak = Arc::downgrade(self);
+        let handle = std::thread::Builder::new()
+            .name("kairos-loader".into())
+            .spawn(move || load_at_start(weak))
+            .map_err(|e| ServeError::Internal(format!("cannot start the model loader thread: {e}")))?;
+        s.began = Some(Instant::now());
+        s.loader = Some(handle);
+        Ok(())
+    }
+
+    fn lock_startup(&self) -> std::sync::MutexGuard<'_, Startup> {
+        self.startup.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plans and loads start-up model `name` (the `i`th of `n`) unless a repository load or
+    /// unload took it meanwhile. Holds the admin lock for this model only. False when the
+    /// shutdown began (nothing was done).
+    fn load_start_model(&self, i: usize, n: usize, name: &str) -> bool {
+        let _admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut s = self.lock_startup();
+            if self.shutting_down.load(Ordering::Acquire) {
+                return false;
+            }
+            if !s.pending.remove(name) {
+                s.done += 1;
+                self.startup_changed.notify_all();
+                info!(progress = %format!("[{}/{n}]", i + 1), model = %name, "left to the repository API (loaded or unloaded meanwhile)");
+                return true;
+            }
+            s.current = Some((name.to_string(), Instant::now()));
+        }
+        let t = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            match plan_model_for(&self.repository, name, self.backend.as_ref()) {
+                Ok(p) => {
+                    info!(
+                        progress = %format!("[{}/{n}]", i + 1),
+                        model = %name,
+                        source = %p.config.source.describe(),
+                        dtype = %p.config.dtype,
+                        kernels = p.plan.launches.len(),
+                        weight_mb = format!("{:.1}", p.plan.weight_bytes as f64 / 1e6),
+                        profile = p.profile.is_some(),
+                        lower_s = format!("{:.2}", t.elapsed().as_secs_f64()),
+                        "planned"
+                    );
+                    if let Err(e) = self.load_planned(p, true) {
+                        warn!(model = %name, error = %e, "cannot load");
+                    }
+                }
+                Err(e) => {
+                    warn!(progress = %format!("[{}/{n}]", i + 1), model = %name, error = %e, "cannot plan");
+                    self.set_slot(name, &self.slot_version(name), SlotState::Unavailable(e.to_string()));
+                }
+            }
+        }));
+        if let Err(panic) = r {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            warn!(model = %name, panic = %what, "the loader panicked");
+            self.set_slot(name, &self.slot_version(name), SlotState::Unavailable(format!("loading panicked: {what}")));
+        }
+        let mut s = self.lock_startup();
+        s.current = None;
+        s.done += 1;
+        self.startup_changed.notify_all();
+        true
+    }
+
+    /// The loader's last step: ready (unless stopped by the shutdown; then the models it did not
+    /// reach become UNAVAILABLE).
+    fn finish_startup(&self, stopped: bool) {
+        let mut s = self.lock_startup();
+        s.current = None;
+        let took = s.began.map(|b| b.elapsed()).unwrap_or_default();
+        s.took = Some(took);
+        let left = std::mem::take(&mut s.pending);
+        for name in &left {
+            self.set_slot(
+                name,
+                &self.slot_version(name),
+                SlotState::Unavailable("the server shut down before loading it".into()),
+            );
+        }
+        if !stopped {
+            self.ready.store(true, Ordering::Release);
+        }
+        s.exited = true;
+        self.startup_changed.notify_all();
+        let total = s.names.len();
+        drop(s);
+        let ready = self.startup_progress().ready;
+        if stopped {
+            info!(
+                ready,
+                models = total,
+                not_loaded = left.len(),
+                seconds = format!("{:.1}", took.as_secs_f64()),
+                "start-up loading stopped by the shutdown"
+            );
+        } else {
+            info!(ready, models = total, seconds = format!("{:.1}", took.as_secs_f64()), "kairos serve ready");
+        }
+    }
+
+    /// Live and accepting: the start-up loading finished and no shutdown began.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire)
     }
 
-    /// Refuse new requests from now on (the engines stop when the state is dropped).
+    /// Why the server is not ready (`None` when it is): "loading models: 2 of 5 done (now:
+    /// resnet50, 12.3 s; compiling kernels 3/7)" — the model being loaded, and the backend's
+    /// [`Backend::activity`] — or "the server is shutting down".
+    pub fn not_ready_reason(&self) -> Option<String> {
+        let s = self.lock_startup();
+        self.reason_locked(&s)
+    }
+
+    fn reason_locked(&self, s: &Startup) -> Option<String> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Some("the server is shutting down".into());
+        }
+        if self.ready.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut r = format!("loading models: {} of {} done", s.done, s.names.len());
+        if s.began.is_none() {
+            r.push_str(" (not started)");
+        } else if let Some((name, since)) = &s.current {
+            r.push_str(&format!(" (now: {name}, {:.1} s", since.elapsed().as_secs_f64()));
+            if let Some(a) = self.backend.activity() {
+                r.push_str("; ");
+                r.push_str(&a);
+            }
+            r.push(')');
+        }
+        Some(r)
+    }
+
+    /// Where the start-up loading stands.
+    pub fn startup_progress(&self) -> StartupProgress {
+        let s = self.lock_startup();
+        let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+        let mut ready = 0;
+        let mut unavailable = Vec::new();
+        for name in &s.names {
+            match m.get(name).map(|slot| &slot.state) {
+                Some(SlotState::Ready(_)) => ready += 1,
+                Some(SlotState::Unavailable(r)) => unavailable.push((name.clone(), r.clone())),
+                _ => {}
+            }
+        }
+        StartupProgress {
+            total: s.names.len(),
+            done: s.done,
+            ready,
+            unavailable,
+            current: s.current.as_ref().map(|(n, t)| (n.clone(), t.elapsed())),
+            elapsed: s.took.or_else(|| s.began.map(|b| b.elapsed())).unwrap_or_default(),
+            finished: s.exited,
+        }
+    }
+
+    /// Waits until the start-up loading has finished (models that failed are UNAVAILABLE; they
+    /// do not keep the server from being ready). UNAVAILABLE with the reason when `timeout`
+    /// passes first, or when the server shuts down.
+    pub fn wait_until_ready(&self, timeout: Duration) -> Result<(), ServeError> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut s = self.lock_startup();
+        loop {
+            if self.shutting_down.load(Ordering::Acquire) {
+                return Err(ServeError::Unavailable("the server is shutting down".into()));
+            }
+            if self.ready.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let wait = match deadline {
+                None => Duration::from_secs(3600),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        let reason = self.reason_locked(&s).unwrap_or_default();
+                        return Err(ServeError::Unavailable(format!("not ready after {:.1} s: {reason}", timeout.as_secs_f64())));
+                    }
+                    d - now
+                }
+            };
+            s = self.startup_changed.wait_timeout(s, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Waits at most `wait` for the start-up loader to end (after [`State::begin_shutdown`] it
+    /// stops before the next model) and joins it. False when it is still busy with a model; it
+    /// is then left to finish that model on its own. True at once when no loader was started.
+    pub fn stop_loader(&self, wait: Duration) -> bool {
+        let deadline = Instant::now().checked_add(wait);
+        let mut s = self.lock_startup();
+        while s.loader.is_some() && !s.exited {
+            let now = Instant::now();
+            let left = match deadline {
+                Some(d) if now >= d => {
+                    let current = s.current.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
+                    warn!(model = %current, waited_s = format!("{:.1}", wait.as_secs_f64()), "the model loader is still busy; not waiting for it");
+                    return false;
+                }
+                Some(d) => d - now,
+                None => Duration::from_secs(3600),
+            };
+            s = self.startup_changed.wait_timeout(s, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        let handle = s.loader.take();
+        drop(s);
+        if let Some(h) = handle
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+        true
+    }
+
+    /// Refuse new requests from now on (the engines stop when the state is dropped); the
+    /// start-up loader stops before its next model.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
         self.sampler_stop.store(true, Ordering::Release);
+        let _s = self.lock_startup();
+        self.startup_changed.notify_all();
     }
 
     pub fn backend_description(&self) -> String {
@@ -450,6 +754,12 @@ impl State {
     /// The devices the engines drive ("NVIDIA H200", "simulated H100 SXM"), one per GPU.
     pub fn device_names(&self) -> Vec<String> {
         self.engines.iter().map(|e| e.device.clone()).collect()
+    }
+
+    /// The version in the table of a model, "1" when it is not there.
+    fn slot_version(&self, name: &str) -> String {
+        let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+        m.get(name).map_or_else(|| "1".to_string(), |s| s.version.clone())
     }
 
     fn set_slot(&self, name: &str, version: &str, state: SlotState) {
@@ -504,18 +814,25 @@ impl State {
         rows.into_values().filter(|r| !ready_only || r.state == "READY").collect()
     }
 
-    /// Loads (or reloads) a model from the repository. Blocks: lowering and weight upload.
+    /// Loads (or reloads) a model from the repository. Blocks: lowering and weight upload; during
+    /// the start-up loading, also until the loader is done with the model it is loading. A
+    /// start-up model the loader has not reached yet is loaded now, and the loader leaves it.
     pub fn load(&self, name: &str) -> Result<(), ServeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ServeError::Unavailable("the server is shutting down".into()));
         }
         let _admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        let at_start = self.lock_startup().pending.remove(name);
         let t = Instant::now();
         let planned = match plan_model_for(&self.repository, name, self.backend.as_ref()) {
             Ok(p) => p,
             Err(e) => {
-                // A model that was never loaded stays out of the table; a loaded one keeps serving.
+                // A model that was never loaded stays out of the table (a start-up model waiting
+                // for the loader is there: it becomes UNAVAILABLE); a loaded one keeps serving.
                 warn!(model = %name, error = %e, "cannot plan");
+                if at_start {
+                    self.set_slot(name, &self.slot_version(name), SlotState::Unavailable(e.to_string()));
+                }
                 return Err(e);
             }
         };
@@ -527,13 +844,14 @@ impl State {
             info!(model = %name, "reloading");
             self.unload_locked(name)?;
         }
-        let r = self.load_planned(planned);
+        let r = self.load_planned(planned, at_start);
         info!(model = %name, ok = r.is_ok(), seconds = format!("{:.2}", t.elapsed().as_secs_f64()), "load");
         r
     }
 
-    /// Loads a planned model on its GPUs (the admin lock is held by the caller).
-    fn load_planned(&self, p: PlannedModel) -> Result<(), ServeError> {
+    /// Loads a planned model on its GPUs (the admin lock is held by the caller); `at_start`: one of
+    /// the start-up models (announced to the backend first).
+    fn load_planned(&self, p: PlannedModel, at_start: bool) -> Result<(), ServeError> {
         let name = p.config.name.clone();
         let version = p.config.version.clone();
         for &g in &p.config.gpus {
@@ -544,6 +862,17 @@ impl State {
             }
         }
         self.set_slot(&name, &version, SlotState::Loading);
+        if at_start {
+            let mut gpus = p.config.gpus.clone();
+            gpus.sort_unstable();
+            gpus.dedup();
+            for g in gpus {
+                if let Err(e) = self.backend.register_start_model(g, &p) {
+                    self.set_slot(&name, &version, SlotState::Unavailable(e.to_string()));
+                    return Err(e);
+                }
+            }
+        }
         let mut instances = Vec::new();
         let mut info = None;
         for i in 0..p.config.instances {
@@ -579,7 +908,17 @@ impl State {
     }
 
     /// Unloads a model: new requests are refused at once; blocks until its requests finished.
+    /// A start-up model the loader has not reached yet is taken off its list at once (UNAVAILABLE,
+    /// "unloaded"); the one it is loading is unloaded once loaded.
     pub fn unload(&self, name: &str) -> Result<(), ServeError> {
+        {
+            let mut s = self.lock_startup();
+            if s.pending.remove(name) {
+                self.set_slot(name, &self.slot_version(name), SlotState::Unavailable("unloaded".into()));
+                info!(model = %name, "unloaded before its start-up load");
+                return Ok(());
+            }
+        }
         let _admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
         self.unload_locked(name)
     }
@@ -773,6 +1112,27 @@ impl State {
 impl Drop for State {
     fn drop(&mut self) {
         self.sampler_stop.store(true, Ordering::Release);
+    }
+}
+
+/// The start-up loader thread: the start-up models one after another, then ready. Holds the state
+/// only while it works on a model (a state dropped meanwhile ends it).
+fn load_at_start(weak: Weak<State>) {
+    let names = match weak.upgrade() {
+        Some(state) => state.lock_startup().names.clone(),
+        None => return,
+    };
+    let n = names.len();
+    let mut stopped = false;
+    for (i, name) in names.iter().enumerate() {
+        let Some(state) = weak.upgrade() else { return };
+        if !state.load_start_model(i, n, name) {
+            stopped = true;
+            break;
+        }
+    }
+    if let Some(state) = weak.upgrade() {
+        state.finish_startup(stopped);
     }
 }
 

@@ -4,11 +4,15 @@
 
 use kairos_ir::{DType, Tensor};
 use kairos_server::state::{PlannedModel, plan_model};
-use kairos_server::{Repository, RunningServer, ServerConfig, ShmConfig, SimBackend, fixtures};
+use kairos_server::{Backend, Repository, RunningServer, ServerConfig, ShmConfig, SimBackend, fixtures};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long a test waits for the tiny repository to load before it fails.
+pub const READY_WAIT: Duration = Duration::from_secs(60);
 
 pub struct TestServer {
     pub server: Option<RunningServer>,
@@ -28,8 +32,21 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// Starts a server; `tweak` may change the configuration and the simulated backend.
+/// Starts a server and waits until its models are loaded; `tweak` may change the configuration
+/// and the simulated backend.
 pub fn start_with(tag: &str, tweak: impl FnOnce(&mut ServerConfig, &mut SimBackend)) -> TestServer {
+    let s = start_custom(tag, tweak, |b| Box::new(b));
+    s.server.as_ref().unwrap().wait_until_ready(READY_WAIT).expect("the tiny repository loads");
+    s
+}
+
+/// Starts a server on the backend `wrap` makes of the simulated one, and returns once it listens
+/// (its models load in the background).
+pub fn start_custom(
+    tag: &str,
+    tweak: impl FnOnce(&mut ServerConfig, &mut SimBackend),
+    wrap: impl FnOnce(SimBackend) -> Box<dyn Backend>,
+) -> TestServer {
     let dir = temp_dir(tag);
     let repo = dir.join("models");
     std::fs::create_dir_all(&repo).unwrap();
@@ -41,7 +58,7 @@ pub fn start_with(tag: &str, tweak: impl FnOnce(&mut ServerConfig, &mut SimBacke
     let mut backend = SimBackend::new(kairos_sim::GpuDesc::h100_sxm(), 7);
     tweak(&mut cfg, &mut backend);
     let shm = cfg.shm.as_ref().map(|s| s.socket.clone()).unwrap_or_default();
-    let server = RunningServer::start(cfg, Box::new(backend)).expect("server starts");
+    let server = RunningServer::start(cfg, wrap(backend)).expect("server starts");
     let r = Repository::new(&repo);
     let plans = names.iter().map(|n| (n.clone(), plan_model(&r, n, None).unwrap())).collect();
     TestServer {
