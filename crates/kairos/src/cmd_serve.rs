@@ -291,12 +291,29 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let server = RunningServer::start(cfg, backend).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!(
-        "kairos serve: {} model(s) ready; REST {}, gRPC {}, shared memory {} (Ctrl-C stops)",
-        server.state.ready_models().len(),
+        "kairos serve: listening (REST {}, gRPC {}, shared memory {}); loading {} model(s) in the background (Ctrl-C stops)",
         server.http_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.grpc_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.shm_socket().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
+        server.state.startup_progress().total,
     );
+    // Says when the start-up loading is over (nothing if the server stops first).
+    let state = server.state.clone();
+    let announce = std::thread::Builder::new().name("kairos-ready".into()).spawn(move || {
+        if state.wait_until_ready(std::time::Duration::MAX).is_ok() {
+            let p = state.startup_progress();
+            let failed = if p.unavailable.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = p.unavailable.iter().map(|(n, _)| n.as_str()).collect();
+                format!("; not loaded: {} (reasons in the log and the repository index)", names.join(", "))
+            };
+            eprintln!("kairos serve: {} of {} model(s) ready after {:.1} s{failed}", p.ready, p.total, p.elapsed.as_secs_f64());
+        }
+    });
+    if let Err(e) = announce {
+        tracing::warn!(error = %e, "cannot start the thread that announces readiness");
+    }
     server.wait_for_signal();
     server.shutdown();
     Ok(())
