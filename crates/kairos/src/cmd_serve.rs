@@ -157,6 +157,12 @@ impl Backend for CudaBackend {
         self.profiles.as_ref()
     }
 
+    /// What the CUDA backend is preparing (kernel units compiling, shapes autotuning), for the
+    /// not-ready reason of `/v2/health/ready`.
+    fn activity(&self) -> Option<String> {
+        kairos_cuda::progress::activity()
+    }
+
     fn prepare(&self, plan: &mut kairos_ir::plan::Plan) -> Result<Option<String>, ServeError> {
         if !self.autotune || plan.dtype != kairos_ir::DType::F16 {
             return Ok(None);
