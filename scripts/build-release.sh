@@ -8,7 +8,7 @@
 #      kairos crate relinks; crates/kairos/build.rs embeds the images).
 # NVRTC: the CUDA toolkit's libnvrtc, or the pip wheel nvidia-cuda-nvrtc (installed into
 # target/nvrtc when libnvrtc cannot be loaded). KAIROS_ARCHS: comma-separated compute capabilities
-# (default 90: H100/H200). Re-running after a kernel change recompiles only the changed units.
+# (default 90: H100/H200, the only one tested). Re-running after a kernel change recompiles only the changed units.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 archs="${KAIROS_ARCHS:-90}"

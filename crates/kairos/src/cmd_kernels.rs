@@ -45,8 +45,8 @@ pub enum Variants {
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
-    /// Compute capabilities as major * 10 + minor, comma-separated (90: H100 and H200; 80: A100;
-    /// 89: L4, L40S).
+    /// Compute capabilities as major * 10 + minor, comma-separated (90: H100 and H200, the only one
+    /// tested; 80: A100 and 89: L4/L40S have not been compiled or run yet).
     #[arg(long, value_delimiter = ',', default_value = "90")]
     pub arch: Vec<u32>,
     /// Cache folder (default: ~/.cache/kairos/cubin; servers read $KAIROS_CACHE_DIR).
