@@ -530,7 +530,7 @@ impl CudaGpu {
         if let Some(x) = self.modules.get(&(u, v)) {
             return Ok(Arc::clone(x));
         }
-        self.prepare_units(&[(u, v)], &format!("kernel unit {}", u.name()))?;
+        self.prepare_units(&[(u, v)], "its first use")?;
         Ok(Arc::clone(&self.modules[&(u, v)]))
     }
 

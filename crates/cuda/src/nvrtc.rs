@@ -444,7 +444,8 @@ impl KernelCache {
                                 let (unit, variant) = jobs[i];
                                 progress.begin(k);
                                 let r = self.image(unit, variant);
-                                progress.end(k, r.as_ref().map(|img| img.compile_ms).map_err(|_| ()));
+                                let outcome = r.as_ref().map(|img| (!img.from_cache()).then_some(img.compile_ms));
+                                progress.end(k, outcome.map_err(|_| ()));
                                 mine.push((i, r));
                             }
                             mine

@@ -102,8 +102,9 @@ impl CompileProgress {
         self.draw(&s, None);
     }
 
-    /// Unit `i` ended: its compile time in ms, or an error.
-    pub fn end(&self, i: usize, r: Result<f64, ()>) {
+    /// Unit `i` ended: its compile time in ms (None: another thread compiled it meanwhile), or an
+    /// error.
+    pub fn end(&self, i: usize, r: Result<Option<f64>, ()>) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.running[i] = false;
         s.done += 1;
@@ -120,7 +121,7 @@ impl CompileProgress {
         self.draw(&s, Some((i, r)));
     }
 
-    fn draw(&self, s: &State, ended: Option<(usize, Result<f64, ()>)>) {
+    fn draw(&self, s: &State, ended: Option<(usize, Result<Option<f64>, ()>)>) {
         if !self.enabled {
             return;
         }
@@ -143,11 +144,15 @@ impl CompileProgress {
             let _ = err.flush();
         } else if let Some((i, r)) = ended {
             match r {
-                Ok(ms) => eprintln!(
+                Ok(Some(ms)) => eprintln!(
                     "kairos: [{}/{n}] kernel unit {} compiled in {:.1} s ({elapsed_s:.1} s elapsed)",
                     s.done,
                     self.names[i],
                     ms / 1e3
+                ),
+                Ok(None) => eprintln!(
+                    "kairos: [{}/{n}] kernel unit {} ready (compiled by another thread; {elapsed_s:.1} s elapsed)",
+                    s.done, self.names[i]
                 ),
                 Err(()) => eprintln!("kairos: [{}/{n}] kernel unit {} failed to compile", s.done, self.names[i]),
             }
