@@ -97,10 +97,12 @@ pub(crate) fn prebuilt(file: &str) -> Option<Vec<u8>> {
         return Some(bytes.to_vec());
     }
     let gz = format!("{file}.gz");
-    let (_, bytes) = images.iter().find(|(n, _)| *n == gz)?;
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(*bytes).read_to_end(&mut out).ok()?;
-    Some(out)
+    images.iter().find(|(n, _)| *n == gz).and_then(|(_, bytes)| gunzip(bytes))
+}
+
+/// Whether the binary embeds `file` (plain or gzipped).
+fn is_embedded(file: &str) -> bool {
+    prebuilt_names().iter().any(|n| n.strip_suffix(".gz").unwrap_or(n) == file)
 }
 
 /// Reads an image of the cache folder (`file`, or `file.gz` as `kairos kernels compile --gzip`
@@ -111,10 +113,22 @@ fn cached(dir: &std::path::Path, file: &str) -> Option<Vec<u8>> {
     {
         return Some(bytes);
     }
-    let gz = std::fs::read(dir.join(format!("{file}.gz"))).ok()?;
+    gunzip(&std::fs::read(dir.join(format!("{file}.gz"))).ok()?).filter(|out| !out.is_empty())
+}
+
+fn gunzip(bytes: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
-    flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut out).ok()?;
-    (!out.is_empty()).then_some(out)
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// Where a unit's image is, without compiling anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// In the cache folder (plain or gzipped).
+    pub cache_dir: bool,
+    /// Embedded in this binary.
+    pub embedded: bool,
 }
 
 fn nvrtc_check(call: &str, r: sys::nvrtcResult) -> Result<(), String> {
@@ -339,26 +353,25 @@ impl KernelCache {
 
     /// The cache file name of a unit's image for this device and this NVRTC.
     pub fn file_of(&self, unit: Unit, variant: Variant) -> Result<String, String> {
-        let (target, cubin) = self.target()?;
-        let nvrtc = if cubin { (0, 0) } else { version()? };
-        Ok(self.image_file(unit, variant, target, cubin, nvrtc))
+        self.resolve(unit, variant).map(|r| r.2)
+    }
+
+    /// Where a unit's image is: the cache folder, the binary, both or neither.
+    pub fn location(&self, unit: Unit, variant: Variant) -> Result<Location, String> {
+        let file = self.file_of(unit, variant)?;
+        let cache_dir = self.dir.as_ref().is_some_and(|d| d.join(&file).is_file() || d.join(format!("{file}.gz")).is_file());
+        Ok(Location { cache_dir, embedded: is_embedded(&file) })
     }
 
     /// Whether a unit's image is at hand without compiling (cache folder or embedded).
     pub fn is_ready(&self, unit: Unit, variant: Variant) -> bool {
-        let Ok(file) = self.file_of(unit, variant) else { return false };
-        if self.verbose {
-            return false;
-        }
-        self.dir.as_ref().is_some_and(|d| d.join(&file).is_file() || d.join(format!("{file}.gz")).is_file())
-            || prebuilt_names().iter().any(|n| *n == file || n.strip_suffix(".gz") == Some(file.as_str()))
+        !self.verbose && self.location(unit, variant).is_ok_and(|l| l.cache_dir || l.embedded)
     }
 
     /// A unit's image: from the cache folder or the embedded images when present, else compiled
     /// (and cached).
     pub fn image(&self, unit: Unit, variant: Variant) -> Result<Image, String> {
-        let (target, cubin) = self.target()?;
-        let file = self.file_of(unit, variant)?;
+        let (target, cubin, file) = self.resolve(unit, variant)?;
         if !self.verbose {
             if let Some(bytes) = self.dir.as_ref().and_then(|d| cached(d, &file)) {
                 return Ok(Image { bytes, cubin, log: String::new(), origin: Origin::Cache, compile_ms: 0.0 });
@@ -373,9 +386,15 @@ impl KernelCache {
     /// A unit's image compiled now by this NVRTC, replacing the cached one (for an image the
     /// driver refused).
     pub fn image_forced(&self, unit: Unit, variant: Variant) -> Result<Image, String> {
-        let (target, cubin) = self.target()?;
-        let file = self.file_of(unit, variant)?;
+        let (target, cubin, file) = self.resolve(unit, variant)?;
         self.compile_unit(unit, variant, target, cubin, &file)
+    }
+
+    /// The target (architecture, CUBIN or PTX) and the cache file name of a unit.
+    fn resolve(&self, unit: Unit, variant: Variant) -> Result<(u32, bool, String), String> {
+        let (target, cubin) = self.target()?;
+        let nvrtc = if cubin { (0, 0) } else { version()? };
+        Ok((target, cubin, self.image_file(unit, variant, target, cubin, nvrtc)))
     }
 
     fn compile_unit(&self, unit: Unit, variant: Variant, target: u32, cubin: bool, file: &str) -> Result<Image, String> {

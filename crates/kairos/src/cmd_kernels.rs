@@ -196,9 +196,8 @@ fn status(a: StatusArgs) -> Result<()> {
     let mut missing = 0;
     for v in [Variant::Protocol, Variant::Plain] {
         for u in Unit::all() {
-            let file = cache.file_of(u, v).map_err(anyhow::Error::msg)?;
-            let in_dir = dir.as_ref().is_some_and(|d| d.join(&file).is_file() || d.join(format!("{file}.gz")).is_file());
-            let in_binary = embedded.iter().any(|n| n.strip_suffix(".gz").unwrap_or(n) == file);
+            let location = cache.location(u, v).map_err(anyhow::Error::msg)?;
+            let (in_dir, in_binary) = (location.cache_dir, location.embedded);
             let at = match (in_dir, in_binary) {
                 (true, true) => "cache folder, embedded",
                 (true, false) => "cache folder",
