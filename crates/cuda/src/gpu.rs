@@ -30,6 +30,10 @@ use kairos_kernels::source::{self, ParamBlock};
 
 /// The unit of the runtime helpers and measurement kernels.
 const UTIL: source::Unit = source::Unit { module: source::Module::Util, entry: None };
+
+fn compile_error(u: source::Unit, log: String) -> GpuError {
+    GpuError::Compile { kernel: format!("kernel unit {}", u.name()), log }
+}
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -537,7 +541,6 @@ impl CudaGpu {
     /// Loads a unit's image; one from the cache or the binary that the driver refuses (made by a
     /// newer toolkit than the driver, or damaged) is compiled again here, replacing the cached file.
     fn load_unit(&mut self, u: source::Unit, v: Variant, image: nvrtc::Image) -> Result<()> {
-        let compile_err = |log: String| GpuError::Compile { kernel: format!("kernel unit {}", u.name()), log };
         let module = match Module::load(&image.bytes) {
             Ok(m) => m,
             Err(e) if image.from_cache() && nvrtc::is_present() => {
@@ -546,7 +549,7 @@ impl CudaGpu {
                     image.origin,
                     u.name()
                 );
-                let fresh = self.cache.image_forced(u, v).map_err(compile_err)?;
+                let fresh = self.cache.image_forced(u, v).map_err(|log| compile_error(u, log))?;
                 Module::load(&fresh.bytes).map_err(drv)?
             }
             Err(e) => return Err(drv(e)),
@@ -569,7 +572,7 @@ impl CudaGpu {
         }
         let images = self.cache.images(&jobs, nvrtc::compile_workers(), what);
         for ((u, v), image) in jobs.into_iter().zip(images) {
-            let image = image.map_err(|log| GpuError::Compile { kernel: format!("kernel unit {}", u.name()), log })?;
+            let image = image.map_err(|log| compile_error(u, log))?;
             self.load_unit(u, v, image)?;
         }
         Ok(t.elapsed().as_secs_f64() * 1e3)
@@ -603,9 +606,9 @@ impl CudaGpu {
     }
 
     fn kernel_function(&mut self, kernel: &Kernel, dtype: DType, threads: u32, v: Variant) -> Result<Arc<FunctionInfo>> {
-        let name = source::function_name(kernel, dtype, threads).map_err(GpuError::Invalid)?;
-        let unit = source::unit_of(kernel, dtype, threads).map_err(GpuError::Invalid)?;
-        self.function_by_name(&name, unit, v)
+        let key = source::entry_key(kernel, dtype, threads).map_err(GpuError::Invalid)?;
+        let unit = source::Unit::of_entry(source::module_of(kernel), key);
+        self.function_by_name(&format!("{}{}", key.base, key.suffix), unit, v)
     }
 
     fn occupancy_of(&mut self, name: &str, f: &FunctionInfo, v: Variant, threads: u32, dyn_smem_bytes: u32) -> Result<u32> {
