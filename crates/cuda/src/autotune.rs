@@ -42,7 +42,7 @@ use std::time::Instant;
 /// fp16 candidates (tile_m, tile_n, threads per CTA) for the tensor-core engine. (128, 128, 256),
 /// (128, 64, 256) and (64, 128, 256) run fixed-shape tiles (tile.cuh: tc_tile_fixed) when the
 /// operands allow it (16-byte chunks, B with k contiguous); the others the generic engine. (128, 128, 128)
-/// runs the `_f16w` entry (kairos_kernels::source::is_wide_tile: four 64 x 64 warp tiles), with
+/// runs a `_f16w_*` entry (kairos_kernels::source::is_wide_tile: four 64 x 64 warp tiles), with
 /// [`WIDE_SHALLOW_SMEM_BYTES`], [`WIDE_SMEM_BYTES`] and [`DEEP_SMEM_BYTES`] (two, three and five
 /// stages of k32).
 pub const CANDIDATES_F16: [(u32, u32, u32); 21] = [

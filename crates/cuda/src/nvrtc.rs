@@ -443,7 +443,9 @@ impl KernelCache {
     /// The images of several units, those not at hand compiled in parallel on up to `workers`
     /// threads, with progress on stderr when anything is compiled. Results in the order asked.
     pub fn images(&self, jobs: &[(Unit, Variant)], workers: usize, what: &str) -> Vec<Result<Image, String>> {
-        let (ready, todo): (Vec<usize>, Vec<usize>) = (0..jobs.len()).partition(|&i| self.is_ready(jobs[i].0, jobs[i].1));
+        let (ready, mut todo): (Vec<usize>, Vec<usize>) = (0..jobs.len()).partition(|&i| self.is_ready(jobs[i].0, jobs[i].1));
+        // Longest first, so that no long unit starts late behind short ones (Unit::compile_cost_s).
+        todo.sort_by_key(|&i| std::cmp::Reverse(jobs[i].0.compile_cost_s()));
         let mut out: Vec<Option<Result<Image, String>>> = (0..jobs.len()).map(|_| None).collect();
         for i in ready {
             out[i] = Some(self.image(jobs[i].0, jobs[i].1));
@@ -581,13 +583,13 @@ mod tests {
         use kairos_kernels::source::EntryKind;
         let at = |driver_version| KernelCache { dir: None, arch: 90, driver_version, verbose: false };
         let (a, b) = (at(12080), at(13000));
-        let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16w) };
+        let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16wRelu) };
         let file = |c: &KernelCache, cubin| c.image_file(gemm_w, Variant::Protocol, 90, cubin, (13, 0));
         assert_eq!(file(&a, true), file(&b, true), "a CUBIN loads on any driver for its architecture");
         assert_eq!(file(&a, true), a.image_file(gemm_w, Variant::Protocol, 90, true, (12, 8)), "nor does NVRTC matter");
         assert_ne!(file(&a, false), file(&b, false), "PTX is JIT-compiled by the driver");
         assert_ne!(file(&a, false), a.image_file(gemm_w, Variant::Protocol, 90, false, (12, 8)), "and by that NVRTC's PTX");
-        assert!(file(&a, true).starts_with("gemm_f16w-proto-sm90-") && file(&a, true).ends_with(".cubin"));
+        assert!(file(&a, true).starts_with("gemm_f16w_relu-proto-sm90-") && file(&a, true).ends_with(".cubin"));
         let other = |f: &dyn Fn(&KernelCache) -> String| assert_ne!(file(&a, true), f(&a));
         other(&|c| c.image_file(gemm_w, Variant::Plain, 90, true, (13, 0)));
         other(&|c| c.image_file(gemm_w, Variant::Protocol, 100, true, (13, 0)));
@@ -595,7 +597,7 @@ mod tests {
             c.image_file(Unit { module: Module::Gemm, entry: Some(EntryKind::F16) }, Variant::Protocol, 90, true, (13, 0))
         });
         other(&|c| {
-            c.image_file(Unit { module: Module::Conv, entry: Some(EntryKind::F16w) }, Variant::Protocol, 90, true, (13, 0))
+            c.image_file(Unit { module: Module::Conv, entry: Some(EntryKind::F16wRelu) }, Variant::Protocol, 90, true, (13, 0))
         });
         // Every unit has its own file.
         let names: std::collections::HashSet<String> =

@@ -581,6 +581,17 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         )
         .with_smem(104 * 1024),
         gemm_case("gemm wide heads pv kn", GemmLayout::HeadsPv, (1, 2, 130, 136, 72), 1.0, none, (128, 128), 128),
+        // An edge tile of 8 rows (no small-M path outside the `_gv` entries: the wide engine's
+        // run-time shape takes it), the ReLU entry.
+        gemm_case(
+            "gemm wide 128x128 relu edge 8 rows",
+            GemmLayout::Linear,
+            (1, 1, 136, 130, 72),
+            1.0,
+            EpilogueParams { bias: true, residual: false, act: Act::Relu },
+            (128, 128),
+            128,
+        ),
         conv_case(
             "conv3x3 wide 128x128",
             (1, 19, 17, 64, 136),

@@ -58,7 +58,7 @@ pub struct CompileArgs {
     /// takes up to ~1 GB of memory while it compiles).
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Only these modules or units (comma-separated: conv, gemm, eltwise, gemm_f16w, ...; default:
+    /// Only these modules or units (comma-separated: conv, gemm, eltwise, gemm_f16w_relu, ...; default:
     /// all).
     #[arg(long, value_delimiter = ',')]
     pub modules: Vec<String>,
@@ -249,10 +249,10 @@ mod tests {
         let picked: Vec<String> =
             select_units(&["gemm".to_string(), "eltwise".to_string()]).unwrap().iter().map(|u| u.name()).collect();
         assert_eq!(picked.len(), Unit::of_module(Module::Gemm).len() + 1, "{picked:?}");
-        assert!(picked.contains(&"gemm_f16w".to_string()) && picked.contains(&"eltwise".to_string()), "{picked:?}");
+        assert!(picked.contains(&"gemm_gv".to_string()) && picked.contains(&"eltwise".to_string()), "{picked:?}");
         let one = select_units(&["conv_f16n".to_string(), "conv_f16n".to_string()]).unwrap();
         assert_eq!(one.len(), 1);
         let err = select_units(&["gemm".to_string(), "wgmma".to_string()]).unwrap_err().to_string();
-        assert!(err.contains("wgmma") && err.contains("gemm_f16w"), "{err}");
+        assert!(err.contains("wgmma") && err.contains("gemm_f16w_act"), "{err}");
     }
 }

@@ -185,16 +185,34 @@ __device__ __forceinline__ float warp_min(float v) {
 // Entry selection. A compilation unit of the library (kairos_kernels::source::Unit) compiles one
 // module with -DKAIROS_ENTRIES=<mask> and so emits only the entries of that mask; without it every
 // entry is emitted. The tensor-core modules are compiled one entry kind per unit, so their entries
-// compile in parallel and a model compiles only those its plan launches.
+// compile in parallel and a model compiles only those its plan launches. What made a unit slow to
+// compile decided the kinds (NVRTC 13, sm_90, one core): the small-M path (tile_gemv, 8
+// instantiations) cost 12-26 s in every tensor-core entry, so it has entries of its own (`_gv`,
+// `_gvn`); the wide entry's three epilogue classes cost 60 of its 90 s, so it is one entry per
+// activation class (`_f16w_none`, `_f16w_relu`, `_f16w_act`: 20 s each).
 #define KAIROS_E_F32 1
 #define KAIROS_E_F16 2
 #define KAIROS_E_F16N 4
-#define KAIROS_E_F16W 8
-#define KAIROS_E_SK_F32 16
-#define KAIROS_E_SK_F16 32
-#define KAIROS_E_SK_F16N 64
+#define KAIROS_E_F16W_NONE 8
+#define KAIROS_E_F16W_RELU 16
+#define KAIROS_E_F16W_ACT 32
+#define KAIROS_E_GV 64
+#define KAIROS_E_GVN 128
+#define KAIROS_E_SK_F32 256
+#define KAIROS_E_SK_F16 512
+#define KAIROS_E_SK_F16N 1024
 #ifndef KAIROS_ENTRIES
-#define KAIROS_ENTRIES 127
+#define KAIROS_ENTRIES 2047
+#endif
+
+// A unit of one wide activation class compiles its epilogues for that class only (tile.cuh:
+// tc_store_frags, tcx_epilogue); compiled together, the entries dispatch on the launch's class.
+#if KAIROS_ENTRIES == KAIROS_E_F16W_NONE
+#define KAIROS_ACT_ONLY KAIROS_ACT_NONE
+#elif KAIROS_ENTRIES == KAIROS_E_F16W_RELU
+#define KAIROS_ACT_ONLY KAIROS_ACT_RELU
+#elif KAIROS_ENTRIES == KAIROS_E_F16W_ACT
+#define KAIROS_ACT_ONLY KAIROS_ACT_ANY
 #endif
 
 // One entry: `extern "C" name##suffix` with launch bounds (threads, min CTAs per SM) running
@@ -225,10 +243,30 @@ __device__ __forceinline__ float warp_min(float v) {
 #else
 #define KAIROS_ENTRY_F16N(name, Args, body)
 #endif
-#if KAIROS_ENTRIES & KAIROS_E_F16W
-#define KAIROS_ENTRY_F16W(name, Args, body) KAIROS_ENTRY(name##_f16w, Args, 128, 2, body<h16, TC_WIDE>)
+#if KAIROS_ENTRIES & KAIROS_E_F16W_NONE
+#define KAIROS_ENTRY_F16W_NONE(name, Args, body) KAIROS_ENTRY(name##_f16w_none, Args, 128, 2, body<h16, TC_WIDE>)
 #else
-#define KAIROS_ENTRY_F16W(name, Args, body)
+#define KAIROS_ENTRY_F16W_NONE(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_F16W_RELU
+#define KAIROS_ENTRY_F16W_RELU(name, Args, body) KAIROS_ENTRY(name##_f16w_relu, Args, 128, 2, body<h16, TC_WIDE>)
+#else
+#define KAIROS_ENTRY_F16W_RELU(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_F16W_ACT
+#define KAIROS_ENTRY_F16W_ACT(name, Args, body) KAIROS_ENTRY(name##_f16w_act, Args, 128, 2, body<h16, TC_WIDE>)
+#else
+#define KAIROS_ENTRY_F16W_ACT(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_GV
+#define KAIROS_ENTRY_GV(name, Args, body) KAIROS_ENTRY(name##_gv, Args, 256, 2, body<h16, TC_GEMV>)
+#else
+#define KAIROS_ENTRY_GV(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_GVN
+#define KAIROS_ENTRY_GVN(name, Args, body) KAIROS_ENTRY(name##_gvn, Args, 128, 3, body<h16, TC_GEMV>)
+#else
+#define KAIROS_ENTRY_GVN(name, Args, body)
 #endif
 #if KAIROS_ENTRIES & KAIROS_E_SK_F16
 #define KAIROS_ENTRY_SK_F16(name, Args, body) KAIROS_ENTRY(name##_sk_f16, Args, 256, 2, body<h16, TC_STD, true>)
@@ -249,13 +287,20 @@ __device__ __forceinline__ float warp_min(float v) {
 // The tensor-core kernels (fp16 conv2d and gemm) also get `name_f16n`: the body for CTAs of at
 // most 128 threads (the small tiles) with warp tiles of at most 4 fragments (tile.cuh: TC_NARROW),
 // allowed up to 168 registers (3 CTAs per SM) instead of 128, so the fast operand loads keep
-// their state in registers; and `name_f16w`: 128-thread CTAs on tiles of at least 64 x 64 outputs
-// per warp (tile.cuh: TC_WIDE), up to 255 registers (2 CTAs per SM) for 64 x 64 warp tiles
-// (kairos_kernels::source::function_name picks the entry by the CTA size and the tile).
+// their state in registers; `name_f16w_<none|relu|act>`: 128-thread CTAs on tiles of at least
+// 64 x 64 outputs per warp (tile.cuh: TC_WIDE), up to 255 registers (2 CTAs per SM) for 64 x 64
+// warp tiles, one per activation class; and `name_gv` / `name_gvn` (256 threads at 128 registers,
+// 128 threads at 168): the small-M path alone (tile.cuh: TC_GEMV), for products tiled by at most 8
+// rows with B's k contiguous (kairos_kernels::source::function_name picks the entry by the CTA
+// size, the tile, B's layout and the activation).
 #define KAIROS_KERNELS_TC(name, Args, body)                                                                   \
     KAIROS_KERNELS(name, Args, body, 256)                                                                     \
     KAIROS_ENTRY_F16N(name, Args, body)                                                                       \
-    KAIROS_ENTRY_F16W(name, Args, body)                                                                       \
+    KAIROS_ENTRY_F16W_NONE(name, Args, body)                                                                  \
+    KAIROS_ENTRY_F16W_RELU(name, Args, body)                                                                  \
+    KAIROS_ENTRY_F16W_ACT(name, Args, body)                                                                   \
+    KAIROS_ENTRY_GV(name, Args, body)                                                                         \
+    KAIROS_ENTRY_GVN(name, Args, body)                                                                        \
     KAIROS_KERNELS_SPLIT_K(name, Args, body)
 
 // Their split-K entries `name_sk_f32`, `name_sk_f16` and `name_sk_f16n` (body<T, CLS, true>), for

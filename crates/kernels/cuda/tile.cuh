@@ -106,8 +106,9 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 // PTX, operands staged in shared memory as fp16 and read with ldmatrix, a pipeline of stages
 // filled with cp.async while earlier ones are multiplied. Like the SIMT engine it computes any
 // tile up to TILE_MAX x TILE_MAX with any CTA size (whole warps); the plan's choice only moves speed.
-// Tiles of at most GV_ROWS_MAX (8) rows whose B has k contiguous take the small-M path below
-// (tile_gemv) instead: same loader, same results up to f32 summation order.
+// Products tiled by at most GV_ROWS_MAX (8) rows whose B has k contiguous take the small-M path
+// below (tile_gemv, the `_gv` entries) instead: same loader, same results up to f32 summation
+// order. Elsewhere (except in the split-K entries) an edge tile of a few rows stays on this engine.
 //
 // Shared memory is the launch's dynamic shared memory (at least TC_SMEM_MIN_BYTES; the host
 // passes the plan's LaunchShape::shared_mem_bytes, raised to that minimum). Per logical block,
@@ -258,6 +259,11 @@ struct TcShape {
 #define TC_NARROW 0u
 #define TC_STD 1u
 #define TC_WIDE 2u
+// The small-M entries (`_gv`, `_gvn`): tile_gemv alone. The host sends them only products tiled by
+// at most GV_ROWS_MAX rows with B's k contiguous; the other entries have no small-M path except
+// the split-K ones (their edge tiles of at most GV_ROWS_MAX rows still take it), so an edge tile of
+// a few rows runs on the tensor-core engine like any other edge tile.
+#define TC_GEMV 3u
 
 __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn, u32 smem_halves, u32 cls) {
     TcShape s;
@@ -620,6 +626,12 @@ template <u32 MI, u32 NI, bool AHEAD = false, typename L>
 __device__ __forceinline__ void tc_store_frags(const L& ld_, const float (&acc)[MI][NI][4], u32 r0, u32 c0, u32 mi_n, u32 nj_n,
                                                u32 tm, u32 tn) {
     const u32 act = ld_.act();
+#ifdef KAIROS_ACT_ONLY
+    // The host picks the entry of the launch's class (kairos_kernels::source::entry_key).
+    if (KAIROS_ACT_ONLY != KAIROS_ACT_ANY && act != KAIROS_ACT_ONLY) asm volatile("trap;");
+    tc_store_frags_as<KAIROS_ACT_ONLY, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
+    return;
+#endif
     if (act == KAIROS_ACT_NONE) tc_store_frags_as<KAIROS_ACT_NONE, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
     else if (act == KAIROS_ACT_RELU) tc_store_frags_as<KAIROS_ACT_RELU, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
     else tc_store_frags_as<KAIROS_ACT_ANY, AHEAD>(ld_, acc, r0, c0, mi_n, nj_n, tm, tn);
@@ -979,42 +991,48 @@ __device__ __forceinline__ void tile_gemv(L& ld_, u32 tm, u32 tn, u32 K, u32 sme
     }
 }
 
-// CLS: the entry's warp-tile class (TC_NARROW, TC_STD, TC_WIDE above), so each entry compiles only
-// the tc_pass instantiations its register budget holds.
+// CLS: the entry's warp-tile class (TC_NARROW, TC_STD, TC_WIDE, TC_GEMV above), so each entry
+// compiles only the tc_pass instantiations its register budget holds.
 template <u32 CLS, typename L>
 __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
     constexpr bool NARROW = CLS == TC_NARROW;
     const u32 smem_bytes = tc_dyn_smem_bytes();
-    if (tm <= GV_ROWS_MAX && !ld_.b_kn) {
-        tile_gemv(ld_, tm, tn, K, smem_bytes);
-        return;
+    if constexpr (CLS == TC_GEMV || L::SPLIT_K) {
+        if (tm <= GV_ROWS_MAX && !ld_.b_kn) {
+            tile_gemv(ld_, tm, tn, K, smem_bytes);
+            return;
+        }
     }
-    const TcShape s = tc_shape(tm, tn, K, blockDim.x / 32u, ld_.b_kn, smem_bytes / 2u, CLS);
-    if (s.nstages < 2u) asm volatile("trap;");  // launched with less than TC_SMEM_MIN_BYTES
-    for (u32 pass = 0; pass < s.passes; ++pass) {
-        if constexpr (CLS == TC_WIDE) {
-            // Whole tiles with the constant shape and the fast loads; the rest (edge tiles, B
-            // stored [k][n], other depths) with the shape at run time. Smaller warp tiles (the
-            // edges of a product) re-read their last fragments and compute products never stored.
-            if (tc_is_wide_common(s, ld_.b_kn)) {
-                L kn_free = ld_;  // b_kn as a constant too
-                kn_free.b_kn = false;
-                tc_pass<4, 8, true>(kn_free, tc_shape_wide(s.nstages), smem_bytes, tm, tn, K, pass);
+    if constexpr (CLS == TC_GEMV) {
+        asm volatile("trap;");  // not a small-M product: the host picked the wrong entry
+    } else {
+        const TcShape s = tc_shape(tm, tn, K, blockDim.x / 32u, ld_.b_kn, smem_bytes / 2u, CLS);
+        if (s.nstages < 2u) asm volatile("trap;");  // launched with less than TC_SMEM_MIN_BYTES
+        for (u32 pass = 0; pass < s.passes; ++pass) {
+            if constexpr (CLS == TC_WIDE) {
+                // Whole tiles with the constant shape and the fast loads; the rest (edge tiles, B
+                // stored [k][n], other depths) with the shape at run time. Smaller warp tiles (the
+                // edges of a product) re-read their last fragments and compute products never stored.
+                if (tc_is_wide_common(s, ld_.b_kn)) {
+                    L kn_free = ld_;  // b_kn as a constant too
+                    kn_free.b_kn = false;
+                    tc_pass<4, 8, true>(kn_free, tc_shape_wide(s.nstages), smem_bytes, tm, tn, K, pass);
+                } else {
+                    tc_pass<4, 8, false>(ld_, s, smem_bytes, tm, tn, K, pass);
+                }
+            } else if (s.wtm <= 1u && s.wtn <= 2u) {
+                // The fast loads' state needs registers only the narrow entries have to spare (in the
+                // 128-register entries it pushed the large warp tiles into spilling more).
+                tc_pass<1, 2, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
+            } else if (s.wtm <= 1u) {
+                tc_pass<1, 4, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
+            } else if (NARROW || (s.wtm <= 2u && s.wtn <= 2u)) {
+                tc_pass<2, 2, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
+            } else if (s.wtm <= 2u) {
+                tc_pass<2, 4, false>(ld_, s, smem_bytes, tm, tn, K, pass);
             } else {
-                tc_pass<4, 8, false>(ld_, s, smem_bytes, tm, tn, K, pass);
+                tc_pass<4, 2, false>(ld_, s, smem_bytes, tm, tn, K, pass);
             }
-        } else if (s.wtm <= 1u && s.wtn <= 2u) {
-            // The fast loads' state needs registers only the narrow entries have to spare (in the
-            // 128-register entries it pushed the large warp tiles into spilling more).
-            tc_pass<1, 2, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
-        } else if (s.wtm <= 1u) {
-            tc_pass<1, 4, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
-        } else if (NARROW || (s.wtm <= 2u && s.wtn <= 2u)) {
-            tc_pass<2, 2, NARROW>(ld_, s, smem_bytes, tm, tn, K, pass);
-        } else if (s.wtm <= 2u) {
-            tc_pass<2, 4, false>(ld_, s, smem_bytes, tm, tn, K, pass);
-        } else {
-            tc_pass<4, 2, false>(ld_, s, smem_bytes, tm, tn, K, pass);
         }
     }
 }
@@ -1167,9 +1185,14 @@ __device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 
         }
     __syncthreads();
     const u32 act = ld_.act();
+#ifdef KAIROS_ACT_ONLY
+    if (KAIROS_ACT_ONLY != KAIROS_ACT_ANY && act != KAIROS_ACT_ONLY) asm volatile("trap;");
+    tcx_epilogue_as<KAIROS_ACT_ONLY, BM, BN, T>(ld_, cs, tm, tn);
+#else
     if (act == KAIROS_ACT_NONE) tcx_epilogue_as<KAIROS_ACT_NONE, BM, BN, T>(ld_, cs, tm, tn);
     else if (act == KAIROS_ACT_RELU) tcx_epilogue_as<KAIROS_ACT_RELU, BM, BN, T>(ld_, cs, tm, tn);
     else tcx_epilogue_as<KAIROS_ACT_ANY, BM, BN, T>(ld_, cs, tm, tn);
+#endif
     __syncthreads();  // the sums are read before the next logical block refills the stages
 }
 
@@ -1182,13 +1205,13 @@ __device__ __forceinline__ u32 tcx_stages(const L& ld_, u32 stage_bytes) {
     return n >= 2u ? n : 0u;
 }
 
-// One logical block of the plan's tile tile_m x tile_n (clipped to tm x tn): the small-M path
-// for tiles of at most 8 rows, a fixed-shape tile where the entry has one for this tile and CTA
-// size, else the generic engine.
+// One logical block of the plan's tile tile_m x tile_n (clipped to tm x tn): a fixed-shape tile
+// where the entry has one for this tile and CTA size (in the split-K entries not for clipped
+// tiles of at most 8 rows, which take the small-M path), else tile_mma.
 template <u32 CLS, typename L>
 __device__ __forceinline__ void tile_mma_planned(L& ld_, u32 tile_m, u32 tile_n, u32 tm, u32 tn, u32 K) {
     if constexpr (CLS == TC_STD) {
-        if (blockDim.x == 256u && !(tm <= GV_ROWS_MAX && !ld_.b_kn)) {
+        if (blockDim.x == 256u && !(L::SPLIT_K && tm <= GV_ROWS_MAX && !ld_.b_kn)) {
             if (tile_m == 128u && tile_n == 128u) {
                 if (const u32 n = tcx_stages(ld_, tcx_stage_bytes<128, 128>())) return tc_tile_fixed<128, 128, 2, 4>(ld_, tm, tn, K, n);
             } else if (tile_m == 64u && tile_n == 128u) {
@@ -1220,6 +1243,7 @@ struct SplitKTcLoader {
 
     typedef typename L::ACol ACol;
     static constexpr bool A_SRC_NONNULL = L::A_SRC_NONNULL;
+    static constexpr bool SPLIT_K = true;  // tile_mma keeps the small-M path for its edge tiles
     __device__ void a_row(u32 mm, u32& off, u32& aux) const { in.a_row(mm, off, aux); }
     __device__ ACol a_col_at(u32 k) const { return in.a_col_at(kb + k); }
     __device__ void a_col_step(ACol& c, u32 dk) const { in.a_col_step(c, dk); }

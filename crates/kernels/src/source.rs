@@ -94,13 +94,8 @@ impl Module {
         let kernels = self.kernels();
         let mut f: Vec<String> = kernels.iter().flat_map(|k| [format!("{k}_f32"), format!("{k}_f16")]).collect();
         for k in kernels.iter().filter(|k| TENSOR_CORE_KERNELS.contains(k)) {
-            f.extend([
-                format!("{k}_f16n"),
-                format!("{k}_f16w"),
-                format!("{k}_sk_f32"),
-                format!("{k}_sk_f16"),
-                format!("{k}_sk_f16n"),
-            ]);
+            let others = EntryKind::ALL.into_iter().filter(|e| !matches!(e, EntryKind::F32 | EntryKind::F16));
+            f.extend(others.map(|e| format!("{k}{}", e.suffix())));
         }
         f
     }
@@ -113,26 +108,56 @@ pub enum EntryKind {
     F32,
     F16,
     F16n,
-    F16w,
+    /// The wide entries, one per activation class of the epilogue (none, ReLU, any other).
+    F16wNone,
+    F16wRelu,
+    F16wAct,
+    /// The small-M path alone, 256- and 128-thread CTAs.
+    Gv,
+    Gvn,
     SkF32,
     SkF16,
     SkF16n,
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 7] =
-        [EntryKind::F32, EntryKind::F16, EntryKind::F16n, EntryKind::F16w, EntryKind::SkF32, EntryKind::SkF16, EntryKind::SkF16n];
+    pub const ALL: [EntryKind; 11] = [
+        EntryKind::F32,
+        EntryKind::F16,
+        EntryKind::F16n,
+        EntryKind::F16wNone,
+        EntryKind::F16wRelu,
+        EntryKind::F16wAct,
+        EntryKind::Gv,
+        EntryKind::Gvn,
+        EntryKind::SkF32,
+        EntryKind::SkF16,
+        EntryKind::SkF16n,
+    ];
 
-    /// The suffix of the entry functions of this kind (`gemm` + `_f16w`).
+    /// The suffix of the entry functions of this kind (`gemm` + `_f16w_relu`).
     pub fn suffix(self) -> &'static str {
         match self {
             EntryKind::F32 => "_f32",
             EntryKind::F16 => "_f16",
             EntryKind::F16n => "_f16n",
-            EntryKind::F16w => "_f16w",
+            EntryKind::F16wNone => "_f16w_none",
+            EntryKind::F16wRelu => "_f16w_relu",
+            EntryKind::F16wAct => "_f16w_act",
+            EntryKind::Gv => "_gv",
+            EntryKind::Gvn => "_gvn",
             EntryKind::SkF32 => "_sk_f32",
             EntryKind::SkF16 => "_sk_f16",
             EntryKind::SkF16n => "_sk_f16n",
+        }
+    }
+
+    /// The wide entry of an epilogue's activation class.
+    pub fn wide(act: Act) -> EntryKind {
+        match act {
+            Act::None => EntryKind::F16wNone,
+            Act::Relu => EntryKind::F16wRelu,
+            _ => EntryKind::F16wAct,
         }
     }
 
@@ -202,6 +227,23 @@ impl Unit {
         }
     }
 
+    /// About how long the unit takes to compile, in seconds on one core of an H100 host with 16
+    /// units compiling at once (NVRTC 13, sm_90, 2026-11-25). Only the order matters: parallel
+    /// compiles start the longest first, so the last to finish is not a long one started late.
+    pub fn compile_cost_s(self) -> u32 {
+        match self.entry {
+            Some(EntryKind::F16) => 50,
+            Some(EntryKind::F16wNone | EntryKind::F16wRelu | EntryKind::F16wAct) => 42,
+            Some(EntryKind::SkF16n) => 37,
+            Some(EntryKind::SkF16) => 30,
+            Some(EntryKind::F16n) => 28,
+            Some(EntryKind::Gv | EntryKind::Gvn) => 25,
+            Some(EntryKind::F32) => 13,
+            Some(EntryKind::SkF32) => 3,
+            None => 3,
+        }
+    }
+
     /// The unit that defines a launch's entry function.
     pub fn of_entry(module: Module, key: EntryKey) -> Unit {
         let entry = if module.split_by_entry() { EntryKind::from_suffix(key.suffix) } else { None };
@@ -215,14 +257,26 @@ pub fn unit_of(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<Un
 }
 
 /// The units of every entry the autotuner may try for a kernel at a dtype: the plan's own and the
-/// other CTA sizes and tiles of its candidates (fp16 tensor-core kernels: `_f16`, `_f16n`, `_f16w`,
-/// or their split-K entries; otherwise the one entry of the dtype).
+/// other CTA sizes and tiles of its candidates (fp16 tensor-core kernels: `_f16`, `_f16n`, the
+/// wide entry of its activation class and, for products of at most [`GV_ROWS_MAX`] rows, the
+/// small-M entries; or their split-K entries; otherwise the one entry of the dtype).
 pub fn tuning_units(kernel: &Kernel, dtype: DType) -> Vec<Unit> {
     let module = module_of(kernel);
     let sk = kernel.is_split_k();
     let kinds: Vec<EntryKind> = match dtype {
         DType::F16 if uses_tensor_cores(kernel, dtype) && sk => vec![EntryKind::SkF16, EntryKind::SkF16n],
-        DType::F16 if uses_tensor_cores(kernel, dtype) => vec![EntryKind::F16, EntryKind::F16n, EntryKind::F16w],
+        DType::F16 if uses_tensor_cores(kernel, dtype) => {
+            let mut k = vec![EntryKind::F16, EntryKind::F16n, EntryKind::wide(epilogue_act(kernel))];
+            let rows = match kernel {
+                Kernel::Conv2d(p) => p.gemm_m(),
+                Kernel::Gemm(p) => p.m,
+                _ => u32::MAX,
+            };
+            if is_small_m(kernel) || rows <= GV_ROWS_MAX {
+                k.extend([EntryKind::Gv, EntryKind::Gvn]);
+            }
+            k
+        }
         DType::F16 if sk => vec![EntryKind::SkF16],
         DType::F16 => vec![EntryKind::F16],
         DType::F32 if sk => vec![EntryKind::SkF32],
@@ -234,18 +288,19 @@ pub fn tuning_units(kernel: &Kernel, dtype: DType) -> Vec<Unit> {
     units
 }
 
-/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs, a
-/// `<name>_f16w` entry for large tiles on 128-thread CTAs, and split-K entries
-/// `<name>_sk_<f32|f16|f16n>` for launches with `split_k` > 1.
+/// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs,
+/// `<name>_f16w_<none|relu|act>` entries for large tiles on 128-thread CTAs, `<name>_gv` and
+/// `<name>_gvn` for the small-M path, and split-K entries `<name>_sk_<f32|f16|f16n>` for launches
+/// with `split_k` > 1.
 pub const TENSOR_CORE_KERNELS: [&str; 2] = ["conv2d", "gemm"];
 /// CTAs of at most this many threads run a tensor-core kernel's `_f16n` entry (launch bound
 /// 128 threads, 3 CTAs per SM: up to 168 registers per thread instead of 128).
 pub const TC_NARROW_THREADS_MAX: u32 = 128;
 /// Tensor-core launches of [`TC_WIDE_THREADS`] threads whose tile holds at least this many outputs
-/// per warp run the `_f16w` entry (64 x 64 warp tiles, launch bound 128 threads and 2 CTAs per SM:
+/// per warp run a `_f16w_*` entry (64 x 64 warp tiles, launch bound 128 threads and 2 CTAs per SM:
 /// up to 255 registers per thread for 128 accumulators).
 pub const TC_WIDE_OUTPUTS_PER_WARP_MIN: u32 = 64 * 64;
-/// The CTA size of the `_f16w` entries.
+/// The CTA size of the `_f16w_*` entries.
 pub const TC_WIDE_THREADS: u32 = 128;
 
 /// Functions of [`Module::Util`].
@@ -284,35 +339,44 @@ pub struct EntryKey {
 pub fn entry_key(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<EntryKey, String> {
     let base = kernel.name();
     let sk = kernel.is_split_k();
-    let suffix = match dtype {
-        DType::F16 if uses_tensor_cores(kernel, dtype) && !sk && is_wide(kernel, threads_per_cta) => "_f16w",
-        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => {
-            if sk {
-                "_sk_f16n"
+    let kind = match dtype {
+        DType::F16 if uses_tensor_cores(kernel, dtype) && !sk => {
+            if is_small_m(kernel) {
+                if threads_per_cta <= TC_NARROW_THREADS_MAX { EntryKind::Gvn } else { EntryKind::Gv }
+            } else if is_wide(kernel, threads_per_cta) {
+                EntryKind::wide(epilogue_act(kernel))
+            } else if threads_per_cta <= TC_NARROW_THREADS_MAX {
+                EntryKind::F16n
             } else {
-                "_f16n"
+                EntryKind::F16
             }
         }
-        DType::F32 => {
-            if sk {
-                "_sk_f32"
-            } else {
-                "_f32"
-            }
-        }
-        DType::F16 => {
-            if sk {
-                "_sk_f16"
-            } else {
-                "_f16"
-            }
-        }
+        DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => EntryKind::SkF16n,
+        DType::F16 if sk => EntryKind::SkF16,
+        DType::F16 => EntryKind::F16,
+        DType::F32 if sk => EntryKind::SkF32,
+        DType::F32 => EntryKind::F32,
         DType::I64 => return Err(format!("kernel {base} has no i64 variant (launch dtype must be f32 or f16)")),
     };
-    Ok(EntryKey { base, suffix })
+    Ok(EntryKey { base, suffix: kind.suffix() })
 }
 
-/// Whether a tensor-core launch of this tile and CTA size runs the `_f16w` entry (see
+/// Rows per tile up to which a tensor-core product with B's k contiguous runs the small-M path
+/// (tile.cuh: GV_ROWS_MAX; the plan gives such tiles to products of at most
+/// `kairos_ir::lower::emit::SMALL_M_ROWS` rows).
+pub const GV_ROWS_MAX: u32 = 8;
+
+/// Whether a tensor-core launch runs the small-M entries (`_gv`, `_gvn`): tiles of at most
+/// [`GV_ROWS_MAX`] rows and B's k contiguous (gemm: not stored [k][n]; conv weights always are).
+pub fn is_small_m(kernel: &Kernel) -> bool {
+    match kernel {
+        Kernel::Conv2d(p) => p.tile_m <= GV_ROWS_MAX,
+        Kernel::Gemm(p) => p.tile_m <= GV_ROWS_MAX && !(p.b_stride_k != 1 && p.b_stride_n == 1),
+        _ => false,
+    }
+}
+
+/// Whether a tensor-core launch of this tile and CTA size runs a `_f16w_*` entry (see
 /// [`function_name`]).
 pub fn is_wide_tile(tile_m: u32, tile_n: u32, threads_per_cta: u32) -> bool {
     threads_per_cta == TC_WIDE_THREADS && tile_m * tile_n >= TC_WIDE_OUTPUTS_PER_WARP_MIN * (threads_per_cta / 32)
@@ -323,6 +387,14 @@ fn is_wide(kernel: &Kernel, threads_per_cta: u32) -> bool {
         Kernel::Conv2d(p) => is_wide_tile(p.tile_m, p.tile_n, threads_per_cta),
         Kernel::Gemm(p) => is_wide_tile(p.tile_m, p.tile_n, threads_per_cta),
         _ => false,
+    }
+}
+
+fn epilogue_act(kernel: &Kernel) -> Act {
+    match kernel {
+        Kernel::Conv2d(p) => p.epilogue.act,
+        Kernel::Gemm(p) => p.epilogue.act,
+        _ => Act::None,
     }
 }
 
@@ -813,10 +885,11 @@ mod tests {
                 assert_eq!(holders.len(), 1, "{f} is in {holders:?}");
             }
         }
-        let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16w) };
-        assert_eq!(gemm_w.functions(), vec!["gemm_f16w".to_string()]);
-        assert_eq!(gemm_w.name(), "gemm_f16w");
-        assert_eq!(Unit::by_name("gemm_f16w"), Some(gemm_w));
+        let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16wRelu) };
+        assert_eq!(gemm_w.functions(), vec!["gemm_f16w_relu".to_string()]);
+        assert_eq!(gemm_w.name(), "gemm_f16w_relu");
+        assert_eq!(Unit::by_name("gemm_f16w_relu"), Some(gemm_w));
+        assert_eq!(Unit { module: Module::Conv, entry: Some(EntryKind::Gvn) }.functions(), vec!["conv2d_gvn".to_string()]);
         let conv_f16 = Unit { module: Module::Conv, entry: Some(EntryKind::F16) };
         assert_eq!(conv_f16.functions(), vec!["conv2d_f16".to_string(), "dwconv2d_f16".to_string()]);
         assert_eq!(Unit::all().len(), 6 + 2 * EntryKind::ALL.len());
@@ -875,14 +948,13 @@ mod tests {
     fn every_module_declares_its_functions_in_its_source() {
         for m in Module::ALL {
             for f in m.functions() {
-                let (kernel, suffix) = match f.rsplit_once('_') {
-                    Some((k, s)) if s == "f32" || s == "f16" || s == "f16n" || s == "f16w" => {
-                        (k.trim_end_matches("_sk").to_string(), Some(s))
-                    }
-                    _ => (f.clone(), None),
+                let kind = EntryKind::ALL.into_iter().filter(|k| f.ends_with(k.suffix())).max_by_key(|k| k.suffix().len());
+                let (kernel, suffix) = match kind {
+                    Some(k) => (f.trim_end_matches(k.suffix()).to_string(), Some(k)),
+                    None => (f.clone(), None),
                 };
                 let needle = match suffix {
-                    Some("f16n" | "f16w") => format!("KAIROS_KERNELS_TC({kernel},"),
+                    Some(k) if !matches!(k, EntryKind::F32 | EntryKind::F16) => format!("KAIROS_KERNELS_TC({kernel},"),
                     Some(_) if TENSOR_CORE_KERNELS.contains(&kernel.as_str()) => format!("KAIROS_KERNELS_TC({kernel},"),
                     Some(_) => format!("KAIROS_KERNELS({kernel},"),
                     None => format!("void {f}("),
@@ -956,17 +1028,39 @@ mod tests {
             }
             k
         };
-        // 64 x 64 outputs per warp or more at 128 threads: wide; fewer, or other CTA sizes: as before.
-        assert_eq!(function_name(&tiled(128, 128), DType::F16, 128).unwrap(), "gemm_f16w");
+        // 64 x 64 outputs per warp or more at 128 threads: wide, the entry of the epilogue's
+        // activation class; fewer, or other CTA sizes: as before.
+        assert_eq!(function_name(&tiled(128, 128), DType::F16, 128).unwrap(), "gemm_f16w_none");
+        let with_act = |act: Act| {
+            let mut k = tiled(128, 128);
+            if let Kernel::Gemm(p) = &mut k {
+                p.epilogue.act = act;
+            }
+            function_name(&k, DType::F16, 128).unwrap()
+        };
+        assert_eq!(with_act(Act::Relu), "gemm_f16w_relu");
+        assert_eq!(with_act(Act::Gelu), "gemm_f16w_act");
+        assert_eq!(with_act(Act::Relu6), "gemm_f16w_act");
         assert_eq!(function_name(&tiled(128, 64), DType::F16, 128).unwrap(), "gemm_f16n");
         assert_eq!(function_name(&tiled(64, 64), DType::F16, 128).unwrap(), "gemm_f16n");
         assert_eq!(function_name(&tiled(128, 128), DType::F16, 256).unwrap(), "gemm_f16");
         assert_eq!(function_name(&tiled(128, 128), DType::F16, 64).unwrap(), "gemm_f16n");
         assert_eq!(function_name(&tiled(128, 128), DType::F32, 128).unwrap(), "gemm_f32");
-        assert!(Module::Gemm.functions().contains(&"gemm_f16w".to_string()));
-        assert!(Module::Conv.functions().contains(&"conv2d_f16w".to_string()));
+        // Tiles of at most 8 rows: the small-M entries, unless B is stored [k][n].
+        assert_eq!(function_name(&tiled(8, 64), DType::F16, 128).unwrap(), "gemm_gvn");
+        assert_eq!(function_name(&tiled(8, 64), DType::F16, 256).unwrap(), "gemm_gv");
+        assert_eq!(function_name(&tiled(16, 64), DType::F16, 128).unwrap(), "gemm_f16n");
+        let mut kn = tiled(8, 64);
+        if let Kernel::Gemm(p) = &mut kn {
+            (p.b_stride_k, p.b_stride_n) = (p.n as u64, 1);
+        }
+        assert_eq!(function_name(&kn, DType::F16, 128).unwrap(), "gemm_f16n");
+        for f in ["gemm_f16w_none", "gemm_f16w_relu", "gemm_f16w_act", "gemm_gv", "gemm_gvn"] {
+            assert!(Module::Gemm.functions().contains(&f.to_string()), "{f}");
+        }
+        assert!(Module::Conv.functions().contains(&"conv2d_f16w_act".to_string()));
         // Every CTA size and tile the autotuner may try is in the units it compiles first.
-        for (tm, tn, threads) in [(128, 128, 128), (128, 64, 128), (128, 128, 256), (16, 16, 64)] {
+        for (tm, tn, threads) in [(128, 128, 128), (128, 64, 128), (128, 128, 256), (16, 16, 64), (8, 64, 128), (8, 32, 256)] {
             for dtype in [DType::F16, DType::F32] {
                 let unit = unit_of(&tiled(tm, tn), dtype, threads).unwrap();
                 assert!(unit.functions().contains(&function_name(&tiled(tm, tn), dtype, threads).unwrap()));
@@ -975,7 +1069,7 @@ mod tests {
         }
         let tile = HEADERS.iter().find(|h| h.0 == "kairos/common.cuh").unwrap().1;
         assert!(
-            tile.contains(&format!("KAIROS_ENTRY(name##_f16w, Args, {TC_WIDE_THREADS}, 2,")),
+            tile.contains(&format!("KAIROS_ENTRY(name##_f16w_relu, Args, {TC_WIDE_THREADS}, 2,")),
             "the wide entries' launch bound"
         );
     }
