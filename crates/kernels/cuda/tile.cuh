@@ -253,7 +253,7 @@ struct TcShape {
 
 // The warp-tile classes of the tensor-core entries (common.cuh), what tile_mma instantiates:
 // TC_NARROW (`_f16n`, up to 168 registers): warp tiles of at most 4 fragments; TC_STD (`_f16`, 128
-// registers): at most 8; TC_WIDE (`_f16w`, 128-thread CTAs, up to 255 registers): 4 x 8 fragments,
+// registers): at most 8; TC_WIDE (`_f16w_*`, 128-thread CTAs, up to 255 registers): 4 x 8 fragments,
 // 64 x 64 outputs per warp (128 f32 accumulators per thread), so a k16 step reads 8 fragment
 // sets for 32 mma (the 8-fragment tiles read 5 for 8: bound by shared memory, not tensor cores).
 #define TC_NARROW 0u

@@ -197,7 +197,7 @@ impl Unit {
         }
     }
 
-    /// `gemm_f16w`, `eltwise`: names the cache files and the progress lines.
+    /// `gemm_f16w_relu`, `eltwise`: names the cache files and the progress lines.
     pub fn name(self) -> String {
         match self.entry {
             Some(k) => format!("{}{}", self.module.name(), k.suffix()),
@@ -320,9 +320,11 @@ pub fn module_of(kernel: &Kernel) -> Module {
 }
 
 /// The CUDA function of a kernel at a launch dtype and CTA size: `<name>_<f32|f16>`, or for
-/// tensor-core launches `<name>_f16w` when the CTA has [`TC_WIDE_THREADS`] threads and the tile at
-/// least [`TC_WIDE_OUTPUTS_PER_WARP_MIN`] outputs per warp (not split-K), else `<name>_f16n` at
-/// most [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries.
+/// tensor-core launches (not split-K) `<name>_gv` / `<name>_gvn` for small-M products
+/// ([`is_small_m`]; `_gvn` at most [`TC_NARROW_THREADS_MAX`] threads), `<name>_f16w_<none|relu|act>`
+/// (the epilogue's activation class) when the CTA has [`TC_WIDE_THREADS`] threads and the tile at
+/// least [`TC_WIDE_OUTPUTS_PER_WARP_MIN`] outputs per warp, else `<name>_f16n` at most
+/// [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries.
 pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
     entry_key(kernel, dtype, threads_per_cta).map(|k| format!("{}{}", k.base, k.suffix))
 }
