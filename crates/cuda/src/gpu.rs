@@ -1079,34 +1079,41 @@ impl CudaGpu {
         self.launch_span_ns(id).ok_or_else(|| GpuError::Driver("a finished launch has no span".into()))
     }
 
-    /// Polls until `launch` reports `LaunchDone`. The launch's own placement and completion
+    /// Polls until `launch` reports `LaunchDone` (or `LaunchLost`: an error, at once, instead of
+    /// waiting for an end that will never be reported). The launch's own placement and completion
     /// events are consumed; other launches' events are kept, in order, for the next `poll`.
     pub fn wait_done(&mut self, launch: LaunchId) -> Result<(u32, bool)> {
-        if let Some(i) = self.host_events.iter().position(|e| matches!(e, GpuEvent::LaunchDone { launch: l, .. } if *l == launch))
-        {
-            let done = self.host_events.remove(i);
-            self.host_events.retain(|e| !Self::is_event_of(e, launch));
-            if let Some(GpuEvent::LaunchDone { next_block, preempted, .. }) = done {
-                return Ok((next_block, preempted));
-            }
-        }
+        let lost = || GpuError::Driver(format!("launch {}'s notifications were lost (the ring overflowed)", launch.0));
         let mut events = Vec::new();
         let deadline = self.now_ns() + 60_000_000_000;
         loop {
+            // Its end may already sit among the events kept for `poll` (read by an earlier poll,
+            // or put there by the ring's recovery): look there first, every time.
+            if let Some(i) = self.host_events.iter().position(
+                |e| matches!(e, GpuEvent::LaunchDone { launch: l, .. } | GpuEvent::LaunchLost { launch: l, .. } if *l == launch),
+            ) {
+                let done = self.host_events.remove(i);
+                self.host_events.retain(|e| !Self::is_event_of(e, launch));
+                return match done {
+                    Some(GpuEvent::LaunchDone { next_block, preempted, .. }) => Ok((next_block, preempted)),
+                    _ => Err(lost()),
+                };
+            }
             events.clear();
             self.poll_device(&mut events)?;
             let mut found = None;
             for e in events.drain(..) {
                 match e {
                     GpuEvent::LaunchDone { launch: l, next_block, preempted, .. } if l == launch => {
-                        found = Some((next_block, preempted))
+                        found = Some(Ok((next_block, preempted)))
                     }
+                    GpuEvent::LaunchLost { launch: l, .. } if l == launch => found = Some(Err(lost())),
                     e if Self::is_event_of(&e, launch) => {}
                     e => self.stash(e)?,
                 }
             }
             if let Some(r) = found {
-                return Ok(r);
+                return r;
             }
             if self.now_ns() > deadline {
                 return Err(GpuError::Driver(format!("launch {} did not finish within 60 s", launch.0)));

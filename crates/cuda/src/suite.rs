@@ -1147,8 +1147,13 @@ pub fn launch_events(gpu: &mut CudaGpu, launch: LaunchId) -> Result<Vec<GpuEvent
                 continue;
             }
             mine.push(*e);
-            if matches!(e, GpuEvent::LaunchDone { .. }) {
-                return Ok(mine);
+            match e {
+                GpuEvent::LaunchDone { .. } => return Ok(mine),
+                // Its end will never be reported: say so now rather than after the deadline.
+                GpuEvent::LaunchLost { .. } => {
+                    return Err(GpuError::Driver(format!("launch {}'s notifications were lost (the ring overflowed)", launch.0)));
+                }
+                _ => {}
             }
         }
         if gpu.now_ns() > deadline {

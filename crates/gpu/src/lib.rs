@@ -471,6 +471,15 @@ pub trait Gpu {
         Err(GpuError::Unsupported("this backend cannot map host memory".into()))
     }
 
+    /// Re-creates the device after a fault it cannot run on from (a sticky error, a launch that
+    /// never ends): everything on it is gone — allocations, streams, modules' state, host mappings,
+    /// launches and copies in flight (no event is reported for them) — and it is as if new, except
+    /// that its clock goes on and launch and copy ids are not handed out again. The caller re-creates
+    /// what it needs. Backends that cannot return [`GpuError::Unsupported`] (the default).
+    fn reset(&mut self) -> Result<()> {
+        Err(GpuError::Unsupported("this backend cannot be reset".into()))
+    }
+
     /// Removes a mapping and releases the backend's hold on its memory. Unmapping while a launch
     /// that uses it has not reported `LaunchDone` is an error; the mapping then stays.
     fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {

@@ -56,6 +56,9 @@ pub struct VirtualDriver<G: Gpu> {
     other: Vec<Output>,
     out: Vec<Output>,
     checks: bool,
+    recover: bool,
+    /// Decisions the dispatcher had made when the run last looked for a stall.
+    decisions_seen: u64,
 }
 
 impl<G: Gpu> VirtualDriver<G> {
@@ -76,6 +79,8 @@ impl<G: Gpu> VirtualDriver<G> {
             other: Vec::new(),
             out: Vec::new(),
             checks: false,
+            recover: false,
+            decisions_seen: 0,
         })
     }
 
@@ -87,6 +92,12 @@ impl<G: Gpu> VirtualDriver<G> {
     /// fails at the first step that breaks one (for tests; O(jobs x launches) per step).
     pub fn set_checks(&mut self, on: bool) {
         self.checks = on;
+    }
+
+    /// Resets the GPU when it fails ([`Dispatcher::recover`], as the threaded engine does) instead
+    /// of ending the run with the error. Off by default, so that a test sees any GPU error.
+    pub fn set_recover(&mut self, on: bool) {
+        self.recover = on;
     }
 
     fn check(&self) -> Result<(), Error> {
@@ -184,7 +195,16 @@ impl<G: Gpu> VirtualDriver<G> {
 
     fn run(&mut self, until: Option<u64>) -> Result<(), Error> {
         loop {
-            self.d.poll_gpu(&mut self.out)?;
+            match self.d.poll_gpu(&mut self.out) {
+                Ok(_) => {}
+                Err(Error::GpuFailed(cause)) if self.recover => {
+                    self.d.recover(&cause, &mut self.out)?;
+                    self.check()?;
+                    self.collect();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             self.check()?;
             self.collect();
             let now = self.d.gpu().now_ns();
@@ -215,16 +235,33 @@ impl<G: Gpu> VirtualDriver<G> {
                 match target {
                     Some(t) if next.is_some() || self.d.jobs() == 0 => self.d.gpu_mut().wait(t)?,
                     _ if self.d.jobs() == 0 => return Ok(()),
+                    // A round that ended on its decision limit (e.g. with a launch that failed)
+                    // may have left work to decide: one more round before calling it a stall.
+                    _ if self.d.stats().decisions > self.decisions_seen => {
+                        self.decisions_seen = self.d.stats().decisions;
+                        self.d.dispatch(&mut self.out);
+                        self.check()?;
+                        self.collect();
+                        continue;
+                    }
                     _ => {
+                        let view = self.d.view();
                         return Err(Error::Gpu(format!(
-                            "stalled at {now} ns: {} requests held, nothing in flight, nothing scheduled (policy {})",
+                            "stalled at {now} ns: {} requests held, nothing in flight, nothing scheduled (policy {}); admitted: {:?}; {} streams available, {} CTAs pending, occupancy idle: {}; {:?}",
                             self.d.jobs(),
-                            self.d.policy_name()
+                            self.d.policy_name(),
+                            &view.jobs[..view.jobs.len().min(4)],
+                            view.gpu.idle_streams,
+                            view.gpu.pending_ctas,
+                            view.gpu.occupancy.is_idle(),
+                            self.d.stats()
                         )));
                     }
                 }
             } else {
-                self.d.gpu_mut().wait(target.unwrap_or(now + WAIT_STEP_NS))?;
+                // Not past the watchdog's next look, so that a hung launch is found in time.
+                let until = target.unwrap_or(now + WAIT_STEP_NS).min(self.d.watchdog_due_ns().unwrap_or(u64::MAX));
+                self.d.gpu_mut().wait(until)?;
             }
         }
     }

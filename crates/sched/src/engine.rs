@@ -11,6 +11,14 @@
 //! (a CUDA context is thread-affine). A full queue is [`Error::Overloaded`] at once; nothing
 //! blocks a submitter. Completion callbacks run on the dispatcher thread and must be quick (send
 //! on a channel, wake a task); [`RequestHandle`] wraps one for callers that want to block or poll.
+//!
+//! **Supervision.** When the GPU fails (it cannot report its events, a sticky fault, a launch past
+//! the watchdog's bound: [`Error::GpuFailed`] from [`Dispatcher::poll_gpu`]), the thread resets it
+//! with [`Dispatcher::recover`]: the requests it held fail with [`Error::GpuFailed`], the models
+//! and host mappings come back, and serving goes on; commands wait in the queue meanwhile. A
+//! line on stderr and [`Engine::recoveries`] say what happened; [`EngineStats`] counts it. Only
+//! when [`RECOVERY_ATTEMPTS_MAX`] resets in a row fail does the engine stop (every request then
+//! fails).
 
 use crate::SUBMIT_QUEUE_MAX;
 use crate::dispatcher::{Config, Dispatcher};
@@ -18,7 +26,7 @@ use crate::request::*;
 use kairos_gpu::{DeviceInfo, Gpu, HostMapping, HostMappingId, HostMemory};
 use kairos_ir::Tensor;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -26,6 +34,12 @@ use std::time::Duration;
 
 /// Commands taken from the queue per turn of the loop before the GPU is polled again.
 const COMMANDS_PER_TURN: usize = 256;
+/// Resets tried in a row after a GPU fault before the engine gives up (and fails every request).
+pub const RECOVERY_ATTEMPTS_MAX: u32 = 3;
+/// Pause between two reset attempts.
+const RECOVERY_RETRY_MS: u64 = 200;
+/// Recovery reports the engine keeps (the latest ones).
+pub const RECOVERY_REPORTS_MAX: usize = 16;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -81,6 +95,9 @@ struct Shared {
     launch_call_ns: AtomicU64,
     policy_ns: AtomicU64,
     events_ns: AtomicU64,
+    gpu_recoveries: AtomicU64,
+    recovering: AtomicBool,
+    recoveries: Mutex<VecDeque<RecoveryReport>>,
 }
 
 /// A snapshot of the engine's counters (for metrics).
@@ -111,6 +128,9 @@ pub struct EngineStats {
     pub launch_call_ns: u64,
     pub policy_ns: u64,
     pub events_ns: u64,
+    /// Times the GPU was reset after a fault, and whether a reset is under way now.
+    pub gpu_recoveries: u64,
+    pub recovering: bool,
 }
 
 /// The in-process serving API: one dispatcher thread and its GPU.
@@ -322,7 +342,14 @@ impl Engine {
             launch_call_ns: s.launch_call_ns.load(Ordering::Relaxed),
             policy_ns: s.policy_ns.load(Ordering::Relaxed),
             events_ns: s.events_ns.load(Ordering::Relaxed),
+            gpu_recoveries: s.gpu_recoveries.load(Ordering::Relaxed),
+            recovering: s.recovering.load(Ordering::Relaxed),
         }
+    }
+
+    /// The latest GPU recoveries (at most [`RECOVERY_REPORTS_MAX`]), oldest first.
+    pub fn recoveries(&self) -> Vec<RecoveryReport> {
+        self.shared.recoveries.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 
     /// Cancels everything, frees the GPU's memory and stops the thread.
@@ -494,6 +521,28 @@ impl Waiters {
                     }
                 }
                 Output::ShutDown => {}
+                Output::Recovered(r) => {
+                    eprintln!(
+                        "kairos: GPU reset after a fault ({}): {} requests failed, {} models loaded again{}{}, serving again after {:.1} ms",
+                        r.cause,
+                        r.requests_failed,
+                        r.models_reloaded,
+                        if r.models_lost.is_empty() {
+                            String::new()
+                        } else {
+                            let lost: Vec<String> = r.models_lost.iter().map(|(m, e)| format!("{m} ({e})")).collect();
+                            format!(", lost: {}", lost.join(", "))
+                        },
+                        if r.mappings_lost > 0 { format!(", {} host mappings lost", r.mappings_lost) } else { String::new() },
+                        r.took_ns as f64 / 1e6
+                    );
+                    shared.gpu_recoveries.fetch_add(1, Ordering::Relaxed);
+                    let mut q = shared.recoveries.lock().unwrap_or_else(|e| e.into_inner());
+                    if q.len() >= RECOVERY_REPORTS_MAX {
+                        q.pop_front();
+                    }
+                    q.push_back(r);
+                }
             }
         }
     }
@@ -520,6 +569,35 @@ impl Waiters {
 fn take<G: Gpu>(mut e: Envelope, d: &mut Dispatcher<G>, out: &mut Vec<Output>, waiters: &mut Waiters) {
     waiters.register(&mut e);
     d.on_command(e.command, out);
+}
+
+/// Resets the GPU after `fault` (see the module docs); false when it could not be brought back,
+/// and then every waiter has been answered with the error.
+fn recover<G: Gpu>(d: &mut Dispatcher<G>, fault: &Error, out: &mut Vec<Output>, waiters: &mut Waiters, shared: &Shared) -> bool {
+    let cause = match fault {
+        Error::GpuFailed(c) => c.clone(),
+        e => e.to_string(),
+    };
+    shared.recovering.store(true, Ordering::Relaxed);
+    let mut result = d.recover(&cause, out);
+    for _ in 1..RECOVERY_ATTEMPTS_MAX {
+        if result.is_ok() {
+            break;
+        }
+        waiters.deliver(out, shared);
+        std::thread::sleep(Duration::from_millis(RECOVERY_RETRY_MS));
+        result = d.recover(&cause, out);
+    }
+    waiters.deliver(out, shared);
+    shared.recovering.store(false, Ordering::Relaxed);
+    match result {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("kairos: the GPU could not be reset after {RECOVERY_ATTEMPTS_MAX} attempts ({e}); the engine stops");
+            waiters.abandon(&e);
+            false
+        }
+    }
 }
 
 fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cfg: &EngineConfig) {
@@ -549,10 +627,11 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         match d.poll_gpu(&mut out) {
             Ok(n) => busy |= n > 0,
             Err(e) => {
-                // A GPU that cannot report events cannot be scheduled: fail everything and stop.
                 waiters.deliver(&mut out, shared);
-                waiters.abandon(&e);
-                return;
+                if !recover(&mut d, &e, &mut out, &mut waiters, shared) {
+                    return;
+                }
+                continue;
             }
         }
         waiters.deliver(&mut out, shared);
@@ -592,8 +671,10 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         } else if cfg.gpu_wait_ns > 0 {
             let until = d.gpu().now_ns().saturating_add(cfg.gpu_wait_ns);
             if let Err(e) = d.gpu_mut().wait(until) {
-                waiters.abandon(&e.into());
-                return;
+                let e = Error::GpuFailed(format!("waiting on the GPU failed: {e}"));
+                if !recover(&mut d, &e, &mut out, &mut waiters, shared) {
+                    return;
+                }
             }
         }
     }

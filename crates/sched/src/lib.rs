@@ -41,8 +41,8 @@ pub use driver::{RequestRecord, VirtualDriver};
 pub use engine::{Engine, EngineConfig, EngineStats, RequestHandle};
 pub use policy::{Decision, Policy, PolicyConfig};
 pub use request::{
-    Class, Command, Error, EstimateSource, IoBinding, MappedSpan, ModelInfo, ModelSpec, Output, Request, RequestId,
-    RequestOptions, Response, TenantId, Timing,
+    Class, Command, Error, EstimateSource, IoBinding, MappedSpan, ModelInfo, ModelSpec, Output, RecoveryReport, Request,
+    RequestId, RequestOptions, Response, TenantId, Timing,
 };
 
 /// Hard caps on the configurable limits.
@@ -58,6 +58,9 @@ pub const STREAM_COUNT_DEFAULT_MIN: u32 = 32;
 pub const LAUNCHES_IN_FLIGHT_MAX: usize = 65_536;
 pub const LAUNCHES_PER_PLAN_MAX: usize = 1 << 20;
 pub const DECISIONS_PER_ROUND_MAX: usize = 65_536;
+/// Default `Config::watchdog_ns_min`: a launch at the head of its stream for longer than this
+/// (or a thousand times its estimate, if more) is taken for a hung kernel and the GPU is reset.
+pub const WATCHDOG_NS_MIN_DEFAULT: u64 = 2_000_000_000;
 pub const SUBMIT_QUEUE_MAX: usize = 1 << 20;
 pub const TRACE_MAX: usize = 1 << 24;
 /// Issue-ahead per job (`Config::lookahead_ns`, `Config::lookahead_launches_max`): the caps, and

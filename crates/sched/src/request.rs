@@ -238,6 +238,27 @@ pub enum Output {
         result: Result<(), Error>,
     },
     ShutDown,
+    /// The GPU failed and was reset ([`crate::Dispatcher::recover`]): what was lost and what
+    /// came back.
+    Recovered(RecoveryReport),
+}
+
+/// What a recovery ([`crate::Dispatcher::recover`]) did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecoveryReport {
+    /// Why the GPU was reset.
+    pub cause: String,
+    /// Requests answered with [`Error::GpuFailed`] (or with their cancellation, if cancelled).
+    pub requests_failed: u64,
+    /// Models uploaded again, and those that could not be (they answer [`Error::GpuFailed`]
+    /// until unloaded).
+    pub models_reloaded: u32,
+    pub models_lost: Vec<(String, Error)>,
+    /// Host mappings mapped again, and those that could not be (requests bound to them fail).
+    pub mappings_restored: u32,
+    pub mappings_lost: u32,
+    /// From the start of the reset to serving again, on the GPU's clock.
+    pub took_ns: u64,
 }
 
 /// Errors of the scheduling layer. The server maps them to protocol status codes:
@@ -264,6 +285,11 @@ pub enum Error {
     Gpu(String),
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// The GPU failed (a sticky fault, a launch past its watchdog bound, events it could not
+    /// report): the request was not completed, and the device was reset (see
+    /// [`crate::Dispatcher::recover`]). Retrying is safe.
+    #[error("the GPU failed and was reset: {0}")]
+    GpuFailed(String),
 }
 
 impl From<kairos_gpu::GpuError> for Error {

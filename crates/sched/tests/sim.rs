@@ -22,7 +22,14 @@ fn sim(rng: &mut SmallRng, seed: u64, compute: bool) -> SimGpu {
     desc.hardware_queues = [1, 8, 32][rng.random_range(0..3)];
     SimGpu::new(
         desc,
-        SimOptions { seed, compute, jitter: rng.random_bool(0.8), record_trace: false, check_invariants: rng.random_bool(0.2) },
+        SimOptions {
+            seed,
+            compute,
+            jitter: rng.random_bool(0.8),
+            record_trace: false,
+            check_invariants: rng.random_bool(0.2),
+            ..SimOptions::default()
+        },
     )
 }
 

@@ -110,7 +110,7 @@ impl From<kairos_sched::Error> for ServeError {
             E::UnknownModel(_) => ServeError::NotFound(m),
             E::ModelExists(_) | E::InvalidModel(_) | E::InvalidInput(_) => ServeError::Invalid(m),
             E::Overloaded { .. } => ServeError::Overloaded(m),
-            E::ModelUnloading(_) | E::ShuttingDown => ServeError::Unavailable(m),
+            E::ModelUnloading(_) | E::ShuttingDown | E::GpuFailed(_) => ServeError::Unavailable(m),
             E::Cancelled => ServeError::Cancelled(m),
             E::Gpu(_) => ServeError::Internal(m),
         }
@@ -132,6 +132,7 @@ mod tests {
             (E::ShuttingDown.into(), 503, Code::Unavailable),
             (E::ModelUnloading("m".into()).into(), 503, Code::Unavailable),
             (E::Gpu("boom".into()).into(), 500, Code::Internal),
+            (E::GpuFailed("launch 3 hung".into()).into(), 503, Code::Unavailable),
             (ServeError::TooLarge("big".into()), 413, Code::InvalidArgument),
         ];
         for (e, http, grpc) in cases {

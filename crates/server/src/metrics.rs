@@ -16,6 +16,7 @@
 //! | `kairos_gpu_busy_ratio` | gauge | gpu (share of 1 ms samples with kernels in flight, last second) |
 //! | `kairos_gpu_busy_seconds_total` | counter | gpu |
 //! | `kairos_preemptions_total`, `kairos_launches_total` | counter | gpu |
+//! | `kairos_launches_lost_total`, `kairos_gpu_recoveries_total` | counter | gpu (lost notifications; GPU resets after a fault) |
 //! | `kairos_engine_jobs`, `kairos_engine_rejected_total` | gauge / counter | gpu |
 //! | `kairos_models_ready`, `kairos_shm_clients` | gauge | |
 //! | `kairos_shm_requests_total` | counter | path (`zero_copy`: the GPU read and wrote the client's region; `copy`: the server copied) |
@@ -329,6 +330,20 @@ impl Metrics {
             "counter",
             "Kernel launches issued.",
             per_gpu(&|e| e.stats.launches.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_launches_lost_total",
+            "counter",
+            "Kernel launches whose notifications the GPU lost (their requests failed).",
+            per_gpu(&|e| e.stats.launches_lost.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_gpu_recoveries_total",
+            "counter",
+            "Times the GPU was reset after a fault (its requests in flight failed with 503 / UNAVAILABLE).",
+            per_gpu(&|e| e.stats.gpu_recoveries.to_string()),
         );
         gauge(
             &mut out,

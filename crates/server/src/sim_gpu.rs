@@ -157,4 +157,8 @@ impl Gpu for InboxSimGpu {
     fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {
         self.gpu.unmap_host(id)
     }
+
+    fn reset(&mut self) -> Result<()> {
+        self.gpu.reset()
+    }
 }

@@ -636,6 +636,9 @@ impl State {
         if self.shutting_down.load(Ordering::Acquire) {
             return Some("the server is shutting down".into());
         }
+        if let Some(gpu) = self.engines.iter().position(|e| e.engine.stats().recovering) {
+            return Some(format!("GPU {gpu} is being reset after a fault"));
+        }
         if self.ready.load(Ordering::Acquire) {
             return None;
         }

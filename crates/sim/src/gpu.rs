@@ -3,6 +3,7 @@
 
 use crate::bandwidth::{Flow, water_level};
 use crate::desc::GpuDesc;
+use crate::faults::{Faults, STUCK_SLOWDOWN};
 use crate::memory::{Memory, Resolved};
 use crate::slab::Slab;
 use crate::timing::{self, BlockModel, CtaResources, HostSplit, LaunchSpec, MeasuredKernel, TimingTable};
@@ -11,11 +12,11 @@ use kairos_gpu::profile::{ModelProfile, ProfileSet};
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
-use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 /// Most streams one simulated GPU hands out.
@@ -64,11 +65,13 @@ pub struct SimOptions {
     pub record_trace: bool,
     /// Check the model's invariants after every step (slow; for tests).
     pub check_invariants: bool,
+    /// Faults to inject (none by default; see [`Faults`]).
+    pub faults: Faults,
 }
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { seed: 0, compute: true, jitter: true, record_trace: false, check_invariants: false }
+        SimOptions { seed: 0, compute: true, jitter: true, record_trace: false, check_invariants: false, faults: Faults::none() }
     }
 }
 
@@ -92,6 +95,9 @@ pub struct SimStats {
     pub blocks: u64,
     /// CTAs placed (working and idle).
     pub ctas_placed: u64,
+    /// Faults injected (see [`Faults`]) and resets ([`Gpu::reset`]).
+    pub faults_injected: u64,
+    pub resets: u64,
 }
 
 /// Occupancy of one SM at the current instant.
@@ -336,6 +342,10 @@ pub struct SimGpu {
     last_notify: (u64, u64),
     overrun: bool,
     error: Option<String>,
+    /// An injected fault that every call reports until [`Gpu::reset`] (see [`Faults::sticky`]).
+    sticky: Option<String>,
+    /// Launches whose notifications were dropped (injected faults): their end is reported lost.
+    tainted: HashSet<LaunchId>,
     dirty_queues: bool,
     dirty_place: bool,
     pool_epoch: u64,
@@ -361,6 +371,7 @@ impl SimGpu {
     /// A simulated GPU of the given description, idle, at time 0.
     pub fn new(desc: GpuDesc, opts: SimOptions) -> SimGpu {
         desc.validate().expect("GPU description is valid");
+        opts.faults.validate().expect("injected faults are valid");
         let info = desc.device_info();
         let partition_sms = info.partitions.iter().map(|p| p.sms.iter().collect()).collect();
         let sm_count = desc.sm_count as usize;
@@ -399,6 +410,8 @@ impl SimGpu {
             last_notify: (u64::MAX, 0),
             overrun: false,
             error: None,
+            sticky: None,
+            tainted: HashSet::new(),
             dirty_queues: false,
             dirty_place: false,
             pool_epoch: 1,
@@ -431,6 +444,14 @@ impl SimGpu {
 
     pub fn seed(&self) -> u64 {
         self.opts.seed
+    }
+
+    /// Changes the faults injected from now on (see [`Faults`]); a sticky fault already hit stays
+    /// until [`Gpu::reset`].
+    pub fn set_faults(&mut self, faults: Faults) -> Result<()> {
+        faults.validate().map_err(GpuError::Invalid)?;
+        self.opts.faults = faults;
+        Ok(())
     }
 
     pub fn stats(&self) -> SimStats {
@@ -649,8 +670,110 @@ impl SimGpu {
         self.heap.push(Scheduled { at, seq: self.seq, ev });
     }
 
-    /// Puts a notification into the ring; the host sees it after the notification delay, in order.
+    /// Puts a notification into the ring; the host sees it after the notification delay, in order
+    /// (unless faults are injected: see [`Faults`]).
     fn notify(&mut self, ev: GpuEvent, at: u64) {
+        if !self.opts.faults.any() {
+            return self.notify_plain(ev, at);
+        }
+        let launch = match ev {
+            GpuEvent::LaunchStarted { launch, .. }
+            | GpuEvent::CtasPlaced { launch, .. }
+            | GpuEvent::CtasFinished { launch, .. }
+            | GpuEvent::LaunchDone { launch, .. }
+            | GpuEvent::LaunchLost { launch, .. } => Some(launch),
+            GpuEvent::CopyDone { .. } => None,
+        };
+        if let Some(l) = launch.filter(|l| self.tainted.contains(l)) {
+            // Its records are lost; its end is reported as such.
+            if let GpuEvent::LaunchDone { .. } = ev {
+                self.tainted.remove(&l);
+                self.notify_plain(GpuEvent::LaunchLost { launch: l, at_ns: at }, at);
+            }
+            return;
+        }
+        if self.roll(self.opts.faults.ring_overflow) {
+            // Everything not yet read is dropped, and this record with it.
+            let dropped: Vec<(u64, GpuEvent)> = self.outbox.drain(..).collect();
+            for (deliver, e) in dropped {
+                match e {
+                    GpuEvent::CopyDone { .. } => self.outbox.push_back((deliver, e)),
+                    GpuEvent::LaunchDone { launch, at_ns, .. } => {
+                        self.tainted.remove(&launch);
+                        self.outbox.push_back((deliver, GpuEvent::LaunchLost { launch, at_ns }));
+                    }
+                    GpuEvent::LaunchLost { .. } => self.outbox.push_back((deliver, e)),
+                    GpuEvent::LaunchStarted { launch, .. }
+                    | GpuEvent::CtasPlaced { launch, .. }
+                    | GpuEvent::CtasFinished { launch, .. } => {
+                        self.tainted.insert(launch);
+                    }
+                }
+            }
+            if let Some(l) = launch {
+                if let GpuEvent::LaunchDone { .. } = ev {
+                    self.notify_plain(GpuEvent::LaunchLost { launch: l, at_ns: at }, at);
+                } else {
+                    self.tainted.insert(l);
+                }
+            } else {
+                self.notify_plain(ev, at);
+            }
+            // A launch tainted whose end was already kept as lost above is not lost twice.
+            let lost: HashSet<LaunchId> = self
+                .outbox
+                .iter()
+                .filter_map(|(_, e)| if let GpuEvent::LaunchLost { launch, .. } = e { Some(*launch) } else { None })
+                .collect();
+            self.tainted.retain(|l| !lost.contains(l));
+            return;
+        }
+        if self.roll(self.opts.faults.late) {
+            let extra = self.rng.random_range(0..=self.opts.faults.late_ns_max.max(1));
+            let deliver = at + self.latency_ns(self.desc.latency.notify_delay_ns) + extra;
+            // Not in order: later records may be delivered before it.
+            let pos = self.outbox.iter().rposition(|&(d, _)| d <= deliver).map_or(0, |p| p + 1);
+            self.outbox.insert(pos, (deliver, ev));
+            return;
+        }
+        self.notify_plain(ev, at);
+        if self.roll(self.opts.faults.duplicate) {
+            self.notify_plain(ev, at);
+        }
+    }
+
+    /// The faults of [`Faults`] drawn per launch, for a launch just queued as grid `g`.
+    fn inject_launch_faults(&mut self, id: LaunchId, g: u32) {
+        let f = self.opts.faults.clone();
+        if self.roll(f.sticky) {
+            self.grids[g].jitter *= STUCK_SLOWDOWN;
+            self.sticky = Some(format!("launch {} hit an illegal address (injected fault); the device needs a reset", id.0));
+        } else if self.roll(f.stuck) {
+            self.grids[g].jitter *= STUCK_SLOWDOWN;
+        } else if self.roll(f.slow) {
+            self.grids[g].jitter *= f.slow_factor;
+        }
+        if self.roll(f.lose_launch) {
+            self.tainted.insert(id);
+        }
+    }
+
+    /// Draws a fault of probability `p` (no draw at all when `p` is 0).
+    fn roll(&mut self, p: f64) -> bool {
+        let hit = p > 0.0 && self.rng.random_bool(p);
+        self.stats.faults_injected += hit as u64;
+        hit
+    }
+
+    /// The sticky fault, as the error every call returns until a reset.
+    fn check_sticky(&self) -> Result<()> {
+        match &self.sticky {
+            Some(e) => Err(GpuError::Driver(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn notify_plain(&mut self, ev: GpuEvent, at: u64) {
         if let Some((_, last)) = self.outbox.back_mut()
             && let (
                 GpuEvent::CtasFinished { launch: l0, sm: s0, ctas: c0, blocks: b0, at_ns: t0 },
@@ -676,6 +799,12 @@ impl SimGpu {
         };
         let deliver = (at + delay).max(self.last_deliver_ns);
         self.last_deliver_ns = deliver;
+        if self.outbox.back().is_some_and(|&(d, _)| d > deliver) {
+            // Behind a record delivered late (injected fault): it overtakes that one.
+            let pos = self.outbox.iter().rposition(|&(d, _)| d <= deliver).map_or(0, |p| p + 1);
+            self.outbox.insert(pos, (deliver, ev));
+            return;
+        }
         self.outbox.push_back((deliver, ev));
     }
 
@@ -1660,6 +1789,7 @@ impl Gpu for SimGpu {
     }
 
     fn alloc(&mut self, bytes: u64, kind: MemKind) -> Result<Allocation> {
+        self.check_sticky()?;
         self.mem.alloc(bytes, kind)
     }
 
@@ -1671,6 +1801,7 @@ impl Gpu for SimGpu {
     }
 
     fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()> {
+        self.check_sticky()?;
         let r = self.mem.resolve_range(dst, data.len() as u64, "write")?;
         self.not_mapped(&r, "write")?;
         self.mem.write(r, data);
@@ -1680,6 +1811,7 @@ impl Gpu for SimGpu {
     }
 
     fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        self.check_sticky()?;
         let r = self.mem.resolve_range(src, out.len() as u64, "read")?;
         self.not_mapped(&r, "read")?;
         let ns = self.sync_copy_ns(out.len(), r.kind, false);
@@ -1689,6 +1821,7 @@ impl Gpu for SimGpu {
     }
 
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
+        self.check_sticky()?;
         let s = self.check_stream(stream)?;
         if bytes == 0 {
             return Err(GpuError::Invalid("copy of 0 bytes".into()));
@@ -1734,6 +1867,7 @@ impl Gpu for SimGpu {
     }
 
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
+        self.check_sticky()?;
         if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {
             return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
         }
@@ -1762,6 +1896,10 @@ impl Gpu for SimGpu {
     }
 
     fn launch(&mut self, req: &LaunchRequest<'_>) -> Result<LaunchId> {
+        self.check_sticky()?;
+        if self.roll(self.opts.faults.launch_failure) {
+            return Err(GpuError::Driver("launch failed (injected fault)".into()));
+        }
         let s = self.check_stream(req.stream)?;
         let partition = req.partition.0 as usize;
         let Some(part) = self.info.partitions.get(partition).map(|p| p.sms) else {
@@ -1902,6 +2040,9 @@ impl Gpu for SimGpu {
         self.streams[s as usize].last_launch = Some(id);
         self.launch_slots.insert(id.0, g);
         self.stats.launches += 1;
+        if self.opts.faults.any() {
+            self.inject_launch_faults(id, g);
+        }
         self.record(TraceEvent::Issue { launch: id, stream: req.stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
         self.host_spend(self.desc.latency.launch_host_ns);
         Ok(id)
@@ -1925,6 +2066,8 @@ impl Gpu for SimGpu {
     }
 
     fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
+        // A device with a sticky fault reports nothing more than the fault.
+        self.check_sticky()?;
         let before = events.len();
         while let Some(&(deliver, e)) = self.outbox.front() {
             if deliver > self.now_ns {
@@ -1952,7 +2095,28 @@ impl Gpu for SimGpu {
         Ok(())
     }
 
+    fn reset(&mut self) -> Result<()> {
+        let mut fresh = SimGpu::new(self.desc.clone(), self.opts.clone());
+        // The clock, the random generator, what was measured and registered, and the record of
+        // what happened go on; ids are not handed out again.
+        fresh.rng = self.rng.clone();
+        fresh.now_ns = self.now_ns;
+        fresh.gpu_ns = self.gpu_ns.max(self.now_ns);
+        fresh.last_deliver_ns = self.now_ns;
+        fresh.next_launch = self.next_launch;
+        fresh.next_copy = self.next_copy;
+        fresh.timing = std::mem::take(&mut self.timing);
+        fresh.hash = std::mem::take(&mut self.hash);
+        fresh.trace = std::mem::take(&mut self.trace);
+        fresh.stats = self.stats;
+        fresh.stats.resets += 1;
+        fresh.record(TraceEvent::Reset { at_ns: self.now_ns });
+        *self = fresh;
+        Ok(())
+    }
+
     fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping> {
+        self.check_sticky()?;
         if self.mem.mappings() >= HOST_MAPPINGS_MAX {
             return Err(GpuError::Exhausted { limit: "host mappings", max: HOST_MAPPINGS_MAX as u64 });
         }

@@ -103,6 +103,7 @@
 
 pub mod bandwidth;
 pub mod desc;
+pub mod faults;
 mod gpu;
 pub mod hostmem;
 mod memory;
@@ -111,6 +112,7 @@ pub mod timing;
 pub mod trace;
 
 pub use desc::{GpuDesc, LatencyDesc, ModelDesc};
+pub use faults::Faults;
 pub use gpu::{
     COPIES_IN_FLIGHT_MAX, CTAS_PER_LAUNCH_MAX, HOST_MAPPING_ALIGN_BYTES, HOST_MAPPINGS_MAX, LAUNCHES_IN_FLIGHT_MAX,
     NOTIFY_RING_MAX, QUEUE_DEPTH_MAX, STREAMS_MAX, SimGpu, SimOptions, SimStats, SmUsage, TRACE_EVENTS_MAX,

@@ -93,6 +93,10 @@ pub enum TraceEvent {
         event: GpuEvent,
         at_ns: u64,
     },
+    /// The device was reset ([`kairos_gpu::Gpu::reset`]): everything on it is gone.
+    Reset {
+        at_ns: u64,
+    },
 }
 
 /// Order-sensitive 64-bit hash of a sequence of words.
@@ -136,6 +140,7 @@ impl TraceHasher {
             TraceEvent::CopyEnd { copy, at_ns } => self.words(&[11, copy.0, at_ns]),
             TraceEvent::Rescue { launch, sm, at_ns } => self.words(&[17, launch.0, sm as u64, at_ns]),
             TraceEvent::Deliver { event, at_ns } => self.delivered(&event, at_ns),
+            TraceEvent::Reset { at_ns } => self.words(&[20, at_ns]),
         }
     }
 

@@ -199,7 +199,14 @@ fn mappings_outlive_their_launches_and_refuse_host_copies() {
 fn mapped_arguments_cost_pcie_time() {
     let n = 1 << 22;
     let k = eltwise_add(n, 4096);
-    let opts = SimOptions { seed: 1, compute: false, jitter: false, record_trace: false, check_invariants: false };
+    let opts = SimOptions {
+        seed: 1,
+        compute: false,
+        jitter: false,
+        record_trace: false,
+        check_invariants: false,
+        ..SimOptions::default()
+    };
     let time = |mapped: bool| {
         let mut gpu = SimGpu::new(GpuDesc::h200(), opts.clone());
         let s = gpu.create_stream(0).unwrap();

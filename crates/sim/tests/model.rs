@@ -11,7 +11,7 @@ use kairos_ir::plan::Kernel;
 use kairos_sim::*;
 
 fn exact() -> SimOptions {
-    SimOptions { seed: 1, compute: false, jitter: false, record_trace: true, check_invariants: true }
+    SimOptions { seed: 1, compute: false, jitter: false, record_trace: true, check_invariants: true, ..SimOptions::default() }
 }
 
 /// Dispatch -> grid complete span of a launch, from the trace.

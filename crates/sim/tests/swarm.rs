@@ -119,8 +119,10 @@ impl Swarm {
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed_5eed);
         let desc = random_desc(&mut rng);
         let jitter = jitter.unwrap_or_else(|| rng.random_bool(0.7));
-        let gpu =
-            SimGpu::new(desc.clone(), SimOptions { seed: gpu_seed, compute, jitter, record_trace: true, check_invariants: true });
+        let gpu = SimGpu::new(
+            desc.clone(),
+            SimOptions { seed: gpu_seed, compute, jitter, record_trace: true, check_invariants: true, ..SimOptions::default() },
+        );
         let mut s = Swarm {
             seed,
             rng,

@@ -15,13 +15,17 @@ impl<G: Gpu> Dispatcher<G> {
         if self.host_maps.len() >= HOST_MAPPINGS_MAX {
             return Err(Error::Overloaded { what: "host mappings", max: HOST_MAPPINGS_MAX as u64 });
         }
-        let mapping = self.gpu.map_host(memory)?;
-        self.host_maps.insert(mapping.id, HostMap { mapping, jobs: 0, closing: false });
-        Ok(mapping)
+        let mapping = self.gpu.map_host(memory.clone())?;
+        let id = HostMappingId(self.next_host_map_id);
+        self.next_host_map_id += 1;
+        self.host_maps.insert(id, HostMap { memory, mapping, jobs: 0, closing: false });
+        Ok(HostMapping { id, ..mapping })
     }
 
     pub(super) fn unmap_host(&mut self, id: HostMappingId, out: &mut Vec<Output>) {
         let result = match self.host_maps.get_mut(&id) {
+            // A recovery could not map it again: there is nothing left to unmap.
+            None if self.lost_mappings.remove(&id) => Ok(()),
             None => Err(Error::InvalidInput(format!("host mapping {} is not mapped", id.0))),
             Some(h) if h.closing => Err(Error::InvalidInput(format!("host mapping {} is already being unmapped", id.0))),
             Some(h) => {
@@ -38,8 +42,8 @@ impl<G: Gpu> Dispatcher<G> {
         if !self.host_maps.get(&id).is_some_and(|h| h.closing && h.jobs == 0) {
             return;
         }
-        self.host_maps.remove(&id);
-        let result = self.gpu.unmap_host(id).map_err(Error::from);
+        let h = self.host_maps.remove(&id).expect("checked above");
+        let result = self.gpu.unmap_host(h.mapping.id).map_err(Error::from);
         out.push(Output::HostUnmapped { id, result });
     }
 
@@ -48,6 +52,12 @@ impl<G: Gpu> Dispatcher<G> {
         let h = match self.host_maps.get(&b.mapping) {
             Some(h) if !h.closing => &h.mapping,
             Some(_) => return Err(Error::InvalidInput(format!("host mapping {} is being unmapped", b.mapping.0))),
+            None if self.lost_mappings.contains(&b.mapping) => {
+                return Err(Error::GpuFailed(format!(
+                    "host mapping {} could not be mapped again after the GPU was reset; map the memory again",
+                    b.mapping.0
+                )));
+            }
             None => return Err(Error::InvalidInput(format!("host mapping {} is not mapped", b.mapping.0))),
         };
         if r.options.skip_io {
@@ -118,6 +128,8 @@ impl<G: Gpu> Dispatcher<G> {
         if self.model_names.contains_key(&spec.name) {
             return Err(Error::ModelExists(spec.name));
         }
+        // Loading it again is the way back for a model a recovery could not upload.
+        self.lost_models.remove(&spec.name);
         let live = self.models.iter().filter(|m| m.is_some()).count();
         if live >= self.cfg.models_max {
             return Err(Error::Overloaded { what: "models", max: self.cfg.models_max as u64 });
@@ -207,7 +219,8 @@ impl<G: Gpu> Dispatcher<G> {
 
     pub(super) fn unload_model(&mut self, name: String, out: &mut Vec<Output>) {
         let Some(&index) = self.model_names.get(&name) else {
-            out.push(Output::ModelUnloaded { name: name.clone(), result: Err(Error::UnknownModel(name)) });
+            let result = if self.lost_models.remove(&name).is_some() { Ok(()) } else { Err(Error::UnknownModel(name.clone())) };
+            out.push(Output::ModelUnloaded { name, result });
             return;
         };
         let m = self.models[index].as_mut().expect("named model exists");
@@ -258,8 +271,8 @@ impl<G: Gpu> Dispatcher<G> {
         let mut ids: Vec<HostMappingId> = self.host_maps.keys().copied().collect();
         ids.sort();
         for id in ids {
-            self.host_maps.remove(&id);
-            let result = self.gpu.unmap_host(id).map_err(Error::from);
+            let h = self.host_maps.remove(&id).expect("listed");
+            let result = self.gpu.unmap_host(h.mapping.id).map_err(Error::from);
             out.push(Output::HostUnmapped { id, result });
         }
         self.shut_down = true;
@@ -277,6 +290,10 @@ impl<G: Gpu> Dispatcher<G> {
             return self.reject(r.id, Error::ShuttingDown, out);
         }
         let Some(&model) = self.model_names.get(&r.model) else {
+            if let Some(e) = self.lost_models.get(&r.model) {
+                let e = Error::GpuFailed(format!("model '{}' could not be loaded again after the GPU was reset: {e}", r.model));
+                return self.reject(r.id, e, out);
+            }
             return self.reject(r.id, Error::UnknownModel(r.model), out);
         };
         let m = self.models[model].as_ref().expect("named model exists");

@@ -11,8 +11,9 @@ impl<G: Gpu> Dispatcher<G> {
     /// Reads the GPU's events, applies them, then runs the policy. Returns the number of events.
     ///
     /// A GPU that lost events and recovered ([`GpuEvent::LaunchLost`]) costs only the requests
-    /// whose launches were lost; an error from the GPU itself is returned after the events read
-    /// before it were applied.
+    /// whose launches were lost. An error from the GPU itself, or a launch past its watchdog
+    /// bound, is returned as [`Error::GpuFailed`] after the events read before it were applied:
+    /// the caller resets the GPU with [`Dispatcher::recover`].
     pub fn poll_gpu(&mut self, out: &mut Vec<Output>) -> Result<usize, Error> {
         let t0 = self.gpu.now_ns();
         let mut events = std::mem::take(&mut self.events);
@@ -25,7 +26,12 @@ impl<G: Gpu> Dispatcher<G> {
         let n = events.len();
         self.events = events;
         self.stats.events_ns += self.gpu.now_ns().saturating_sub(t0);
-        polled?;
+        if let Err(e) = polled {
+            return Err(Error::GpuFailed(format!("the GPU could not report its events: {e}")));
+        }
+        if let Some(cause) = self.watchdog() {
+            return Err(Error::GpuFailed(cause));
+        }
         self.dispatch(out);
         Ok(n)
     }

@@ -57,6 +57,7 @@ mod admission;
 mod events;
 mod fairness;
 mod issue;
+pub mod recovery;
 
 use admission::{free_model, free_slot};
 
@@ -120,6 +121,11 @@ pub struct Config {
     pub estimate_window: u32,
     /// Issue records kept for tests and debugging (0: none).
     pub trace_max: usize,
+    /// The watchdog's least bound: a launch at the head of its stream for longer than this (or
+    /// [`recovery::WATCHDOG_ESTIMATE_FACTOR`] times its estimate, if more) is taken for a hung
+    /// kernel, and [`Dispatcher::poll_gpu`] reports the GPU failed so that the caller resets it
+    /// ([`Dispatcher::recover`]). 0: no watchdog.
+    pub watchdog_ns_min: u64,
 }
 
 impl Default for Config {
@@ -145,6 +151,7 @@ impl Default for Config {
             launch_overhead_ns: 3000.0,
             estimate_window: 32,
             trace_max: 0,
+            watchdog_ns_min: WATCHDOG_NS_MIN_DEFAULT,
         }
     }
 }
@@ -239,6 +246,10 @@ pub struct DispatcherStats {
     pub trace_dropped: u64,
     /// Launches the GPU reported lost (its notification ring overflowed; their jobs failed).
     pub launches_lost: u64,
+    /// Times the GPU was reset after a fault ([`Dispatcher::recover`]), and launches the
+    /// watchdog found hung.
+    pub gpu_recoveries: u64,
+    pub watchdog_expiries: u64,
     /// Host time spent in `Gpu::launch` calls, in asking the policy, and in reading and applying
     /// GPU events (the GPU's clock, i.e. the host's on CUDA and virtual time on the simulator).
     pub launch_call_ns: u64,
@@ -261,8 +272,11 @@ struct IoSlot {
     bases: SpaceBases,
 }
 
-/// A host mapping the dispatcher made for zero-copy requests.
+/// A host mapping the dispatcher made for zero-copy requests. Its owner knows it by the id the
+/// dispatcher handed out (the key of `host_maps`), which outlives a reset of the GPU; `mapping`
+/// is the GPU's current one.
 struct HostMap {
+    memory: Arc<dyn HostMemory>,
     mapping: HostMapping,
     /// Jobs whose I/O is bound to it (waiting or admitted).
     jobs: usize,
@@ -439,6 +453,13 @@ pub struct Dispatcher<G: Gpu> {
     /// `AlmostDone` notices waiting for the next `dispatch` to hand them out (at most one per job).
     almost_done: Vec<RequestId>,
     host_maps: HashMap<HostMappingId, HostMap>,
+    next_host_map_id: u64,
+    /// Models a recovery could not upload again (their error), and mappings it could not map
+    /// again: requests name them in vain until they are unloaded or unmapped.
+    lost_models: HashMap<String, String>,
+    lost_mappings: std::collections::HashSet<HostMappingId>,
+    /// The watchdog looks again at this time (see [`Dispatcher::recover`]'s module).
+    watchdog_next_ns: u64,
     shutting_down: bool,
     shut_down: bool,
 }
@@ -514,6 +535,10 @@ impl<G: Gpu> Dispatcher<G> {
             trace: Vec::new(),
             almost_done: Vec::new(),
             host_maps: HashMap::new(),
+            next_host_map_id: 1,
+            lost_models: HashMap::new(),
+            lost_mappings: Default::default(),
+            watchdog_next_ns: 0,
             shutting_down: false,
             shut_down: false,
             cfg,
@@ -584,8 +609,8 @@ impl<G: Gpu> Dispatcher<G> {
                 free_slot(&mut self.gpu, s);
             }
         }
-        for (id, _) in self.host_maps.drain() {
-            let _ = self.gpu.unmap_host(id);
+        for (_, h) in self.host_maps.drain() {
+            let _ = self.gpu.unmap_host(h.mapping.id);
         }
         // Streams are a bounded resource of the backend (1024 on CUDA): a GPU reused for run
         // after run must get them back.

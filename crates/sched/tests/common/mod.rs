@@ -54,8 +54,9 @@ pub fn with_seed(test: &str, seed: u64, f: impl FnOnce(u64)) {
     }
 }
 
+/// The test binary this copy of `common` is compiled into.
 fn module_of(_test: &str) -> &'static str {
-    "dispatcher"
+    env!("CARGO_CRATE_NAME")
 }
 
 /// A random plan: a DAG of element-wise kernels of varied shapes.
@@ -348,6 +349,19 @@ impl<G: Gpu> Gpu for Audit<G> {
     }
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
         self.inner.preempt(launch)
+    }
+    fn reset(&mut self) -> Result<()> {
+        self.inner.reset()?;
+        // Everything on the device is gone: launches in flight ended where they were.
+        let now = self.inner.now_ns();
+        self.log.sm_use.iter_mut().for_each(|u| *u = [0; 4]);
+        for a in self.log.launches.values_mut().filter(|a| a.done_ns.is_none()) {
+            a.done_ns = Some(now);
+            a.next_block = Some(a.first_block + a.blocks as u32);
+            a.lost = true;
+            a.live = 0;
+        }
+        Ok(())
     }
     fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
         let start = events.len();
