@@ -5,7 +5,10 @@
 # overhead, preemption latency) and `profile` of the zoo, with a short table printed last.
 #
 #   scripts/gpu-suite.sh build          here (no GPU): build and strip the binaries into .carry/
-#   scripts/gpu-suite.sh smoke|full     on the device, with .carry/ carried: run them
+#   scripts/gpu-suite.sh smoke|full     on the device, with .carry/ carried: run them (the recovery test
+#                                       first, in its own process: it resets the device's context)
+#   scripts/gpu-suite.sh recovery       on the device: only the recovery test (an illegal address in a
+#                                       served model's launch; the engine resets the GPU and serves again)
 #   scripts/gpu-suite.sh speed          on the device: the kernel tests, preemption and the zoo
 #                                       models in KAIROS_ZOO_MODELS, then the kernel_speed example
 #                                       (lowering's tiles vs autotuned) on SPEED_MODELS; with
@@ -25,18 +28,23 @@ CARRY=${CARRY:-.carry}
 if [ "$mode" = build ]; then
     set -e
     mkdir -p "$CARRY"
-    test_bin=$(cargo test --release -p kairos-cuda --test gpu --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import sys, json
+    test_bin() {
+        cargo test --release -p kairos-cuda --test "$1" --no-run --message-format=json 2>/dev/null |
+            python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1"
+    }
+    gpu_bin=$(test_bin gpu)
+    recovery_bin=$(test_bin recovery)
     cargo build --release -p kairos-cuda --example gpu_suite --example kernel_speed --example profile_zoo
-    strip -o "$CARRY/kairos-cuda-gpu-tests" "$test_bin"
+    strip -o "$CARRY/kairos-cuda-gpu-tests" "$gpu_bin"
+    strip -o "$CARRY/kairos-cuda-recovery-test" "$recovery_bin"
     strip -o "$CARRY/gpu_suite" target/release/examples/gpu_suite
     strip -o "$CARRY/kernel_speed" target/release/examples/kernel_speed
     strip -o "$CARRY/profile_zoo" target/release/examples/profile_zoo
-    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/gpu_suite" "$CARRY/kernel_speed" "$CARRY/profile_zoo"
+    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/kairos-cuda-recovery-test" "$CARRY/gpu_suite" "$CARRY/kernel_speed" "$CARRY/profile_zoo"
     ls -la "$CARRY"
     # Both builds of the kernel library as CUBIN for sm_90 (the tests also run the plain grids).
     cargo build --release -p kairos
@@ -50,7 +58,7 @@ OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
 BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
-for f in kairos-cuda-gpu-tests gpu_suite kernel_speed profile_zoo; do
+for f in kairos-cuda-gpu-tests kairos-cuda-recovery-test gpu_suite kernel_speed profile_zoo; do
     gunzip -c "$CARRY/$f.gz" >"$BIN/$f" && chmod +x "$BIN/$f" || { echo "missing $CARRY/$f.gz: run scripts/gpu-suite.sh build first"; exit 1; }
 done
 export KAIROS_GPU_TESTS=1
@@ -60,6 +68,19 @@ export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
 export RUST_BACKTRACE=1
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; nproc; } 2>&1 | tee "$OUT/device.txt"
+
+# The recovery test resets the device's primary context: its own process, before the others.
+recovery_rc=0
+if [ "$mode" != speed ]; then
+    "$BIN/kairos-cuda-recovery-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/recovery.log"
+    recovery_rc=${PIPESTATUS[0]}
+    if [ "$mode" = recovery ]; then
+        echo
+        echo "== recovery test (rc $recovery_rc) =="
+        grep -E "^recovery:|^test .* (ok|FAILED)$|panicked" "$OUT/recovery.log"
+        exit $recovery_rc
+    fi
+fi
 
 if [ "$mode" = speed ]; then
     export KAIROS_ZOO_MODELS=${KAIROS_ZOO_MODELS:-resnet50,mobilenet_v2,bert_base,gpt2}
@@ -105,8 +126,10 @@ suite_rc=${PIPESTATUS[0]}
 t2=$(date +%s)
 
 echo
+echo "== recovery test (rc $recovery_rc) =="
+grep -E "^recovery:|^test .* (ok|FAILED)$" "$OUT/recovery.log"
 echo "== tests (rc $tests_rc, $((t1 - t0)) s) =="
 grep -E "^test .* (ok|FAILED)$|^test result" "$OUT/tests.log"
 echo "== measurements and profiles (rc $suite_rc, $((t2 - t1)) s) =="
 sed -n '/^== kairos GPU suite/,$p' "$OUT/suite.log"
-exit $((tests_rc | suite_rc))
+exit $((recovery_rc | tests_rc | suite_rc))

@@ -114,6 +114,19 @@ pub unsafe fn primary_ctx_release(dev: CUdevice) -> DResult<()> {
     check("cuDevicePrimaryCtxRelease", unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) })
 }
 
+/// Destroys every allocation and all state of `dev`'s primary context in this process (what
+/// recovers a context from a sticky error or a kernel that never ends); the retain count is kept,
+/// and the context comes back fresh on its next use.
+///
+/// # Safety
+/// 1. No handle created in the context before the reset (memory, streams, events, modules, green
+///    contexts) is used or freed afterwards: they are gone, and their values may be handed out
+///    again for new objects.
+pub unsafe fn primary_ctx_reset(dev: CUdevice) -> DResult<()> {
+    // SAFETY: the caller forgets every object of the context (contract 1).
+    check("cuDevicePrimaryCtxReset", unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) })
+}
+
 /// # Safety
 /// 1. `ctx` is a live context (retained and not released).
 pub unsafe fn ctx_set_current(ctx: CUcontext) -> DResult<()> {

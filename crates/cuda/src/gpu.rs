@@ -226,6 +226,7 @@ pub struct CudaGpu {
     next_launch_per_sm: Option<u32>,
     protocol: Protocol,
     bound: Cell<Option<ThreadId>>,
+    ordinal: u32,
     dev: CUdevice,
     /// Last: every object above belongs to this context and must be gone before it is released.
     ctx: Context,
@@ -240,6 +241,11 @@ unsafe impl Send for CudaGpu {}
 impl CudaGpu {
     /// Opens GPU `ordinal`. Without a driver, a GPU or NVRTC this is `GpuError::NoDevice`, never a panic.
     pub fn new(ordinal: u32) -> Result<CudaGpu> {
+        CudaGpu::open(ordinal, Instant::now())
+    }
+
+    /// Opens GPU `ordinal` with its clock counting from `epoch`.
+    fn open(ordinal: u32, epoch: Instant) -> Result<CudaGpu> {
         if !driver::is_present() {
             return Err(GpuError::NoDevice("the NVIDIA driver library (libcuda) is not installed on this machine".into()));
         }
@@ -286,7 +292,7 @@ impl CudaGpu {
             launchers: None,
             launch_inline: false,
             info,
-            epoch: Instant::now(),
+            epoch,
             device_clock_offset_ns: 0,
             clock_tracked_ns: 0,
             host_events: VecDeque::new(),
@@ -324,6 +330,7 @@ impl CudaGpu {
             next_launch_per_sm: None,
             protocol,
             bound: Cell::new(Some(std::thread::current().id())),
+            ordinal,
             dev,
             ctx,
         };
@@ -1211,6 +1218,13 @@ impl CudaGpu {
 
     /// Spins until a notification record or a finished copy is available, or `until_ns`.
     fn wait_device(&mut self, until_ns: u64) -> Result<()> {
+        // Callers wait in short steps (the engine: microseconds), so the health check goes by the
+        // clock, not only by spins: a kernel that faulted is found within HEALTH_CHECK_NS.
+        let now = self.now_ns();
+        if now >= self.last_health_check_ns + HEALTH_CHECK_NS && self.protocol.slots_in_flight() > 0 {
+            self.last_health_check_ns = now;
+            self.check_streams()?;
+        }
         let mut spins: u32 = 0;
         loop {
             if self.protocol.has_record() {
@@ -1498,6 +1512,47 @@ impl Gpu for CudaGpu {
         let slot_of = &self.slot_of;
         self.host_maps.unmap(id, |l| slot_of.contains_key(&l))
     }
+
+    /// Resets the primary context (`cuDevicePrimaryCtxReset`: every allocation, stream, module and
+    /// kernel of it is gone, a hung kernel included) and opens the device again in place. After a
+    /// sticky error (an illegal address: measured on an H100, driver 580) the device keeps failing
+    /// (`cuDevicePrimaryCtxRetain` returns the same error), as CUDA documents: such an error lasts
+    /// for the life of the process; the reset then fails with that explanation. Otherwise the
+    /// clock goes on, launch and copy ids are not handed out again, kernels are loaded again from
+    /// the CUBIN cache on first use. The old state is forgotten, never freed: its handles died
+    /// with the context and their values may already name new objects. Host mappings are
+    /// forgotten with it (their registrations stay counted, so a region mapped before the reset
+    /// stays page-locked until the process exits).
+    fn reset(&mut self) -> Result<()> {
+        // The launcher threads hand over what was posted and stop; they use the old context.
+        let threads = self.launch_threads();
+        self.launchers = None;
+        self.ctx.bind().map_err(drv)?;
+        self.bound.set(Some(std::thread::current().id()));
+        // The streams (some in green contexts) and the green contexts go first, the normal way
+        // (destroying them does not wait for their work): with them alive, the reset was refused
+        // (CUDA_ERROR_NOT_PERMITTED, H100, driver 580).
+        self.utility_stream = None;
+        self.streams.clear();
+        self.partitions.clear();
+        // SAFETY: every object of the old context is forgotten below, before anything of the new one
+        // is created: `old` is never dropped, so none of its handles is used or freed again.
+        unsafe { driver::primary_ctx_reset(self.dev) }.map_err(drv)?;
+        let mut fresh = CudaGpu::open(self.ordinal, self.epoch).map_err(|e| {
+            GpuError::Driver(format!(
+                "the device still fails after its context was reset ({e}): CUDA keeps a sticky error (an illegal \
+                 address, an illegal instruction, a failed launch) for the life of the process, so this GPU serves \
+                 again only after kairos restarts"
+            ))
+        })?;
+        fresh.next_launch = self.next_launch;
+        fresh.next_copy = self.next_copy;
+        fresh.launch_inline = self.launch_inline;
+        fresh.set_launch_threads(threads)?;
+        let old = std::mem::replace(self, fresh);
+        std::mem::forget(old);
+        Ok(())
+    }
 }
 
 impl CudaGpu {
@@ -1571,6 +1626,7 @@ impl CudaGpu {
         if let Some(l) = &self.launchers {
             let mut failed: Vec<Failure> = Vec::new();
             l.take_failures(&mut failed);
+            let any_failed = !failed.is_empty();
             for f in failed {
                 // The driver refused it: nothing ran, the slot is still zero.
                 eprintln!("kairos: launch {} failed in the driver: {}; its request fails", f.launch.0, f.error);
@@ -1579,6 +1635,11 @@ impl CudaGpu {
                     self.protocol.free_slot(slot);
                 }
                 events.push(GpuEvent::LaunchLost { launch: f.launch, at_ns: self.now_ns() });
+            }
+            if any_failed {
+                // A launch refused because the context faulted (a sticky error) is not the
+                // launch's own failure: the helper stream says so at once.
+                self.helper_stream.is_idle().map_err(drv)?;
             }
         }
         let mut records = std::mem::take(&mut self.records);

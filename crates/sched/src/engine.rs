@@ -97,6 +97,8 @@ struct Shared {
     events_ns: AtomicU64,
     gpu_recoveries: AtomicU64,
     recovering: AtomicBool,
+    /// Why the dispatcher thread stopped for good (its GPU could not be brought back).
+    stopped: Mutex<Option<String>>,
     recoveries: Mutex<VecDeque<RecoveryReport>>,
 }
 
@@ -261,7 +263,10 @@ impl Engine {
                 self.shared.rejected.fetch_add(1, Ordering::Relaxed);
                 Err(Error::Overloaded { what: "submission queue", max: self.submit_queue_max as u64 })
             }
-            Err(TrySendError::Disconnected(_)) => Err(Error::ShuttingDown),
+            Err(TrySendError::Disconnected(_)) => Err(match self.stopped() {
+                Some(why) => Error::GpuFailed(format!("the engine stopped: {why}")),
+                None => Error::ShuttingDown,
+            }),
         }
     }
 
@@ -345,6 +350,13 @@ impl Engine {
             gpu_recoveries: s.gpu_recoveries.load(Ordering::Relaxed),
             recovering: s.recovering.load(Ordering::Relaxed),
         }
+    }
+
+    /// Why the engine stopped serving for good, if it did: its GPU failed and could not be reset
+    /// (on CUDA, a sticky error such as an illegal address lasts as long as the process). Every
+    /// request then fails; a server reports itself not live, so that its supervisor restarts it.
+    pub fn stopped(&self) -> Option<String> {
+        self.shared.stopped.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The latest GPU recoveries (at most [`RECOVERY_REPORTS_MAX`]), oldest first.
@@ -594,6 +606,7 @@ fn recover<G: Gpu>(d: &mut Dispatcher<G>, fault: &Error, out: &mut Vec<Output>, 
         Ok(_) => true,
         Err(e) => {
             eprintln!("kairos: the GPU could not be reset after {RECOVERY_ATTEMPTS_MAX} attempts ({e}); the engine stops");
+            *shared.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
             waiters.abandon(&e);
             false
         }

@@ -288,7 +288,7 @@ pub enum Error {
     /// The GPU failed (a sticky fault, a launch past its watchdog bound, events it could not
     /// report): the request was not completed, and the device was reset (see
     /// [`crate::Dispatcher::recover`]). Retrying is safe.
-    #[error("the GPU failed and was reset: {0}")]
+    #[error("the GPU failed: {0}")]
     GpuFailed(String),
 }
 

@@ -15,7 +15,7 @@ impl<G: Gpu> Dispatcher<G> {
     /// caller then has no GPU to serve with.
     pub fn recover(&mut self, cause: &str, out: &mut Vec<Output>) -> Result<RecoveryReport, Error> {
         let t0 = self.gpu.now_ns();
-        self.gpu.reset().map_err(|e| Error::GpuFailed(format!("{cause}; the reset failed too: {e}")))?;
+        self.gpu.reset().map_err(|e| Error::GpuFailed(format!("{cause}; resetting the GPU failed: {e}")))?;
         self.stats.gpu_recoveries += 1;
         self.now_ns = self.gpu.now_ns();
 
@@ -26,7 +26,7 @@ impl<G: Gpu> Dispatcher<G> {
         for j in held {
             let error = match j.error {
                 Some(e @ (Error::Cancelled | Error::ShuttingDown)) => e,
-                _ => Error::GpuFailed(cause.to_string()),
+                _ => Error::GpuFailed(format!("{cause} (the GPU was reset; the request can be sent again)")),
             };
             if error == Error::Cancelled {
                 self.stats.cancelled += 1;
@@ -57,7 +57,7 @@ impl<G: Gpu> Dispatcher<G> {
         let count = self.stream_ids.len();
         self.stream_ids.clear();
         for _ in 0..count {
-            let s = self.gpu.create_stream(0).map_err(|e| Error::GpuFailed(format!("{cause}; after the reset: {e}")))?;
+            let s = self.gpu.create_stream(0).map_err(|e| Error::GpuFailed(format!("{cause}; after the GPU's reset: {e}")))?;
             self.stream_ids.push(s);
         }
         self.streams = vec![StreamView::default(); count];
