@@ -42,13 +42,16 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Tensor, String> {
         .map(|s| s.parse::<usize>().map_err(|_| format!("bad dimension '{s}' in .npy shape")))
         .collect::<Result<_, _>>()?;
     let data = &bytes[start + header_len..];
-    let n: usize = shape.iter().product();
-    let need = |size: usize| {
-        if data.len() < n * size {
-            Err(format!("the .npy data holds {} bytes, shape {shape:?} needs {}", data.len(), n * size))
-        } else {
-            Ok(())
-        }
+    // A shape's element count and byte size are checked before anything is allocated: a header
+    // may claim any shape, and its product may overflow.
+    let n = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("the .npy shape {shape:?} has more elements than this machine can address"))?;
+    let need = |size: usize| match n.checked_mul(size) {
+        Some(len_bytes) if len_bytes <= data.len() => Ok(()),
+        Some(len_bytes) => Err(format!("the .npy data holds {} bytes, shape {shape:?} needs {len_bytes}", data.len())),
+        None => Err(format!("the .npy shape {shape:?} needs more bytes than this machine can address")),
     };
     match descr {
         "<f4" | "|f4" => {
@@ -145,5 +148,25 @@ mod tests {
         let fortran = to_bytes(&Tensor::f32(vec![2], vec![1.0; 2]));
         let text = String::from_utf8_lossy(&fortran).replace("False", "True ");
         assert!(from_bytes(text.as_bytes()).is_err());
+    }
+
+    /// Regression (fuzzing, issue 25): a header claiming a shape whose element count or byte size
+    /// overflows usize panicked ("attempt to multiply with overflow") instead of failing.
+    #[test]
+    fn huge_claimed_shapes_are_errors() {
+        for (shape, want) in [
+            ("(4294967296, 4294967296, 2)", "more elements"),
+            ("(4611686018427387904,)", "more bytes"),
+            ("(1000000000000,)", "needs 4000000000000"),
+        ] {
+            let header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}\n");
+            let mut b = MAGIC.to_vec();
+            b.extend_from_slice(&[1, 0]);
+            b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+            b.extend_from_slice(header.as_bytes());
+            b.extend_from_slice(&[0u8; 8]);
+            let e = from_bytes(&b).unwrap_err();
+            assert!(e.contains(want), "{shape}: {e}");
+        }
     }
 }

@@ -49,8 +49,13 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// The tensor's size in bytes; a shape whose size does not fit u64 (a peer may send any
+    /// dimensions) saturates at `u64::MAX`, which no span or message can match.
     pub fn len_bytes(&self) -> u64 {
-        self.shape.iter().product::<usize>() as u64 * self.dtype.size_bytes() as u64
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape.iter().try_fold(self.dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX)
     }
 }
 
@@ -220,5 +225,19 @@ mod tests {
         w.u64(u64::MAX);
         let mut r = Reader::new(&w.buf[1..]);
         assert!(r.bytes().is_err());
+    }
+
+    /// Regression (fuzzing, issue 25): dimensions read off the wire whose product overflows made
+    /// `len_bytes` panic ("attempt to multiply with overflow"); it saturates now.
+    #[test]
+    fn huge_dimensions_saturate() {
+        let spec = TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![1 << 40, 1 << 40] };
+        assert_eq!(spec.len_bytes(), u64::MAX);
+        let mut w = Writer::new(OP_OPEN_MODEL);
+        w.tensor_specs(&[spec.clone()]);
+        let got = Reader::new(&w.buf[1..]).tensor_specs().unwrap();
+        assert_eq!(got[0].len_bytes(), u64::MAX);
+        assert_eq!(TensorSpec { shape: vec![], ..spec.clone() }.len_bytes(), 4);
+        assert_eq!(TensorSpec { shape: vec![1 << 62, 3, 0], ..spec }.len_bytes(), 0);
     }
 }
