@@ -1007,6 +1007,7 @@ fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result
                     shm: Some(kairos_server::ShmConfig { socket: dir.join("kairos.sock"), ..Default::default() }),
                     request_bytes_max: 64 << 20,
                     threads: 4,
+                    control: kairos_server::ControlAccess::On,
                 },
                 backend,
             )

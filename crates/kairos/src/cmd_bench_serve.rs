@@ -107,6 +107,7 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
             shm: Some(ShmConfig { socket: dir.join("kairos.sock"), spin_us: a.shm_spin_us, ..ShmConfig::default() }),
             request_bytes_max: 64 << 20,
             threads: a.threads,
+            control: kairos_server::ControlAccess::On,
         };
         eprintln!("starting a server in-process ({}), loading {}", backend.describe(), a.models.join(", "));
         let t = Instant::now();

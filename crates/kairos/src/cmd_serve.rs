@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// Largest REST body / gRPC message, bytes (413 / refused beyond).
     #[arg(long, env = "KAIROS_REQUEST_BYTES_MAX", default_value_t = 64 << 20)]
     pub request_bytes_max: usize,
+    /// Who may index, load and unload models over REST and gRPC: `on` (everyone), `off` (no one:
+    /// 403 / PERMISSION_DENIED), or a key of 16 to 256 printable characters that requests must carry
+    /// in the `x-kairos-control-key` header (REST) or metadata (gRPC). Prefer the environment
+    /// variable for a key: command lines are visible to other users.
+    #[arg(long, env = "KAIROS_CONTROL_API", default_value = "on", hide_env_values = true)]
+    pub control_api: kairos_server::ControlAccess,
     /// Commands waiting for each dispatcher thread; more is 429 / RESOURCE_EXHAUSTED.
     #[arg(long, env = "KAIROS_SUBMIT_QUEUE_MAX", default_value_t = 4096)]
     pub submit_queue_max: usize,
@@ -294,6 +300,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }),
         request_bytes_max: args.request_bytes_max,
         threads: args.threads,
+        control: args.control_api.clone(),
     };
     let server = RunningServer::start(cfg, backend).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!(

@@ -3,8 +3,11 @@
 //! Inputs come as `raw_input_contents` (any datatype) or typed `contents` (FP32, INT64); outputs go
 //! back as `raw_output_contents`. A message above the configured limit is refused by tonic before
 //! it is read whole, with tonic's code for it (`OUT_OF_RANGE`, "decoded message length too
-//! large"); a message that is not valid protobuf is `INVALID_ARGUMENT` (see [`codec`]).
+//! large"); a message that is not valid protobuf is `INVALID_ARGUMENT` (see [`codec`]). The
+//! repository calls answer `PERMISSION_DENIED` when [`Service::control`] refuses the request (see
+//! [`crate::control`]).
 
+use crate::control::{CONTROL_KEY_HEADER, ControlAccess};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
 use crate::state::{ModelEntry, RequestParams, State};
@@ -78,11 +81,13 @@ pub fn status(e: &ServeError) -> Status {
 #[derive(Clone)]
 pub struct Service {
     pub state: Arc<State>,
+    /// Who may use the repository (model-control) calls.
+    pub control: Arc<ControlAccess>,
 }
 
 /// The tonic service with the message size limit applied.
-pub fn service(state: Arc<State>, message_bytes_max: usize) -> GrpcInferenceServiceServer<Service> {
-    GrpcInferenceServiceServer::new(Service { state })
+pub fn service(state: Arc<State>, message_bytes_max: usize, control: ControlAccess) -> GrpcInferenceServiceServer<Service> {
+    GrpcInferenceServiceServer::new(Service { state, control: Arc::new(control) })
         .max_decoding_message_size(message_bytes_max)
         .max_encoding_message_size(usize::MAX)
 }
@@ -113,6 +118,44 @@ fn request_params(p: &HashMap<String, pb::InferParameter>) -> Result<RequestPara
         return Err(ServeError::Unsupported("sequence batching (sequence_id) is not supported".into()));
     }
     Ok(RequestParams { priority_level: param_u64(p, "priority")?, timeout_us: param_u64(p, "timeout")?, class, tenant })
+}
+
+/// A decoded `ModelInferRequest`.
+#[derive(Debug)]
+pub struct Decoded {
+    pub options: kairos_sched::RequestOptions,
+    /// In the model's input order.
+    pub inputs: Vec<Tensor>,
+    /// Indices of the outputs to send back.
+    pub outputs: Vec<usize>,
+}
+
+/// Decodes a `ModelInferRequest` against `m` (the model it names): parameters, inputs (each checked
+/// against the model's declaration before its data is looked at) and the outputs asked for. Never
+/// panics; errors name what is wrong. The message's own size is bounded by tonic's decoding limit.
+pub fn decode_infer_request(m: &ModelEntry, r: &mut pb::ModelInferRequest) -> Result<Decoded, ServeError> {
+    let params = request_params(&r.parameters)?;
+    let options = m.options(&params)?;
+    let inputs = decode_inputs(m, r)?;
+    let mut outputs = Vec::new();
+    for o in &r.outputs {
+        let i = m.output_index(&o.name).ok_or_else(|| {
+            ServeError::invalid(format!(
+                "model '{}' has no output '{}' (outputs: {})",
+                m.name(),
+                o.name,
+                m.outputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        if o.parameters.contains_key("classification") {
+            return Err(ServeError::Unsupported("the classification extension is not supported".into()));
+        }
+        outputs.push(i);
+    }
+    if outputs.is_empty() {
+        outputs = (0..m.outputs.len()).collect();
+    }
+    Ok(Decoded { options, inputs, outputs })
 }
 
 fn decode_inputs(m: &ModelEntry, r: &mut pb::ModelInferRequest) -> Result<Vec<Tensor>, ServeError> {
@@ -259,6 +302,12 @@ fn statistics(m: &ModelEntry) -> pb::ModelStatistics {
 }
 
 impl Service {
+    /// PERMISSION_DENIED with the reason when the control API refuses a request with this metadata.
+    fn check_control<T>(&self, r: &Request<T>) -> Result<(), Status> {
+        let key = r.metadata().get(CONTROL_KEY_HEADER).map(|v| v.as_bytes());
+        self.control.check(key).map_err(Status::permission_denied)
+    }
+
     #[allow(clippy::type_complexity)]
     async fn infer(
         &self,
@@ -268,31 +317,9 @@ impl Service {
         let m = state.resolve(&r.model_name, &r.model_version).map_err(|e| (None, Class::BestEffort, e))?;
         let fail = |class: Class, e: ServeError| (Some(m.clone()), class, e);
         let t_in = Instant::now();
-        let params = request_params(&r.parameters).map_err(|e| fail(m.config.class, e))?;
-        let options = m.options(&params).map_err(|e| fail(m.config.class, e))?;
-        let class = options.class;
-        let inputs = decode_inputs(&m, &mut r).map_err(|e| fail(class, e))?;
-        let mut wanted = Vec::new();
-        for o in &r.outputs {
-            let i = m.output_index(&o.name).ok_or_else(|| {
-                fail(
-                    class,
-                    ServeError::invalid(format!(
-                        "model '{}' has no output '{}' (outputs: {})",
-                        m.name(),
-                        o.name,
-                        m.outputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
-                    )),
-                )
-            })?;
-            if o.parameters.contains_key("classification") {
-                return Err(fail(class, ServeError::Unsupported("the classification extension is not supported".into())));
-            }
-            wanted.push(i);
-        }
-        if wanted.is_empty() {
-            wanted = (0..m.outputs.len()).collect();
-        }
+        // The class of a request whose parameters do not decode is the model's.
+        let class = request_params(&r.parameters).and_then(|p| m.options(&p)).map_or(m.config.class, |o| o.class);
+        let Decoded { options, inputs, outputs: wanted } = decode_infer_request(&m, &mut r).map_err(|e| fail(class, e))?;
         m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
         let (tx, rx) = tokio::sync::oneshot::channel();
         state
@@ -408,6 +435,7 @@ impl GrpcInferenceService for Service {
         &self,
         r: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        self.check_control(&r)?;
         let r = r.into_inner();
         let models = self
             .state
@@ -427,6 +455,7 @@ impl GrpcInferenceService for Service {
         &self,
         r: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        self.check_control(&r)?;
         let r = r.into_inner();
         if !r.parameters.is_empty() {
             return Err(status(&ServeError::Unsupported(
@@ -445,6 +474,7 @@ impl GrpcInferenceService for Service {
         &self,
         r: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        self.check_control(&r)?;
         let r = r.into_inner();
         let state = self.state.clone();
         tokio::task::spawn_blocking(move || state.unload(&r.model_name))

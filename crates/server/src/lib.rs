@@ -8,7 +8,9 @@
 //!   build.rs: no protoc).
 //! - [`shm`]: the local shared-memory channel (Paella's client path; wire layout and ring in
 //!   `kairos_client::shm`).
-//! - [`repository`]: the model repository folder and its `config.toml` format.
+//! - [`repository`]: the model repository folder and its `config.toml` format; paths never leave
+//!   the repository's root.
+//! - [`control`]: who may use the model-control API (`on`, `off`, or a key).
 //! - [`state`]: one engine per GPU, the model table, load/unload, and the one submission path all
 //!   front ends share; [`metrics`]: Prometheus text; [`error`]: one error enum and the table that
 //!   maps it to HTTP statuses and gRPC codes.
@@ -19,6 +21,7 @@
 //! limit: the engine's submission queue and job limit (429 / RESOURCE_EXHAUSTED when full), the
 //! body and message limits (413), the shared-memory rings (back-pressure) and client count.
 
+pub mod control;
 pub mod error;
 pub mod fixtures;
 pub mod grpc;
@@ -29,6 +32,7 @@ pub mod shm;
 mod sim_gpu;
 pub mod state;
 
+pub use control::ControlAccess;
 pub use error::ServeError;
 pub use repository::{ModelConfig, ModelSource, Repository};
 pub use shm::ShmConfig;
@@ -53,6 +57,8 @@ pub struct ServerConfig {
     pub request_bytes_max: usize,
     /// tokio worker threads for REST and gRPC.
     pub threads: usize,
+    /// Who may use the model-control API (repository index, load, unload) over REST and gRPC.
+    pub control: ControlAccess,
 }
 
 impl ServerConfig {
@@ -65,6 +71,7 @@ impl ServerConfig {
             shm: None,
             request_bytes_max: 64 << 20,
             threads: 2,
+            control: ControlAccess::On,
         }
     }
 }
@@ -106,7 +113,8 @@ impl RunningServer {
         if let Some(addr) = cfg.http {
             let listener = bind(addr)?;
             http_addr = listener.local_addr().ok();
-            let app = rest::App { state: state.clone(), body_bytes_max: cfg.request_bytes_max };
+            let app =
+                rest::App { state: state.clone(), body_bytes_max: cfg.request_bytes_max, control: Arc::new(cfg.control.clone()) };
             let mut rx = rx.clone();
             let router = rest::router(app);
             tasks.push(runtime.spawn(async move {
@@ -127,7 +135,7 @@ impl RunningServer {
         if let Some(addr) = cfg.grpc {
             let listener = bind(addr)?;
             grpc_addr = listener.local_addr().ok();
-            let svc = grpc::service(state.clone(), cfg.request_bytes_max);
+            let svc = grpc::service(state.clone(), cfg.request_bytes_max, cfg.control.clone());
             let mut rx = rx.clone();
             tasks.push(runtime.spawn(async move {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

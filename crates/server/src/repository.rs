@@ -21,11 +21,15 @@
 //!
 //! Without `config.toml`, a folder holding exactly one `.onnx` file serves that file, and any other
 //! folder is read as a zoo model of the folder's name, with every default above.
+//!
+//! Nothing is read from outside the repository's root: model names are plain folder names, `model`
+//! and `profile` are relative paths without `..`, and a model folder, `config.toml`, `.onnx` or
+//! profile file that resolves (through symbolic links) outside the root is refused with an error.
 
 use crate::error::ServeError;
 use kairos_ir::DType;
 use kairos_sched::Class;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 pub const CONFIG_FILE: &str = "config.toml";
 /// Bytes of a config file (it is a handful of lines).
@@ -37,6 +41,8 @@ pub const BATCH_MAX: usize = 4096;
 pub const SEQ_LEN_MAX: usize = 65_536;
 /// A deadline beyond an hour is a mistake, not a target.
 pub const DEADLINE_MS_MAX: f64 = 3_600_000.0;
+/// The shortest deadline, 1 µs (a shorter one would round to no time at all).
+pub const DEADLINE_MS_MIN: f64 = 0.001;
 
 /// What a model folder serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -271,7 +277,7 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
             "model" => {
                 let m = string()?;
                 cfg.source = if m.ends_with(".onnx") {
-                    let p = dir.join(&m);
+                    let p = dir.join(relative_path(key, &m).map_err(&at)?);
                     if !p.is_file() {
                         return Err(at(format!("model file {} does not exist", p.display())));
                     }
@@ -301,8 +307,8 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
                     Value::Float(f) => f,
                     _ => return Err(at(format!("{key} must be a number of milliseconds"))),
                 };
-                if !(ms > 0.0 && ms <= DEADLINE_MS_MAX) {
-                    return Err(at(format!("{key} = {ms} must be in (0, {DEADLINE_MS_MAX}]")));
+                if !(DEADLINE_MS_MIN..=DEADLINE_MS_MAX).contains(&ms) {
+                    return Err(at(format!("{key} = {ms} must be in [{DEADLINE_MS_MIN}, {DEADLINE_MS_MAX}]")));
                 }
                 cfg.deadline_ns = Some((ms * 1e6).round() as u64);
             }
@@ -322,11 +328,28 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
                 }
                 cfg.version = v;
             }
-            "profile" => cfg.profile = Some(dir.join(string()?)),
+            "profile" => cfg.profile = Some(dir.join(relative_path(key, &string()?).map_err(&at)?)),
             _ => unreachable!("every known key is handled"),
         }
     }
     Ok(cfg)
+}
+
+/// A file named in `config.toml`: a relative path below the model's folder (no root, no `..`, no
+/// NUL), so it cannot name a file outside the repository by itself (symbolic links are checked by
+/// [`Repository::config`]).
+fn relative_path<'a>(key: &str, value: &'a str) -> Result<&'a Path, String> {
+    let p = Path::new(value);
+    if value.contains('\0') {
+        return Err(format!("{key} '{}' holds a NUL byte", value.escape_debug()));
+    }
+    if value.is_empty() || !p.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+        return Err(format!(
+            "{key} '{}' must be a relative path inside the model's folder (no absolute path, no '..')",
+            value.escape_debug()
+        ));
+    }
+    Ok(p)
 }
 
 /// The model a folder serves without a `model` key: its only .onnx file, else the folder's name as
@@ -376,18 +399,29 @@ impl Repository {
         Ok(names)
     }
 
-    /// Reads one model's configuration.
+    /// Reads one model's configuration. Refuses names that are not plain folder names and any
+    /// folder or file that resolves outside the repository's root.
     pub fn config(&self, name: &str) -> Result<ModelConfig, ServeError> {
         if !valid_model_name(name) {
             return Err(ServeError::Invalid(format!(
-                "'{name}' is not a model name (letters, digits, '_', '.', '-'; at most {MODEL_NAME_BYTES_MAX} bytes)"
+                "'{}' is not a model name (letters, digits, '_', '.', '-'; at most {MODEL_NAME_BYTES_MAX} bytes)",
+                name.escape_debug()
             )));
         }
         let dir = self.root.join(name);
         if !dir.is_dir() {
             return Err(ServeError::NotFound(format!("no model '{name}' in the repository {}", self.root.display())));
         }
+        let root = self
+            .root
+            .canonicalize()
+            .map_err(|e| ServeError::Invalid(format!("model repository {}: {e}", self.root.display())))?;
+        self.inside(&root, name, "its folder", &dir)?;
         let file = dir.join(CONFIG_FILE);
+        if file.symlink_metadata().is_ok() {
+            // Checked before reading: a link to a file outside must not show its lines in errors.
+            self.inside(&root, name, CONFIG_FILE, &file)?;
+        }
         let text = if file.is_file() {
             let len = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
             if len > CONFIG_BYTES_MAX {
@@ -397,7 +431,39 @@ impl Repository {
         } else {
             String::new()
         };
-        parse_config(name, &dir, &text).map_err(|e| ServeError::Invalid(format!("model '{name}': {e}")))
+        let cfg = parse_config(name, &dir, &text).map_err(|e| ServeError::Invalid(format!("model '{name}': {e}")))?;
+        match &cfg.source {
+            ModelSource::Onnx(p) => self.inside(&root, name, "its model file", p)?,
+            // A zoo name is only ever a zoo name: `kairos_ir` would read an existing file of that
+            // name relative to the working directory.
+            ModelSource::Zoo(z) if kairos_ir::zoo::find(z).is_none() => {
+                return Err(ServeError::Invalid(format!(
+                    "model '{name}': unknown model '{}': not a zoo name (kairos zoo list) and not an .onnx file in its folder",
+                    z.escape_debug()
+                )));
+            }
+            ModelSource::Zoo(_) => {}
+        }
+        if let Some(p) = &cfg.profile
+            && p.symlink_metadata().is_ok()
+        {
+            self.inside(&root, name, "its profile", p)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Refuses `path` (a file or folder of model `name`) if it resolves outside `root` (canonical).
+    fn inside(&self, root: &Path, name: &str, what: &str, path: &Path) -> Result<(), ServeError> {
+        let real = path.canonicalize().map_err(|e| ServeError::Invalid(format!("model '{name}': {}: {e}", path.display())))?;
+        if real.starts_with(root) {
+            Ok(())
+        } else {
+            Err(ServeError::Invalid(format!(
+                "model '{name}': {what} ({}) resolves outside the model repository {} (a symbolic link?)",
+                path.display(),
+                self.root.display()
+            )))
+        }
     }
 }
 
@@ -448,7 +514,10 @@ mod tests {
             ("batch = \"2\"", "batch must be an integer"),
             ("dtype = \"i64\"", "use f32 or f16"),
             ("class = \"urgent\"", "use real-time or best-effort"),
-            ("deadline_ms = -1", "must be in (0"),
+            ("deadline_ms = -1", "must be in [0.001"),
+            // Regression (fuzzing): a positive deadline below 1 ns rounded to a deadline of 0 ns.
+            ("deadline_ms = 0.0000000000001", "must be in [0.001"),
+            ("deadline_ms = 0", "must be in [0.001"),
             ("deadline_ms = 1\nlatency_target_ms = 2", "set twice"),
             ("[model]", "tables are not supported"),
             ("model = \"x.onnx\"", "does not exist"),

@@ -16,8 +16,10 @@
 //! | GET | `/metrics` | Prometheus text |
 //!
 //! Errors are `{"error": "..."}` with the status of [`ServeError::status`]. Bodies above the
-//! configured limit get 413 before they are read whole.
+//! configured limit get 413 before they are read whole. The repository endpoints answer 403 when
+//! [`App::control`] refuses the request (see [`crate::control`]).
 
+use crate::control::{CONTROL_KEY_HEADER, ControlAccess};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
 use crate::state::{InferDone, ModelEntry, RequestParams, State};
@@ -42,6 +44,21 @@ pub const HEADER_LENGTH: &str = "inference-header-content-length";
 pub struct App {
     pub state: Arc<State>,
     pub body_bytes_max: usize,
+    /// Who may use the repository (model-control) endpoints.
+    pub control: Arc<ControlAccess>,
+}
+
+/// The largest body of a repository index request (a JSON object with one flag).
+pub const INDEX_BODY_BYTES_MAX: usize = 64 * 1024;
+/// The largest body of a load or unload request.
+pub const ADMIN_BODY_BYTES_MAX: usize = 1 << 20;
+
+/// 403 with the reason when the control API refuses a request with these headers.
+fn check_control(app: &App, headers: &HeaderMap) -> Result<(), Response> {
+    app.control.check(headers.get(CONTROL_KEY_HEADER).map(HeaderValue::as_bytes)).map_err(|reason| {
+        let body = serde_json::to_vec(&json!({ "error": reason })).unwrap_or_default();
+        (StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    })
 }
 
 pub fn router(app: App) -> Router {
@@ -237,8 +254,11 @@ async fn model_stats_v(AxState(app): AxState<App>, Path((model, version)): Path<
 }
 
 async fn repository_index(AxState(app): AxState<App>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(refused) = check_control(&app, &headers) {
+        return refused;
+    }
     let r = async {
-        let bytes = read_body(&headers, body, 64 * 1024).await?;
+        let bytes = read_body(&headers, body, INDEX_BODY_BYTES_MAX).await?;
         let ready_only = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
             false
         } else {
@@ -258,8 +278,11 @@ async fn repository_index(AxState(app): AxState<App>, headers: HeaderMap, body: 
 }
 
 async fn admin(app: App, headers: HeaderMap, body: Body, model: String, load: bool) -> Response {
+    if let Err(refused) = check_control(&app, &headers) {
+        return refused;
+    }
     let r = async {
-        let bytes = read_body(&headers, body, 1 << 20).await?;
+        let bytes = read_body(&headers, body, ADMIN_BODY_BYTES_MAX).await?;
         if !bytes.iter().all(|b| b.is_ascii_whitespace()) {
             let v: Value = serde_json::from_slice(&bytes).map_err(|e| ServeError::invalid(format!("malformed JSON: {e}")))?;
             // Unload's `unload_dependents` means nothing here (no ensembles); load overrides are refused.
@@ -344,6 +367,26 @@ struct FlatData(Vec<Num>);
 
 struct Flatten<'a>(&'a mut Vec<Num>);
 
+thread_local! {
+    /// The most values one input's `data` may hold while a request is parsed on this thread: the
+    /// model's largest input (set by [`decode_infer_request`]), so a body of a million numbers
+    /// for a 64-value input is refused as it is read, not after 16 bytes per number were allocated.
+    static DATA_VALUES_MAX: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+impl Flatten<'_> {
+    fn push<E: serde::de::Error>(&mut self, n: Num) -> Result<(), E> {
+        let max = DATA_VALUES_MAX.with(|m| m.get());
+        if self.0.len() >= max {
+            return Err(E::custom(format!(
+                "an input's data holds more than {max} values, the most any input of the model takes"
+            )));
+        }
+        self.0.push(n);
+        Ok(())
+    }
+}
+
 impl<'de> DeserializeSeed<'de> for Flatten<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
@@ -356,18 +399,15 @@ impl<'de> Visitor<'de> for Flatten<'_> {
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("numbers or (nested) arrays of numbers")
     }
-    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
-        self.0.push(Num::I(v));
-        Ok(())
+    fn visit_i64<E: serde::de::Error>(mut self, v: i64) -> Result<(), E> {
+        self.push(Num::I(v))
     }
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+    fn visit_u64<E: serde::de::Error>(mut self, v: u64) -> Result<(), E> {
         let v = i64::try_from(v).map_err(|_| E::custom(format!("{v} does not fit INT64")))?;
-        self.0.push(Num::I(v));
-        Ok(())
+        self.push(Num::I(v))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
-        self.0.push(Num::F(v));
-        Ok(())
+    fn visit_f64<E: serde::de::Error>(mut self, v: f64) -> Result<(), E> {
+        self.push(Num::F(v))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
@@ -485,15 +525,21 @@ pub struct OutputChoice {
     pub binary: bool,
 }
 
-struct Decoded {
-    id: Option<String>,
-    model: Arc<ModelEntry>,
-    params: RequestParams,
-    inputs: Vec<Tensor>,
-    outputs: Vec<OutputChoice>,
+/// A decoded inference request.
+pub struct Decoded {
+    pub id: Option<String>,
+    pub model: Arc<ModelEntry>,
+    pub params: RequestParams,
+    /// In the model's input order.
+    pub inputs: Vec<Tensor>,
+    pub outputs: Vec<OutputChoice>,
 }
 
-fn decode(model: &Arc<ModelEntry>, headers: &HeaderMap, body: &Bytes) -> Result<Decoded, ServeError> {
+/// Decodes an inference request's body (JSON, or JSON followed by binary tensors when the
+/// `Inference-Header-Content-Length` header is set) against `model`: every input's name, datatype
+/// and shape is checked against the model before its data is decoded, so no claimed size leads to
+/// an allocation larger than the body. Never panics; errors name what is wrong.
+pub fn decode_infer_request(model: &Arc<ModelEntry>, headers: &HeaderMap, body: &[u8]) -> Result<Decoded, ServeError> {
     let header_len = match headers.get(HEADER_LENGTH) {
         None => None,
         Some(v) => Some(
@@ -513,8 +559,11 @@ fn decode(model: &Arc<ModelEntry>, headers: &HeaderMap, body: &Bytes) -> Result<
         }
         None => (&body[..], &[]),
     };
-    let req: InferRequestJson =
-        serde_json::from_slice(head).map_err(|e| ServeError::invalid(format!("malformed inference request JSON: {e}")))?;
+    let values_max = model.inputs.iter().map(|t| t.shape.iter().product::<usize>()).max().unwrap_or(0);
+    let previous = DATA_VALUES_MAX.with(|m| m.replace(values_max));
+    let req = serde_json::from_slice::<InferRequestJson>(head);
+    DATA_VALUES_MAX.with(|m| m.set(previous));
+    let req = req.map_err(|e| ServeError::invalid(format!("malformed inference request JSON: {e}")))?;
     let params = request_params(req.parameters.as_ref())?;
     let mut slots: Vec<Option<Tensor>> = vec![None; model.inputs.len()];
     for input in req.inputs {
@@ -682,7 +731,7 @@ async fn infer_impl(app: App, model: String, version: String, headers: HeaderMap
         entry = Some(m.clone());
         let bytes = read_body(&headers, body, app.body_bytes_max).await?;
         let t_in = Instant::now();
-        let mut decoded = decode(&m, &headers, &bytes)?;
+        let mut decoded = decode_infer_request(&m, &headers, &bytes)?;
         drop(bytes);
         let options = m.options(&decoded.params)?;
         class = options.class;

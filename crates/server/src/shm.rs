@@ -633,42 +633,12 @@ impl Client<'_> {
             }
             let data_bytes = self.conn.region.layout().data_bytes;
             for (span, decl) in s.inputs[..ni].iter().zip(&m.inputs) {
-                if span.len != decl.len_bytes() {
-                    return Err(ServeError::invalid(format!(
-                        "input '{}' takes {} bytes, its span holds {}",
-                        decl.name,
-                        decl.len_bytes(),
-                        span.len
-                    )));
-                }
-                if span.range_in(data_bytes).is_none() {
-                    return Err(ServeError::invalid(format!(
-                        "input '{}': bytes {}..{} are outside the data area of {data_bytes} bytes",
-                        decl.name,
-                        span.offset,
-                        span.offset as u128 + span.len as u128
-                    )));
-                }
+                check_span(SpanUse::Input, &decl.name, *span, decl.len_bytes(), data_bytes)?;
             }
             let mut outputs = [Span::default(); OUTPUTS_MAX];
             let mut out_lens = [0u64; OUTPUTS_MAX];
             for (i, (span, decl)) in s.outputs[..no].iter().zip(&m.outputs).enumerate() {
-                if span.range_in(data_bytes).is_none() {
-                    return Err(ServeError::invalid(format!(
-                        "output '{}': bytes {}..{} are outside the data area of {data_bytes} bytes",
-                        decl.name,
-                        span.offset,
-                        span.offset as u128 + span.len as u128
-                    )));
-                }
-                if span.len < decl.len_bytes() {
-                    return Err(ServeError::invalid(format!(
-                        "output '{}' needs {} bytes, its span holds {}",
-                        decl.name,
-                        decl.len_bytes(),
-                        span.len
-                    )));
-                }
+                check_span(SpanUse::Output, &decl.name, *span, decl.len_bytes(), data_bytes)?;
                 outputs[i] = *span;
                 out_lens[i] = decl.len_bytes();
             }
@@ -855,6 +825,48 @@ impl Client<'_> {
             rustix::net::send(&self.conn.sock, &msg, SendFlags::NOSIGNAL).map_err(|e| format!("socket: {e}"))?;
             sent = true;
         }
+    }
+}
+
+/// What a span of a submission carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanUse {
+    /// An input: the span holds exactly the tensor's bytes.
+    Input,
+    /// An output: the span has room for at least the tensor's bytes.
+    Output,
+}
+
+/// Checks a span a client names for tensor `name` of `tensor_bytes` bytes against its own data
+/// area of `data_bytes` bytes: the span must lie wholly inside the area (no u64 wraparound of
+/// offset + length) and fit the tensor. Returns the byte range of the area it covers. Every span of
+/// a ring submission goes through here before the server reads or writes the region.
+pub fn check_span(
+    what: SpanUse,
+    name: &str,
+    span: Span,
+    tensor_bytes: u64,
+    data_bytes: u64,
+) -> Result<std::ops::Range<usize>, ServeError> {
+    let kind = match what {
+        SpanUse::Input => "input",
+        SpanUse::Output => "output",
+    };
+    let range = span.range_in(data_bytes).ok_or_else(|| {
+        ServeError::invalid(format!(
+            "{kind} '{name}': bytes {}..{} are outside the data area of {data_bytes} bytes",
+            span.offset,
+            span.offset as u128 + span.len as u128
+        ))
+    })?;
+    match what {
+        SpanUse::Input if span.len != tensor_bytes => {
+            Err(ServeError::invalid(format!("input '{name}' takes {tensor_bytes} bytes, its span holds {}", span.len)))
+        }
+        SpanUse::Output if span.len < tensor_bytes => {
+            Err(ServeError::invalid(format!("output '{name}' needs {tensor_bytes} bytes, its span holds {}", span.len)))
+        }
+        _ => Ok(range),
     }
 }
 
