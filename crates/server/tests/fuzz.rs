@@ -1191,3 +1191,18 @@ fn rest_long_data_is_refused_while_parsing() {
     assert!(e.to_string().contains("more than 64 values"), "{e}");
     assert!(largest < 64 << 10, "allocated {largest} bytes for a 64-value input");
 }
+
+/// Found by fuzzing: two bytes changed in `pair.onnx` make tract panic while building its model
+/// ("no entry found for key", tract-onnx 0.23.9 model.rs:187); the loader turns that into an error
+/// naming the model, so a bad file in a repository never takes the server down.
+#[test]
+fn onnx_tract_panic_is_an_error() {
+    let mut b = kairos_server::fixtures::pair_onnx();
+    assert_eq!(b.len(), 935, "the fixture changed: find a new mutation with fuzz_onnx_mutated");
+    b[569] = 68;
+    b[914] ^= 1 << 4;
+    let opts = kairos_ir::onnx::LoadOptions { batch: Some(1), seq_len: Some(8) };
+    let (r, _) = largest_alloc(|| kairos_ir::onnx::load_bytes("pair", &b, &opts));
+    let e = r.expect_err("the mutated file is refused");
+    assert!(e.to_string().contains("model 'pair': cannot read ONNX"), "{e}");
+}
