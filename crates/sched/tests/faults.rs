@@ -246,6 +246,8 @@ fn run_one(seed: u64) -> (u64, u64, u64, u64) {
 struct Trippable {
     inner: SimGpu,
     trip: Arc<std::sync::atomic::AtomicBool>,
+    /// The reset fails too (as a CUDA device with a sticky error does).
+    reset_fails: bool,
 }
 
 impl Gpu for Trippable {
@@ -306,6 +308,9 @@ impl Gpu for Trippable {
         self.inner.wait(until_ns)
     }
     fn reset(&mut self) -> kairos_gpu::Result<()> {
+        if self.reset_fails {
+            return Err(kairos_gpu::GpuError::Driver("the error is sticky (test fault)".into()));
+        }
         self.trip.store(false, std::sync::atomic::Ordering::SeqCst);
         self.inner.reset()
     }
@@ -317,7 +322,7 @@ fn the_engine_resets_a_faulted_gpu_and_serves_again() {
     let gpu_trip = trip.clone();
     let engine = Engine::start(EngineConfig::default(), move || {
         let inner = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed: 7, ..SimOptions::default() });
-        Ok(Trippable { inner, trip: gpu_trip })
+        Ok(Trippable { inner, trip: gpu_trip, reset_fails: false })
     })
     .unwrap();
     let mut rng = SmallRng::seed_from_u64(7);
@@ -348,4 +353,39 @@ fn the_engine_resets_a_faulted_gpu_and_serves_again() {
     }
     assert!(!engine.stats().recovering);
     engine.shutdown();
+}
+
+#[test]
+fn an_engine_whose_gpu_cannot_be_reset_stops_and_says_why() {
+    let trip = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gpu_trip = trip.clone();
+    let engine = Engine::start(EngineConfig::default(), move || {
+        let inner = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed: 8, ..SimOptions::default() });
+        Ok(Trippable { inner, trip: gpu_trip, reset_fails: true })
+    })
+    .unwrap();
+    let mut rng = SmallRng::seed_from_u64(8);
+    let plan = Arc::new(random_plan(&mut rng, "m"));
+    engine.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+    let inputs = || plan.inputs.iter().map(|i| kairos_ir::Tensor::zeros(i.dtype, i.shape.clone())).collect::<Vec<_>>();
+    engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
+    assert_eq!(engine.stopped(), None);
+
+    trip.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let why = loop {
+        if let Some(why) = engine.stopped() {
+            break why;
+        }
+        assert!(std::time::Instant::now() < deadline, "the engine neither recovered nor stopped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(why.contains("sticky"), "{why}");
+    assert_eq!(engine.stats().gpu_recoveries, 0);
+    // Every later request is refused at once, with the reason.
+    match engine.submit("m", inputs(), RequestOptions::default()) {
+        Err(Error::GpuFailed(m)) => assert!(m.contains("stopped") && m.contains("sticky"), "{m}"),
+        Err(e) => panic!("refused with {e}"),
+        Ok(h) => panic!("a stopped engine took a request: {:?}", h.wait()),
+    }
 }

@@ -369,7 +369,7 @@ impl Service {
 #[tonic::async_trait]
 impl GrpcInferenceService for Service {
     async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Result<Response<pb::ServerLiveResponse>, Status> {
-        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+        Ok(Response::new(pb::ServerLiveResponse { live: self.state.not_live_reason().is_none() }))
     }
 
     async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Result<Response<pb::ServerReadyResponse>, Status> {

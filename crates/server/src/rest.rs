@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load |
+//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load or a GPU is being reset; live: 503 with the reason once a GPU failed for good (restart the process) |
 //! | GET | `/v2` | server metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]` | model metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]/ready` | 200 when ready, else 404/503 |
@@ -107,8 +107,14 @@ async fn not_found() -> Response {
     error_response(&ServeError::NotFound("no such endpoint".into()))
 }
 
-async fn live() -> Response {
-    StatusCode::OK.into_response()
+/// 200 while the server can serve; 503 with the reason once an engine stopped for good (its GPU
+/// failed and could not be reset: on CUDA a sticky error lasts for the life of the process), so
+/// that a supervisor restarts the process.
+async fn live(AxState(app): AxState<App>) -> Response {
+    match app.state.not_live_reason() {
+        None => StatusCode::OK.into_response(),
+        Some(reason) => error_response(&ServeError::Unavailable(reason)),
+    }
 }
 
 /// 200 once the start-up loading has finished; until then (and during the shutdown) 503 with the

@@ -621,7 +621,13 @@ impl State {
 
     /// Live and accepting: the start-up loading finished and no shutdown began.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire) && !self.shutting_down.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && self.not_ready_reason().is_none()
+    }
+
+    /// Why the server is not live (`None` when it is): an engine stopped for good because its GPU
+    /// failed and could not be reset (see `Engine::stopped`); only a restart of the process helps.
+    pub fn not_live_reason(&self) -> Option<String> {
+        self.engines.iter().enumerate().find_map(|(gpu, e)| e.engine.stopped().map(|why| format!("GPU {gpu} stopped: {why}")))
     }
 
     /// Why the server is not ready (`None` when it is): "loading models: 2 of 5 done (now:
@@ -635,6 +641,9 @@ impl State {
     fn reason_locked(&self, s: &Startup) -> Option<String> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Some("the server is shutting down".into());
+        }
+        if let Some(why) = self.not_live_reason() {
+            return Some(why);
         }
         if let Some(gpu) = self.engines.iter().position(|e| e.engine.stats().recovering) {
             return Some(format!("GPU {gpu} is being reset after a fault"));
