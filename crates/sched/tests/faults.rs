@@ -316,19 +316,29 @@ impl Gpu for Trippable {
     }
 }
 
-#[test]
-fn the_engine_resets_a_faulted_gpu_and_serves_again() {
+/// An engine over a [`Trippable`] simulated H100 with one random model "m" loaded; the switch
+/// that makes its GPU fail.
+fn trippable_engine(seed: u64, reset_fails: bool) -> (Engine, Arc<std::sync::atomic::AtomicBool>, Arc<Plan>) {
     let trip = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let gpu_trip = trip.clone();
     let engine = Engine::start(EngineConfig::default(), move || {
-        let inner = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed: 7, ..SimOptions::default() });
-        Ok(Trippable { inner, trip: gpu_trip, reset_fails: false })
+        let inner = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed, ..SimOptions::default() });
+        Ok(Trippable { inner, trip: gpu_trip, reset_fails })
     })
     .unwrap();
-    let mut rng = SmallRng::seed_from_u64(7);
-    let plan = Arc::new(random_plan(&mut rng, "m"));
+    let plan = Arc::new(random_plan(&mut SmallRng::seed_from_u64(seed), "m"));
     engine.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
-    let inputs = || plan.inputs.iter().map(|i| kairos_ir::Tensor::zeros(i.dtype, i.shape.clone())).collect::<Vec<_>>();
+    (engine, trip, plan)
+}
+
+fn zero_inputs(plan: &Plan) -> Vec<kairos_ir::Tensor> {
+    plan.inputs.iter().map(|i| kairos_ir::Tensor::zeros(i.dtype, i.shape.clone())).collect()
+}
+
+#[test]
+fn the_engine_resets_a_faulted_gpu_and_serves_again() {
+    let (engine, trip, plan) = trippable_engine(7, false);
+    let inputs = || zero_inputs(&plan);
     let before = engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
 
     trip.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -357,17 +367,8 @@ fn the_engine_resets_a_faulted_gpu_and_serves_again() {
 
 #[test]
 fn an_engine_whose_gpu_cannot_be_reset_stops_and_says_why() {
-    let trip = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let gpu_trip = trip.clone();
-    let engine = Engine::start(EngineConfig::default(), move || {
-        let inner = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed: 8, ..SimOptions::default() });
-        Ok(Trippable { inner, trip: gpu_trip, reset_fails: true })
-    })
-    .unwrap();
-    let mut rng = SmallRng::seed_from_u64(8);
-    let plan = Arc::new(random_plan(&mut rng, "m"));
-    engine.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
-    let inputs = || plan.inputs.iter().map(|i| kairos_ir::Tensor::zeros(i.dtype, i.shape.clone())).collect::<Vec<_>>();
+    let (engine, trip, plan) = trippable_engine(8, true);
+    let inputs = || zero_inputs(&plan);
     engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
     assert_eq!(engine.stopped(), None);
 

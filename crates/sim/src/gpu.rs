@@ -344,6 +344,8 @@ pub struct SimGpu {
     error: Option<String>,
     /// An injected fault that every call reports until [`Gpu::reset`] (see [`Faults::sticky`]).
     sticky: Option<String>,
+    /// `opts.faults.any()`, kept so that the notification path tests one bool.
+    faults_on: bool,
     /// Launches whose notifications were dropped (injected faults): their end is reported lost.
     tainted: HashSet<LaunchId>,
     dirty_queues: bool,
@@ -411,6 +413,7 @@ impl SimGpu {
             overrun: false,
             error: None,
             sticky: None,
+            faults_on: opts.faults.any(),
             tainted: HashSet::new(),
             dirty_queues: false,
             dirty_place: false,
@@ -450,6 +453,7 @@ impl SimGpu {
     /// until [`Gpu::reset`].
     pub fn set_faults(&mut self, faults: Faults) -> Result<()> {
         faults.validate().map_err(GpuError::Invalid)?;
+        self.faults_on = faults.any();
         self.opts.faults = faults;
         Ok(())
     }
@@ -673,7 +677,7 @@ impl SimGpu {
     /// Puts a notification into the ring; the host sees it after the notification delay, in order
     /// (unless faults are injected: see [`Faults`]).
     fn notify(&mut self, ev: GpuEvent, at: u64) {
-        if !self.opts.faults.any() {
+        if !self.faults_on {
             return self.notify_plain(ev, at);
         }
         let launch = match ev {
@@ -2040,7 +2044,7 @@ impl Gpu for SimGpu {
         self.streams[s as usize].last_launch = Some(id);
         self.launch_slots.insert(id.0, g);
         self.stats.launches += 1;
-        if self.opts.faults.any() {
+        if self.faults_on {
             self.inject_launch_faults(id, g);
         }
         self.record(TraceEvent::Issue { launch: id, stream: req.stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
