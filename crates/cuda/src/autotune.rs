@@ -509,6 +509,8 @@ fn time_shapes(
                 after: None,
                 report_ctas: true,
                 report_start: false,
+                preemptible: true,
+                report_end: true,
             };
             let timed = (|| {
                 gpu.time_span(&req)?;

@@ -12,7 +12,7 @@ use std::ffi::{CStr, c_void};
 
 pub use sys::{
     CUcontext, CUdevResource, CUdevResourceDesc, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
-    CUfunction_attribute, CUgreenCtx, CUmodule, CUresult, CUstream,
+    CUfunction_attribute, CUgraph, CUgraphExec, CUgreenCtx, CUmodule, CUresult, CUstream,
 };
 
 /// A failed driver call: which call, and the status it returned.
@@ -189,6 +189,74 @@ pub unsafe fn stream_synchronize(stream: CUstream) -> DResult<()> {
 pub unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> DResult<()> {
     // SAFETY: contract 1.
     check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, event, 0) })
+}
+
+/// Starts capturing `stream`'s work into a graph instead of running it (relaxed mode: other
+/// threads' driver calls are not checked against the capture).
+///
+/// # Safety
+/// 1. `stream` is live, not the legacy default stream, and not already capturing.
+pub unsafe fn stream_begin_capture(stream: CUstream) -> DResult<()> {
+    // SAFETY: contract 1.
+    check("cuStreamBeginCapture", unsafe {
+        sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+    })
+}
+
+/// Ends the capture begun on `stream` and returns the graph it recorded (owned by the caller).
+///
+/// # Safety
+/// 1. `stream` is live and capturing (begun by [`stream_begin_capture`] on this thread).
+pub unsafe fn stream_end_capture(stream: CUstream) -> DResult<CUgraph> {
+    let mut g = std::ptr::null_mut();
+    // SAFETY: contract 1; the out-pointer is a live local.
+    check("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(stream, &mut g) })?;
+    Ok(g)
+}
+
+/// An executable instance of `graph` (owned by the caller; independent of the graph afterwards).
+///
+/// # Safety
+/// 1. `graph` is live.
+pub unsafe fn graph_instantiate(graph: CUgraph) -> DResult<CUgraphExec> {
+    let mut e = std::ptr::null_mut();
+    // SAFETY: contract 1; the out-pointer is a live local.
+    check("cuGraphInstantiateWithFlags", unsafe { sys::cuGraphInstantiateWithFlags(&mut e, graph, 0) })?;
+    Ok(e)
+}
+
+/// The number of nodes of `graph`.
+///
+/// # Safety
+/// 1. `graph` is live.
+pub unsafe fn graph_node_count(graph: CUgraph) -> DResult<usize> {
+    let mut n = 0usize;
+    // SAFETY: contract 1; a null node array asks for the count only.
+    check("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) })?;
+    Ok(n)
+}
+
+/// Queues one run of `exec` on `stream`.
+///
+/// # Safety
+/// 1. `exec` and `stream` are live, and every buffer the graph's kernels use outlives the run.
+pub unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> DResult<()> {
+    // SAFETY: contract 1.
+    check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, stream) })
+}
+
+/// # Safety
+/// 1. `exec` is live, has no run in flight, and is not used after this call.
+pub unsafe fn graph_exec_destroy(exec: CUgraphExec) -> DResult<()> {
+    // SAFETY: contract 1.
+    check("cuGraphExecDestroy", unsafe { sys::cuGraphExecDestroy(exec) })
+}
+
+/// # Safety
+/// 1. `graph` is live and not used after this call.
+pub unsafe fn graph_destroy(graph: CUgraph) -> DResult<()> {
+    // SAFETY: contract 1.
+    check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(graph) })
 }
 
 pub fn event_create(timing: bool) -> DResult<CUevent> {

@@ -48,6 +48,9 @@ pub const COPIES_MAX: usize = 4096;
 /// its stream (sm_90+), overlapping its start with that kernel's end. Off by default: on the
 /// H200 it did not lower latency (docs/benchmarks.md, "Overlapped launches").
 pub const OVERLAP_ENV: &str = "KAIROS_OVERLAP_LAUNCHES";
+/// Set to 0 to run every launch under the full protocol, including those the caller will not
+/// preempt (which otherwise run as light launches: protocol.cuh, point 7).
+pub const LIGHT_ENV: &str = "KAIROS_LIGHT_LAUNCHES";
 /// How fast the tracked device-clock offset is let down between records (see `track_clock`), in
 /// parts per million of elapsed host time: above the drift seen (~10 ppm).
 const CLOCK_DRIFT_PPM: i64 = 50;
@@ -65,6 +68,18 @@ fn drv(e: DriverError) -> GpuError {
 }
 
 /// Extra launch settings of the runtime's own helpers and tests (not part of the `Gpu` trait).
+/// What [`CudaGpu::time_held`] measured.
+#[derive(Clone, Debug)]
+pub struct HeldTiming {
+    /// Host time `issue` took.
+    pub issue_ns: u64,
+    /// Per stream, from the release to the end of its last work (device events).
+    pub stream_ns: Vec<u64>,
+    /// The hold ended before `issue` returned: the GPU may have started before all the work was
+    /// queued, so the times include host launch costs.
+    pub released_early: bool,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchOptions {
     pub first_block: u32,
@@ -100,6 +115,12 @@ struct StreamState {
     gate_word: u32,
     last_seq: u32,
     last_launch: Option<LaunchId>,
+    /// Whether the last launch queued may stop early (a launch under the full protocol, or one
+    /// that reads the gate): only a launch behind such a one needs to read the gate.
+    last_may_stop: bool,
+    /// Silent launches queued here and not yet known done, in issue order: (issue order, id,
+    /// logical blocks). A later launch on the stream that reports its end implies theirs.
+    silent: VecDeque<(u64, LaunchId, u32)>,
 }
 
 struct PartitionState {
@@ -113,6 +134,10 @@ struct InFlight {
     queue: (StreamId, u32),
     /// Device time of the first placement record.
     first_placed_ns: Option<u64>,
+    /// Its place in the issue order (silent launches on its stream issued before it end first).
+    order: u64,
+    /// Queued by the backend itself to report the silent launches before it (no event of its own).
+    internal: bool,
 }
 
 /// Device-measured spans (first placement to LaunchDone) kept for lookups.
@@ -222,6 +247,11 @@ pub struct CudaGpu {
     host_maps: crate::hostmap::HostMaps,
     /// Protocol flags for the next `launch_inner` (taken there): the host-memory fence.
     next_launch_flags: u32,
+    /// Launches issued so far, in order (silent launches end before any reporting one after them).
+    issue_order: u64,
+    /// Launches the caller will not preempt run as light launches (protocol.cuh, point 7);
+    /// [`LIGHT_ENV`]`=0` turns this off (every launch under the full protocol).
+    light_launches: bool,
     /// CTAs per SM of the next launch's entry when the caller already knows them.
     next_launch_per_sm: Option<u32>,
     protocol: Protocol,
@@ -327,6 +357,8 @@ impl CudaGpu {
             green_note: None,
             host_maps: Default::default(),
             next_launch_flags: 0,
+            issue_order: 0,
+            light_launches: std::env::var(LIGHT_ENV).map_or(true, |v| v != "0"),
             next_launch_per_sm: None,
             protocol,
             bound: Cell::new(Some(std::thread::current().id())),
@@ -735,6 +767,7 @@ impl CudaGpu {
     ) -> Result<LaunchId> {
         let extra_flags = std::mem::take(&mut self.next_launch_flags);
         let known_per_sm = self.next_launch_per_sm.take();
+        let light = variant == Variant::Protocol && extra_flags & source::FLAG_LIGHT != 0;
         self.bind()?;
         if o.first_block > total_blocks {
             return Err(GpuError::Invalid(format!("first block {} beyond the launch's {total_blocks} blocks", o.first_block)));
@@ -789,52 +822,65 @@ impl CudaGpu {
             });
             return Ok(id);
         }
+        // The gate is read only behind a launch that may have stopped early; a silent launch is
+        // never gated (its stop could not be reported), so one that would be reports its end.
+        let gated = o.after.is_some() && self.streams.get(o.stream.0 as usize).is_some_and(|st| st.alive && st.last_may_stop);
+        let silent = light && extra_flags & source::FLAG_SILENT != 0 && !gated;
+        let extra_flags = if silent || !light { extra_flags } else { extra_flags & !source::FLAG_SILENT };
         let (slot, grid) = match variant {
+            // A silent launch has no slot: it touches none, and nothing reports it.
+            Variant::Protocol if silent => (None, remaining),
             Variant::Protocol => {
                 let slot = self
                     .protocol
                     .alloc_slot()
                     .ok_or(GpuError::Exhausted { limit: "launch slots", max: LAUNCH_SLOTS_MAX as u64 })?;
-                (Some(slot), Self::grid_size(o.ctas, per_sm, &mask, &part_sms, remaining))
+                let grid = if light { remaining } else { Self::grid_size(o.ctas, per_sm, &mask, &part_sms, remaining) };
+                (Some(slot), grid)
             }
             Variant::Plain => (None, remaining.max(1)),
         };
-        let gate = match slot {
-            Some(s) => match self.streams.get(o.stream.0 as usize).filter(|st| st.alive) {
+        let gate = match (variant, slot) {
+            (Variant::Protocol, _) => match self.streams.get(o.stream.0 as usize).filter(|st| st.alive) {
                 Some(st) => {
                     if o.after.is_some() && o.after != st.last_launch {
-                        self.protocol.free_slot(s);
+                        if let Some(s) = slot {
+                            self.protocol.free_slot(s);
+                        }
                         return Err(GpuError::Invalid(format!(
                             "launch gated after {:?}, but the last launch on stream {} is {:?}",
                             o.after, o.stream.0, st.last_launch
                         )));
                     }
-                    let gate_seq = if o.after.is_some() { st.last_seq } else { 0 };
+                    let gate_seq = if gated { st.last_seq } else { 0 };
                     Some(Gate { word: st.gate_word, seq: self.protocol.next_seq(), gate_seq })
                 }
                 None => None,
             },
-            None => None,
+            _ => None,
         };
-        let proto = match slot {
-            Some(s) => {
+        let proto = match (variant, slot) {
+            (Variant::Protocol, s) => {
                 let mut flags = if o.sm_bitmap.is_some() { source::FLAG_SM_BITMAP } else { 0 } | extra_flags;
                 // Every CTA lands inside the mask (it is the whole partition) and each has a block
                 // of its own: one take per CTA, no final take that would find the range exhausted.
                 if mask == part_sms && grid >= remaining {
                     flags |= source::FLAG_ONE_TAKE;
                 }
-                if self.overlap_launches {
+                // Light launches do not wait for a prerequisite, so they are never overlapped.
+                if self.overlap_launches && !light {
                     flags |= source::FLAG_OVERLAPPED;
                 }
+                // A silent launch's slot fields are never read: slot 0's address stands in.
+                let s = s.unwrap_or(0);
                 // An unknown stream has no gate; stream_for below refuses it.
                 let gate = gate.unwrap_or_default();
                 self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0), gate)
             }
-            None => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
+            (Variant::Plain, _) => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
         };
         let proto = proto.to_block();
-        let overlap = self.overlap_launches && variant == Variant::Protocol;
+        let overlap = self.overlap_launches && variant == Variant::Protocol && !light;
         let result = (|| {
             let stream_raw = self.stream_for(o.stream, o.partition.0)?.raw();
             let params: Vec<&[u8]> = match args {
@@ -882,17 +928,37 @@ impl CudaGpu {
             r
         });
         match (result, slot) {
-            (Err(e), Some(s)) => {
-                self.protocol.free_slot(s);
+            (Err(e), slot) => {
+                if let Some(s) = slot {
+                    self.protocol.free_slot(s);
+                }
+                // Silent launches before it may have counted on it to report their end.
+                let mut ev = Vec::new();
+                self.close_silent(o.stream, &mut ev);
+                self.host_events.extend(ev);
                 Err(e)
             }
-            (Err(e), None) => Err(e),
             (Ok(()), Some(s)) => {
-                self.in_flight[s as usize] = Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None });
+                self.issue_order += 1;
+                let order = self.issue_order;
+                self.in_flight[s as usize] =
+                    Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None, order, internal: false });
                 self.slot_of.insert(id, s);
                 if let (Some(g), Some(st)) = (gate, self.streams.get_mut(o.stream.0 as usize)) {
                     st.last_seq = g.seq;
                     st.last_launch = Some(id);
+                    st.last_may_stop = !light || g.gate_seq != 0;
+                }
+                Ok(id)
+            }
+            (Ok(()), None) if silent => {
+                self.issue_order += 1;
+                let order = self.issue_order;
+                if let (Some(g), Some(st)) = (gate, self.streams.get_mut(o.stream.0 as usize)) {
+                    st.last_seq = g.seq;
+                    st.last_launch = Some(id);
+                    st.last_may_stop = false;
+                    st.silent.push_back((order, id, total_blocks));
                 }
                 Ok(id)
             }
@@ -966,9 +1032,17 @@ impl CudaGpu {
         // Arguments in mapped host memory: the CTAs fence at system scope before counting as done.
         let fence_flags = self.host_maps.fence_flags(request.args);
         let fenced = fence_flags != 0;
+        // A launch no one will preempt, spread over its whole partition and not tracked CTA by
+        // CTA, runs light; and silent too when the caller does not need its own end (a later
+        // launch on its stream reports it) and no mapped host memory must see its writes.
+        let whole = self.partitions.get(request.partition.0 as usize).is_some_and(|p| request.sm_mask.intersect(&p.sms) == p.sms);
+        let light = self.light_launches && !request.preemptible && whole && sm_bitmap.is_none() && !request.report_ctas;
+        let silent = light && !request.report_end && !request.report_start && !fenced;
         self.next_launch_flags = fence_flags
             | if request.report_ctas { 0 } else { source::FLAG_NO_CTA_RECORDS }
-            | if request.report_start { source::FLAG_START_RECORD } else { 0 };
+            | if request.report_start { source::FLAG_START_RECORD } else { 0 }
+            | if light { source::FLAG_LIGHT } else { 0 }
+            | if silent { source::FLAG_SILENT } else { 0 };
         let id = self.launch_inner(
             &name,
             &f,
@@ -995,6 +1069,20 @@ impl CudaGpu {
         args.u64(ns_per_block);
         args.finish();
         self.launch_inner("kairos_spin", &f, Some(&args), blocks, 128, 0, o, Variant::Protocol)
+    }
+
+    /// [`CudaGpu::launch_spin`] as a light launch (protocol.cuh, point 7; end record only), or a
+    /// silent one (nothing reported: a later reporting launch on its stream reports it).
+    pub fn launch_spin_light(
+        &mut self,
+        counts: DevicePtr,
+        blocks: u32,
+        ns_per_block: u64,
+        o: &LaunchOptions,
+        silent: bool,
+    ) -> Result<LaunchId> {
+        self.next_launch_flags = source::FLAG_NO_CTA_RECORDS | source::FLAG_LIGHT | if silent { source::FLAG_SILENT } else { 0 };
+        self.launch_spin(counts, blocks, ns_per_block, o)
     }
 
     /// The `kairos_noop` helper: `blocks` empty logical blocks under the protocol.
@@ -1070,6 +1158,124 @@ impl CudaGpu {
             let id = g.launch_inner(&name, &f, Some(&block), blocks, threads, dyn_smem, &o, variant)?;
             Ok((variant == Variant::Protocol).then_some(id))
         })
+    }
+
+    /// Whether launches the caller will not preempt run light (see [`LIGHT_ENV`]).
+    pub fn light_launches(&self) -> bool {
+        self.light_launches
+    }
+
+    pub fn set_light_launches(&mut self, on: bool) {
+        self.light_launches = on;
+    }
+
+    /// Launches a plan kernel as built under the protocol (as [`Gpu::launch`]) or as a plain grid
+    /// of one CTA per logical block without it (`Variant::Plain`: no notification ever reports it;
+    /// the caller synchronizes). Plain launches exist for measurements against the protocol.
+    pub fn launch_variant(&mut self, request: &LaunchRequest<'_>, variant: Variant) -> Result<LaunchId> {
+        if variant == Variant::Protocol {
+            return self.launch(request);
+        }
+        source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
+        let threads = request.shape.threads_per_block;
+        let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
+        let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
+        let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
+        let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
+        let o = LaunchOptions {
+            first_block: request.first_block,
+            ctas: request.ctas,
+            sm_mask: request.sm_mask,
+            partition: request.partition,
+            stream: request.stream,
+            sm_bitmap: None,
+            after: None,
+        };
+        let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
+        self.launch_inner(&name, &f, Some(&block), request.shape.logical_blocks, threads, dyn_smem, &o, variant)
+    }
+
+    /// Captures the plain launches `issue` makes on `stream` into a CUDA graph (nothing runs
+    /// until the graph is launched). Protocol launches cannot be captured (their launch slots and
+    /// notifications belong to one run): a capture in which one was made is an error.
+    pub fn capture_plain(
+        &mut self,
+        stream: StreamId,
+        issue: impl FnOnce(&mut CudaGpu) -> Result<()>,
+    ) -> Result<crate::safe::Graph> {
+        self.bind()?;
+        self.flush_launches();
+        let slots_before = self.protocol.slots_in_flight();
+        self.stream_for(stream, 0)?.begin_capture().map_err(drv)?;
+        let inline = std::mem::replace(&mut self.launch_inline, true);
+        let issued = issue(self);
+        self.launch_inline = inline;
+        let graph = self.stream_for(stream, 0)?.end_capture().map_err(drv);
+        issued?;
+        let graph = graph?;
+        if self.protocol.slots_in_flight() != slots_before {
+            return Err(GpuError::Invalid("a protocol launch was made while capturing a graph".into()));
+        }
+        Ok(graph)
+    }
+
+    /// Queues one run of a graph from [`CudaGpu::capture_plain`] on `stream` (whole device).
+    pub fn launch_graph(&mut self, graph: &crate::safe::Graph, stream: StreamId) -> Result<()> {
+        self.bind()?;
+        self.flush_launches();
+        let s = self.stream_for(stream, 0)?;
+        // SAFETY: the captured kernels' modules live as long as self, and their buffers are the
+        // caller's, kept alive until it synchronizes (this method's contract, as for launches).
+        unsafe { graph.launch(s) }.map_err(drv)
+    }
+
+    /// Times work queued on several streams while they are held: the first stream runs a spin
+    /// kernel of `hold_ns` and the others wait for it, `issue` queues the work (inline, on this
+    /// thread), and every stream's time runs from the release to its last work's end. So the
+    /// GPU sees all of the work at once, whatever the host's launch rate: device-side costs only.
+    /// The protocol launches `issue` returns are awaited too.
+    pub fn time_held(
+        &mut self,
+        streams: &[StreamId],
+        hold_ns: u64,
+        issue: impl FnOnce(&mut CudaGpu) -> Result<Vec<LaunchId>>,
+    ) -> Result<HeldTiming> {
+        let (&gate, _) = streams.split_first().ok_or_else(|| GpuError::Invalid("time_held needs a stream".into()))?;
+        self.bind()?;
+        self.flush_launches();
+        let counts = self.alloc(4, MemKind::Device)?;
+        let inline = std::mem::replace(&mut self.launch_inline, true);
+        let timed = (|| {
+            let o = LaunchOptions { ctas: 1, ..crate::suite::whole_device(self, gate) };
+            let spin = self.launch_spin(counts.ptr, 1, hold_ns, &o)?;
+            let start = Self::event_in(&self.ctx, &self.partitions[0], true)?;
+            start.record(self.stream_for(gate, 0)?).map_err(drv)?;
+            for &s in &streams[1..] {
+                self.stream_for(s, 0)?.wait(&start).map_err(drv)?;
+            }
+            let t0 = Instant::now();
+            let ids = issue(self)?;
+            let issue_ns = t0.elapsed().as_nanos() as u64;
+            let mut ends = Vec::new();
+            for &s in streams {
+                let e = Self::event_in(&self.ctx, &self.partitions[0], true)?;
+                e.record(self.stream_for(s, 0)?).map_err(drv)?;
+                ends.push(e);
+            }
+            let mut stream_ns = Vec::new();
+            for e in &ends {
+                e.synchronize().map_err(drv)?;
+                stream_ns.push((e.elapsed_ms_since(&start).map_err(drv)? as f64 * 1e6) as u64);
+            }
+            self.wait_done(spin)?;
+            for id in ids {
+                self.wait_done(id)?;
+            }
+            Ok(HeldTiming { issue_ns, stream_ns, released_early: issue_ns > hold_ns })
+        })();
+        self.launch_inline = inline;
+        self.free(counts)?;
+        timed
     }
 
     /// The device-measured span of a finished launch: from its first placement record to its
@@ -1431,6 +1637,8 @@ impl Gpu for CudaGpu {
             gate_word,
             last_seq: 0,
             last_launch: None,
+            last_may_stop: false,
+            silent: VecDeque::new(),
         });
         self.stream_for(id, 0)?;
         self.streams[id.0 as usize].last_partition = None;
@@ -1560,23 +1768,30 @@ impl CudaGpu {
     fn apply_records(&mut self, records: &[Record], events: &mut Vec<GpuEvent>) -> Result<()> {
         self.track_clock(records);
         for r in records {
-            let (id, first_placed) = match self.in_flight.get_mut(r.slot as usize) {
+            let (id, first_placed, stream, order, internal) = match self.in_flight.get_mut(r.slot as usize) {
                 Some(Some(f)) => {
                     if r.kind == source::REC_PLACED && f.first_placed_ns.is_none() {
                         f.first_placed_ns = Some(r.device_ns);
                     }
-                    (f.id, f.first_placed_ns)
+                    (f.id, f.first_placed_ns, f.queue.0, f.order, f.internal)
                 }
                 _ => return Err(GpuError::Driver(format!("notification for launch slot {} with no launch in flight", r.slot))),
             };
             let at_ns = self.device_to_host_ns(r.device_ns);
             self.records_read += 1;
-            events.push(match r.kind {
+            let ev = match r.kind {
                 // aux 1: the launch's start record (KAIROS_FLAG_START_RECORD), not a CTA group.
                 source::REC_PLACED if r.aux == 1 => GpuEvent::LaunchStarted { launch: id, at_ns },
                 source::REC_PLACED => GpuEvent::CtasPlaced { launch: id, sm: r.sm, ctas: r.ctas, at_ns },
                 source::REC_FINISHED => GpuEvent::CtasFinished { launch: id, sm: r.sm, ctas: r.ctas, blocks: r.blocks, at_ns },
                 source::REC_DONE => {
+                    // Stream order: the silent launches queued before this one have ended too.
+                    if let Some(st) = self.streams.get_mut(stream.0 as usize) {
+                        while let Some(&(_, silent, blocks)) = st.silent.front().filter(|x| x.0 < order) {
+                            st.silent.pop_front();
+                            events.push(GpuEvent::LaunchDone { launch: silent, next_block: blocks, preempted: false, at_ns });
+                        }
+                    }
                     if self.spans.len() >= SPANS_MAX {
                         self.spans.pop_front();
                     }
@@ -1584,12 +1799,41 @@ impl CudaGpu {
                     self.in_flight[r.slot as usize] = None;
                     self.slot_of.remove(&id);
                     self.protocol.free_slot(r.slot);
+                    if internal {
+                        continue;
+                    }
                     GpuEvent::LaunchDone { launch: id, next_block: r.blocks, preempted: r.aux != 0, at_ns }
                 }
                 k => return Err(GpuError::Driver(format!("notification of unknown kind {k}"))),
-            });
+            };
+            events.push(ev);
         }
         Ok(())
+    }
+
+    /// Queues a one-block launch that reports its end on `stream` when silent launches there wait
+    /// for a later launch to imply theirs and none will (the one that should have failed): its
+    /// end reports them, and is not reported itself. If even that cannot be queued, they are
+    /// reported lost.
+    fn close_silent(&mut self, stream: StreamId, events: &mut Vec<GpuEvent>) {
+        if self.streams.get(stream.0 as usize).is_none_or(|st| st.silent.is_empty() || !st.alive) {
+            return;
+        }
+        let o = LaunchOptions { ctas: 1, ..crate::suite::whole_device(self, stream) };
+        match self.launch_noop(1, 32, &o) {
+            Ok(id) => {
+                if let Some(f) = self.slot_of.get(&id).and_then(|&s| self.in_flight[s as usize].as_mut()) {
+                    f.internal = true;
+                }
+            }
+            Err(e) => {
+                eprintln!("kairos: could not queue the launch that reports stream {}'s silent launches: {e}", stream.0);
+                let now = self.now_ns();
+                for (_, id, _) in self.streams[stream.0 as usize].silent.drain(..) {
+                    events.push(GpuEvent::LaunchLost { launch: id, at_ns: now });
+                }
+            }
+        }
     }
 
     /// The ring overflowed (the host stopped reading for longer than the producers wait): waits
@@ -1607,8 +1851,16 @@ impl CudaGpu {
             if let Some(f) = self.in_flight[slot].take() {
                 self.slot_of.remove(&f.id);
                 self.protocol.free_slot(slot as u32);
-                events.push(GpuEvent::LaunchLost { launch: f.id, at_ns: now });
-                lost += 1;
+                if !f.internal {
+                    events.push(GpuEvent::LaunchLost { launch: f.id, at_ns: now });
+                    lost += 1;
+                }
+            }
+        }
+        // The device is idle: the silent launches have run (they never stop early).
+        for st in &mut self.streams {
+            for (_, id, blocks) in st.silent.drain(..) {
+                events.push(GpuEvent::LaunchDone { launch: id, next_block: blocks, preempted: false, at_ns: now });
             }
         }
         eprintln!(
@@ -1627,14 +1879,28 @@ impl CudaGpu {
             let mut failed: Vec<Failure> = Vec::new();
             l.take_failures(&mut failed);
             let any_failed = !failed.is_empty();
+            let mut to_close = Vec::new();
             for f in failed {
                 // The driver refused it: nothing ran, the slot is still zero.
                 eprintln!("kairos: launch {} failed in the driver: {}; its request fails", f.launch.0, f.error);
+                let mut internal = false;
                 if let Some(slot) = self.slot_of.remove(&f.launch) {
-                    self.in_flight[slot as usize] = None;
+                    if let Some(x) = self.in_flight[slot as usize].take() {
+                        internal = x.internal;
+                        to_close.push(x.queue.0);
+                    }
                     self.protocol.free_slot(slot);
                 }
-                events.push(GpuEvent::LaunchLost { launch: f.launch, at_ns: self.now_ns() });
+                for st in &mut self.streams {
+                    st.silent.retain(|x| x.1 != f.launch);
+                }
+                if !internal {
+                    events.push(GpuEvent::LaunchLost { launch: f.launch, at_ns: self.now_ns() });
+                }
+            }
+            // Silent launches that waited for a refused launch to report them get another.
+            for s in to_close {
+                self.close_silent(s, events);
             }
             if any_failed {
                 // A launch refused because the context faulted (a sticky error) is not the

@@ -34,7 +34,9 @@ pub mod safe;
 pub mod suite;
 
 pub use autotune::{TuneOptions, autotune_plan};
-pub use gpu::{CudaGpu, LAUNCH_THREADS_DEFAULT, LAUNCH_THREADS_ENV, LaunchCosts, LaunchOptions, OVERLAP_ENV, read_sm_bitmap};
+pub use gpu::{
+    CudaGpu, HeldTiming, LAUNCH_THREADS_DEFAULT, LAUNCH_THREADS_ENV, LaunchCosts, LaunchOptions, OVERLAP_ENV, read_sm_bitmap,
+};
 pub use nvrtc::Variant;
 pub use profile::profile_plan;
 

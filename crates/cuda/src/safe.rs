@@ -221,6 +221,34 @@ impl Stream {
         unsafe { driver::stream_wait_event(self.raw, event.raw) }
     }
 
+    /// Starts recording this stream's work into a graph (nothing queued runs until
+    /// [`Stream::end_capture`]); only this thread's calls on the stream are captured.
+    pub fn begin_capture(&self) -> DResult<()> {
+        // SAFETY: the stream is live and is one of ours (never the legacy default stream); a stream
+        // already capturing makes the driver return an error.
+        unsafe { driver::stream_begin_capture(self.raw) }
+    }
+
+    /// Ends the capture and instantiates what it recorded.
+    pub fn end_capture(&self) -> DResult<Graph> {
+        // SAFETY: live stream; a stream that is not capturing makes the driver return an error.
+        let graph = unsafe { driver::stream_end_capture(self.raw) }?;
+        // SAFETY: `graph` was just returned by the driver and is live; on failure it is destroyed
+        // here and not used again.
+        let nodes = unsafe { driver::graph_node_count(graph) }.and_then(|n| {
+            // SAFETY: as above.
+            unsafe { driver::graph_instantiate(graph) }.map(|exec| (n, exec))
+        });
+        match nodes {
+            Ok((nodes, exec)) => Ok(Graph { graph, exec, nodes }),
+            Err(e) => {
+                // SAFETY: as above; not used after this.
+                let _ = unsafe { driver::graph_destroy(graph) };
+                Err(e)
+            }
+        }
+    }
+
     /// Asynchronous copy between device addresses (device or mapped host memory).
     ///
     /// # Safety
@@ -235,6 +263,40 @@ impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: created by us, destroyed once; queued work still completes (driver semantics).
         let _ = unsafe { driver::stream_destroy(self.raw) };
+    }
+}
+
+/// A captured CUDA graph and its executable instance (see [`Stream::begin_capture`]).
+pub struct Graph {
+    graph: driver::CUgraph,
+    exec: driver::CUgraphExec,
+    nodes: usize,
+}
+
+impl Graph {
+    /// Its node count (one per captured launch or copy).
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Queues one run of the graph on `stream`.
+    ///
+    /// # Safety
+    /// 1. Every buffer the captured kernels use (and each kernel's module) outlives the run.
+    pub unsafe fn launch(&self, stream: &Stream) -> DResult<()> {
+        // SAFETY: contract 1; both handles are live while their owners live.
+        unsafe { driver::graph_launch(self.exec, stream.raw) }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: both created by Stream::end_capture and destroyed once here; a run still in flight
+        // completes and the driver frees the instance after it (cuGraphExecDestroy's contract).
+        unsafe {
+            let _ = driver::graph_exec_destroy(self.exec);
+            let _ = driver::graph_destroy(self.graph);
+        }
     }
 }
 

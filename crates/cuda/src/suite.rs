@@ -1048,6 +1048,8 @@ pub fn check_kernel_case(
         after: None,
         report_ctas: true,
         report_start: false,
+        preemptible: true,
+        report_end: true,
     };
     let r = (|| {
         let id = gpu.launch(&req)?;

@@ -163,6 +163,8 @@ impl GemmJob {
             after: None,
             report_ctas: true,
             report_start: false,
+            preemptible: true,
+            report_end: true,
         }
     }
     fn args(&self) -> Vec<DevicePtr> {
@@ -365,6 +367,71 @@ fn preempted_launches_resume_exactly() {
         println!("gemm {dtype:?}: {} blocks, preempted at {stops:?}", job.blocks);
         assert!(!stops.is_empty(), "no launch was caught by the preempt flag");
         assert_eq!(job.output(&mut gpu), reference, "{dtype:?}: resumed result differs from the uninterrupted run");
+        job.free(&mut gpu);
+    }
+}
+
+/// Light launches (protocol.cuh, point 7): one CTA per block, every block exactly once; a light
+/// launch behind a stopped one stops whole at the gate and passes it on; silent launches are
+/// reported by the next launch on their stream that reports its end; a real kernel gives the
+/// same result light as under the full protocol.
+#[test]
+fn light_launches_gate_and_report_like_full_ones() {
+    let Some(mut gpu) = gpu() else { return };
+    let stream = gpu.create_stream(0).unwrap();
+    let sm_count = gpu.info().sm_count;
+    let blocks = 20_000u32;
+    let counts = gpu.alloc(4 * blocks as u64 * 4, MemKind::Device).unwrap();
+    gpu.write(counts.ptr, &vec![0u8; 4 * blocks as usize * 4]).unwrap();
+    let part = |i: u64| DevicePtr(counts.ptr.0 + i * blocks as u64 * 4);
+    let mut o = suite::whole_device(&gpu, stream);
+    o.ctas = sm_count;
+    // 1. The gate: a full launch stopped early stops the light ones queued behind it.
+    let a = gpu.launch_spin(part(0), blocks, 5_000, &o).unwrap();
+    let b = gpu.launch_spin_light(part(1), blocks, 5_000, &LaunchOptions { after: Some(a), ..o }, false).unwrap();
+    let c = gpu.launch_spin_light(part(2), blocks, 5_000, &LaunchOptions { after: Some(b), ..o }, true).unwrap();
+    let t0 = gpu.now_ns();
+    while gpu.now_ns() < t0 + 200_000 {}
+    gpu.preempt(a).unwrap();
+    let (next_a, preempted_a) = gpu.wait_done(a).unwrap();
+    assert!(preempted_a && next_a < blocks, "first launch not stopped: {next_a}");
+    assert_eq!(gpu.wait_done(b).unwrap(), (0, true), "light launch after a stopped one");
+    // A gated launch cannot be silent (its stop must be reported): c reports its own end.
+    assert_eq!(gpu.wait_done(c).unwrap(), (0, true), "light launch after a gated one");
+    // 2. Silent launches: reported, whole, with the next reporting launch on the stream.
+    let d = gpu.launch_spin_light(part(3), blocks, 0, &o, true).unwrap();
+    let e = gpu.launch_spin_light(part(3), blocks, 0, &LaunchOptions { after: Some(d), ..o }, true).unwrap();
+    let f = gpu.launch_spin_light(part(3), blocks, 0, &LaunchOptions { after: Some(e), ..o }, false).unwrap();
+    assert_eq!(gpu.wait_done(d).unwrap(), (blocks, false), "first silent launch");
+    assert_eq!(gpu.wait_done(e).unwrap(), (blocks, false), "second silent launch");
+    assert_eq!(gpu.wait_done(f).unwrap(), (blocks, false), "the reporting launch after them");
+    let mut c = vec![0u8; 4 * blocks as usize * 4];
+    gpu.read(counts.ptr, &mut c).unwrap();
+    let runs = |i: usize| -> Vec<u32> {
+        c[i * blocks as usize * 4..(i + 1) * blocks as usize * 4]
+            .chunks_exact(4)
+            .map(|x| u32::from_le_bytes(x.try_into().unwrap()))
+            .collect()
+    };
+    assert!(runs(0).iter().enumerate().all(|(i, &n)| n == (i < next_a as usize) as u32), "blocks of the stopped launch");
+    assert!(runs(1).iter().all(|&n| n == 0), "the gated light launch ran blocks");
+    assert!(runs(2).iter().all(|&n| n == 0), "the light launch behind it ran blocks");
+    assert!(runs(3).iter().all(|&n| n == 3), "silent and reporting light launches ran every block once each");
+    gpu.free(counts).unwrap();
+    // 3. A real kernel: light (not preemptible) and full give the same output, bit for bit.
+    for dtype in [DType::F32, DType::F16] {
+        let job = gemm_job(&mut gpu, dtype, 1024, 64, 12);
+        let args = job.args();
+        let o = suite::whole_device(&gpu, stream);
+        job.clear(&mut gpu);
+        let id = gpu.launch(&job.request(dtype, &args, &o)).unwrap();
+        gpu.wait_done(id).unwrap();
+        let reference = job.output(&mut gpu);
+        job.clear(&mut gpu);
+        let light = LaunchRequest { preemptible: false, report_ctas: false, ..job.request(dtype, &args, &o) };
+        let id = gpu.launch(&light).unwrap();
+        assert_eq!(gpu.wait_done(id).unwrap(), (job.blocks, false));
+        assert_eq!(job.output(&mut gpu), reference, "{dtype:?}: light launch differs from the full protocol's");
         job.free(&mut gpu);
     }
 }

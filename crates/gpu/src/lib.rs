@@ -238,6 +238,17 @@ pub struct LaunchRequest<'a> {
     /// record per launch, whatever its size. Kernel-by-kernel dispatch learns from it when a launch
     /// left its stream's queue and how long it ran, without a record per SM.
     pub report_start: bool,
+    /// The caller may preempt it ([`Gpu::preempt`]). False lets a backend run it without the
+    /// machinery that mid-kernel preemption needs (on CUDA: a light launch, one CTA per block,
+    /// stoppable only whole at its stream gate); `preempt` may then have no effect, and the
+    /// launch ends whole.
+    pub preemptible: bool,
+    /// Report this launch's end. False (with `report_ctas` and `report_start` false): the backend
+    /// may report it only when a later launch on the same stream that does report its end ends
+    /// (stream order implies it), at that launch's time; the caller must issue such a launch
+    /// (a backend whose later launch fails to queue reports the silent ones itself). Only for
+    /// launches whose own end time the caller does not need.
+    pub report_end: bool,
 }
 
 impl<'a> LaunchRequest<'a> {
@@ -262,6 +273,8 @@ impl<'a> LaunchRequest<'a> {
             after: None,
             report_ctas: true,
             report_start: false,
+            preemptible: true,
+            report_end: true,
         }
     }
 }

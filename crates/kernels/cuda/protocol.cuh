@@ -42,6 +42,17 @@
 //      works out the first block never taken. If no CTA landed inside the mask at all (possible only when the grid
 //      is too small to reach every SM of the mask), that last CTA runs the remaining blocks
 //      itself wherever it is, so no launch is ever lost; its placement record names its SM.
+//   7. Light launches (KAIROS_FLAG_LIGHT), for launches the host never preempts: a grid of one CTA
+//      per logical block left (block = first_block + blockIdx.x), no takes, no polls, no mask.
+//      A CTA reads the stream gate only when the host says the launch before may have stopped
+//      (gate_seq != 0); a closed gate stops the whole launch before any block, and its last CTA
+//      out closes the gate behind it (a gated launch always counts its CTAs out, silent never is
+//      gated: the host sees to both). The CTA that runs the first block writes the start record (with
+//      KAIROS_FLAG_START_RECORD). On leaving, each CTA fences and counts itself out with one
+//      atomicInc on the slot's `light_out` word that wraps to zero at the grid's size, so the last
+//      CTA out knows it is last and the word is zero again for the next launch with no store and
+//      no second fence; that CTA writes the end record. KAIROS_FLAG_SILENT drops the count and the
+//      records as well: nothing runs but the kernel's own blocks (and the gate read, if asked).
 //
 // Notifications are 32-byte records in a ring in mapped pinned host memory that the host polls.
 // A launch with KAIROS_FLAG_START_RECORD also reports its start: one placement record with aux 1,
@@ -99,6 +110,14 @@ typedef long long i64;
 // what kernel-by-kernel dispatch uses to know when a launch left its stream's queue.
 #define KAIROS_FLAG_START_RECORD 64u
 
+// A light launch (point 7 above): one CTA per logical block, no takes, no preempt-flag polls, no
+// SM mask; it stops only at its stream gate, whole. Cheaper by the round trips that buy exact
+// mid-kernel preemption, for launches the host will never preempt.
+#define KAIROS_FLAG_LIGHT 128u
+// With KAIROS_FLAG_LIGHT: the launch reports nothing and keeps no books (a later launch on its
+// stream that reports its end implies this one's; the host infers it from stream order).
+#define KAIROS_FLAG_SILENT 256u
+
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
 //   word 1: finished: logical blocks run by the group; done: the first block never taken
@@ -128,7 +147,7 @@ struct KairosSlot {
     u64 done;          // CTAs that have left << 32 | logical blocks they ran
     u64 last_poll_ns;  // %globaltimer of the last read of the host's preempt flag (0: none yet)
     u32 stop_at;       // takes that were valid when the stop bit was set
-    u32 pad;
+    u32 light_out;     // light launches: CTAs counted out, modulo the grid (zero between launches)
     u32 placed[KAIROS_SM_COUNT_MAX];    // per-SM placement group being reported
     u64 finished[KAIROS_SM_COUNT_MAX];  // per-SM completion group: ctas << 32 | blocks
 };
@@ -386,6 +405,44 @@ __device__ __forceinline__ u32 kairos_take_loop(const KairosProto& P, KairosSlot
     return ran;
 }
 
+// A light launch (point 7): one CTA per logical block, no takes.
+template <typename Body>
+__device__ __forceinline__ void kairos_run_light(const KairosProto& P, Body body) {
+    __shared__ u32 s_go;
+    KairosSlot* S = (KairosSlot*)P.slot_state;
+    const bool leader = threadIdx.x == 0;
+    const bool report = (P.flags & (KAIROS_FLAG_NOTIFY | KAIROS_FLAG_SILENT)) == KAIROS_FLAG_NOTIFY;
+    const u32 b = P.first_block + blockIdx.x;
+    if (leader) {
+        const bool go = P.gate_seq == 0u || *(volatile u32*)P.gate_word != P.gate_seq;
+        s_go = go;
+        if (go && blockIdx.x == 0 && report && (P.flags & KAIROS_FLAG_START_RECORD)) {
+            kairos_emit(P, KAIROS_REC_PLACED, kairos_smid(), min(gridDim.x, 0x7ffu), 0, 1u);
+        }
+    }
+    __syncthreads();
+    const bool go = s_go != 0u;
+    if (go && b < P.total_blocks) body(b);
+    if (!report) return;
+    __syncthreads();
+    if (leader) {
+        // This CTA's outputs are visible before it counts as done (to the host too, for outputs
+        // in mapped host memory).
+        if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
+        else __threadfence();
+        if (atomicInc(&S->light_out, gridDim.x - 1u) == gridDim.x - 1u) {
+            // Stopped at the gate: the launch behind this one must stop too. Only the last CTA
+            // out writes it, once every CTA of this launch has read the word.
+            if (!go && P.gate_word != 0ull) {
+                *(volatile u32*)P.gate_word = P.seq;
+                __threadfence();
+            }
+            const u32 next_block = go ? P.total_blocks : P.first_block;
+            kairos_emit(P, KAIROS_REC_DONE, kairos_smid(), 0, next_block, go ? 0u : 1u);
+        }
+    }
+}
+
 // Runs `body(logical_block)` under the protocol. Every thread of the CTA must call it, and
 // `body` must be safe to call by all threads for one block (it may use __syncthreads).
 template <typename Body>
@@ -396,6 +453,10 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
         __syncthreads();
     }
 #else
+    if (P.flags & KAIROS_FLAG_LIGHT) {
+        kairos_run_light(P, body);
+        return;
+    }
     __shared__ u32 s_last;
     KairosSlot* S = (KairosSlot*)P.slot_state;
     const bool leader = threadIdx.x == 0;

@@ -492,6 +492,10 @@ pub const FLAG_OVERLAPPED: u32 = 32;
 /// KAIROS_FLAG_START_RECORD: the CTA that takes the launch's first block writes a placement record
 /// with aux 1 (the launch's start).
 pub const FLAG_START_RECORD: u32 = 64;
+/// KAIROS_FLAG_LIGHT: one CTA per logical block, no takes or polls; stops only whole, at its gate.
+pub const FLAG_LIGHT: u32 = 128;
+/// KAIROS_FLAG_SILENT: a light launch that reports nothing (a later launch on its stream implies its end).
+pub const FLAG_SILENT: u32 = 256;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1087,6 +1091,8 @@ mod tests {
             ("KAIROS_FLAG_NO_CTA_RECORDS", FLAG_NO_CTA_RECORDS),
             ("KAIROS_FLAG_OVERLAPPED", FLAG_OVERLAPPED),
             ("KAIROS_FLAG_START_RECORD", FLAG_START_RECORD),
+            ("KAIROS_FLAG_LIGHT", FLAG_LIGHT),
+            ("KAIROS_FLAG_SILENT", FLAG_SILENT),
             ("KAIROS_REC_PLACED", REC_PLACED),
             ("KAIROS_REC_FINISHED", REC_FINISHED),
             ("KAIROS_REC_DONE", REC_DONE),

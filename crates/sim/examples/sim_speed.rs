@@ -122,6 +122,8 @@ fn main() {
                     after: None,
                     report_ctas: true,
                     report_start: false,
+                    preemptible: true,
+                    report_end: true,
                 };
                 let id = gpu.launch(&req).unwrap();
                 owner.insert(id, i);

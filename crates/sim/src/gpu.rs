@@ -155,6 +155,9 @@ struct Grid {
     report_ctas: bool,
     /// LaunchStarted is sent when its first block is taken (LaunchRequest::report_start).
     report_start: bool,
+    /// Its LaunchDone waits for the end of a later launch of its stream that reports its own
+    /// (LaunchRequest::report_end false on a launch nothing else is asked of), as on CUDA.
+    silent: bool,
     ctas_working: u32,
     model: BlockModel,
     /// Completion tail after the last CTA leaves (calibrated from the model's profile).
@@ -255,6 +258,8 @@ struct Stream {
     gate_closed: bool,
     /// The last launch issued on the stream (what `LaunchRequest::after` must name).
     last_launch: Option<LaunchId>,
+    /// Ends of silent launches, reported with the next end of a launch that reports its own.
+    silent_done: Vec<(LaunchId, u32, bool)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1624,7 +1629,15 @@ impl SimGpu {
         if let Some(pos) = self.cwd.iter().position(|&x| x == g) {
             self.cwd.remove(pos);
         }
-        self.notify(GpuEvent::LaunchDone { launch: id, next_block: next, preempted, at_ns: t }, t);
+        if self.grids[g].silent {
+            self.streams[stream].silent_done.push((id, next, preempted));
+        } else {
+            // Stream order: the silent launches before it have ended, reported with it.
+            for (launch, next_block, preempted) in std::mem::take(&mut self.streams[stream].silent_done) {
+                self.notify(GpuEvent::LaunchDone { launch, next_block, preempted, at_ns: t }, t);
+            }
+            self.notify(GpuEvent::LaunchDone { launch: id, next_block: next, preempted, at_ns: t }, t);
+        }
         self.record(TraceEvent::Done { launch: id, first_block: first, next_block: next, preempted, at_ns: t });
         if self.opts.compute && next > first {
             let grid = &self.grids[g];
@@ -1783,123 +1796,9 @@ impl SimGpu {
     }
 }
 
-impl Gpu for SimGpu {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    fn now_ns(&self) -> u64 {
-        self.now_ns
-    }
-
-    fn alloc(&mut self, bytes: u64, kind: MemKind) -> Result<Allocation> {
-        self.check_sticky()?;
-        self.mem.alloc(bytes, kind)
-    }
-
-    fn free(&mut self, allocation: Allocation) -> Result<()> {
-        if let Some(user) = self.in_use(&allocation) {
-            return Err(GpuError::Invalid(format!("free of {:?} while {user} in flight uses it", allocation.ptr)));
-        }
-        self.mem.free(&allocation)
-    }
-
-    fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()> {
-        self.check_sticky()?;
-        let r = self.mem.resolve_range(dst, data.len() as u64, "write")?;
-        self.not_mapped(&r, "write")?;
-        self.mem.write(r, data);
-        let ns = self.sync_copy_ns(data.len(), r.kind, true);
-        self.host_spend(ns);
-        Ok(())
-    }
-
-    fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
-        self.check_sticky()?;
-        let r = self.mem.resolve_range(src, out.len() as u64, "read")?;
-        self.not_mapped(&r, "read")?;
-        let ns = self.sync_copy_ns(out.len(), r.kind, false);
-        self.host_spend(ns);
-        self.mem.read(r, out);
-        Ok(())
-    }
-
-    fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
-        self.check_sticky()?;
-        let s = self.check_stream(stream)?;
-        if bytes == 0 {
-            return Err(GpuError::Invalid("copy of 0 bytes".into()));
-        }
-        let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
-        let r = self.mem.resolve_range(src, bytes, "copy source")?;
-        self.not_mapped(&d, "copy destination")?;
-        self.not_mapped(&r, "copy source")?;
-        if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
-            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
-        }
-        let dir = match (r.kind, d.kind) {
-            (MemKind::Device, MemKind::Device) => Dir::D2D,
-            (MemKind::Device, MemKind::HostMapped) => Dir::D2H,
-            (MemKind::HostMapped, _) => Dir::H2D,
-        };
-        let id = CopyId(self.next_copy);
-        let c = self.copies.insert(CopyOp {
-            id,
-            dst: d,
-            src: r,
-            bytes,
-            stream: s,
-            dir,
-            active: false,
-            done_bytes: 0.0,
-            rate: 0.0,
-            last_ns: 0,
-            generation: 0,
-        });
-        let (queue, arrive) = match self.enqueue(s, Cmd::Copy(c)) {
-            Ok(x) => x,
-            Err(e) => {
-                self.copies.remove(c);
-                return Err(e);
-            }
-        };
-        self.next_copy += 1;
-        self.stats.copies += 1;
-        self.record(TraceEvent::IssueCopy { copy: id, stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
-        self.host_spend(self.desc.latency.launch_host_ns);
-        Ok(id)
-    }
-
-    fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
-        self.check_sticky()?;
-        if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {
-            return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
-        }
-        let id = self.streams.len() as u32;
-        self.streams.push(Stream {
-            alive: true,
-            priority,
-            queue: id % self.desc.hardware_queues,
-            busy: false,
-            gate_closed: false,
-            last_launch: None,
-        });
-        Ok(StreamId(id))
-    }
-
-    fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
-        let s = self.check_stream(stream)?;
-        self.streams[s as usize].alive = false;
-        self.streams_destroyed += 1;
-        Ok(())
-    }
-
-    fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
-        let (res, _) = self.resources_of(kernel, dtype, shape)?;
-        Ok(res.to_resources(&self.desc.sm_limits))
-    }
-
-    fn launch(&mut self, req: &LaunchRequest<'_>) -> Result<LaunchId> {
+impl SimGpu {
+    /// [`Gpu::launch`] proper (the trait method adds what a failed launch means for silent ones).
+    fn launch_request(&mut self, req: &LaunchRequest<'_>) -> Result<LaunchId> {
         self.check_sticky()?;
         if self.roll(self.opts.faults.launch_failure) {
             return Err(GpuError::Driver("launch failed (injected fault)".into()));
@@ -2016,6 +1915,7 @@ impl Gpu for SimGpu {
             ctas_unplaced: ctas,
             report_ctas: req.report_ctas,
             report_start: req.report_start,
+            silent: !req.report_end && !req.report_ctas && !req.report_start && !req.preemptible,
             ctas_live: 0,
             ctas_working: 0,
             model,
@@ -2050,6 +1950,150 @@ impl Gpu for SimGpu {
         self.record(TraceEvent::Issue { launch: id, stream: req.stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
         self.host_spend(self.desc.latency.launch_host_ns);
         Ok(id)
+    }
+
+    /// A launch on stream `s` failed to queue: the silent launches before it on the stream, which
+    /// counted on a later launch to report their end, report their own (as the CUDA backend does).
+    fn unsilence(&mut self, s: usize) {
+        let live: Vec<u32> = self.launch_slots.values().copied().collect();
+        for g in live {
+            let grid = &mut self.grids[g];
+            if grid.stream as usize == s {
+                grid.silent = false;
+            }
+        }
+        let now = self.now_ns;
+        for (launch, next_block, preempted) in std::mem::take(&mut self.streams[s].silent_done) {
+            self.notify(GpuEvent::LaunchDone { launch, next_block, preempted, at_ns: now }, now);
+        }
+    }
+}
+
+impl Gpu for SimGpu {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    fn alloc(&mut self, bytes: u64, kind: MemKind) -> Result<Allocation> {
+        self.check_sticky()?;
+        self.mem.alloc(bytes, kind)
+    }
+
+    fn free(&mut self, allocation: Allocation) -> Result<()> {
+        if let Some(user) = self.in_use(&allocation) {
+            return Err(GpuError::Invalid(format!("free of {:?} while {user} in flight uses it", allocation.ptr)));
+        }
+        self.mem.free(&allocation)
+    }
+
+    fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<()> {
+        self.check_sticky()?;
+        let r = self.mem.resolve_range(dst, data.len() as u64, "write")?;
+        self.not_mapped(&r, "write")?;
+        self.mem.write(r, data);
+        let ns = self.sync_copy_ns(data.len(), r.kind, true);
+        self.host_spend(ns);
+        Ok(())
+    }
+
+    fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        self.check_sticky()?;
+        let r = self.mem.resolve_range(src, out.len() as u64, "read")?;
+        self.not_mapped(&r, "read")?;
+        let ns = self.sync_copy_ns(out.len(), r.kind, false);
+        self.host_spend(ns);
+        self.mem.read(r, out);
+        Ok(())
+    }
+
+    fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
+        self.check_sticky()?;
+        let s = self.check_stream(stream)?;
+        if bytes == 0 {
+            return Err(GpuError::Invalid("copy of 0 bytes".into()));
+        }
+        let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
+        let r = self.mem.resolve_range(src, bytes, "copy source")?;
+        self.not_mapped(&d, "copy destination")?;
+        self.not_mapped(&r, "copy source")?;
+        if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
+            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
+        }
+        let dir = match (r.kind, d.kind) {
+            (MemKind::Device, MemKind::Device) => Dir::D2D,
+            (MemKind::Device, MemKind::HostMapped) => Dir::D2H,
+            (MemKind::HostMapped, _) => Dir::H2D,
+        };
+        let id = CopyId(self.next_copy);
+        let c = self.copies.insert(CopyOp {
+            id,
+            dst: d,
+            src: r,
+            bytes,
+            stream: s,
+            dir,
+            active: false,
+            done_bytes: 0.0,
+            rate: 0.0,
+            last_ns: 0,
+            generation: 0,
+        });
+        let (queue, arrive) = match self.enqueue(s, Cmd::Copy(c)) {
+            Ok(x) => x,
+            Err(e) => {
+                self.copies.remove(c);
+                return Err(e);
+            }
+        };
+        self.next_copy += 1;
+        self.stats.copies += 1;
+        self.record(TraceEvent::IssueCopy { copy: id, stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
+        self.host_spend(self.desc.latency.launch_host_ns);
+        Ok(id)
+    }
+
+    fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
+        self.check_sticky()?;
+        if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {
+            return Err(GpuError::Exhausted { limit: "streams", max: STREAMS_MAX as u64 });
+        }
+        let id = self.streams.len() as u32;
+        self.streams.push(Stream {
+            alive: true,
+            priority,
+            queue: id % self.desc.hardware_queues,
+            busy: false,
+            gate_closed: false,
+            silent_done: Vec::new(),
+            last_launch: None,
+        });
+        Ok(StreamId(id))
+    }
+
+    fn destroy_stream(&mut self, stream: StreamId) -> Result<()> {
+        let s = self.check_stream(stream)?;
+        self.streams[s as usize].alive = false;
+        self.streams_destroyed += 1;
+        Ok(())
+    }
+
+    fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
+        let (res, _) = self.resources_of(kernel, dtype, shape)?;
+        Ok(res.to_resources(&self.desc.sm_limits))
+    }
+
+    fn launch(&mut self, req: &LaunchRequest<'_>) -> Result<LaunchId> {
+        let r = self.launch_request(req);
+        if r.is_err()
+            && let Ok(s) = self.check_stream(req.stream)
+        {
+            self.unsilence(s as usize);
+        }
+        r
     }
 
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {

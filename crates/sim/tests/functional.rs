@@ -308,3 +308,50 @@ fn launches_that_report_only_their_end_send_no_cta_events() {
     assert_eq!(quiet_out, loud_out);
     assert_eq!(quiet_out, (0..n).map(|i| 2.0 * i as f32).collect::<Vec<_>>());
 }
+
+/// Launches that need not report their end (`report_end: false`, not preemptible, no CTA or start
+/// records: what whole-job dispatch issues before a job's last launch) are reported by the next
+/// launch of their stream that reports its own, at its time and before it; when that launch
+/// cannot be queued, they report their own.
+#[test]
+fn silent_launches_end_with_the_next_reporting_launch_on_their_stream() {
+    let n = 50_000u32;
+    let k = eltwise_add(n, 1024);
+    let mut gpu = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed: 9, check_invariants: true, ..SimOptions::default() });
+    let x = gpu.alloc(n as u64 * 4, MemKind::Device).unwrap();
+    let s = gpu.create_stream(0).unwrap();
+    let args = [x.ptr, x.ptr, x.ptr];
+    let silent = |after| LaunchRequest {
+        report_ctas: false,
+        preemptible: false,
+        report_end: false,
+        after,
+        ..request(&k, DType::F32, shape(&k, 256, 0), &args, s)
+    };
+    let a = gpu.launch(&silent(None)).unwrap();
+    let b = gpu.launch(&silent(Some(a))).unwrap();
+    let c = gpu.launch(&LaunchRequest { report_end: true, ..silent(Some(b)) }).unwrap();
+    let events = run_until_done(&mut gpu, &[a, b, c]);
+    let ends: Vec<(LaunchId, u64)> = events
+        .iter()
+        .filter_map(|e| match *e {
+            GpuEvent::LaunchDone { launch, next_block, preempted: false, at_ns } if next_block == k.logical_blocks() => {
+                Some((launch, at_ns))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.iter().map(|e| e.0).collect::<Vec<_>>(), vec![a, b, c], "{events:?}");
+    assert!(ends.iter().all(|e| e.1 == ends[2].1), "silent ends carry the reporting launch's time: {ends:?}");
+    let mut bytes = vec![0u8; n as usize * 4];
+    gpu.read(x.ptr, &mut bytes).unwrap();
+    assert!(f32s(&bytes).iter().all(|&v| v == 0.0), "x = x + x three times from zero");
+
+    // A launch that fails to queue leaves none waiting: the silent one before it reports itself.
+    let d = gpu.launch(&silent(None)).unwrap();
+    gpu.set_faults(kairos_sim::Faults { launch_failure: 1.0, ..Default::default() }).unwrap();
+    assert!(gpu.launch(&LaunchRequest { report_end: true, ..silent(Some(d)) }).is_err());
+    gpu.set_faults(kairos_sim::Faults::default()).unwrap();
+    let events = run_until_done(&mut gpu, &[d]);
+    assert!(events.iter().any(|e| matches!(e, GpuEvent::LaunchDone { launch, .. } if *launch == d)), "{events:?}");
+}

@@ -219,6 +219,8 @@ impl Swarm {
             after: None,
             report_ctas: true,
             report_start: self.rng.random_bool(0.5),
+            preemptible: true,
+            report_end: true,
         };
         let id = self.gpu.launch(&req).unwrap_or_else(|e| panic!("seed {}: launch failed: {e}", self.seed));
         self.jobs[job].launches += 1;

@@ -214,7 +214,7 @@ impl<G: Gpu> Dispatcher<G> {
                 Some(start) => at_ns.saturating_sub(start),
                 None => at_ns.saturating_sub(f.first_placed_ns.unwrap_or(f.issued_ns).max(prev_done_ns)),
             };
-            if f.first_block == 0 && !preempted {
+            if f.first_block == 0 && !preempted && f.learns {
                 moved_ns = m.estimates.observe(f.launch, duration);
             }
             job.states[i] = LState::Done;

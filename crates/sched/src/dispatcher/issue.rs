@@ -201,6 +201,13 @@ impl<G: Gpu> Dispatcher<G> {
         let kernel_level = job.stream.is_none();
         let report_ctas = kernel_level && self.cfg.cta_records;
         let report_start = kernel_level;
+        // A whole job's launches before its last need no end of their own: stream order makes
+        // the last one's end theirs (a GPU may then skip their notifications entirely).
+        let last = launch as usize + 1 == m.plan.launches.len();
+        let report_end = kernel_level || last;
+        // Their times then come from the last launch's end: only launches whose end and whose
+        // predecessor's end are both reported teach the estimates.
+        let learns = kernel_level || m.plan.launches.len() == 1;
         let mask = sm_mask.unwrap_or(self.whole);
         let request = LaunchRequest {
             kernel: &l.kernel,
@@ -215,6 +222,8 @@ impl<G: Gpu> Dispatcher<G> {
             after,
             report_ctas,
             report_start,
+            preemptible: self.policy.preempts(),
+            report_end,
         };
         let t0 = self.gpu.now_ns();
         let id = self.gpu.launch(&request)?;
@@ -281,6 +290,7 @@ impl<G: Gpu> Dispatcher<G> {
                 ahead: None,
                 report_ctas,
                 report_start,
+                learns,
                 modelled,
                 mask,
                 est_ns: cost,

@@ -400,6 +400,9 @@ struct InFlight {
     /// It reports its start, and its CTAs enter the occupancy map as modelled placements then
     /// (`modelled`: SM, CTAs), leaving it at its end.
     report_start: bool,
+    /// Its measured duration updates the estimates: false for a whole job's launches when the
+    /// job has several (their ends are implied by the last one's: `LaunchRequest::report_end`).
+    learns: bool,
     modelled: Vec<(u32, u32)>,
     mask: SmMask,
     /// Its estimate when issued, counted in the job's issue-ahead window until it starts.

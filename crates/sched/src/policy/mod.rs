@@ -206,6 +206,12 @@ pub enum Decision {
 pub trait Policy: Send + std::fmt::Debug {
     fn name(&self) -> &'static str;
     fn decide(&self, view: &View<'_>) -> Option<Decision>;
+    /// Whether it may ever decide [`Decision::Preempt`]. The launches of a policy that does not
+    /// are issued as not preemptible, which a GPU may run more cheaply (on CUDA: light launches,
+    /// ~3 µs less per launch on an H100).
+    fn preempts(&self) -> bool {
+        false
+    }
 }
 
 /// The policies by name, with their parameters.

@@ -586,6 +586,10 @@ impl Policy for Preempting {
         self.inner.name()
     }
 
+    fn preempts(&self) -> bool {
+        true
+    }
+
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
         let mut budget = self.budget.lock().unwrap();
         if *budget > 0

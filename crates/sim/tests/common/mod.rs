@@ -96,6 +96,8 @@ pub fn request<'a>(
         after: None,
         report_ctas: true,
         report_start: false,
+        preemptible: true,
+        report_end: true,
     }
 }
 
