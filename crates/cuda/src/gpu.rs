@@ -121,6 +121,10 @@ struct StreamState {
     /// Silent launches queued here and not yet known done, in issue order: (issue order, id,
     /// logical blocks). A later launch on the stream that reports its end implies theirs.
     silent: VecDeque<(u64, LaunchId, u32)>,
+    /// Launches queued here that report their end, in issue order: (issue order, id, whether its
+    /// start is implied by the end of the one before it instead of a record of its own, when it
+    /// was issued on the host clock).
+    reporting: VecDeque<(u64, LaunchId, bool, u64)>,
 }
 
 struct PartitionState {
@@ -209,6 +213,8 @@ pub struct CudaGpu {
     spans: VecDeque<(LaunchId, u64)>,
     /// Notification records read, and ring overflows recovered from (for metrics and reports).
     records_read: u64,
+    /// Launch starts reported from the end of the launch before them instead of a record.
+    records_implied: u64,
     ring_overflows: u64,
     last_health_check_ns: u64,
     utility_stream: Option<StreamId>,
@@ -247,6 +253,8 @@ pub struct CudaGpu {
     host_maps: crate::hostmap::HostMaps,
     /// Protocol flags for the next `launch_inner` (taken there): the host-memory fence.
     next_launch_flags: u32,
+    /// The next launch's start is implied by the end of the one before it (see launch_with_inner).
+    next_launch_implied_start: bool,
     /// Launches issued so far, in order (silent launches end before any reporting one after them).
     issue_order: u64,
     /// Launches the caller will not preempt run as light launches (protocol.cuh, point 7);
@@ -331,6 +339,7 @@ impl CudaGpu {
             slot_of: HashMap::default(),
             spans: VecDeque::new(),
             records_read: 0,
+            records_implied: 0,
             ring_overflows: 0,
             last_health_check_ns: 0,
             utility_stream: None,
@@ -357,6 +366,7 @@ impl CudaGpu {
             green_note: None,
             host_maps: Default::default(),
             next_launch_flags: 0,
+            next_launch_implied_start: false,
             issue_order: 0,
             light_launches: std::env::var(LIGHT_ENV).map_or(true, |v| v != "0"),
             next_launch_per_sm: None,
@@ -766,6 +776,7 @@ impl CudaGpu {
         variant: Variant,
     ) -> Result<LaunchId> {
         let extra_flags = std::mem::take(&mut self.next_launch_flags);
+        let implied_start = std::mem::take(&mut self.next_launch_implied_start);
         let known_per_sm = self.next_launch_per_sm.take();
         let light = variant == Variant::Protocol && extra_flags & source::FLAG_LIGHT != 0;
         self.bind()?;
@@ -802,6 +813,7 @@ impl CudaGpu {
         }
         let id = LaunchId(self.next_launch);
         self.next_launch += 1;
+        let issued_ns = self.now_ns();
         let remaining = total_blocks - o.first_block;
         if remaining == 0 && variant == Variant::Protocol {
             // Nothing runs: to the stream gate it is transparent (a launch after it is gated on
@@ -948,6 +960,7 @@ impl CudaGpu {
                     st.last_seq = g.seq;
                     st.last_launch = Some(id);
                     st.last_may_stop = !light || g.gate_seq != 0;
+                    st.reporting.push_back((order, id, implied_start, issued_ns));
                 }
                 Ok(id)
             }
@@ -1038,9 +1051,18 @@ impl CudaGpu {
         let whole = self.partitions.get(request.partition.0 as usize).is_some_and(|p| request.sm_mask.intersect(&p.sms) == p.sms);
         let light = self.light_launches && !request.preemptible && whole && sm_bitmap.is_none() && !request.report_ctas;
         let silent = light && !request.report_end && !request.report_start && !fenced;
+        // A light launch queued right behind one that reports its end starts when that one ends
+        // (stream order; it cannot be stopped at the gate, nothing before it may stop): its start
+        // is reported then, and it writes no record of its own for it.
+        let implied_start = light
+            && request.report_start
+            && self.streams.get(request.stream.0 as usize).is_some_and(|st| {
+                st.alive && !st.last_may_stop && st.last_launch.is_some() && st.reporting.back().map(|x| x.1) == st.last_launch
+            });
+        self.next_launch_implied_start = implied_start;
         self.next_launch_flags = fence_flags
             | if request.report_ctas { 0 } else { source::FLAG_NO_CTA_RECORDS }
-            | if request.report_start { source::FLAG_START_RECORD } else { 0 }
+            | if request.report_start && !implied_start { source::FLAG_START_RECORD } else { 0 }
             | if light { source::FLAG_LIGHT } else { 0 }
             | if silent { source::FLAG_SILENT } else { 0 };
         let id = self.launch_inner(
@@ -1380,6 +1402,12 @@ impl CudaGpu {
         self.records_read
     }
 
+    /// Launch starts reported without a record of their own (implied by the end of the launch
+    /// before them on their stream).
+    pub fn starts_implied(&self) -> u64 {
+        self.records_implied
+    }
+
     /// Times the notification ring overflowed and was recovered.
     pub fn ring_overflows(&self) -> u64 {
         self.ring_overflows
@@ -1639,6 +1667,7 @@ impl Gpu for CudaGpu {
             last_launch: None,
             last_may_stop: false,
             silent: VecDeque::new(),
+            reporting: VecDeque::new(),
         });
         self.stream_for(id, 0)?;
         self.streams[id.0 as usize].last_partition = None;
@@ -1786,10 +1815,21 @@ impl CudaGpu {
                 source::REC_FINISHED => GpuEvent::CtasFinished { launch: id, sm: r.sm, ctas: r.ctas, blocks: r.blocks, at_ns },
                 source::REC_DONE => {
                     // Stream order: the silent launches queued before this one have ended too.
+                    let mut started_next = None;
                     if let Some(st) = self.streams.get_mut(stream.0 as usize) {
                         while let Some(&(_, silent, blocks)) = st.silent.front().filter(|x| x.0 < order) {
                             st.silent.pop_front();
                             events.push(GpuEvent::LaunchDone { launch: silent, next_block: blocks, preempted: false, at_ns });
+                        }
+                        // The launch behind it starts now, if its start is implied by this end.
+                        if let Some(i) = st.reporting.iter().position(|x| x.1 == id) {
+                            st.reporting.remove(i);
+                            // Not before it was issued: the end may have come first, unread.
+                            if let Some(&(_, next, true, issued_ns)) = st.reporting.get(i)
+                                && r.aux == 0
+                            {
+                                started_next = Some((next, at_ns.max(issued_ns)));
+                            }
                         }
                     }
                     if self.spans.len() >= SPANS_MAX {
@@ -1799,10 +1839,14 @@ impl CudaGpu {
                     self.in_flight[r.slot as usize] = None;
                     self.slot_of.remove(&id);
                     self.protocol.free_slot(r.slot);
-                    if internal {
-                        continue;
+                    if !internal {
+                        events.push(GpuEvent::LaunchDone { launch: id, next_block: r.blocks, preempted: r.aux != 0, at_ns });
                     }
-                    GpuEvent::LaunchDone { launch: id, next_block: r.blocks, preempted: r.aux != 0, at_ns }
+                    if let Some((next, start_ns)) = started_next {
+                        self.records_implied += 1;
+                        events.push(GpuEvent::LaunchStarted { launch: next, at_ns: start_ns });
+                    }
+                    continue;
                 }
                 k => return Err(GpuError::Driver(format!("notification of unknown kind {k}"))),
             };
@@ -1859,6 +1903,7 @@ impl CudaGpu {
         }
         // The device is idle: the silent launches have run (they never stop early).
         for st in &mut self.streams {
+            st.reporting.clear();
             for (_, id, blocks) in st.silent.drain(..) {
                 events.push(GpuEvent::LaunchDone { launch: id, next_block: blocks, preempted: false, at_ns: now });
             }
@@ -1893,6 +1938,7 @@ impl CudaGpu {
                 }
                 for st in &mut self.streams {
                     st.silent.retain(|x| x.1 != f.launch);
+                    st.reporting.retain(|x| x.1 != f.launch);
                 }
                 if !internal {
                     events.push(GpuEvent::LaunchLost { launch: f.launch, at_ns: self.now_ns() });

@@ -432,6 +432,29 @@ fn light_launches_gate_and_report_like_full_ones() {
         let id = gpu.launch(&light).unwrap();
         assert_eq!(gpu.wait_done(id).unwrap(), (job.blocks, false));
         assert_eq!(job.output(&mut gpu), reference, "{dtype:?}: light launch differs from the full protocol's");
+        // Kernel-level light launches chained on a stream: the first reports its start, the
+        // others' starts are implied by the end of the one before (before their own end).
+        let implied_before = gpu.starts_implied();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let r = LaunchRequest { report_start: true, after: ids.last().copied(), ..light };
+            ids.push(gpu.launch(&r).unwrap());
+        }
+        let mut events = Vec::new();
+        let deadline = gpu.now_ns() + 10_000_000_000;
+        while ids.iter().any(|id| !events.iter().any(|e| matches!(e, GpuEvent::LaunchDone { launch, .. } if launch == id))) {
+            assert!(gpu.now_ns() < deadline, "chained light launches did not end: {events:?}");
+            gpu.poll(&mut events).unwrap();
+            let now = gpu.now_ns();
+            gpu.wait(now + 1_000_000).unwrap();
+        }
+        for id in &ids {
+            let started = events.iter().position(|e| matches!(e, GpuEvent::LaunchStarted { launch, .. } if launch == id));
+            let done = events.iter().position(|e| matches!(e, GpuEvent::LaunchDone { launch, .. } if launch == id));
+            assert!(started.is_some() && started < done, "launch {id:?}: start {started:?}, end {done:?} in {events:?}");
+        }
+        assert!(gpu.starts_implied() - implied_before >= 1, "no start was implied by the end before it");
+        assert_eq!(job.output(&mut gpu), reference, "{dtype:?}: chained light launches differ");
         job.free(&mut gpu);
     }
 }
