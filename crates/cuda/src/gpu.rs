@@ -68,6 +68,15 @@ fn drv(e: DriverError) -> GpuError {
 }
 
 /// Extra launch settings of the runtime's own helpers and tests (not part of the `Gpu` trait).
+/// A kernel launch prepared by `CudaGpu::direct_launch`.
+struct DirectLaunch {
+    f: Arc<FunctionInfo>,
+    name: String,
+    block: ParamBlock,
+    o: LaunchOptions,
+    dyn_smem: u32,
+}
+
 /// What [`CudaGpu::time_held`] measured.
 #[derive(Clone, Debug)]
 pub struct HeldTiming {
@@ -1159,6 +1168,17 @@ impl CudaGpu {
     /// Times one launch: the kernel under the protocol, or the same kernel built without it as a
     /// plain grid of one CTA per logical block. Returns nanoseconds.
     pub fn time_launch(&mut self, request: &LaunchRequest<'_>, variant: Variant) -> Result<u64> {
+        let d = self.direct_launch(request, variant)?;
+        let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
+        self.time_issue(d.o.stream, d.o.partition, |g| {
+            let id = g.launch_inner(&d.name, &d.f, Some(&d.block), blocks, threads, d.dyn_smem, &d.o, variant)?;
+            Ok((variant == Variant::Protocol).then_some(id))
+        })
+    }
+
+    /// What launching `request`'s kernel built as `variant` straight through `launch_inner` needs
+    /// (its flags as that function's defaults: all CTA records, no light launch).
+    fn direct_launch(&mut self, request: &LaunchRequest<'_>, variant: Variant) -> Result<DirectLaunch> {
         source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
         let threads = request.shape.threads_per_block;
         let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
@@ -1174,12 +1194,8 @@ impl CudaGpu {
             sm_bitmap: None,
             after: request.after,
         };
-        let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
         let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
-        self.time_issue(o.stream, o.partition, |g| {
-            let id = g.launch_inner(&name, &f, Some(&block), blocks, threads, dyn_smem, &o, variant)?;
-            Ok((variant == Variant::Protocol).then_some(id))
-        })
+        Ok(DirectLaunch { f, name, block, o, dyn_smem })
     }
 
     /// Whether launches the caller will not preempt run light (see [`LIGHT_ENV`]).
@@ -1198,23 +1214,9 @@ impl CudaGpu {
         if variant == Variant::Protocol {
             return self.launch(request);
         }
-        source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
-        let threads = request.shape.threads_per_block;
-        let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
-        let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
-        let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
-        let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
-        let o = LaunchOptions {
-            first_block: request.first_block,
-            ctas: request.ctas,
-            sm_mask: request.sm_mask,
-            partition: request.partition,
-            stream: request.stream,
-            sm_bitmap: None,
-            after: None,
-        };
-        let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
-        self.launch_inner(&name, &f, Some(&block), request.shape.logical_blocks, threads, dyn_smem, &o, variant)
+        let d = self.direct_launch(&LaunchRequest { after: None, ..*request }, variant)?;
+        let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
+        self.launch_inner(&d.name, &d.f, Some(&d.block), blocks, threads, d.dyn_smem, &d.o, variant)
     }
 
     /// Captures the plain launches `issue` makes on `stream` into a CUDA graph (nothing runs

@@ -263,6 +263,15 @@ fn launches_stay_inside_partitions_and_masks() {
     job.free(&mut gpu);
 }
 
+/// The per-block run counts `kairos_spin` left in `launches` consecutive arrays of `blocks` u32s.
+fn spin_counts(gpu: &mut CudaGpu, counts: DevicePtr, launches: usize, blocks: u32) -> Vec<Vec<u32>> {
+    let mut c = vec![0u8; launches * blocks as usize * 4];
+    gpu.read(counts, &mut c).unwrap();
+    c.chunks_exact(blocks as usize * 4)
+        .map(|l| l.chunks_exact(4).map(|x| u32::from_le_bytes(x.try_into().unwrap())).collect())
+        .collect()
+}
+
 #[test]
 fn preempted_launches_resume_exactly() {
     let Some(mut gpu) = gpu() else { return };
@@ -323,14 +332,8 @@ fn preempted_launches_resume_exactly() {
         assert_eq!(gpu.wait_done(c).unwrap(), (0, true), "launch after a gated one");
         let d = gpu.launch_spin(part(1), blocks, 0, &o).unwrap();
         assert_eq!(gpu.wait_done(d).unwrap(), (blocks, false), "a launch without `after` runs");
-        let mut c = vec![0u8; 3 * blocks as usize * 4];
-        gpu.read(counts.ptr, &mut c).unwrap();
-        let runs = |i: usize| -> Vec<u32> {
-            c[i * blocks as usize * 4..(i + 1) * blocks as usize * 4]
-                .chunks_exact(4)
-                .map(|x| u32::from_le_bytes(x.try_into().unwrap()))
-                .collect()
-        };
+        let runs = spin_counts(&mut gpu, counts.ptr, 3, blocks);
+        let runs = |i: usize| &runs[i];
         assert!(runs(0).iter().enumerate().all(|(i, &n)| n == (i < next_a as usize) as u32), "blocks of the stopped launch");
         assert!(runs(1).iter().all(|&n| n == 1), "the gated launch ran blocks, or the ungated one skipped some");
         assert!(runs(2).iter().all(|&n| n == 0), "the second gated launch ran blocks");
@@ -405,14 +408,8 @@ fn light_launches_gate_and_report_like_full_ones() {
     assert_eq!(gpu.wait_done(d).unwrap(), (blocks, false), "first silent launch");
     assert_eq!(gpu.wait_done(e).unwrap(), (blocks, false), "second silent launch");
     assert_eq!(gpu.wait_done(f).unwrap(), (blocks, false), "the reporting launch after them");
-    let mut c = vec![0u8; 4 * blocks as usize * 4];
-    gpu.read(counts.ptr, &mut c).unwrap();
-    let runs = |i: usize| -> Vec<u32> {
-        c[i * blocks as usize * 4..(i + 1) * blocks as usize * 4]
-            .chunks_exact(4)
-            .map(|x| u32::from_le_bytes(x.try_into().unwrap()))
-            .collect()
-    };
+    let runs = spin_counts(&mut gpu, counts.ptr, 4, blocks);
+    let runs = |i: usize| &runs[i];
     assert!(runs(0).iter().enumerate().all(|(i, &n)| n == (i < next_a as usize) as u32), "blocks of the stopped launch");
     assert!(runs(1).iter().all(|&n| n == 0), "the gated light launch ran blocks");
     assert!(runs(2).iter().all(|&n| n == 0), "the light launch behind it ran blocks");

@@ -41,6 +41,14 @@ pub struct LatencyDesc {
     /// latency alone against the profiles' kernel sums over 8 models (3.9-5.4 us per launch).
     #[serde(default)]
     pub profiled_launch_tail_ns: Option<u64>,
+    /// The same tail for a light launch (one that is not preemptible, runs on its whole partition
+    /// and reports no CTAs: kairos-cuda runs it without the per-block protocol work), and for a
+    /// silent one (a light launch that reports neither its start nor its end). `None`: the tail of
+    /// every launch. H100 SXM: 2.2 and 0.5 us (data/gpus/h100_sxm.json says how they were fitted).
+    #[serde(default)]
+    pub light_launch_tail_ns: Option<u64>,
+    #[serde(default)]
+    pub silent_launch_tail_ns: Option<u64>,
     /// Log-normal sigma of launch latencies and notification delays (p99/p50 = exp(2.33 sigma)).
     pub latency_sigma: f64,
     /// One read of the host's preempt flag over PCIe: a poll that finds the flag set makes the

@@ -1919,7 +1919,7 @@ impl SimGpu {
             ctas_live: 0,
             ctas_working: 0,
             model,
-            tail_ns: self.timing.tail_ns(req.kernel, req.dtype),
+            tail_ns: self.launch_tail_ns(req, &mask, &part),
             in_tail: false,
             jitter,
             host_flag: false,
@@ -1950,6 +1950,19 @@ impl SimGpu {
         self.record(TraceEvent::Issue { launch: id, stream: req.stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
         self.host_spend(self.desc.latency.launch_host_ns);
         Ok(id)
+    }
+
+    /// A profiled launch's completion tail: lighter for the launches kairos-cuda runs light or
+    /// silent (see [`crate::LatencyDesc::light_launch_tail_ns`]).
+    fn launch_tail_ns(&self, req: &LaunchRequest<'_>, mask: &SmMask, part: &SmMask) -> u64 {
+        let tail = self.timing.tail_ns(req.kernel, req.dtype);
+        let light = !req.preemptible && !req.report_ctas && mask == part;
+        let lat = &self.desc.latency;
+        match (tail, light) {
+            (0, _) | (_, false) => tail,
+            _ if !req.report_end && !req.report_start => lat.silent_launch_tail_ns.or(lat.light_launch_tail_ns).unwrap_or(tail),
+            _ => lat.light_launch_tail_ns.unwrap_or(tail),
+        }
     }
 
     /// A launch on stream `s` failed to queue: the silent launches before it on the stream, which
