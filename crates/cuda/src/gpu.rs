@@ -67,7 +67,6 @@ fn drv(e: DriverError) -> GpuError {
     GpuError::Driver(e.to_string())
 }
 
-/// Extra launch settings of the runtime's own helpers and tests (not part of the `Gpu` trait).
 /// A kernel launch prepared by `CudaGpu::direct_launch`.
 struct DirectLaunch {
     f: Arc<FunctionInfo>,
@@ -89,6 +88,7 @@ pub struct HeldTiming {
     pub released_early: bool,
 }
 
+/// Extra launch settings of the runtime's own helpers and tests (not part of the `Gpu` trait).
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchOptions {
     pub first_block: u32,
