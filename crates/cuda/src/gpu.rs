@@ -147,8 +147,6 @@ struct InFlight {
     queue: (StreamId, u32),
     /// Device time of the first placement record.
     first_placed_ns: Option<u64>,
-    /// Its place in the issue order (silent launches on its stream issued before it end first).
-    order: u64,
     /// Queued by the backend itself to report the silent launches before it (no event of its own).
     internal: bool,
 }
@@ -223,7 +221,7 @@ pub struct CudaGpu {
     /// Notification records read, and ring overflows recovered from (for metrics and reports).
     records_read: u64,
     /// Launch starts reported from the end of the launch before them instead of a record.
-    records_implied: u64,
+    starts_implied: u64,
     ring_overflows: u64,
     last_health_check_ns: u64,
     utility_stream: Option<StreamId>,
@@ -348,7 +346,7 @@ impl CudaGpu {
             slot_of: HashMap::default(),
             spans: VecDeque::new(),
             records_read: 0,
-            records_implied: 0,
+            starts_implied: 0,
             ring_overflows: 0,
             last_health_check_ns: 0,
             utility_stream: None,
@@ -822,7 +820,9 @@ impl CudaGpu {
         }
         let id = LaunchId(self.next_launch);
         self.next_launch += 1;
-        let issued_ns = self.now_ns();
+        // Only a launch whose start is implied needs its issue time (the clock read stays off the
+        // common path).
+        let issued_ns = if implied_start { self.now_ns() } else { 0 };
         let remaining = total_blocks - o.first_block;
         if remaining == 0 && variant == Variant::Protocol {
             // Nothing runs: to the stream gate it is transparent (a launch after it is gated on
@@ -963,7 +963,7 @@ impl CudaGpu {
                 self.issue_order += 1;
                 let order = self.issue_order;
                 self.in_flight[s as usize] =
-                    Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None, order, internal: false });
+                    Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None, internal: false });
                 self.slot_of.insert(id, s);
                 if let (Some(g), Some(st)) = (gate, self.streams.get_mut(o.stream.0 as usize)) {
                     st.last_seq = g.seq;
@@ -1407,7 +1407,7 @@ impl CudaGpu {
     /// Launch starts reported without a record of their own (implied by the end of the launch
     /// before them on their stream).
     pub fn starts_implied(&self) -> u64 {
-        self.records_implied
+        self.starts_implied
     }
 
     /// Times the notification ring overflowed and was recovered.
@@ -1799,12 +1799,12 @@ impl CudaGpu {
     fn apply_records(&mut self, records: &[Record], events: &mut Vec<GpuEvent>) -> Result<()> {
         self.track_clock(records);
         for r in records {
-            let (id, first_placed, stream, order, internal) = match self.in_flight.get_mut(r.slot as usize) {
+            let (id, first_placed, stream, internal) = match self.in_flight.get_mut(r.slot as usize) {
                 Some(Some(f)) => {
                     if r.kind == source::REC_PLACED && f.first_placed_ns.is_none() {
                         f.first_placed_ns = Some(r.device_ns);
                     }
-                    (f.id, f.first_placed_ns, f.queue.0, f.order, f.internal)
+                    (f.id, f.first_placed_ns, f.queue.0, f.internal)
                 }
                 _ => return Err(GpuError::Driver(format!("notification for launch slot {} with no launch in flight", r.slot))),
             };
@@ -1816,22 +1816,23 @@ impl CudaGpu {
                 source::REC_PLACED => GpuEvent::CtasPlaced { launch: id, sm: r.sm, ctas: r.ctas, at_ns },
                 source::REC_FINISHED => GpuEvent::CtasFinished { launch: id, sm: r.sm, ctas: r.ctas, blocks: r.blocks, at_ns },
                 source::REC_DONE => {
-                    // Stream order: the silent launches queued before this one have ended too.
                     let mut started_next = None;
-                    if let Some(st) = self.streams.get_mut(stream.0 as usize) {
+                    if let Some(st) = self.streams.get_mut(stream.0 as usize)
+                        && let Some(i) = st.reporting.iter().position(|x| x.1 == id)
+                    {
+                        // Stream order: the silent launches queued before this one have ended too.
+                        let (order, ..) = st.reporting[i];
                         while let Some(&(_, silent, blocks)) = st.silent.front().filter(|x| x.0 < order) {
                             st.silent.pop_front();
                             events.push(GpuEvent::LaunchDone { launch: silent, next_block: blocks, preempted: false, at_ns });
                         }
-                        // The launch behind it starts now, if its start is implied by this end.
-                        if let Some(i) = st.reporting.iter().position(|x| x.1 == id) {
-                            st.reporting.remove(i);
-                            // Not before it was issued: the end may have come first, unread.
-                            if let Some(&(_, next, true, issued_ns)) = st.reporting.get(i)
-                                && r.aux == 0
-                            {
-                                started_next = Some((next, at_ns.max(issued_ns)));
-                            }
+                        // The launch behind it starts now, if its start is implied by this end (not
+                        // before it was issued: the end may have come first, unread).
+                        st.reporting.remove(i);
+                        if let Some(&(_, next, true, issued_ns)) = st.reporting.get(i)
+                            && r.aux == 0
+                        {
+                            started_next = Some((next, at_ns.max(issued_ns)));
                         }
                     }
                     if self.spans.len() >= SPANS_MAX {
@@ -1845,7 +1846,7 @@ impl CudaGpu {
                         events.push(GpuEvent::LaunchDone { launch: id, next_block: r.blocks, preempted: r.aux != 0, at_ns });
                     }
                     if let Some((next, start_ns)) = started_next {
-                        self.records_implied += 1;
+                        self.starts_implied += 1;
                         events.push(GpuEvent::LaunchStarted { launch: next, at_ns: start_ns });
                     }
                     continue;
