@@ -7,10 +7,11 @@
 # cache folder). Needs libnvrtc here (LD_LIBRARY_PATH at an NVRTC 13 lib folder); without it the
 # embedded build is skipped with a note and the device compiles the kernels.
 # KEEP_CUBIN=1 keeps .carry-cubin/ as it is (valid while the kernel sources are unchanged).
+# FEATURES: cargo features of the binary (e.g. cpu-profile: KAIROS_CPU_PROFILE=PATH on the device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset KAIROS_PREBUILT_KERNELS
-cargo build --release -p kairos
+cargo build --release -p kairos ${FEATURES:+--features $FEATURES}
 mkdir -p .carry
 strip -o .carry/kairos-plain target/release/kairos
 gzip -9f .carry/kairos-plain
@@ -20,7 +21,7 @@ if [ "${KEEP_CUBIN:-0}" != 1 ]; then
         { rm -rf .carry-cubin; echo "note: no CUBIN cache prepared; the device compiles the kernels (minutes)"; }
 fi
 if [ -d .carry-cubin ]; then
-    KAIROS_PREBUILT_KERNELS="$PWD/.carry-cubin" cargo build --release -p kairos
+    KAIROS_PREBUILT_KERNELS="$PWD/.carry-cubin" cargo build --release -p kairos ${FEATURES:+--features $FEATURES}
 fi
 strip -o .carry/kairos target/release/kairos
 gzip -9f .carry/kairos

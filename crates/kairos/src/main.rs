@@ -10,6 +10,7 @@ mod cmd_profile;
 mod cmd_run;
 mod cmd_serve;
 mod cmd_zoo;
+mod cpu_profile;
 mod model_args;
 mod paths;
 
@@ -55,6 +56,7 @@ enum Command {
 fn main() {
     kairos_cuda::nvrtc::register_prebuilt(prebuilt_kernels::IMAGES);
     let cli = Cli::parse();
+    let profile = cpu_profile::start();
     let result = match cli.command {
         Command::Demo(a) => cmd_demo::run(a),
         Command::Zoo(c) => cmd_zoo::run(c),
@@ -65,6 +67,7 @@ fn main() {
         Command::Bench(c) => cmd_bench::run(c),
         Command::Serve(a) => cmd_serve::run(*a),
     };
+    profile.finish();
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
