@@ -115,10 +115,10 @@ struct StreamState {
     /// False once destroyed: its CUDA streams and events are released and the id is retired.
     alive: bool,
     priority: i32,
-    by_partition: HashMap<u32, Stream>,
+    by_partition: IdMap<u32, Stream>,
     last_partition: Option<u32>,
     /// Per partition, an event of that partition's context that orders a move to another.
-    chain: HashMap<u32, Event>,
+    chain: IdMap<u32, Event>,
     /// The stream's gate word in the protocol's device memory, and the last protocol launch
     /// queued on the stream (its sequence number and id): see protocol.cuh, "Stream gate".
     gate_word: u32,
@@ -175,7 +175,8 @@ impl Allocated {
 /// A real GPU behind the `Gpu` trait.
 /// Where the host time of `Gpu::launch` goes: kairos' own work before the driver call (kernel
 /// lookup, argument packing, launch slot, stream gate, protocol block) and the driver call
-/// (`cuLaunchKernel`), summed over launches.
+/// (`cuLaunchKernel`), summed over launches. The times are counted only while
+/// [`CudaGpu::set_launch_timing`] is on; `launches` always.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LaunchCosts {
     pub launches: u64,
@@ -228,6 +229,8 @@ pub struct CudaGpu {
     next_launch: u64,
     /// Host time of the protocol launches so far, split at the driver call.
     launch_costs: LaunchCosts,
+    /// Whether launch calls are timed into `launch_costs` (see `set_launch_timing`).
+    time_launches: bool,
     next_copy: u64,
     copies: VecDeque<(CopyId, Event)>,
     spare_events: Vec<Event>,
@@ -352,6 +355,7 @@ impl CudaGpu {
             utility_stream: None,
             next_launch: 1,
             launch_costs: LaunchCosts::default(),
+            time_launches: false,
             next_copy: 1,
             copies: VecDeque::new(),
             spare_events: Vec::new(),
@@ -904,10 +908,8 @@ impl CudaGpu {
         let overlap = self.overlap_launches && variant == Variant::Protocol && !light;
         let result = (|| {
             let stream_raw = self.stream_for(o.stream, o.partition.0)?.raw();
-            let params: Vec<&[u8]> = match args {
-                Some(a) => vec![proto.as_bytes(), a.as_bytes()],
-                None => vec![proto.as_bytes()],
-            };
+            let both = [proto.as_bytes(), args.map_or(&[][..], |a| a.as_bytes())];
+            let params = &both[..1 + args.is_some() as usize];
             // SAFETY (both paths): every kernel of the library takes (KairosProto, <Args>) by value
             // (kairos_noop takes the protocol block alone), and `args` was packed for this very
             // function by kairos_kernels::source (sizes checked against the C structs); the protocol
@@ -916,33 +918,27 @@ impl CudaGpu {
             // thread, before the gate read and the first block) as launch_overlapped requires.
             // Posted to a launcher thread, the call happens there with the same parameters (copied
             // into the job); self outlives it (flushed before streams go, joined before modules go).
+            let timed = self.time_launches;
+            let clock = || if timed { Some(Instant::now()) } else { None };
+            let took = |t: Option<Instant>| t.map_or(0, |t| t.elapsed().as_nanos() as u64);
             if let Some(l) = self.launchers.as_ref().filter(|_| !self.launch_inline) {
-                let t = Instant::now();
-                let job = Job::new(
-                    f.f.raw(),
-                    stream_raw,
-                    grid,
-                    threads,
-                    dyn_smem_bytes,
-                    overlap,
-                    id,
-                    slot.unwrap_or(u32::MAX),
-                    &params,
-                )
-                .map_err(GpuError::Invalid);
+                let t = clock();
+                let job =
+                    Job::new(f.f.raw(), stream_raw, grid, threads, dyn_smem_bytes, overlap, id, slot.unwrap_or(u32::MAX), params)
+                        .map_err(GpuError::Invalid);
                 let r = job.map(|job| l.post(o.stream.0, job));
-                return Ok::<_, GpuError>((r, t.elapsed().as_nanos() as u64));
+                return Ok::<_, GpuError>((r, took(t)));
             }
             let stream = &self.streams[o.stream.0 as usize].by_partition[&o.partition.0];
-            let t = Instant::now();
+            let t = clock();
             let r = if overlap {
                 // SAFETY: as above.
-                unsafe { f.f.launch_overlapped(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
+                unsafe { f.f.launch_overlapped(grid, threads, dyn_smem_bytes, stream, params) }.map_err(drv)
             } else {
                 // SAFETY: as above.
-                unsafe { f.f.launch(grid, threads, dyn_smem_bytes, stream, &params) }.map_err(drv)
+                unsafe { f.f.launch(grid, threads, dyn_smem_bytes, stream, params) }.map_err(drv)
             };
-            Ok::<_, GpuError>((r, t.elapsed().as_nanos() as u64))
+            Ok::<_, GpuError>((r, took(t)))
         })()
         .and_then(|(r, ns)| {
             self.launch_costs.driver_ns += ns;
@@ -1010,11 +1006,20 @@ impl CudaGpu {
     }
 
     pub fn launch_with(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
+        self.launch_costs.launches += 1;
+        if !self.time_launches {
+            return self.launch_with_inner(request, sm_bitmap);
+        }
         let t0 = Instant::now();
         let r = self.launch_with_inner(request, sm_bitmap);
-        self.launch_costs.launches += 1;
         self.launch_costs.total_ns += t0.elapsed().as_nanos() as u64;
         r
+    }
+
+    /// Times every launch call and its driver call into [`CudaGpu::launch_costs`] (off by default:
+    /// four clock reads a launch, on the dispatcher's thread).
+    pub fn set_launch_timing(&mut self, on: bool) {
+        self.time_launches = on;
     }
 
     fn launch_with_inner(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
@@ -1040,8 +1045,19 @@ impl CudaGpu {
             }
         };
         self.next_launch_per_sm = (per_sm > 0).then_some(per_sm);
-        let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
-        let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
+        // The argument addresses as words, on the stack for every kernel of the library.
+        let mut words = [0u64; 32];
+        let spilled: Vec<u64>;
+        let args: &[u64] = if request.args.len() <= words.len() {
+            for (w, p) in words.iter_mut().zip(request.args) {
+                *w = p.0;
+            }
+            &words[..request.args.len()]
+        } else {
+            spilled = request.args.iter().map(|p| p.0).collect();
+            &spilled
+        };
+        let block = source::pack_args(request.kernel, args).map_err(GpuError::Invalid)?;
         let o = LaunchOptions {
             first_block: request.first_block,
             ctas: request.ctas,
@@ -1183,8 +1199,19 @@ impl CudaGpu {
         let threads = request.shape.threads_per_block;
         let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
         let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
-        let args: Vec<u64> = request.args.iter().map(|p| p.0).collect();
-        let block = source::pack_args(request.kernel, &args).map_err(GpuError::Invalid)?;
+        // The argument addresses as words, on the stack for every kernel of the library.
+        let mut words = [0u64; 32];
+        let spilled: Vec<u64>;
+        let args: &[u64] = if request.args.len() <= words.len() {
+            for (w, p) in words.iter_mut().zip(request.args) {
+                *w = p.0;
+            }
+            &words[..request.args.len()]
+        } else {
+            spilled = request.args.iter().map(|p| p.0).collect();
+            &spilled
+        };
+        let block = source::pack_args(request.kernel, args).map_err(GpuError::Invalid)?;
         let o = LaunchOptions {
             first_block: request.first_block,
             ctas: request.ctas,
@@ -1661,9 +1688,9 @@ impl Gpu for CudaGpu {
         self.streams.push(StreamState {
             alive: true,
             priority: cuda_priority,
-            by_partition: HashMap::new(),
+            by_partition: IdMap::default(),
             last_partition: None,
-            chain: HashMap::new(),
+            chain: IdMap::default(),
             gate_word,
             last_seq: 0,
             last_launch: None,
@@ -1787,6 +1814,7 @@ impl Gpu for CudaGpu {
         fresh.next_launch = self.next_launch;
         fresh.next_copy = self.next_copy;
         fresh.launch_inline = self.launch_inline;
+        fresh.time_launches = self.time_launches;
         fresh.set_launch_threads(threads)?;
         let old = std::mem::replace(self, fresh);
         std::mem::forget(old);

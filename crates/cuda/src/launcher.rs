@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 /// Launcher threads at most.
 pub const LAUNCH_THREADS_MAX: usize = 16;
-/// Launches waiting in one launcher's queue at most (the protocol's launch slots bound them first).
+/// Launches waiting in one launcher's queue at most (the protocol's launch slots bound them first);
+/// the launcher may hold as many again, taken from the queue and not yet handed to the driver.
 pub const LAUNCH_QUEUE_MAX: usize = 1024;
 /// The most parameter bytes one launch passes (the protocol block and the kernel's arguments).
 pub const PARAM_BYTES_MAX: usize = 1024;
@@ -53,9 +54,9 @@ pub struct Job {
     /// boundary) in `params`.
     lens: [u16; 2],
     count: u8,
-    /// The parameters, each starting at a multiple of 16 bytes from the start (the allocation is
-    /// at least 16-byte aligned: u128 words).
-    params: Vec<u128>,
+    /// The parameters, each starting at a multiple of 16 bytes from the start (16-byte aligned:
+    /// u128 words). Inline: a launch allocates nothing on the way to the driver.
+    params: [u128; PARAM_BYTES_MAX / 16],
 }
 
 // SAFETY: the raw handles are driver objects usable from any thread with their context current
@@ -86,13 +87,15 @@ impl Job {
         if total > PARAM_BYTES_MAX {
             return Err(format!("kernel parameters of {total} bytes exceed the launcher's {PARAM_BYTES_MAX}"));
         }
-        let mut p: Vec<u128> = Vec::with_capacity(total / 16);
+        let mut p = [0u128; PARAM_BYTES_MAX / 16];
         let mut lens = [0u16; 2];
+        let mut word = 0;
         for (i, b) in params.iter().enumerate() {
             for chunk in b.chunks(16) {
                 let mut w = [0u8; 16];
                 w[..chunk.len()].copy_from_slice(chunk);
-                p.push(u128::from_ne_bytes(w));
+                p[word] = u128::from_ne_bytes(w);
+                word += 1;
             }
             lens[i] = b.len() as u16;
         }
@@ -139,10 +142,24 @@ pub struct Failure {
     pub error: String,
 }
 
+/// A value on cache lines of its own: what the poster writes and what the launcher writes do not
+/// share a line (each write would take the line from the other core).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Lane {
-    queue: Mutex<VecDeque<Job>>,
-    posted: AtomicU64,
-    launched: AtomicU64,
+    queue: Padded<Mutex<VecDeque<Job>>>,
+    /// Written by the poster.
+    posted: Padded<AtomicU64>,
+    /// Written by the launcher.
+    launched: Padded<AtomicU64>,
     parked: AtomicBool,
     busy_ns: AtomicU64,
 }
@@ -150,6 +167,9 @@ struct Lane {
 struct Shared {
     lanes: Vec<Lane>,
     failures: Mutex<Vec<Failure>>,
+    /// Failures waiting in `failures` (changed under its lock, read without it: the poller looks
+    /// at every turn).
+    failed: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -175,14 +195,15 @@ impl Launchers {
         let shared = Arc::new(Shared {
             lanes: (0..threads)
                 .map(|_| Lane {
-                    queue: Mutex::new(VecDeque::with_capacity(LAUNCH_QUEUE_MAX)),
-                    posted: AtomicU64::new(0),
-                    launched: AtomicU64::new(0),
+                    queue: Padded(Mutex::new(VecDeque::with_capacity(LAUNCH_QUEUE_MAX))),
+                    posted: Padded(AtomicU64::new(0)),
+                    launched: Padded(AtomicU64::new(0)),
                     parked: AtomicBool::new(false),
                     busy_ns: AtomicU64::new(0),
                 })
                 .collect(),
             failures: Mutex::new(Vec::new()),
+            failed: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         });
         let mut handles = Vec::with_capacity(threads);
@@ -245,7 +266,11 @@ impl Launchers {
 
     /// Launches the driver refused since the last call.
     pub fn take_failures(&self, out: &mut Vec<Failure>) {
+        if self.shared.failed.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut f = self.shared.failures.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.failed.fetch_sub(f.len() as u64, Ordering::Release);
         out.append(&mut f);
     }
 
@@ -274,16 +299,16 @@ fn run(s: &Shared, i: usize, ctx: CUcontext) {
     let bound = unsafe { driver::ctx_set_current(ctx) };
     let mut last_work = Instant::now();
     let mut taken = 0u64;
+    // What the last look at the queue took: all of it at once (one lock per batch, not per
+    // launch; the two queues trade places, so neither allocates).
+    let mut batch: VecDeque<Job> = VecDeque::with_capacity(LAUNCH_QUEUE_MAX);
     loop {
         // Spin on the posted count, not on the queue's lock (the poster takes that lock).
-        let job = if lane.posted.load(Ordering::Acquire) > taken {
-            let j = lane.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-            taken += j.is_some() as u64;
-            j
-        } else {
-            None
-        };
-        match job {
+        if batch.is_empty() && lane.posted.load(Ordering::Acquire) > taken {
+            std::mem::swap(&mut *lane.queue.lock().unwrap_or_else(|e| e.into_inner()), &mut batch);
+            taken += batch.len() as u64;
+        }
+        match batch.pop_front() {
             Some(job) => {
                 let t = Instant::now();
                 let r = match &bound {
@@ -298,6 +323,7 @@ fn run(s: &Shared, i: usize, ctx: CUcontext) {
                     let mut f = s.failures.lock().unwrap_or_else(|e| e.into_inner());
                     if f.len() < FAILURES_MAX {
                         f.push(Failure { launch: job.launch, slot: job.slot, error: e.to_string() });
+                        s.failed.fetch_add(1, Ordering::Release);
                     }
                 }
                 lane.launched.fetch_add(1, Ordering::Release);

@@ -888,6 +888,7 @@ fn launch_cost_probe(
         for n in [1usize, 32] {
             let streams: Vec<_> = (0..n).map(|_| gpu.create_stream(0)).collect::<kairos_gpu::Result<_>>()?;
             let reps = 40;
+            gpu.set_launch_timing(true);
             let before = gpu.launch_costs();
             let t = Instant::now();
             let mut args = Vec::new();

@@ -548,11 +548,23 @@ impl ProtoParams {
     }
 }
 
-/// A kernel parameter struct as bytes, 8-byte aligned (what `cuLaunchKernel` copies).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Most bytes of one parameter struct (the launcher passes at most 1 KiB of parameters in all).
+pub const PARAM_BLOCK_BYTES_MAX: usize = 1024;
+
+/// A kernel parameter struct as bytes, 8-byte aligned (what `cuLaunchKernel` copies). Built on the
+/// launch path, so it lives inline (no allocation); a struct that would outgrow
+/// [`PARAM_BLOCK_BYTES_MAX`] reads back as [`ParamBlock::overflowed`] and is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamBlock {
-    words: Vec<u64>,
+    words: [u64; PARAM_BLOCK_BYTES_MAX / 8],
     len: usize,
+    overflowed: bool,
+}
+
+impl Default for ParamBlock {
+    fn default() -> Self {
+        ParamBlock { words: [0; PARAM_BLOCK_BYTES_MAX / 8], len: 0, overflowed: false }
+    }
 }
 
 impl ParamBlock {
@@ -561,6 +573,10 @@ impl ParamBlock {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+    /// Whether a value did not fit (the block then holds only what came before it).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
     pub fn as_bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
@@ -572,10 +588,13 @@ impl ParamBlock {
 
     fn put(&mut self, bytes: &[u8]) {
         let size = bytes.len();
-        self.len = self.len.next_multiple_of(size);
-        let end = self.len + size;
-        self.words.resize(end.div_ceil(8), 0);
-        bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[self.len..end].copy_from_slice(bytes);
+        let start = self.len.next_multiple_of(size);
+        let end = start + size;
+        if self.overflowed || end > PARAM_BLOCK_BYTES_MAX {
+            self.overflowed = true;
+            return;
+        }
+        bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[start..end].copy_from_slice(bytes);
         self.len = end;
     }
     pub fn u32(&mut self, v: u32) {
@@ -587,10 +606,11 @@ impl ParamBlock {
     pub fn f32(&mut self, v: f32) {
         self.put(&v.to_le_bytes());
     }
-    /// Pads to the struct's alignment (8).
+    /// Pads to the struct's alignment (8); the padding bytes are zero.
     pub fn finish(&mut self) {
-        self.len = self.len.next_multiple_of(8);
-        self.words.resize(self.len / 8, 0);
+        let end = self.len.next_multiple_of(8);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[self.len..end].fill(0);
+        self.len = end;
     }
 }
 
@@ -873,6 +893,9 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
         }
     };
     w.finish();
+    if w.overflowed() {
+        return Err(format!("parameter block of {} outgrows {PARAM_BLOCK_BYTES_MAX} bytes", kernel.name()));
+    }
     if w.len() != expected {
         return Err(format!("parameter block of {} is {} bytes, the CUDA struct has {expected}", kernel.name(), w.len()));
     }
@@ -927,6 +950,20 @@ mod tests {
         assert_eq!(&w.as_bytes()[..4], &1u32.to_le_bytes());
         assert_eq!(&w.as_bytes()[8..16], &2u64.to_le_bytes());
         assert_eq!(&w.as_bytes()[16..20], &3u32.to_le_bytes());
+    }
+
+    #[test]
+    fn param_block_refuses_what_outgrows_it() {
+        let mut w = ParamBlock::default();
+        for i in 0..PARAM_BLOCK_BYTES_MAX / 8 {
+            w.u64(i as u64);
+        }
+        assert!(!w.overflowed());
+        assert_eq!(w.len(), PARAM_BLOCK_BYTES_MAX);
+        w.u32(9);
+        assert!(w.overflowed());
+        assert_eq!(w.len(), PARAM_BLOCK_BYTES_MAX, "nothing is written past the end");
+        assert_eq!(&w.as_bytes()[8..16], &1u64.to_le_bytes());
     }
 
     #[test]

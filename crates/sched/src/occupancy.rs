@@ -56,6 +56,8 @@ pub struct GroupUse {
 
 /// SMs per group of a modelled map.
 pub const GROUP_SMS: u32 = 8;
+// A group never straddles two words of an SmMask (place_model reads it from one).
+const _: () = assert!(64 % GROUP_SMS == 0);
 
 #[derive(Debug)]
 pub struct Occupancy {
@@ -147,21 +149,28 @@ impl Occupancy {
             return;
         }
         let start = out.len();
-        let in_mask = |g: usize| {
-            (g as u32 * GROUP_SMS..(g as u32 * GROUP_SMS + GROUP_SMS).min(self.sms.len() as u32))
-                .filter(|&sm| mask.contains(sm))
-                .count() as u64
-        };
-        let sizes: [u64; 32] = std::array::from_fn(|g| if g < n { in_mask(g) } else { 0 });
+        // SMs of the mask per group: a group is GROUP_SMS (8) consecutive bits of one mask word.
+        let sm_count = self.sms.len();
+        let sizes: [u64; 32] = std::array::from_fn(|g| {
+            if g >= n {
+                return 0;
+            }
+            let first = g * GROUP_SMS as usize;
+            let width = (sm_count - first).min(GROUP_SMS as usize);
+            let bits = (mask.0[first / 64] >> (first % 64)) & ((1u64 << width) - 1);
+            bits.count_ones() as u64
+        });
         let total: u64 = sizes.iter().sum();
         if total == 0 {
             self.anomalies += 1;
             return;
         }
+        // A group's share depends only on its size (0..=GROUP_SMS SMs): one division per size.
+        let by_size: [u64; GROUP_SMS as usize + 1] = std::array::from_fn(|k| ctas as u64 * k as u64 / total);
         let mut left = ctas as u64;
         let mut share = [0u64; 32];
         for g in 0..n.min(32) {
-            share[g] = ctas as u64 * sizes[g] / total;
+            share[g] = by_size[sizes[g] as usize];
             left -= share[g];
         }
         for k in 0..n {

@@ -117,7 +117,7 @@ impl<G: Gpu> Dispatcher<G> {
         if f.behind.is_none() {
             self.pending_ctas -= f.unplaced as u64;
         } else {
-            self.blocked_queues[f.stream as usize % self.hw_queues] -= 1;
+            self.unblock_queue(f.stream as usize % self.hw_queues);
             if let Some(b) = f.behind.and_then(|b| self.in_flight.get_mut(&b)) {
                 // Ended before the launch it waited behind (it was stopped): nothing is behind that one now.
                 b.ahead = None;
@@ -127,10 +127,11 @@ impl<G: Gpu> Dispatcher<G> {
             // The launch behind this one may start now: its CTAs become pending, its queue moves.
             a.behind = None;
             self.pending_ctas += a.unplaced as u64;
-            self.blocked_queues[a.stream as usize % self.hw_queues] -= 1;
             if let Some(t) = a.trace {
                 self.trace[t].after_done_ns = Some(at_ns);
             }
+            let q = a.stream as usize % self.hw_queues;
+            self.unblock_queue(q);
         }
         if !f.modelled.is_empty() {
             self.occupancy.remove_model(f.class, &f.modelled);

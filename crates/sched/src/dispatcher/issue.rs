@@ -301,7 +301,7 @@ impl<G: Gpu> Dispatcher<G> {
         if behind.is_none() {
             self.pending_ctas += ctas as u64;
         } else {
-            self.blocked_queues[stream as usize % self.hw_queues] += 1;
+            self.block_queue(stream as usize % self.hw_queues);
         }
         let s = stream as usize;
         let was_idle = self.stream_is_idle(s);
@@ -317,19 +317,48 @@ impl<G: Gpu> Dispatcher<G> {
 
     pub(super) fn stream_update(&mut self, s: usize, was_idle: bool) {
         let idle = self.stream_is_idle(s);
-        if idle && !was_idle {
+        if idle == was_idle {
+            return;
+        }
+        let q = s % self.hw_queues;
+        let open = self.blocked_queues[q] == 0;
+        if idle {
             self.idle_streams += 1;
-        } else if !idle && was_idle {
+            self.idle_per_queue[q] += 1;
+            self.available_streams += open as u32;
+        } else {
             self.idle_streams -= 1;
+            self.idle_per_queue[q] -= 1;
+            self.available_streams -= open as u32;
+        }
+    }
+
+    /// A launch waits at the head of hardware queue `q` behind a dependency: its idle streams are
+    /// no longer available.
+    pub(super) fn block_queue(&mut self, q: usize) {
+        if self.blocked_queues[q] == 0 {
+            self.available_streams -= self.idle_per_queue[q];
+        }
+        self.blocked_queues[q] += 1;
+    }
+
+    /// A launch no longer waits at the head of queue `q` (see [`Dispatcher::block_queue`]).
+    pub(super) fn unblock_queue(&mut self, q: usize) {
+        self.blocked_queues[q] -= 1;
+        if self.blocked_queues[q] == 0 {
+            self.available_streams += self.idle_per_queue[q];
         }
     }
 
     /// Idle streams whose hardware queue has no launch waiting behind a dependency.
     pub(super) fn available_streams(&self) -> u32 {
-        if self.blocked_queues.iter().all(|&b| b == 0) {
-            return self.idle_streams;
-        }
-        (0..self.streams.len()).filter(|&s| self.stream_is_idle(s) && self.blocked_queues[s % self.hw_queues] == 0).count() as u32
+        debug_assert_eq!(
+            self.available_streams,
+            (0..self.streams.len()).filter(|&s| self.stream_is_idle(s) && self.blocked_queues[s % self.hw_queues] == 0).count()
+                as u32,
+            "the available streams drifted from the pool"
+        );
+        self.available_streams
     }
 
     /// An idle stream, scanning round robin from the last one taken (spreads kernels over the
@@ -349,4 +378,14 @@ impl<G: Gpu> Dispatcher<G> {
         }
         None
     }
+}
+
+/// Streams of a pool of `streams` per hardware queue (stream s uses queue s mod `queues`).
+pub(super) fn streams_per_queue(streams: usize, queues: usize) -> Vec<u32> {
+    let queues = queues.max(1);
+    let mut v = vec![0u32; queues];
+    for s in 0..streams {
+        v[s % queues] += 1;
+    }
+    v
 }

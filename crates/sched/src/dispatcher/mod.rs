@@ -441,6 +441,10 @@ pub struct Dispatcher<G: Gpu> {
     /// its head behind a dependency: a kernel issued there would wait behind them.
     hw_queues: usize,
     blocked_queues: Vec<u32>,
+    /// Per hardware queue, its idle streams; and the idle streams of queues with nothing blocked
+    /// (what policies see as idle), kept as streams and queues change rather than counted per view.
+    idle_per_queue: Vec<u32>,
+    available_streams: u32,
     stream_cursor: usize,
     in_flight: kairos_gpu::idmap::IdMap<LaunchId, InFlight>,
     /// CTAs issued and not yet placed, of launches not waiting behind another on their stream.
@@ -524,6 +528,8 @@ impl<G: Gpu> Dispatcher<G> {
             idle_streams: stream_ids.len() as u32,
             hw_queues: info.hardware_queues.max(1) as usize,
             blocked_queues: vec![0; info.hardware_queues.max(1) as usize],
+            idle_per_queue: issue::streams_per_queue(stream_ids.len(), info.hardware_queues.max(1) as usize),
+            available_streams: stream_ids.len() as u32,
             stream_ids,
             stream_cursor: 0,
             in_flight: Default::default(),

@@ -63,6 +63,8 @@ impl<G: Gpu> Dispatcher<G> {
         self.streams = vec![StreamView::default(); count];
         self.stream_last_done_ns = vec![self.now_ns; count];
         self.idle_streams = count as u32;
+        self.idle_per_queue = issue::streams_per_queue(count, self.hw_queues);
+        self.available_streams = count as u32;
         self.stream_cursor = 0;
 
         // Models, in the order they were loaded; one being unloaded is gone now.
