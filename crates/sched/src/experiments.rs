@@ -447,11 +447,18 @@ pub fn fairness_sweep<G: Gpu>(
 ) -> Result<(G, Vec<RunSummary>), Error> {
     let (g, workload, capacity) = short_long_workload(gpu, &params.config, short, long)?;
     gpu = g;
-    let backfill =
-        params.policies.iter().find_map(|p| if let PolicyConfig::Paella { backfill, .. } = p { Some(*backfill) } else { None });
+    // The first paella of the run's policies lends its other parameters to the threshold sweep.
+    let (backfill, slowdown_bound) = params
+        .policies
+        .iter()
+        .find_map(|p| match p {
+            PolicyConfig::Paella { backfill, slowdown_bound, .. } => Some((*backfill, *slowdown_bound)),
+            _ => None,
+        })
+        .unwrap_or((false, None));
     let mut out = Vec::new();
     for &t in thresholds_ns {
-        let policy = PolicyConfig::Paella { fairness_threshold_ns: t, backfill: backfill.unwrap_or(false) };
+        let policy = PolicyConfig::Paella { fairness_threshold_ns: t, backfill, slowdown_bound };
         let run = OpenLoop {
             config: config_for(&params.config, &policy),
             process: ArrivalProcess::Poisson,

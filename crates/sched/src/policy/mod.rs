@@ -220,7 +220,7 @@ pub enum PolicyConfig {
     Fifo { jobs_queued: u32 },
     Streams { streams: u32, jobs_per_stream: u32 },
     StreamsKernel,
-    Paella { fairness_threshold_ns: u64, backfill: bool },
+    Paella { fairness_threshold_ns: u64, backfill: bool, slowdown_bound: Option<f64> },
     Edf { slowdown: f64, backfill: bool },
     Sjf,
     Rr,
@@ -232,8 +232,15 @@ impl PolicyConfig {
     /// A policy by name with its default parameters, or `name:value` for its main parameter:
     /// `streams:N` (streams), `paella:T` (fairness threshold in µs, or `inf`), `edf:S` (slowdown);
     /// a `+backfill` suffix lets `paella` and `edf` issue the best-ranked kernel that passes the
-    /// gate when the first-ranked one does not (`paella+backfill`, `edf:2+backfill`).
+    /// gate when the first-ranked one does not (`paella+backfill`, `edf:2+backfill`); `+bound` or
+    /// `+bound=S` gives `paella` a starvation bound (see [`paella`]; S defaults to
+    /// [`paella::SLOWDOWN_BOUND_DEFAULT`]). Suffixes come in that order.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
+        let (name, bound) = match name.split_once("+bound") {
+            Some((n, "")) => (n, Some(paella::SLOWDOWN_BOUND_DEFAULT)),
+            Some((n, s)) => (n, Some(s.strip_prefix('=')?.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0)?)),
+            None => (name, None),
+        };
         let (name, with_backfill) = match name.strip_suffix("+backfill") {
             Some(n) => (n, true),
             None => (name, false),
@@ -246,7 +253,11 @@ impl PolicyConfig {
             "fifo" => PolicyConfig::Fifo { jobs_queued: 2 },
             "streams" => PolicyConfig::Streams { streams: 32, jobs_per_stream: 1 },
             "streams-kernel" => PolicyConfig::StreamsKernel,
-            "paella" => PolicyConfig::Paella { fairness_threshold_ns: paella::FAIRNESS_THRESHOLD_NS_DEFAULT, backfill: false },
+            "paella" => PolicyConfig::Paella {
+                fairness_threshold_ns: paella::FAIRNESS_THRESHOLD_NS_DEFAULT,
+                backfill: false,
+                slowdown_bound: None,
+            },
             "edf" => PolicyConfig::Edf { slowdown: edf::SLOWDOWN_DEFAULT, backfill: false },
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
@@ -265,6 +276,12 @@ impl PolicyConfig {
         if with_backfill {
             match &mut p {
                 PolicyConfig::Paella { backfill, .. } | PolicyConfig::Edf { backfill, .. } => *backfill = true,
+                _ => return None,
+            }
+        }
+        if bound.is_some() {
+            match &mut p {
+                PolicyConfig::Paella { slowdown_bound, .. } => *slowdown_bound = bound,
                 _ => return None,
             }
         }
@@ -304,6 +321,11 @@ impl PolicyConfig {
         if matches!(self, PolicyConfig::Paella { backfill: true, .. } | PolicyConfig::Edf { backfill: true, .. }) {
             l += "+backfill";
         }
+        match *self {
+            PolicyConfig::Paella { slowdown_bound: Some(s), .. } if s == paella::SLOWDOWN_BOUND_DEFAULT => l += "+bound",
+            PolicyConfig::Paella { slowdown_bound: Some(s), .. } => l += &format!("+bound={s}"),
+            _ => {}
+        }
         l
     }
 
@@ -319,8 +341,8 @@ impl PolicyConfig {
                 Box::new(streams::Streams { streams: streams.max(1), jobs_per_stream: jobs_per_stream.max(1) })
             }
             PolicyConfig::StreamsKernel => Box::new(streams_kernel::StreamsKernel),
-            PolicyConfig::Paella { fairness_threshold_ns, backfill } => {
-                Box::new(paella::Paella { fairness_threshold_ns, backfill })
+            PolicyConfig::Paella { fairness_threshold_ns, backfill, slowdown_bound } => {
+                Box::new(paella::Paella { fairness_threshold_ns, backfill, slowdown_bound })
             }
             PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
@@ -336,11 +358,13 @@ impl std::fmt::Display for PolicyConfig {
             PolicyConfig::Streams { streams, jobs_per_stream } => {
                 write!(f, "streams(n={streams},jobs_per_stream={jobs_per_stream})")
             }
-            PolicyConfig::Paella { fairness_threshold_ns, backfill } => {
+            PolicyConfig::Paella { fairness_threshold_ns, backfill, slowdown_bound } => {
+                let backfill = if *backfill { ",backfill" } else { "" };
+                let bound = slowdown_bound.map(|s| format!(",bound={s}")).unwrap_or_default();
                 if *fairness_threshold_ns == u64::MAX {
-                    write!(f, "paella(threshold=inf{})", if *backfill { ",backfill" } else { "" })
+                    write!(f, "paella(threshold=inf{backfill}{bound})")
                 } else {
-                    write!(f, "paella(threshold={}us{})", fairness_threshold_ns / 1000, if *backfill { ",backfill" } else { "" })
+                    write!(f, "paella(threshold={}us{backfill}{bound})", fairness_threshold_ns / 1000)
                 }
             }
             PolicyConfig::Edf { slowdown, backfill } => {
@@ -388,6 +412,9 @@ mod tests {
             "paella",
             "paella:0",
             "paella:inf+backfill",
+            "paella+bound",
+            "paella:2000+backfill+bound=2.5",
+            "paella+bound=0",
             "edf",
             "edf:2",
             "edf:2+backfill",
@@ -398,7 +425,19 @@ mod tests {
             assert_eq!(p.label(), n);
             assert_eq!(PolicyConfig::by_name(&p.label()), Some(p));
         }
-        for bad in ["nope", "streams:0", "fifo:3", "edf:-1", "sjf+backfill", "paella:x"] {
+        for bad in [
+            "nope",
+            "streams:0",
+            "fifo:3",
+            "edf:-1",
+            "sjf+backfill",
+            "paella:x",
+            "edf+bound",
+            "paella+bound=x",
+            "paella+bound=-1",
+            "paella+bound4",
+            "paella+bound+backfill",
+        ] {
             assert_eq!(PolicyConfig::by_name(bad), None, "{bad}");
         }
     }

@@ -98,6 +98,7 @@ pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
         3 => PolicyConfig::Paella {
             fairness_threshold_ns: [0, 10_000, 100_000, 1_000_000, u64::MAX][rng.random_range(0..5)],
             backfill: rng.random_bool(0.5),
+            slowdown_bound: [None, None, Some(0.0), Some(1.0), Some(4.0)][rng.random_range(0..5)],
         },
         4 => PolicyConfig::Sjf,
         _ => PolicyConfig::Rr,
@@ -510,7 +511,7 @@ impl Policy for Checked {
                 if gated && !view.gpu.fits(&k) {
                     bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
                 }
-                if let PolicyConfig::Paella { fairness_threshold_ns, backfill } = self.config {
+                if let PolicyConfig::Paella { fairness_threshold_ns, backfill, slowdown_bound } = self.config {
                     // With backfill, only kernels that pass the gate compete.
                     let competes =
                         |k: &kairos_sched::policy::ReadyKernel| !backfill || (view.gpu.can_issue(k) && view.gpu.fits(k));
@@ -537,14 +538,34 @@ impl Policy for Checked {
                             t.tenant, t.deficit_ns, j.tenant
                         ));
                     }
-                    // SRPT within the served tenant.
-                    if let Some(shorter) = view.jobs.iter().find(|o| {
-                        o.next_ready.is_some()
-                            && o.tenant == j.tenant
-                            && o.class == j.class
-                            && o.priority == j.priority
-                            && o.remaining_ns < j.remaining_ns
-                    }) && (!matches!(self.config, PolicyConfig::Paella { backfill: true, .. }))
+                    // The starvation bound within the served tenant: an overdue job (in the system
+                    // for S times its size) before any that is not, the earliest overdue first.
+                    let overdue_at = |o: &kairos_sched::policy::JobView| {
+                        slowdown_bound.and_then(|s| {
+                            let at = o.arrival_ns.saturating_add((s * o.total_ns as f64) as u64);
+                            (view.now_ns >= at).then_some(at)
+                        })
+                    };
+                    let peer = |o: &kairos_sched::policy::JobView| {
+                        o.next_ready.is_some() && o.tenant == j.tenant && o.class == j.class && o.priority == j.priority
+                    };
+                    if !backfill
+                        && let Some(earlier) = view
+                            .jobs
+                            .iter()
+                            .find(|o| peer(o) && overdue_at(o).is_some_and(|at| overdue_at(j).is_none_or(|mine| at < mine)))
+                    {
+                        bad(format!(
+                            "paella+bound: job {:?} overdue since {:?} ns was passed over for one overdue since {:?}",
+                            earlier.id,
+                            overdue_at(earlier),
+                            overdue_at(j)
+                        ));
+                    }
+                    // SRPT within the served tenant (among jobs not overdue).
+                    if let Some(shorter) =
+                        view.jobs.iter().find(|o| peer(o) && overdue_at(j).is_none() && o.remaining_ns < j.remaining_ns)
+                        && !backfill
                     {
                         bad(format!(
                             "paella: job {:?} with {} ns left was passed over for one with {} ns",
