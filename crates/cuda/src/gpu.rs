@@ -1045,19 +1045,7 @@ impl CudaGpu {
             }
         };
         self.next_launch_per_sm = (per_sm > 0).then_some(per_sm);
-        // The argument addresses as words, on the stack for every kernel of the library.
-        let mut words = [0u64; 32];
-        let spilled: Vec<u64>;
-        let args: &[u64] = if request.args.len() <= words.len() {
-            for (w, p) in words.iter_mut().zip(request.args) {
-                *w = p.0;
-            }
-            &words[..request.args.len()]
-        } else {
-            spilled = request.args.iter().map(|p| p.0).collect();
-            &spilled
-        };
-        let block = source::pack_args(request.kernel, args).map_err(GpuError::Invalid)?;
+        let block = pack_request_args(request)?;
         let o = LaunchOptions {
             first_block: request.first_block,
             ctas: request.ctas,
@@ -1199,19 +1187,7 @@ impl CudaGpu {
         let threads = request.shape.threads_per_block;
         let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
         let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
-        // The argument addresses as words, on the stack for every kernel of the library.
-        let mut words = [0u64; 32];
-        let spilled: Vec<u64>;
-        let args: &[u64] = if request.args.len() <= words.len() {
-            for (w, p) in words.iter_mut().zip(request.args) {
-                *w = p.0;
-            }
-            &words[..request.args.len()]
-        } else {
-            spilled = request.args.iter().map(|p| p.0).collect();
-            &spilled
-        };
-        let block = source::pack_args(request.kernel, args).map_err(GpuError::Invalid)?;
+        let block = pack_request_args(request)?;
         let o = LaunchOptions {
             first_block: request.first_block,
             ctas: request.ctas,
@@ -2008,4 +1984,21 @@ impl CudaGpu {
         }
         Ok(())
     }
+}
+
+/// A request's kernel parameter block, packed from its argument addresses (held as words on the
+/// stack for every kernel of the library: the launch path allocates nothing).
+fn pack_request_args(request: &LaunchRequest<'_>) -> Result<ParamBlock> {
+    let mut words = [0u64; 32];
+    let spilled: Vec<u64>;
+    let args: &[u64] = if request.args.len() <= words.len() {
+        for (w, p) in words.iter_mut().zip(request.args) {
+            *w = p.0;
+        }
+        &words[..request.args.len()]
+    } else {
+        spilled = request.args.iter().map(|p| p.0).collect();
+        &spilled
+    };
+    source::pack_args(request.kernel, args).map_err(GpuError::Invalid)
 }
