@@ -2,8 +2,9 @@
 # Builds target/release/kairos with the kernel library embedded for the GPU architectures users
 # run, so a fresh GPU machine serves without compiling a kernel:
 #   1. cargo build --release (the binary that compiles),
-#   2. `kairos kernels compile --arch $KAIROS_ARCHS --gzip` into target/prebuilt-kernels (NVRTC on
-#      the CPU, no GPU needed; every core),
+#   2. `kairos kernels compile --arch $KAIROS_ARCHS --variants both --gzip` into
+#      target/prebuilt-kernels (NVRTC on the CPU, no GPU needed; every core): the protocol build
+#      every launch uses and the plain build that recorded runs (CUDA graphs of whole jobs) replay,
 #   3. cargo build --release again with KAIROS_PREBUILT_KERNELS=target/prebuilt-kernels (only the
 #      kairos crate relinks; crates/kairos/build.rs embeds the images).
 # NVRTC: the CUDA toolkit's libnvrtc, or the pip wheel nvidia-cuda-nvrtc (installed into
@@ -23,6 +24,6 @@ if ! target/release/kairos kernels status --arch 90 --cache-dir "$out" 2>/dev/nu
     export LD_LIBRARY_PATH="$PWD/target/nvrtc/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 fi
 mkdir -p "$out"
-target/release/kairos kernels compile --arch "$archs" --cache-dir "$out" --gzip
+target/release/kairos kernels compile --arch "$archs" --cache-dir "$out" --variants both --gzip
 KAIROS_PREBUILT_KERNELS="$out" cargo build --release -p kairos
 target/release/kairos kernels status --arch "${archs%%,*}" --cache-dir /nonexistent | head -1

@@ -17,7 +17,7 @@ strip -o .carry/kairos-plain target/release/kairos
 gzip -9f .carry/kairos-plain
 if [ "${KEEP_CUBIN:-0}" != 1 ]; then
     rm -rf .carry-cubin
-    target/release/kairos kernels compile --cache-dir .carry-cubin --gzip ||
+    target/release/kairos kernels compile --cache-dir .carry-cubin --variants both --gzip ||
         { rm -rf .carry-cubin; echo "note: no CUBIN cache prepared; the device compiles the kernels (minutes)"; }
 fi
 if [ -d .carry-cubin ]; then

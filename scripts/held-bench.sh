@@ -39,7 +39,7 @@ try:
 except Exception as e:
     print("no table:", e); sys.exit(0)
 print(f"device time once queued (ms, median); kairos: {k['device']}, PyTorch {p['torch']}")
-V = ("plain", "graph", "job", "kernel", "job-light", "kernel-light")
+V = ("plain", "graph", "job", "kernel", "job-light", "kernel-light", "job-run", "job-run-plain")
 print(f"{'model':<14}{'launches':>9}" + "".join(f"{v:>13}" for v in V) + f"{'torch':>8}  us/launch over graph: kernel, kernel-light")
 for m, r in k["alone_ms"].items():
     t = p["alone_ms"].get(m, float("nan"))

@@ -53,6 +53,14 @@ pub struct DispatcherCounters {
     pub launch_call_ns: u64,
     pub policy_ns: u64,
     pub events_ns: u64,
+    /// Whole jobs issued as recorded runs (CUDA graphs), runs recorded, and the host time
+    /// recording took (part of `launch_call_ns`' neighbours in `busy_ns`, on the dispatcher's thread).
+    #[serde(default)]
+    pub runs_launched: u64,
+    #[serde(default)]
+    pub runs_recorded: u64,
+    #[serde(default)]
+    pub run_record_ns: u64,
 }
 
 impl DispatcherCounters {
@@ -193,6 +201,9 @@ impl<G: Gpu> Target for VirtualTarget<G> {
             launch_call_ns: s.launch_call_ns,
             policy_ns: s.policy_ns,
             events_ns: s.events_ns,
+            runs_launched: s.runs_launched,
+            runs_recorded: s.runs_recorded,
+            run_record_ns: s.run_record_ns,
         })
     }
 
@@ -373,6 +384,9 @@ where
             launch_call_ns: s.launch_call_ns,
             policy_ns: s.policy_ns,
             events_ns: s.events_ns,
+            runs_launched: s.runs_launched,
+            runs_recorded: s.runs_recorded,
+            run_record_ns: s.run_record_ns,
         })
     }
 }

@@ -16,6 +16,9 @@
 //!                 but for the last (protocol.cuh, point 7)
 //!   kernel-light  kernel-level dispatch of a policy that does not preempt: light launches with
 //!                 start and end records
+//!   job-run       whole-job dispatch with recorded runs (`Gpu::record_run`): the launches but the
+//!                 last replayed as one CUDA graph of light, silent launches, then the last one
+//!   job-run-plain the same with the run recorded from plain grids (`KAIROS_RUN_KERNELS=plain`)
 //!
 //! usage: held_bench [--models a,b,..] [--reps N] [--out FILE]
 
@@ -26,13 +29,16 @@ use kairos_ir::DType;
 use serde_json::json;
 
 const HOLD_NS: u64 = 8_000_000;
-const VARIANTS: [&str; 6] = ["plain", "graph", "job", "kernel", "job-light", "kernel-light"];
+const VARIANTS: [&str; 8] = ["plain", "graph", "job", "kernel", "job-light", "kernel-light", "job-run", "job-run-plain"];
 
 struct Model {
     name: String,
     plan: kairos_ir::plan::Plan,
     bufs: profile::PlanBuffers,
     graph: Option<kairos_cuda::safe::Graph>,
+    /// The launches but the last as recorded runs (`Gpu::record_run`): light protocol launches,
+    /// and plain grids.
+    runs: Option<(RunId, RunId)>,
 }
 
 /// Queues one forward pass of `m` on `stream` as `variant` does; returns its protocol launches.
@@ -46,7 +52,18 @@ fn queue(gpu: &mut CudaGpu, m: &Model, variant: &str, stream: StreamId) -> Resul
     let mut ids = Vec::new();
     let mut previous = None;
     let n = m.plan.launches.len();
-    for (i, l) in m.plan.launches.iter().enumerate() {
+    let mut first = 0;
+    if let Some(run) = match variant {
+        "job-run" => m.runs.map(|r| r.0),
+        "job-run-plain" => m.runs.map(|r| r.1),
+        _ => None,
+    } {
+        // The dispatcher's whole-job issue with runs: the run, then the last launch, reporting.
+        gpu.launch_run(run, stream, &mut ids)?;
+        previous = ids.last().copied();
+        first = n - 1;
+    }
+    for (i, l) in m.plan.launches.iter().enumerate().skip(first) {
         m.bufs.bases.resolve_all(&l.args, &mut args);
         let mut req = LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream);
         if variant == "plain" {
@@ -56,7 +73,7 @@ fn queue(gpu: &mut CudaGpu, m: &Model, variant: &str, stream: StreamId) -> Resul
         req.after = previous;
         req.report_ctas = false;
         req.report_start = variant.starts_with("kernel");
-        req.preemptible = !variant.ends_with("-light");
+        req.preemptible = !variant.ends_with("-light") && !variant.starts_with("job-run");
         req.report_end = variant != "job-light" || i + 1 == n;
         let id = gpu.launch(&req)?;
         previous = Some(id);
@@ -110,7 +127,7 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
             units.push((u, Variant::Plain));
         }
         let bufs = profile::PlanBuffers::new(&mut gpu, &z.plan, &z.inputs, MemKind::Device)?;
-        models.push(Model { name: name.to_string(), plan: z.plan, bufs, graph: None });
+        models.push(Model { name: name.to_string(), plan: z.plan, bufs, graph: None, runs: None });
     }
     units.sort();
     units.dedup();
@@ -120,10 +137,39 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
     // the protocol launches compute (within the fp16 kernel tolerance).
     for i in 0..models.len() {
         let m = &models[i];
+        let record = |gpu: &mut CudaGpu, plain: bool| {
+            gpu.set_run_kernels_plain(plain);
+            let whole = gpu.info().partitions[0].sms;
+            let launches = &m.plan.launches[..m.plan.launches.len() - 1];
+            let args: Vec<Vec<kairos_gpu::DevicePtr>> = launches
+                .iter()
+                .map(|l| {
+                    let mut a = Vec::new();
+                    m.bufs.bases.resolve_all(&l.args, &mut a);
+                    a
+                })
+                .collect();
+            let reqs: Vec<LaunchRequest<'_>> = launches
+                .iter()
+                .zip(&args)
+                .map(|(l, a)| LaunchRequest {
+                    preemptible: false,
+                    report_ctas: false,
+                    report_start: false,
+                    report_end: false,
+                    ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, streams[0])
+                })
+                .collect();
+            gpu.record_run(&reqs)
+        };
+        let runs = (record(&mut gpu, false)?, record(&mut gpu, true)?);
+        gpu.set_run_kernels_plain(false);
+        models[i].runs = Some(runs);
+        let m = &models[i];
         gpu.time_held(&streams[..1], HOLD_NS, |g| queue(g, m, "plain", streams[0]))?;
         let plain_out = m.bufs.outputs(&mut gpu, &m.plan)?;
         let mut err = 0f64;
-        for v in ["job", "job-light", "kernel-light"] {
+        for v in ["job", "job-light", "kernel-light", "job-run", "job-run-plain"] {
             clear_outputs(&mut gpu, m)?;
             gpu.time_held(&streams[..1], HOLD_NS, |g| queue(g, m, v, streams[0]))?;
             let out = m.bufs.outputs(&mut gpu, &m.plan)?;
@@ -140,8 +186,10 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
     let mut alone = serde_json::Map::new();
     let mut early = 0usize;
     println!(
-        "{:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>12}  (ms, device time once queued; median of {reps})",
-        "model", "launches", "plain", "graph", "job", "kernel", "job-light", "kernel-light"
+        "{:<14} {:>8} {}  (ms, device time once queued; median of {reps})",
+        "model",
+        "launches",
+        VARIANTS.map(|v| format!("{v:>13}")).join(" ")
     );
     for m in &models {
         let mut row = serde_json::Map::new();
@@ -159,15 +207,10 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
         }
         row.insert("launches".into(), json!(m.plan.launches.len()));
         println!(
-            "{:<14} {:>8} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>12.3}",
+            "{:<14} {:>8} {}",
             m.name,
             m.plan.launches.len(),
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            cells[5]
+            cells.iter().map(|c| format!("{c:>13.3}")).collect::<Vec<_>>().join(" ")
         );
         alone.insert(m.name.clone(), serde_json::Value::Object(row));
     }
@@ -192,7 +235,7 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
         }
         let sum_alone: f64 = models.iter().map(|m| alone[&m.name][v].as_f64().unwrap_or(0.0)).sum();
         let makespan = median(spans);
-        println!("  {v:<8} {makespan:>8.3}   (sum of alone {sum_alone:.3})");
+        println!("  {v:<13} {makespan:>8.3}   (sum of alone {sum_alone:.3})");
         concurrent.insert(
             v.into(),
             json!({

@@ -357,6 +357,22 @@ pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: &[u8]) -> DResult<()> {
     check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()) })
 }
 
+/// Copies host memory into device memory and returns once the data is in device memory. A plain
+/// `cuMemcpyHtoD` from pageable memory may return while the DMA from its staging buffer is still
+/// in flight, and kernels on non-blocking streams (all of ours) do not wait for it: the copy goes
+/// on `stream` and the call waits for that stream.
+///
+/// # Safety
+/// 1. `[dst, dst + src.len())` lies inside one live device allocation.
+/// 2. `stream` is live and nothing else waits on it for long (the call synchronizes it).
+pub unsafe fn memcpy_htod_complete(dst: CUdeviceptr, src: &[u8], stream: CUstream) -> DResult<()> {
+    // SAFETY: contract 1; src is a live slice of the stated length, and outlives the copy (the
+    // stream is synchronized before returning).
+    check("cuMemcpyHtoDAsync", unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), stream) })?;
+    // SAFETY: contract 2.
+    unsafe { stream_synchronize(stream) }
+}
+
 /// # Safety
 /// 1. `[src, src + dst.len())` lies inside one live device allocation.
 pub unsafe fn memcpy_dtoh(dst: &mut [u8], src: CUdeviceptr) -> DResult<()> {

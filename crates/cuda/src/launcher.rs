@@ -50,6 +50,10 @@ pub struct Job {
     pub overlapped: bool,
     pub launch: LaunchId,
     pub slot: u32,
+    /// A replay of a recorded run (a CUDA graph) instead of a kernel launch (`f` is then null):
+    /// its `run_launches` launches have consecutive ids from `launch`.
+    graph: driver::CUgraphExec,
+    pub run_launches: u32,
     /// Byte lengths of the kernel's parameters, laid out one after the other (each at a 16-byte
     /// boundary) in `params`.
     lens: [u16; 2],
@@ -99,7 +103,41 @@ impl Job {
             }
             lens[i] = b.len() as u16;
         }
-        Ok(Job { f, stream, grid, block, dyn_smem_bytes, overlapped, launch, slot, lens, count: params.len() as u8, params: p })
+        Ok(Job {
+            f,
+            stream,
+            grid,
+            block,
+            dyn_smem_bytes,
+            overlapped,
+            launch,
+            slot,
+            graph: std::ptr::null_mut(),
+            run_launches: 0,
+            lens,
+            count: params.len() as u8,
+            params: p,
+        })
+    }
+
+    /// A replay of the CUDA graph `graph` (a recorded run of `run_launches` launches, whose ids
+    /// follow from `first`) on `stream`.
+    pub fn graph(graph: driver::CUgraphExec, stream: CUstream, first: LaunchId, run_launches: u32) -> Job {
+        Job {
+            f: std::ptr::null_mut(),
+            stream,
+            grid: 0,
+            block: 0,
+            dyn_smem_bytes: 0,
+            overlapped: false,
+            launch: first,
+            slot: u32::MAX,
+            graph,
+            run_launches,
+            lens: [0; 2],
+            count: 0,
+            params: [0; PARAM_BYTES_MAX / 16],
+        }
     }
 
     /// Makes the driver call on this thread.
@@ -109,6 +147,11 @@ impl Job {
     /// 2. The parameters match the kernel's signature, and the device memory they name stays
     ///    allocated until the kernel ends (the `Gpu::launch` contract of the poster).
     pub unsafe fn launch(&self) -> DResult<()> {
+        if !self.graph.is_null() {
+            // SAFETY: contract 1 (the poster keeps the graph's instance alive until the replay has
+            // been queued: it flushes the launchers before destroying one) and 2.
+            return unsafe { driver::graph_launch(self.graph, self.stream) };
+        }
         let mut ptrs = self.param_ptrs();
         let params = &mut ptrs[..self.count as usize];
         if self.overlapped {
@@ -139,6 +182,9 @@ impl Job {
 pub struct Failure {
     pub launch: LaunchId,
     pub slot: u32,
+    /// A refused replay of a recorded run: its launches, with consecutive ids from `launch`
+    /// (0: a kernel launch).
+    pub run_launches: u32,
     pub error: String,
 }
 
@@ -322,7 +368,12 @@ fn run(s: &Shared, i: usize, ctx: CUcontext) {
                 if let Err(e) = r {
                     let mut f = s.failures.lock().unwrap_or_else(|e| e.into_inner());
                     if f.len() < FAILURES_MAX {
-                        f.push(Failure { launch: job.launch, slot: job.slot, error: e.to_string() });
+                        f.push(Failure {
+                            launch: job.launch,
+                            slot: job.slot,
+                            run_launches: job.run_launches,
+                            error: e.to_string(),
+                        });
                         s.failed.fetch_add(1, Ordering::Release);
                     }
                 }

@@ -82,6 +82,15 @@ impl DeviceBuffer {
         unsafe { driver::memcpy_htod(self.ptr + offset, data) }
     }
 
+    /// Copy into the buffer at `offset` through `stream`, complete when it returns (see
+    /// [`driver::memcpy_htod_complete`]: `write` may leave the DMA in flight).
+    pub fn write_complete(&self, offset: u64, data: &[u8], stream: &Stream) -> DResult<()> {
+        assert!(offset + data.len() as u64 <= self.bytes, "write past the end of a device buffer");
+        // SAFETY: the range was checked to lie inside this live allocation; the stream is live
+        // (borrowed) and the caller keeps long work off it.
+        unsafe { driver::memcpy_htod_complete(self.ptr + offset, data, stream.raw) }
+    }
+
     /// Synchronous copy out of the buffer at `offset`.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> DResult<()> {
         assert!(offset + out.len() as u64 <= self.bytes, "read past the end of a device buffer");
@@ -277,6 +286,12 @@ impl Graph {
     /// Its node count (one per captured launch or copy).
     pub fn nodes(&self) -> usize {
         self.nodes
+    }
+
+    /// The executable instance's handle (for a launcher thread to launch; this Graph must outlive
+    /// that launch).
+    pub fn raw_exec(&self) -> driver::CUgraphExec {
+        self.exec
     }
 
     /// Queues one run of the graph on `stream`.

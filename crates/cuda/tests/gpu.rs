@@ -682,3 +682,96 @@ fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
         assert_eq!(std::sync::Arc::strong_count(&buf), 1, "the GPU let go of the memory");
     }
 }
+
+/// Recorded runs (`Gpu::record_run`, a CUDA graph of a whole job's launches but the last, as the
+/// dispatcher issues whole jobs): recorded once on one set of buffers, replayed again and again
+/// on other streams with new inputs written in place, each replay followed by the last launch
+/// (which reports the end of every launch of the run), gives the launch-by-launch outputs of
+/// those inputs (within the kernels' tolerance; identical from one replay to the next), from
+/// light protocol launches and from plain grids alike.
+#[test]
+fn recorded_runs_replay_whole_jobs_with_new_inputs() {
+    use kairos_cuda::profile::PlanBuffers;
+    use kairos_gpu::exec::input_bytes;
+    let Some(mut gpu) = gpu() else { return };
+    for name in ["resnet18", "inception_v3"] {
+        let m = suite::zoo_model(name, DType::F16, 1, 32).unwrap();
+        let input_sets = [m.inputs.clone(), m.inputs.iter().map(reversed).collect::<Vec<_>>()];
+        let wants: Vec<Vec<kairos_ir::Tensor>> =
+            input_sets.iter().map(|inputs| suite::run_on_gpu(&mut gpu, &m.plan, inputs, MemKind::Device).unwrap()).collect();
+        let bufs = PlanBuffers::new(&mut gpu, &m.plan, &m.inputs, MemKind::Device).unwrap();
+        let whole = gpu.info().partitions[0].sms;
+        let streams: Vec<StreamId> = (0..2).map(|_| gpu.create_stream(0).unwrap()).collect();
+        let n = m.plan.launches.len();
+        let args: Vec<Vec<DevicePtr>> = m.plan.launches[..n - 1]
+            .iter()
+            .map(|l| {
+                let mut a = Vec::new();
+                bufs.bases.resolve_all(&l.args, &mut a);
+                a
+            })
+            .collect();
+        let requests: Vec<LaunchRequest<'_>> = m.plan.launches[..n - 1]
+            .iter()
+            .zip(&args)
+            .map(|(l, a)| LaunchRequest {
+                preemptible: false,
+                report_start: false,
+                report_ctas: false,
+                report_end: false,
+                ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, streams[0])
+            })
+            .collect();
+        // The plain build of the model's units, so that plain runs do not fall back to light ones.
+        let units: Vec<_> = CudaGpu::plan_units(&m.plan).unwrap().into_iter().map(|(u, _)| (u, Variant::Plain)).collect();
+        gpu.prepare_units(&units, "recorded runs").unwrap();
+        // A preemptible launch cannot be recorded.
+        let refused = LaunchRequest { preemptible: true, ..requests[0] };
+        assert!(matches!(gpu.record_run(&[refused]), Err(GpuError::Invalid(_))));
+        for plain in [false, true] {
+            gpu.set_run_kernels_plain(plain);
+            let run = gpu.record_run(&requests).unwrap();
+            gpu.set_run_kernels_plain(false);
+            let mut seen: Vec<Option<Vec<u8>>> = vec![None, None];
+            for replay in 0..6 {
+                let set = replay % 2;
+                for (i, t) in input_sets[set].iter().enumerate() {
+                    gpu.write(bufs.bases.inputs[i], &input_bytes(&m.plan, i, t).unwrap()).unwrap();
+                }
+                let stream = streams[replay / 2 % 2];
+                let mut ids = Vec::new();
+                gpu.launch_run(run, stream, &mut ids).unwrap();
+                assert_eq!(ids.len(), n - 1);
+                let last = m.plan.launches.last().unwrap();
+                let mut a = Vec::new();
+                bufs.bases.resolve_all(&last.args, &mut a);
+                let req = LaunchRequest {
+                    after: ids.last().copied(),
+                    preemptible: false,
+                    ..LaunchRequest::of_launch(last, &a, whole, PartitionId::WHOLE, stream)
+                };
+                let last_id = gpu.launch(&req).unwrap();
+                for id in ids.iter().copied().chain([last_id]) {
+                    let (next, preempted) = gpu.wait_done(id).unwrap();
+                    assert!(!preempted && next > 0, "{name}: launch {id:?} of a replay ended at block {next}");
+                }
+                let out = bufs.outputs(&mut gpu, &m.plan).unwrap();
+                let e = suite::outputs_error(&out, &wants[set]);
+                let bytes: Vec<u8> = out.iter().flat_map(|t| t.to_bytes()).collect();
+                println!("{name} (plain {plain}) replay {replay}, inputs {set}: error {e:.2e} against launch by launch");
+                assert!(e <= suite::tolerance(DType::F16), "{name} (plain {plain}): replay {replay} off by {e:.3e}");
+                match &seen[set] {
+                    Some(b) => assert_eq!(b, &bytes, "{name} (plain {plain}): replays of the same inputs differ"),
+                    None => seen[set] = Some(bytes),
+                }
+            }
+            assert_ne!(seen[0], seen[1], "{name}: the two input sets gave the same outputs");
+            gpu.drop_run(run).unwrap();
+            assert!(gpu.launch_run(run, streams[0], &mut Vec::new()).is_err(), "a dropped run replays");
+        }
+        for s in streams {
+            gpu.destroy_stream(s).unwrap();
+        }
+        bufs.free(&mut gpu).unwrap();
+    }
+}

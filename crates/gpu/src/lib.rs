@@ -207,6 +207,13 @@ pub struct LaunchId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CopyId(pub u64);
 
+/// A recorded run of launches ([`Gpu::record_run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RunId(pub u64);
+
+/// Launches one recorded run may hold at most.
+pub const RUN_LAUNCHES_MAX: usize = 4096;
+
 /// A kernel launch as the dispatcher issues it.
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchRequest<'a> {
@@ -497,5 +504,34 @@ pub trait Gpu {
     /// that uses it has not reported `LaunchDone` is an error; the mapping then stays.
     fn unmap_host(&mut self, id: HostMappingId) -> Result<()> {
         Err(GpuError::Unsupported(format!("this backend has no host mapping {}", id.0)))
+    }
+
+    /// Records launches that a caller would otherwise issue one after another on one stream, so
+    /// that [`Gpu::launch_run`] replays them as one unit (on CUDA: a CUDA graph, one driver call
+    /// and no per-launch host work). Every launch must be one the caller will never preempt and
+    /// whose own end it does not need: `preemptible`, `report_ctas`, `report_start` and
+    /// `report_end` false, `after` None, the whole device (`PartitionId::WHOLE`, a full mask);
+    /// their `stream` is ignored. The buffers they name must stay allocated, with the same
+    /// addresses, for as long as the run exists (replays read and write them in place). At most
+    /// [`RUN_LAUNCHES_MAX`] launches. Backends without recorded runs return
+    /// [`GpuError::Unsupported`] (the default): the caller issues the launches one by one.
+    fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
+        let _ = launches;
+        Err(GpuError::Unsupported("this backend cannot record runs of launches".into()))
+    }
+
+    /// Queues one replay of a recorded run on `stream`, behind what is queued there. Each of its
+    /// launches gets an id, appended to `ids` in order, and is silent: its
+    /// [`GpuEvent::LaunchDone`] comes when a later launch on the same stream that reports its end
+    /// ends (as for `report_end: false`; the caller must issue such a launch). A replay of a run
+    /// must end before the run is replayed again (one slot's buffers, one job at a time).
+    fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
+        let _ = (stream, ids);
+        Err(GpuError::Unsupported(format!("this backend has no recorded run {}", run.0)))
+    }
+
+    /// Forgets a recorded run (replays already queued still complete).
+    fn drop_run(&mut self, run: RunId) -> Result<()> {
+        Err(GpuError::Unsupported(format!("this backend has no recorded run {}", run.0)))
     }
 }

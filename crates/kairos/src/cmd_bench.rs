@@ -327,6 +327,10 @@ pub struct RunArgs {
     /// Issue-ahead per job in µs of estimated GPU time (default: the dispatcher's, 50).
     #[arg(long, env = "KAIROS_LOOKAHEAD_US")]
     pub lookahead_us: Option<u64>,
+    /// Issue whole jobs launch by launch instead of as recorded runs (CUDA graphs of a model's
+    /// launches but the last, one per I/O slot): for measuring what runs save.
+    #[arg(long, env = "KAIROS_NO_RUNS")]
+    pub no_runs: bool,
 }
 
 #[derive(Args, Debug)]
@@ -748,6 +752,7 @@ fn run_presets(a: RunArgs) -> Result<()> {
             if let Some(l) = a.lookahead_us {
                 c.lookahead_ns = l.saturating_mul(1000);
             }
+            c.record_runs = !a.no_runs;
             c
         },
         trace_dir: a.traces.then(|| trace_dir.clone()),

@@ -95,6 +95,9 @@ struct Shared {
     launch_call_ns: AtomicU64,
     policy_ns: AtomicU64,
     events_ns: AtomicU64,
+    runs_launched: AtomicU64,
+    runs_recorded: AtomicU64,
+    run_record_ns: AtomicU64,
     gpu_recoveries: AtomicU64,
     recovering: AtomicBool,
     /// Why the dispatcher thread stopped for good (its GPU could not be brought back).
@@ -130,6 +133,11 @@ pub struct EngineStats {
     pub launch_call_ns: u64,
     pub policy_ns: u64,
     pub events_ns: u64,
+    /// Whole jobs issued as recorded runs, runs recorded, and the time recording took (see
+    /// [`crate::Config::record_runs`]).
+    pub runs_launched: u64,
+    pub runs_recorded: u64,
+    pub run_record_ns: u64,
     /// Times the GPU was reset after a fault, and whether a reset is under way now.
     pub gpu_recoveries: u64,
     pub recovering: bool,
@@ -347,6 +355,9 @@ impl Engine {
             launch_call_ns: s.launch_call_ns.load(Ordering::Relaxed),
             policy_ns: s.policy_ns.load(Ordering::Relaxed),
             events_ns: s.events_ns.load(Ordering::Relaxed),
+            runs_launched: s.runs_launched.load(Ordering::Relaxed),
+            runs_recorded: s.runs_recorded.load(Ordering::Relaxed),
+            run_record_ns: s.run_record_ns.load(Ordering::Relaxed),
             gpu_recoveries: s.gpu_recoveries.load(Ordering::Relaxed),
             recovering: s.recovering.load(Ordering::Relaxed),
         }
@@ -658,6 +669,9 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.launch_call_ns.store(s.launch_call_ns, Ordering::Relaxed);
         shared.policy_ns.store(s.policy_ns, Ordering::Relaxed);
         shared.events_ns.store(s.events_ns, Ordering::Relaxed);
+        shared.runs_launched.store(s.runs_launched, Ordering::Relaxed);
+        shared.runs_recorded.store(s.runs_recorded, Ordering::Relaxed);
+        shared.run_record_ns.store(s.run_record_ns, Ordering::Relaxed);
         // A turn that found nothing to do only looked: its time is waiting, not work.
         if busy || !out.is_empty() {
             busy_ns += turn.elapsed().as_nanos() as u64;

@@ -295,6 +295,20 @@ impl Gpu for Trippable {
     fn launch(&mut self, r: &kairos_gpu::LaunchRequest<'_>) -> kairos_gpu::Result<kairos_gpu::LaunchId> {
         self.inner.launch(r)
     }
+    fn record_run(&mut self, launches: &[kairos_gpu::LaunchRequest<'_>]) -> kairos_gpu::Result<kairos_gpu::RunId> {
+        self.inner.record_run(launches)
+    }
+    fn launch_run(
+        &mut self,
+        run: kairos_gpu::RunId,
+        stream: kairos_gpu::StreamId,
+        ids: &mut Vec<kairos_gpu::LaunchId>,
+    ) -> kairos_gpu::Result<()> {
+        self.inner.launch_run(run, stream, ids)
+    }
+    fn drop_run(&mut self, run: kairos_gpu::RunId) -> kairos_gpu::Result<()> {
+        self.inner.drop_run(run)
+    }
     fn preempt(&mut self, launch: kairos_gpu::LaunchId) -> kairos_gpu::Result<()> {
         self.inner.preempt(launch)
     }

@@ -135,6 +135,119 @@ fn results_are_exact_through_every_policy() {
     }
 }
 
+/// Whole jobs go out as their slot's recorded run plus the last launch: one run recorded per I/O
+/// slot and replayed for every later job on it, with the same results as launch by launch, every
+/// launch of the run reported done, and fewer host calls.
+#[test]
+fn whole_jobs_replay_recorded_runs() {
+    for seed in seeds(4) {
+        with_seed("whole_jobs_replay_recorded_runs", seed, |seed| {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            // Every kernel covers the same elements, so the output is relu(x).
+            let blocks = rng.random_range(1..=300);
+            let kernels: Vec<_> = (0..rng.random_range(3..=8))
+                .map(|_| SyntheticKernel { logical_blocks: blocks, threads_per_block: 128, shared_mem_bytes: 0 })
+                .collect();
+            let plan = Arc::new(synthetic::layered_plan("m", &kernels));
+            let n = plan.inputs[0].shape[0];
+            let requests: Vec<(u64, Vec<f32>)> = (0..24u64)
+                .map(|i| (i * rng.random_range(0..30_000), (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()))
+                .collect();
+            let run = |record_runs: bool| {
+                let gpu =
+                    Audit::new(SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed, compute: true, ..SimOptions::default() }));
+                let cfg = Config {
+                    slots_per_model_max: 3,
+                    slots_per_model_prealloc: 3,
+                    record_runs,
+                    trace_max: 1 << 16,
+                    ..Config::default().with_policy(PolicyConfig::by_name("streams:2").unwrap())
+                };
+                let mut driver = VirtualDriver::new(cfg, gpu).unwrap();
+                driver.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+                for (t, x) in &requests {
+                    driver.submit_at(*t, "m", vec![Tensor::f32(vec![n], x.clone())], RequestOptions::default());
+                }
+                driver.run_until_idle().unwrap();
+                let mut records = driver.take_records();
+                records.sort_by_key(|r| r.id);
+                let stats = driver.dispatcher().stats();
+                let gpu = driver.into_gpu();
+                assert!(gpu.log.violations.is_empty(), "{:?}", gpu.log.violations);
+                assert!(gpu.log.launches.values().all(|a| a.done_ns.is_some() && !a.lost), "a launch never ended");
+                gpu.inner.audit().unwrap();
+                let outputs: Vec<Vec<f32>> = records.iter().map(|r| r.outputs[0].as_f32().unwrap().to_vec()).collect();
+                (outputs, stats)
+            };
+            let (with, s_with) = run(true);
+            let (without, s_without) = run(false);
+            let wants: Vec<Vec<f32>> = requests.iter().map(|(_, x)| x.iter().map(|v| v.max(0.0)).collect()).collect();
+            for (i, y) in with.iter().enumerate() {
+                let matches = wants.iter().position(|w| w == y);
+                assert!(y == &wants[i], "request {i} replayed from a run returned wrong values (those of request {matches:?})");
+            }
+            assert!(with == without, "runs and launch-by-launch disagree");
+            assert_eq!(s_with.runs_launched, 24, "every job went out as a run");
+            assert!((1..=3).contains(&s_with.runs_recorded), "{} runs recorded for 3 slots", s_with.runs_recorded);
+            assert_eq!((s_without.runs_launched, s_without.runs_recorded), (0, 0));
+            assert_eq!(s_with.launches, s_without.launches, "a run's launches count as launches");
+            assert_eq!(s_with.notification_anomalies, 0);
+            // One host call per run instead of one per launch but the last.
+            assert!(
+                s_with.launch_call_ns < s_without.launch_call_ns,
+                "{} vs {} ns",
+                s_with.launch_call_ns,
+                s_without.launch_call_ns
+            );
+        });
+    }
+}
+
+/// Recording runs for slots made on demand stalls the dispatcher, so it stays within its budget: a
+/// burst that needs many new slots records some and sends the rest launch by launch, and
+/// recording never takes more than its share of the time plus the credit it starts with.
+#[test]
+fn recording_runs_on_demand_stays_within_its_budget() {
+    let seed = seeds(1)[0];
+    with_seed("recording_runs_on_demand_stays_within_its_budget", seed, |seed| {
+        let kernels: Vec<_> =
+            (0..200).map(|_| SyntheticKernel { logical_blocks: 16, threads_per_block: 128, shared_mem_bytes: 0 }).collect();
+        let plan = Arc::new(synthetic::layered_plan("m", &kernels));
+        let n = plan.inputs[0].shape[0];
+        let cfg = Config {
+            slots_per_model_max: 64,
+            slots_per_model_prealloc: 0,
+            ..Config::default().with_policy(PolicyConfig::by_name("streams:8").unwrap())
+        };
+        let mut driver = VirtualDriver::new(cfg, SimGpu::new(GpuDesc::h100_sxm(), SimOptions::timing_only(seed))).unwrap();
+        driver.load_model(ModelSpec { name: "m".into(), plan, profile: None }).unwrap();
+        let t0 = driver.now_ns();
+        for i in 0..400u64 {
+            driver.submit_at(t0 + i * 2_000, "m", vec![Tensor::f32(vec![n], vec![0.0; n])], RequestOptions::default());
+        }
+        driver.run_until_idle().unwrap();
+        let records = driver.take_records();
+        assert!(records.iter().all(|r| r.result.is_ok()));
+        let s = driver.dispatcher().stats();
+        let elapsed_ns = driver.now_ns() - t0;
+        let one_ns = s.run_record_ns / s.runs_recorded.max(1);
+        println!(
+            "{} runs recorded in {} us ({} us each), {} of 400 jobs as runs, over {} us",
+            s.runs_recorded,
+            s.run_record_ns / 1000,
+            one_ns / 1000,
+            s.runs_launched,
+            elapsed_ns / 1000
+        );
+        assert!(s.runs_recorded > 0 && s.runs_launched > 0);
+        assert!(s.runs_launched < 400, "every job went out as a run: the budget never ran out");
+        let allowed = kairos_sched::dispatcher::RUN_RECORD_SHARE * elapsed_ns as f64
+            + kairos_sched::dispatcher::RUN_RECORD_CREDIT_MAX_NS as f64
+            + one_ns as f64;
+        assert!(s.run_record_ns as f64 <= allowed, "{} ns recording, allowed {allowed}", s.run_record_ns);
+    });
+}
+
 fn timing_sim(seed: u64) -> SimGpu {
     SimGpu::new(GpuDesc::h100_sxm(), SimOptions::timing_only(seed))
 }

@@ -12,7 +12,7 @@
 use kairos_gpu::profile::ModelProfile;
 use kairos_gpu::{
     Allocation, CopyId, DeviceInfo, DevicePtr, Gpu, GpuError, GpuEvent, HostMapping, HostMappingId, HostMemory, KernelResources,
-    LaunchId, LaunchRequest, MemKind, Result, StreamId,
+    LaunchId, LaunchRequest, MemKind, Result, RunId, StreamId,
 };
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
@@ -119,6 +119,18 @@ impl Gpu for InboxSimGpu {
 
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
         self.gpu.copy_async(dst, src, bytes, stream)
+    }
+
+    fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
+        self.gpu.record_run(launches)
+    }
+
+    fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
+        self.gpu.launch_run(run, stream, ids)
+    }
+
+    fn drop_run(&mut self, run: RunId) -> Result<()> {
+        self.gpu.drop_run(run)
     }
 
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {

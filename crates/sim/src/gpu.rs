@@ -372,7 +372,28 @@ pub struct SimGpu {
     scratch_cand: Vec<Slots>,
     spare_members: Vec<Vec<Member>>,
     scratch_timed: Vec<(u64, u64, Member)>,
+    /// Recorded runs ([`Gpu::record_run`]), by id.
+    runs: HashMap<u64, Vec<RecordedLaunch>>,
+    next_run: u64,
+    /// Replaying a run: its launches cost the host nothing one by one (the replay's call does).
+    replaying: bool,
 }
+
+/// One launch of a recorded run, owned.
+#[derive(Clone, Debug)]
+struct RecordedLaunch {
+    kernel: Kernel,
+    dtype: DType,
+    shape: LaunchShape,
+    args: Vec<DevicePtr>,
+    first_block: u32,
+    ctas: u32,
+    sm_mask: SmMask,
+    report_ctas: bool,
+}
+
+/// Recorded runs a simulated GPU holds at most.
+pub const RUNS_MAX: usize = 65_536;
 
 impl SimGpu {
     /// A simulated GPU of the given description, idle, at time 0.
@@ -437,6 +458,9 @@ impl SimGpu {
             scratch_cand: Vec::new(),
             spare_members: Vec::new(),
             scratch_timed: Vec::new(),
+            runs: HashMap::new(),
+            next_run: 1,
+            replaying: false,
             desc,
             opts,
         }
@@ -1948,7 +1972,9 @@ impl SimGpu {
             self.inject_launch_faults(id, g);
         }
         self.record(TraceEvent::Issue { launch: id, stream: req.stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
-        self.host_spend(self.desc.latency.launch_host_ns);
+        if !self.replaying {
+            self.host_spend(self.desc.latency.launch_host_ns);
+        }
         Ok(id)
     }
 
@@ -2109,6 +2135,95 @@ impl Gpu for SimGpu {
         r
     }
 
+    fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
+        self.check_sticky()?;
+        if launches.is_empty() || launches.len() > RUN_LAUNCHES_MAX {
+            return Err(GpuError::Invalid(format!("a run holds 1 to {RUN_LAUNCHES_MAX} launches, got {}", launches.len())));
+        }
+        if self.runs.len() >= RUNS_MAX {
+            return Err(GpuError::Exhausted { limit: "recorded runs", max: RUNS_MAX as u64 });
+        }
+        let whole = self.info.partitions[0].sms;
+        let mut recorded = Vec::with_capacity(launches.len());
+        for (i, l) in launches.iter().enumerate() {
+            // (CTA records may be asked for: the simulator reports a replay's CTAs, which test
+            // harnesses use to audit every CTA.)
+            if l.preemptible || l.report_start || l.report_end || l.after.is_some() {
+                return Err(GpuError::Invalid(format!("launch {i} of a run is preemptible, gated or reports itself")));
+            }
+            if l.partition != PartitionId::WHOLE || l.sm_mask.intersect(&whole) != whole {
+                return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole device")));
+            }
+            if let Some(p) = l.args.iter().find(|&&p| self.mem.resolve(p).is_none()) {
+                return Err(GpuError::Invalid(format!("launch {i} of a run: {p:?} is not inside a live allocation")));
+            }
+            recorded.push(RecordedLaunch {
+                kernel: *l.kernel,
+                dtype: l.dtype,
+                shape: l.shape,
+                args: l.args.to_vec(),
+                first_block: l.first_block,
+                ctas: l.ctas,
+                sm_mask: l.sm_mask,
+                report_ctas: l.report_ctas,
+            });
+        }
+        let id = self.next_run;
+        self.next_run += 1;
+        self.runs.insert(id, recorded);
+        // Recording issues every launch once into the capture (and instantiates the graph).
+        self.host_spend(self.desc.latency.launch_host_ns * launches.len() as u64);
+        Ok(RunId(id))
+    }
+
+    fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
+        self.check_sticky()?;
+        let launches = self.runs.remove(&run.0).ok_or_else(|| GpuError::Invalid(format!("unknown run {}", run.0)))?;
+        let s = self.check_stream(stream)?;
+        // One call of the host for the whole run (a graph launch); its launches go on one by one.
+        self.replaying = true;
+        let mut result = Ok(());
+        for l in &launches {
+            let request = LaunchRequest {
+                kernel: &l.kernel,
+                dtype: l.dtype,
+                shape: l.shape,
+                args: &l.args,
+                first_block: l.first_block,
+                ctas: l.ctas,
+                sm_mask: l.sm_mask,
+                partition: PartitionId::WHOLE,
+                stream,
+                after: None,
+                report_ctas: l.report_ctas,
+                report_start: false,
+                preemptible: false,
+                report_end: false,
+            };
+            match self.launch_request(&request) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.replaying = false;
+        self.runs.insert(run.0, launches);
+        if result.is_err() {
+            self.unsilence(s as usize);
+        }
+        self.host_spend(self.desc.latency.launch_host_ns);
+        result
+    }
+
+    fn drop_run(&mut self, run: RunId) -> Result<()> {
+        match self.runs.remove(&run.0) {
+            Some(_) => Ok(()),
+            None => Err(GpuError::Invalid(format!("unknown run {}", run.0))),
+        }
+    }
+
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
         let Some(&g) = self.launch_slots.get(&launch.0) else {
             return if launch.0 > 0 && launch.0 < self.next_launch {
@@ -2170,6 +2285,7 @@ impl Gpu for SimGpu {
         fresh.hash = std::mem::take(&mut self.hash);
         fresh.trace = std::mem::take(&mut self.trace);
         fresh.stats = self.stats;
+        fresh.next_run = self.next_run;
         fresh.stats.resets += 1;
         fresh.record(TraceEvent::Reset { at_ns: self.now_ns });
         *self = fresh;

@@ -188,7 +188,7 @@ impl<G: Gpu> Dispatcher<G> {
             }
         }
         let slots_total = slots_free.len();
-        let model = Model {
+        let mut model = Model {
             name: spec.name.clone(),
             plan,
             weights,
@@ -203,6 +203,30 @@ impl<G: Gpu> Dispatcher<G> {
             jobs: 0,
             unloading: false,
         };
+        // Whole-job issue replays each slot's recorded run: record those of the slots made now,
+        // while nothing is served (slots made on demand are recorded at their first job).
+        if self.cfg.record_runs && self.runs_supported && !self.cfg.policy.is_kernel_level() && !self.policy.preempts() {
+            let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
+            for i in 0..model.slots_free.len() {
+                if model.plan.launches.len() < 3 {
+                    break;
+                }
+                let t0 = self.gpu.now_ns();
+                match issue::record_slot_run(&mut self.gpu, &model, &model.slots_free[i], launch_ctas_max, whole, stream) {
+                    Ok(run) => {
+                        model.slots_free[i].run = Some(run);
+                        self.stats.runs_recorded += 1;
+                        self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
+                    }
+                    Err(kairos_gpu::GpuError::Unsupported(_)) => {
+                        self.runs_supported = false;
+                        break;
+                    }
+                    // Not fatal: the slot is recorded (or goes launch by launch) later.
+                    Err(_) => break,
+                }
+            }
+        }
         let index = match self.models.iter().position(|m| m.is_none()) {
             Some(i) => {
                 self.models[i] = Some(model);
@@ -646,7 +670,7 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
         Ok::<_, kairos_gpu::GpuError>(bases)
     })();
     match result {
-        Ok(bases) => Ok(IoSlot { allocations, bases }),
+        Ok(bases) => Ok(IoSlot { allocations, bases, run: None }),
         Err(e) => {
             for a in allocations {
                 let _ = gpu.free(a);
@@ -657,6 +681,9 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
 }
 
 pub(super) fn free_slot<G: Gpu>(gpu: &mut G, slot: IoSlot) {
+    if let Some(r) = slot.run {
+        let _ = gpu.drop_run(r);
+    }
     for a in slot.allocations {
         let _ = gpu.free(a);
     }

@@ -150,7 +150,20 @@ impl<G: Gpu> Dispatcher<G> {
         job.issuable.clear();
         let mut result = Ok(());
         let mut previous = None;
-        for i in 0..n as u32 {
+        // The launches before the last as one recorded run, where the backend has them.
+        let mut first = 0;
+        match self.launch_whole_run(key, stream) {
+            Ok(Some(last)) => {
+                previous = Some(last);
+                first = n as u32 - 1;
+            }
+            Ok(None) => {}
+            Err(e) => result = Err(e),
+        }
+        for i in first..n as u32 {
+            if result.is_err() {
+                break;
+            }
             let first_block = match self.job(key).unwrap().states[i as usize] {
                 LState::Pending { first_block } => first_block,
                 _ => 0,
@@ -190,9 +203,10 @@ impl<G: Gpu> Dispatcher<G> {
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let l = &m.plan.launches[launch as usize];
-        let blocks_left = l.shape.logical_blocks - first_block;
-        let default_ctas = m.capacity_ctas[launch as usize].min(self.cfg.launch_ctas_max.unwrap_or(u32::MAX));
-        let ctas = ctas.unwrap_or(default_ctas).clamp(1, blocks_left.max(1));
+        let ctas = match ctas {
+            Some(c) => c.clamp(1, (l.shape.logical_blocks - first_block).max(1)),
+            None => m.default_ctas(launch as usize, first_block, self.cfg.launch_ctas_max),
+        };
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
         // A job handed whole to a stream needs only each launch's end: its order is the
@@ -229,6 +243,17 @@ impl<G: Gpu> Dispatcher<G> {
         let id = self.gpu.launch(&request)?;
         let call_ns = self.gpu.now_ns().saturating_sub(t0);
         self.stats.launch_call_ns += call_ns;
+        let issued = Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, at_ns: t0, call_ns };
+        self.note_issued(key, launch, id, issued);
+        Ok(id)
+    }
+
+    /// Records a launch the GPU accepted: the job's state, the launch in flight, the streams, the
+    /// tenant's charge, the trace.
+    fn note_issued(&mut self, key: JobKey, launch: u32, id: LaunchId, i: Issued) {
+        let Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, at_ns: t0, call_ns } = i;
+        let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
+        let m = self.models[job.model].as_ref().expect("model of a job exists");
         let cost = m.estimates.get(launch);
         let class = m.classes[launch as usize];
         self.stats.launches += 1;
@@ -308,7 +333,91 @@ impl<G: Gpu> Dispatcher<G> {
         self.streams[s].in_flight += 1;
         self.stream_update(s, was_idle);
         self.charge(tenant, cost);
-        Ok(id)
+    }
+
+    /// Issues a whole job's launches but its last as the recorded run of its I/O slot (recording
+    /// it the first time): the id of the run's last launch, for the job's last launch to go
+    /// behind; None when the job goes launch by launch (runs off or unsupported, a job of one or
+    /// two launches, I/O bound to a host mapping), with nothing issued.
+    fn launch_whole_run(&mut self, key: JobKey, stream: u32) -> Result<Option<LaunchId>, Error> {
+        let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+        let m = self.models[job.model].as_ref().expect("model of a job exists");
+        let n = m.plan.launches.len();
+        if !self.cfg.record_runs || !self.runs_supported || n < 3 || job.bound_bases.is_some() || self.policy.preempts() {
+            return Ok(None);
+        }
+        let run = match job.slot.as_ref().and_then(|s| s.run) {
+            Some(r) => r,
+            None => match self.record_whole_run(key) {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(None),
+                Err(kairos_gpu::GpuError::Unsupported(_)) => {
+                    self.runs_supported = false;
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let t0 = self.gpu.now_ns();
+        let mut ids = std::mem::take(&mut self.run_ids);
+        ids.clear();
+        let result = self.gpu.launch_run(run, self.stream_ids[stream as usize], &mut ids);
+        let call_ns = self.gpu.now_ns().saturating_sub(t0);
+        self.stats.launch_call_ns += call_ns;
+        // The launches that were queued count as issued whatever happened after them: their
+        // ends come as for any silent launch.
+        for (i, &id) in ids.iter().enumerate() {
+            let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+            let m = self.models[job.model].as_ref().expect("model of a job exists");
+            let ctas = m.default_ctas(i, 0, self.cfg.launch_ctas_max);
+            let issued = Issued {
+                stream,
+                first_block: 0,
+                ctas,
+                mask: self.whole,
+                behind: None,
+                report_ctas: false,
+                report_start: false,
+                learns: false,
+                at_ns: t0,
+                call_ns: if i == 0 { call_ns } else { 0 },
+            };
+            self.note_issued(key, i as u32, id, issued);
+        }
+        let last = ids.last().copied();
+        self.run_ids = ids;
+        result?;
+        self.stats.runs_launched += 1;
+        Ok(last)
+    }
+
+    /// Records the job's model's launches but the last on the job's I/O slot, and keeps the run
+    /// with the slot. Recording stalls the dispatcher's thread (on CUDA a capture and a graph
+    /// instantiation, milliseconds), so slots made on demand are recorded within a budget: at most
+    /// [`RUN_RECORD_SHARE`] of the time since the last recording, [`RUN_RECORD_CREDIT_MAX_NS`] at
+    /// once; a job whose slot finds the budget spent goes launch by launch (`Ok(None)`). Without the
+    /// budget a burst that made dozens of new slots stalled an H100 serving at its capacity into
+    /// collapse (every stall queued more jobs, which took more new slots to record).
+    fn record_whole_run(&mut self, key: JobKey) -> Result<Option<RunId>, kairos_gpu::GpuError> {
+        let now = self.gpu.now_ns();
+        let earned = now.saturating_sub(self.run_credit_at_ns) as f64 * RUN_RECORD_SHARE;
+        self.run_credit_ns = (self.run_credit_ns + earned).min(RUN_RECORD_CREDIT_MAX_NS as f64);
+        self.run_credit_at_ns = now;
+        if self.run_credit_ns <= 0.0 {
+            return Ok(None);
+        }
+        let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+        let m = self.models[job.model].as_ref().expect("model of a job exists");
+        let slot = job.slot.as_ref().expect("admitted job has a slot");
+        let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
+        let run = record_slot_run(&mut self.gpu, m, slot, launch_ctas_max, whole, stream)?;
+        let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
+        job.slot.as_mut().expect("admitted job has a slot").run = Some(run);
+        let took_ns = self.gpu.now_ns().saturating_sub(now);
+        self.run_credit_ns -= took_ns as f64;
+        self.stats.runs_recorded += 1;
+        self.stats.run_record_ns += took_ns;
+        Ok(Some(run))
     }
 
     pub(super) fn stream_is_idle(&self, s: usize) -> bool {
@@ -378,6 +487,67 @@ impl<G: Gpu> Dispatcher<G> {
         }
         None
     }
+}
+
+/// Share of the dispatcher's time that recording runs for slots made on demand may take, and the
+/// most it may take at once (see [`Dispatcher::record_whole_run`]).
+pub const RUN_RECORD_SHARE: f64 = 0.05;
+pub const RUN_RECORD_CREDIT_MAX_NS: u64 = 20_000_000;
+
+/// Records a model's launches but the last on an I/O slot's buffers, as whole-job issue sends
+/// them (`Gpu::record_run`).
+pub(super) fn record_slot_run<G: Gpu>(
+    gpu: &mut G,
+    m: &Model,
+    slot: &IoSlot,
+    launch_ctas_max: Option<u32>,
+    whole: SmMask,
+    stream: StreamId,
+) -> Result<RunId, kairos_gpu::GpuError> {
+    let launches = &m.plan.launches[..m.plan.launches.len().saturating_sub(1)];
+    let mut args: Vec<Vec<DevicePtr>> = Vec::with_capacity(launches.len());
+    for l in launches {
+        let mut a = Vec::with_capacity(l.args.len());
+        slot.bases.resolve_all(&l.args, &mut a);
+        args.push(a);
+    }
+    let requests: Vec<LaunchRequest<'_>> = launches
+        .iter()
+        .zip(&args)
+        .enumerate()
+        .map(|(i, (l, a))| LaunchRequest {
+            kernel: &l.kernel,
+            dtype: l.dtype,
+            shape: l.shape,
+            args: a,
+            first_block: 0,
+            ctas: m.default_ctas(i, 0, launch_ctas_max),
+            sm_mask: whole,
+            partition: PartitionId::WHOLE,
+            stream,
+            after: None,
+            report_ctas: false,
+            report_start: false,
+            preemptible: false,
+            report_end: false,
+        })
+        .collect();
+    gpu.record_run(&requests)
+}
+
+/// How a launch went out (see [`Dispatcher::note_issued`]).
+#[derive(Clone, Copy)]
+struct Issued {
+    stream: u32,
+    first_block: u32,
+    ctas: u32,
+    mask: SmMask,
+    behind: Option<LaunchId>,
+    report_ctas: bool,
+    report_start: bool,
+    learns: bool,
+    at_ns: u64,
+    call_ns: u64,
 }
 
 /// Streams of a pool of `streams` per hardware queue (stream s uses queue s mod `queues`).

@@ -46,7 +46,7 @@ use crate::*;
 use kairos_gpu::exec::{SpaceBases, input_bytes, upload_weights};
 use kairos_gpu::{
     Allocation, DevicePtr, Gpu, GpuEvent, HostMapping, HostMappingId, HostMemory, LaunchId, LaunchRequest, MemKind, PartitionId,
-    SmMask, StreamId,
+    RunId, SmMask, StreamId,
 };
 use kairos_ir::Tensor;
 use kairos_ir::plan::Plan;
@@ -57,6 +57,7 @@ mod admission;
 mod events;
 mod fairness;
 mod issue;
+pub use issue::{RUN_RECORD_CREDIT_MAX_NS, RUN_RECORD_SHARE};
 pub mod recovery;
 
 use admission::{free_model, free_slot};
@@ -85,6 +86,12 @@ pub struct Config {
     /// records per SM per launch, an exact occupancy mirror) instead of one start record per
     /// launch, from which the dispatcher models where the CTAs went (see [`crate::occupancy`]).
     pub cta_records: bool,
+    /// A job handed whole to a stream goes out as a recorded run of its launches but the last
+    /// ([`Gpu::record_run`]: one CUDA graph per model and I/O slot, recorded the first time the
+    /// slot runs a whole job) followed by its last launch, which reports the end: one driver call
+    /// instead of one per kernel, and no per-launch host work. Off, or on a backend without
+    /// runs, or for a job whose I/O is bound to a host mapping: launch by launch.
+    pub record_runs: bool,
     /// A request asking for an early wake-up ([`RequestOptions::notify_before_done`]) gets
     /// [`Output::AlmostDone`] once its estimated remaining GPU time is at most this, or when only
     /// its last launch is left, whatever the policy.
@@ -136,6 +143,7 @@ impl Default for Config {
             lookahead_ns: LOOKAHEAD_NS_DEFAULT,
             lookahead_launches_max: LOOKAHEAD_LAUNCHES_DEFAULT,
             cta_records: false,
+            record_runs: true,
             wake_lead_ns: WAKE_LEAD_NS_DEFAULT,
             launch_ctas_max: None,
             stream_count: None,
@@ -255,6 +263,11 @@ pub struct DispatcherStats {
     pub launch_call_ns: u64,
     pub policy_ns: u64,
     pub events_ns: u64,
+    /// Whole jobs issued as a recorded run plus their last launch ([`Config::record_runs`]), runs
+    /// recorded, and the host time recording took.
+    pub runs_launched: u64,
+    pub runs_recorded: u64,
+    pub run_record_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,6 +283,9 @@ enum LState {
 struct IoSlot {
     allocations: Vec<Allocation>,
     bases: SpaceBases,
+    /// The model's launches but its last, recorded on this slot's buffers for whole-job issue
+    /// ([`Config::record_runs`]); recorded the first time a whole job runs on the slot.
+    run: Option<RunId>,
 }
 
 /// A host mapping the dispatcher made for zero-copy requests. Its owner knows it by the id the
@@ -310,6 +326,13 @@ struct Model {
 }
 
 impl Model {
+    /// CTAs of launch `i` from `first_block` when the policy leaves the count to the dispatcher:
+    /// one wave of its class, at most `launch_ctas_max`, at least one, at most its blocks left.
+    fn default_ctas(&self, i: usize, first_block: u32, launch_ctas_max: Option<u32>) -> u32 {
+        let blocks_left = self.plan.launches[i].shape.logical_blocks - first_block;
+        self.capacity_ctas[i].min(launch_ctas_max.unwrap_or(u32::MAX)).clamp(1, blocks_left.max(1))
+    }
+
     /// The launch's dependencies, each once.
     fn dep_list(&self, i: usize) -> impl Iterator<Item = u32> + '_ {
         let deps = &self.plan.launches[i].deps;
@@ -469,6 +492,14 @@ pub struct Dispatcher<G: Gpu> {
     watchdog_next_ns: u64,
     shutting_down: bool,
     shut_down: bool,
+    /// The GPU records runs (false once `record_run` said it cannot).
+    runs_supported: bool,
+    /// Scratch: the ids of a run's launches.
+    run_ids: Vec<LaunchId>,
+    /// What recording runs for slots made on demand may still take now, and when it was last
+    /// topped up (see `Dispatcher::record_whole_run`).
+    run_credit_ns: f64,
+    run_credit_at_ns: u64,
 }
 
 impl<G: Gpu> Dispatcher<G> {
@@ -550,6 +581,10 @@ impl<G: Gpu> Dispatcher<G> {
             watchdog_next_ns: 0,
             shutting_down: false,
             shut_down: false,
+            runs_supported: true,
+            run_ids: Vec::new(),
+            run_credit_ns: issue::RUN_RECORD_CREDIT_MAX_NS as f64,
+            run_credit_at_ns: 0,
             cfg,
             gpu,
         })

@@ -122,6 +122,7 @@ pub fn random_config(rng: &mut SmallRng, policy: PolicyConfig) -> Config {
         cta_records: rng.random_bool(0.3),
         wake_lead_ns: [0, 50_000][rng.random_range(0..2)],
         trace_max: 1 << 20,
+        record_runs: rng.random_bool(0.7),
         ..Config::default()
     }
 }
@@ -176,12 +177,14 @@ pub struct AuditLog {
 pub struct Audit<G: Gpu> {
     pub inner: G,
     pub log: AuditLog,
+    /// Recorded runs: per launch, its logical blocks, first block and resources.
+    runs: HashMap<RunId, Vec<(u32, u32, KernelResources)>>,
 }
 
 impl<G: Gpu> Audit<G> {
     pub fn new(inner: G) -> Audit<G> {
         let sms = inner.info().sm_count as usize;
-        Audit { inner, log: AuditLog { sm_use: vec![[0; 4]; sms], ..Default::default() } }
+        Audit { inner, log: AuditLog { sm_use: vec![[0; 4]; sms], ..Default::default() }, runs: HashMap::new() }
     }
 
     fn check_event(&mut self, e: &GpuEvent) {
@@ -347,6 +350,44 @@ impl<G: Gpu> Gpu for Audit<G> {
             },
         );
         Ok(id)
+    }
+    fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
+        let mut audited = Vec::with_capacity(launches.len());
+        for r in launches {
+            if r.preemptible || r.report_ctas || r.report_start || r.report_end || r.after.is_some() {
+                self.log.violations.push(format!("a run records a launch that is preemptible, gated or reports itself: {r:?}"));
+            }
+            let res = self.inner.kernel_resources(r.kernel, r.dtype, &r.shape)?;
+            audited.push((r.shape.logical_blocks, r.first_block, res));
+        }
+        // The audit sees every CTA (the simulator reports a run's CTAs when asked to).
+        let reporting: Vec<LaunchRequest<'_>> = launches.iter().map(|r| LaunchRequest { report_ctas: true, ..*r }).collect();
+        let run = self.inner.record_run(&reporting)?;
+        self.runs.insert(run, audited);
+        Ok(run)
+    }
+    fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
+        let start = ids.len();
+        let result = self.inner.launch_run(run, stream, ids);
+        let audited = &self.runs[&run];
+        for (&id, &(logical_blocks, first_block, res)) in ids[start..].iter().zip(audited) {
+            self.log.launches.insert(
+                id,
+                LaunchAudit {
+                    logical_blocks,
+                    first_block,
+                    res: Some(res),
+                    report_ctas: false,
+                    report_start: false,
+                    ..Default::default()
+                },
+            );
+        }
+        result
+    }
+    fn drop_run(&mut self, run: RunId) -> Result<()> {
+        self.runs.remove(&run);
+        self.inner.drop_run(run)
     }
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
         self.inner.preempt(launch)
