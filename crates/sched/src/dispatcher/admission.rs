@@ -223,7 +223,10 @@ impl<G: Gpu> Dispatcher<G> {
                         break;
                     }
                     // Not fatal: the slot is recorded (or goes launch by launch) later.
-                    Err(_) => break,
+                    Err(_) => {
+                        self.stats.run_record_failures += 1;
+                        break;
+                    }
                 }
             }
         }

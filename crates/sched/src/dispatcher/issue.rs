@@ -355,7 +355,12 @@ impl<G: Gpu> Dispatcher<G> {
                     self.runs_supported = false;
                     return Ok(None);
                 }
-                Err(e) => return Err(e.into()),
+                // A run that could not be recorded costs the job nothing: it goes launch by
+                // launch (the slot is tried again later, within the budget).
+                Err(_) => {
+                    self.stats.run_record_failures += 1;
+                    return Ok(None);
+                }
             },
         };
         let t0 = self.gpu.now_ns();

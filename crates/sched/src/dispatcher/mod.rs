@@ -268,6 +268,8 @@ pub struct DispatcherStats {
     pub runs_launched: u64,
     pub runs_recorded: u64,
     pub run_record_ns: u64,
+    /// Recordings the GPU refused (the job went launch by launch).
+    pub run_record_failures: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
