@@ -1,5 +1,6 @@
 //! `kairos bench latency`: isolated latency of each zoo model at the chosen batch sizes, kairos
-//! issuing every kernel itself through its dispatcher (no CUDA graphs), beside the PyTorch peer
+//! issuing every kernel itself through its dispatcher (whole-job policies replay each job's
+//! launches but the last as a CUDA graph recorded by kairos: `Config::record_runs`), beside the PyTorch peer
 //! (eager and CUDA-graph replay, `scripts/pytorch_peer.py`) when its JSON is given.
 //!
 //! On the GPU (`--backend cuda`) kairos runs as an application embeds it: one in-process
@@ -502,12 +503,18 @@ fn markdown(cx: &Context_, batch: usize, rows: &[Row], peers: Option<&Peers>) ->
         cx.device, cx.dtype, cx.policy, cx.seq_len, cx.date
     ));
     s.push_str(&format!(
-        "kairos: p50 and p99 of {} requests one at a time after {} warm-up, {}; {}; {}; every kernel issued by the dispatcher, no CUDA graphs.",
+        "kairos: p50 and p99 of {} requests one at a time after {} warm-up, {}; {}; {}; {}.",
         cx.requests,
         cx.warmup,
         cx.clock,
         io,
-        if cx.tuned { "tiles autotuned at load" } else { "the lowering's tiles" }
+        if cx.tuned { "tiles autotuned at load" } else { "the lowering's tiles" },
+        match policy(cx.policy) {
+            Ok(p) if !p.is_kernel_level() => {
+                "each job's kernels but the last replayed as a CUDA graph that kairos recorded (a recorded run), the last launched by the dispatcher"
+            }
+            _ => "every kernel issued by the dispatcher, no CUDA graphs",
+        }
     ));
     if let Some(p) = peers {
         s.push_str(&format!(
