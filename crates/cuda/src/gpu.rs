@@ -1851,23 +1851,21 @@ impl Gpu for CudaGpu {
     fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
         self.bind()?;
         let Some(r) = self.runs.get(&run.0) else { return Err(GpuError::Invalid(format!("unknown run {}", run.0))) };
-        let st = self
-            .streams
-            .get(stream.0 as usize)
-            .filter(|st| st.alive)
-            .ok_or_else(|| GpuError::Invalid(format!("stream {} is not a live stream", stream.0)))?;
-        let raw = st.by_partition[&0].raw();
+        let (exec, count) = (r.graph.raw_exec(), r.blocks.len() as u32);
+        // The stream's whole-device CUDA stream (ordered behind its work in other partitions, as
+        // for a launch).
+        let raw = self.stream_for(stream, 0)?.raw();
         let first = LaunchId(self.next_launch);
-        let count = r.blocks.len() as u32;
         let posted = match self.launchers.as_ref().filter(|_| !self.launch_inline) {
             Some(l) => {
                 // Through the stream's launcher, behind the launches posted there before it.
-                l.post(stream.0, Job::graph(r.graph.raw_exec(), raw, first, count));
+                l.post(stream.0, Job::graph(exec, raw, first, count));
                 Ok(())
             }
-            // SAFETY: the run's kernels' modules live as long as self, and the buffers it names
-            // stay allocated while it exists (record_run's contract).
-            None => unsafe { r.graph.launch(&self.streams[stream.0 as usize].by_partition[&0]) }.map_err(drv),
+            // SAFETY: `exec` belongs to a run in self.runs and `raw` to a live stream of self; the
+            // run's kernels' modules live as long as self, and the buffers it names stay allocated
+            // while it exists (record_run's contract).
+            None => unsafe { driver::graph_launch(exec, raw) }.map_err(drv),
         };
         if let Err(e) = posted {
             let mut ev = Vec::new();
