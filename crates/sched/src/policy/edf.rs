@@ -58,28 +58,7 @@ mod tests {
     #[test]
     fn a_long_job_that_waited_ranks_before_a_fresh_short_one() {
         let p = Edf { slowdown: 4.0, backfill: false };
-        let job = |arrival_ns, total_ns, deadline_at_ns| JobView {
-            key: crate::policy::JobKey { slot: 0, generation: 0 },
-            id: crate::RequestId(0),
-            seq: 0,
-            model: 0,
-            tenant: crate::TenantId(0),
-            class: Class::BestEffort,
-            priority: 0,
-            arrival_ns,
-            deadline_at_ns,
-            total_ns,
-            remaining_ns: total_ns,
-            launches: 1,
-            launches_unissued: 1,
-            in_flight: 0,
-            next_ready: None,
-            ready_count: 0,
-            stream: None,
-            last_issue_seq: 0,
-            running: None,
-            cancelled: false,
-        };
+        let job = |arrival_ns, total_ns, deadline_at_ns| JobView::for_test(arrival_ns, total_ns, total_ns, deadline_at_ns);
         // Arriving together, the short job (1 ms) goes first; the long one (5 ms) waited 19 ms
         // when a short one arrives: the long one's deadline (20 ms) is nearer than the short
         // one's (19 + 4 = 23 ms).

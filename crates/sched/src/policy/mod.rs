@@ -101,6 +101,34 @@ pub struct JobView {
 }
 
 impl JobView {
+    /// A best-effort job of one unissued launch for policy unit tests: arrived at `arrival_ns`,
+    /// `total_ns` in all with `remaining_ns` left, an optional absolute deadline.
+    #[cfg(test)]
+    pub(crate) fn for_test(arrival_ns: u64, total_ns: u64, remaining_ns: u64, deadline_at_ns: Option<u64>) -> JobView {
+        JobView {
+            key: JobKey { slot: 0, generation: 0 },
+            id: crate::RequestId(0),
+            seq: 0,
+            model: 0,
+            tenant: crate::TenantId(0),
+            class: crate::Class::BestEffort,
+            priority: 0,
+            arrival_ns,
+            deadline_at_ns,
+            total_ns,
+            remaining_ns,
+            launches: 1,
+            launches_unissued: 1,
+            in_flight: 0,
+            next_ready: None,
+            ready_count: 0,
+            stream: None,
+            last_issue_seq: 0,
+            running: None,
+            cancelled: false,
+        }
+    }
+
     /// Nothing of it was issued yet and it is still wanted.
     pub fn is_unstarted(&self) -> bool {
         !self.cancelled && self.stream.is_none() && self.launches_unissued == self.launches && self.in_flight == 0

@@ -106,28 +106,7 @@ mod tests {
     use super::*;
 
     fn job(arrival_ns: u64, total_ns: u64, remaining_ns: u64) -> JobView {
-        JobView {
-            key: crate::policy::JobKey { slot: 0, generation: 0 },
-            id: crate::RequestId(0),
-            seq: 0,
-            model: 0,
-            tenant: TenantId(0),
-            class: Class::BestEffort,
-            priority: 0,
-            arrival_ns,
-            deadline_at_ns: None,
-            total_ns,
-            remaining_ns,
-            launches: 1,
-            launches_unissued: 1,
-            in_flight: 0,
-            next_ready: None,
-            ready_count: 0,
-            stream: None,
-            last_issue_seq: 0,
-            running: None,
-            cancelled: false,
-        }
+        JobView::for_test(arrival_ns, total_ns, remaining_ns, None)
     }
 
     #[test]
