@@ -61,6 +61,9 @@ pub struct DispatcherCounters {
     pub runs_recorded: u64,
     #[serde(default)]
     pub run_record_ns: u64,
+    /// Kernel-level segments issued as recorded runs.
+    #[serde(default)]
+    pub segments_launched: u64,
 }
 
 impl DispatcherCounters {
@@ -204,6 +207,7 @@ impl<G: Gpu> Target for VirtualTarget<G> {
             runs_launched: s.runs_launched,
             runs_recorded: s.runs_recorded,
             run_record_ns: s.run_record_ns,
+            segments_launched: s.segments_launched,
         })
     }
 
@@ -387,6 +391,7 @@ where
             runs_launched: s.runs_launched,
             runs_recorded: s.runs_recorded,
             run_record_ns: s.run_record_ns,
+            segments_launched: s.segments_launched,
         })
     }
 }

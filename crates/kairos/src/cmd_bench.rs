@@ -327,10 +327,15 @@ pub struct RunArgs {
     /// Issue-ahead per job in µs of estimated GPU time (default: the dispatcher's, 50).
     #[arg(long, env = "KAIROS_LOOKAHEAD_US")]
     pub lookahead_us: Option<u64>,
-    /// Issue whole jobs launch by launch instead of as recorded runs (CUDA graphs of a model's
-    /// launches but the last, one per I/O slot): for measuring what runs save.
+    /// Issue jobs launch by launch instead of as recorded runs (CUDA graphs of a model's launches
+    /// but the last, one per I/O slot, for whole jobs; of each segment for kernel-level
+    /// policies): for measuring what runs save.
     #[arg(long, env = "KAIROS_NO_RUNS")]
     pub no_runs: bool,
+    /// Kernel-level policies send each job in recorded segments of at least this many µs of
+    /// estimated GPU time (0: launch by launch; default: the dispatcher's, 500).
+    #[arg(long, env = "KAIROS_RUN_SEGMENT_US")]
+    pub run_segment_us: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -753,6 +758,9 @@ fn run_presets(a: RunArgs) -> Result<()> {
                 c.lookahead_ns = l.saturating_mul(1000);
             }
             c.record_runs = !a.no_runs;
+            if let Some(us) = a.run_segment_us {
+                c.run_segment_ns = us.saturating_mul(1000);
+            }
             c
         },
         trace_dir: a.traces.then(|| trace_dir.clone()),

@@ -1,6 +1,7 @@
 //! `kairos bench latency`: isolated latency of each zoo model at the chosen batch sizes, kairos
 //! issuing every kernel itself through its dispatcher (whole-job policies replay each job's
-//! launches but the last as a CUDA graph recorded by kairos: `Config::record_runs`), beside the PyTorch peer
+//! launches but the last as a CUDA graph recorded by kairos: `Config::record_runs`; kernel-level
+//! ones each segment of a job so: `Config::run_segment_ns`), beside the PyTorch peer
 //! (eager and CUDA-graph replay, `scripts/pytorch_peer.py`) when its JSON is given.
 //!
 //! On the GPU (`--backend cuda`) kairos runs as an application embeds it: one in-process
@@ -502,6 +503,10 @@ fn markdown(cx: &Context_, batch: usize, rows: &[Row], peers: Option<&Peers>) ->
         "### Batch {batch}: kairos on {} ({}, policy {}, transformers at sequence {}; {})\n\n",
         cx.device, cx.dtype, cx.policy, cx.seq_len, cx.date
     ));
+    let segments = format!(
+        "each job sent in segments of at least {} us of estimated GPU time, each segment's kernels but its last replayed as a CUDA graph that kairos recorded, its last launched by the dispatcher (`Config::run_segment_ns`)",
+        kairos_sched::RUN_SEGMENT_NS_DEFAULT / 1000
+    );
     s.push_str(&format!(
         "kairos: p50 and p99 of {} requests one at a time after {} warm-up, {}; {}; {}; {}.",
         cx.requests,
@@ -513,6 +518,7 @@ fn markdown(cx: &Context_, batch: usize, rows: &[Row], peers: Option<&Peers>) ->
             Ok(p) if !p.is_kernel_level() => {
                 "each job's kernels but the last replayed as a CUDA graph that kairos recorded (a recorded run), the last launched by the dispatcher"
             }
+            Ok(p) if !p.build().preempts() => &segments,
             _ => "every kernel issued by the dispatcher, no CUDA graphs",
         }
     ));

@@ -98,6 +98,7 @@ struct Shared {
     runs_launched: AtomicU64,
     runs_recorded: AtomicU64,
     run_record_ns: AtomicU64,
+    segments_launched: AtomicU64,
     gpu_recoveries: AtomicU64,
     recovering: AtomicBool,
     /// Why the dispatcher thread stopped for good (its GPU could not be brought back).
@@ -138,6 +139,8 @@ pub struct EngineStats {
     pub runs_launched: u64,
     pub runs_recorded: u64,
     pub run_record_ns: u64,
+    /// Kernel-level segments issued as recorded runs (see [`crate::Config::run_segment_ns`]).
+    pub segments_launched: u64,
     /// Times the GPU was reset after a fault, and whether a reset is under way now.
     pub gpu_recoveries: u64,
     pub recovering: bool,
@@ -358,6 +361,7 @@ impl Engine {
             runs_launched: s.runs_launched.load(Ordering::Relaxed),
             runs_recorded: s.runs_recorded.load(Ordering::Relaxed),
             run_record_ns: s.run_record_ns.load(Ordering::Relaxed),
+            segments_launched: s.segments_launched.load(Ordering::Relaxed),
             gpu_recoveries: s.gpu_recoveries.load(Ordering::Relaxed),
             recovering: s.recovering.load(Ordering::Relaxed),
         }
@@ -672,6 +676,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.runs_launched.store(s.runs_launched, Ordering::Relaxed);
         shared.runs_recorded.store(s.runs_recorded, Ordering::Relaxed);
         shared.run_record_ns.store(s.run_record_ns, Ordering::Relaxed);
+        shared.segments_launched.store(s.segments_launched, Ordering::Relaxed);
         // A turn that found nothing to do only looked: its time is waiting, not work.
         if busy || !out.is_empty() {
             busy_ns += turn.elapsed().as_nanos() as u64;

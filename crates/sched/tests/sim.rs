@@ -357,6 +357,8 @@ fn issue_ahead_hides_the_round_trip_between_a_jobs_kernels() {
         gpu.register_plan(&plan, &profile).unwrap();
         let cfg = Config {
             lookahead_launches_max,
+            // Launch by launch: segments (below) replace issue-ahead's launches with runs.
+            run_segment_ns: 0,
             trace_max: 1 << 16,
             ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
         };
@@ -385,6 +387,113 @@ fn issue_ahead_hides_the_round_trip_between_a_jobs_kernels() {
     assert_eq!(none, 0);
     assert!(ahead * 100 <= whole * 105, "issue-ahead {ahead} ns vs whole-job {whole} ns");
     assert!(one_by_one > ahead + 40 * 2_000, "without issue-ahead {one_by_one} ns vs {ahead} ns");
+}
+
+/// Kernel-level segments: a job's launches go out as recorded runs of about `run_segment_ns` of
+/// estimated GPU time plus a reporting launch each, ordered by the policy segment by segment.
+/// Results are exact and the same as launch by launch, under every policy that uses them, with
+/// the dispatcher's books checked after every step; on the timing model a lone job runs within a
+/// few percent of whole-job issue with a tenth of the host's launch-call time, and the runs'
+/// silent kernels still teach the estimates (in sum) what the GPU takes.
+#[test]
+fn kernel_level_jobs_go_out_in_recorded_segments() {
+    for seed in seeds(3) {
+        with_seed("kernel_level_jobs_go_out_in_recorded_segments", seed, |seed| {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            // Two models of relu layers (the output is relu(x)), one long, one short.
+            let mut plans = Vec::new();
+            for (name, layers) in [("long", rng.random_range(20..=40)), ("short", rng.random_range(3..=6))] {
+                let blocks = rng.random_range(1..=300);
+                let k = SyntheticKernel { logical_blocks: blocks, threads_per_block: 128, shared_mem_bytes: 0 };
+                plans.push(Arc::new(synthetic::layered_plan(name, &vec![k; layers])));
+            }
+            let requests: Vec<(u64, usize, Vec<f32>)> = (0..30u64)
+                .map(|i| {
+                    let m = rng.random_range(0..2);
+                    let n = plans[m].inputs[0].shape[0];
+                    (i * rng.random_range(0..20_000), m, (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+                })
+                .collect();
+            for policy in ["paella", "sjf", "rr"] {
+                let run = |run_segment_ns: u64| {
+                    let gpu = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed, compute: true, ..SimOptions::default() });
+                    let cfg = Config {
+                        slots_per_model_max: 3,
+                        slots_per_model_prealloc: 2,
+                        run_segment_ns,
+                        ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
+                    };
+                    let mut driver = VirtualDriver::new(cfg, gpu).unwrap();
+                    driver.set_checks(true);
+                    for p in &plans {
+                        driver.load_model(ModelSpec { name: p.model.clone(), plan: p.clone(), profile: None }).unwrap();
+                    }
+                    for (t, m, x) in &requests {
+                        let n = x.len();
+                        driver.submit_at(*t, &plans[*m].model, vec![Tensor::f32(vec![n], x.clone())], RequestOptions::default());
+                    }
+                    driver.run_until_idle().unwrap();
+                    let mut records = driver.take_records();
+                    records.sort_by_key(|r| r.id);
+                    let stats = driver.dispatcher().stats();
+                    let outputs: Vec<Vec<f32>> = records.iter().map(|r| r.outputs[0].as_f32().unwrap().to_vec()).collect();
+                    (outputs, stats)
+                };
+                // Roofline estimates of about 3 us a launch (the launch overhead): segments of 3-4
+                // launches, several per long job, one per short one.
+                let (with, s_with) = run(10_000);
+                let (without, s_without) = run(0);
+                for (i, y) in with.iter().enumerate() {
+                    let want: Vec<f32> = requests[i].2.iter().map(|v| v.max(0.0)).collect();
+                    assert!(y == &want, "{policy}: request {i} sent in segments returned wrong values");
+                }
+                assert!(with == without, "{policy}: segments and launch by launch disagree");
+                assert!(s_with.segments_launched > 0, "{policy}: no segment went out");
+                assert_eq!(s_without.segments_launched, 0);
+                assert_eq!(s_with.launches, s_without.launches, "{policy}: a segment's launches count as launches");
+                assert_eq!(s_with.notification_anomalies, 0, "{policy}");
+            }
+        });
+    }
+    // Timing: 40 kernels of 20 us each, one job at a time.
+    let seed = seeds(1)[0];
+    let k = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
+    let plan = synthetic::layered_plan("m", &[k; 40]);
+    let profile = synthetic::profile_with_durations(&plan, &[20_000; 40], "sim", 132);
+    let measure = |policy: &str, run_segment_ns: u64| {
+        let mut gpu = timing_sim(seed);
+        gpu.register_plan(&plan, &profile).unwrap();
+        let cfg = Config { run_segment_ns, ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap()) };
+        let mut d = VirtualDriver::new(cfg, gpu).unwrap();
+        d.set_checks(true);
+        // The dispatcher starts from a profile that says 10 us per kernel: it must learn 20.
+        let wrong = synthetic::profile_with_durations(&plan, &[10_000; 40], "sim", 132);
+        d.load_model(ModelSpec { name: "m".into(), plan: Arc::new(plan.clone()), profile: Some(wrong) }).unwrap();
+        for i in 0..20 {
+            d.submit_at(i * 5_000_000, "m", vec![], RequestOptions { skip_io: true, ..Default::default() });
+        }
+        d.run_until_idle().unwrap();
+        let records = d.take_records();
+        assert!(records.iter().all(|r| r.result.is_ok()));
+        let mean = records.iter().map(|r| r.latency_ns()).sum::<u64>() / records.len() as u64;
+        let learned_ns: f64 = (0..40).map(|i| d.dispatcher().estimate_ns("m", i).unwrap()).sum();
+        let s = d.dispatcher().stats();
+        eprintln!(
+            "  {policy} segments {run_segment_ns} ns: mean latency {mean} ns, {} segments, launch calls {} us, estimates sum {learned_ns:.0} ns",
+            s.segments_launched,
+            s.launch_call_ns / 1000
+        );
+        (mean, s, learned_ns)
+    };
+    let (whole, _, _) = measure("fifo", 0);
+    let (segmented, s_seg, learned_ns) = measure("paella", 200_000);
+    let (_, s_one, _) = measure("paella", 0);
+    // 800 us of kernels in 200 us segments (by the estimates, first 10 us a kernel, so 20-launch
+    // segments; the runs learn 20 us, the segments stay as cut at load).
+    assert_eq!(s_seg.segments_launched, 20 * 2);
+    assert!(segmented * 100 <= whole * 105, "segments {segmented} ns vs whole-job {whole} ns");
+    assert!(s_seg.launch_call_ns * 5 < s_one.launch_call_ns, "{} vs {} ns", s_seg.launch_call_ns, s_one.launch_call_ns);
+    assert!((learned_ns - 800_000.0).abs() < 80_000.0, "the estimates add up to {learned_ns} ns, the GPU takes 800 us");
 }
 
 /// The occupancy gate holds for launches that go behind another on their lane: a one-CTA kernel

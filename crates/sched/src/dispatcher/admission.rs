@@ -202,7 +202,13 @@ impl<G: Gpu> Dispatcher<G> {
             waiting: VecDeque::new(),
             jobs: 0,
             unloading: false,
+            segments: Vec::new(),
+            segment_at: Vec::new(),
         };
+        if self.segments_on() {
+            (model.segments, model.segment_at) =
+                issue::segments_of(&model.estimates, model.plan.launches.len(), self.cfg.run_segment_ns);
+        }
         // Whole-job issue replays each slot's recorded run: record those of the slots made now,
         // while nothing is served (slots made on demand are recorded at their first job).
         if self.cfg.record_runs && self.runs_supported && !self.cfg.policy.is_kernel_level() && !self.policy.preempts() {
@@ -212,7 +218,16 @@ impl<G: Gpu> Dispatcher<G> {
                     break;
                 }
                 let t0 = self.gpu.now_ns();
-                match issue::record_slot_run(&mut self.gpu, &model, &model.slots_free[i], launch_ctas_max, whole, stream) {
+                let all_but_last = 0..model.plan.launches.len() as u32 - 1;
+                match issue::record_slot_run(
+                    &mut self.gpu,
+                    &model,
+                    &model.slots_free[i],
+                    all_but_last,
+                    launch_ctas_max,
+                    whole,
+                    stream,
+                ) {
                     Ok(run) => {
                         model.slots_free[i].run = Some(run);
                         self.stats.runs_recorded += 1;
@@ -226,6 +241,44 @@ impl<G: Gpu> Dispatcher<G> {
                     Err(_) => {
                         self.stats.run_record_failures += 1;
                         break;
+                    }
+                }
+            }
+        }
+        // Kernel-level segments likewise, every segment of every slot made now.
+        if self.segments_on() {
+            let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
+            'slots: for i in 0..model.slots_free.len() {
+                for g in 0..model.segments.len() {
+                    if !issue::segment_recordable(&model.segments[g]) {
+                        continue;
+                    }
+                    let t0 = self.gpu.now_ns();
+                    let range = issue::segment_run_range(&model.segments[g]);
+                    match issue::record_slot_run(
+                        &mut self.gpu,
+                        &model,
+                        &model.slots_free[i],
+                        range,
+                        launch_ctas_max,
+                        whole,
+                        stream,
+                    ) {
+                        Ok(run) => {
+                            let runs = &mut model.slots_free[i].segment_runs;
+                            runs.resize(model.segments.len(), None);
+                            runs[g] = Some(run);
+                            self.stats.runs_recorded += 1;
+                            self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
+                        }
+                        Err(kairos_gpu::GpuError::Unsupported(_)) => {
+                            self.runs_supported = false;
+                            break 'slots;
+                        }
+                        Err(_) => {
+                            self.stats.run_record_failures += 1;
+                            break 'slots;
+                        }
                     }
                 }
             }
@@ -673,7 +726,7 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
         Ok::<_, kairos_gpu::GpuError>(bases)
     })();
     match result {
-        Ok(bases) => Ok(IoSlot { allocations, bases, run: None }),
+        Ok(bases) => Ok(IoSlot { allocations, bases, run: None, segment_runs: Vec::new() }),
         Err(e) => {
             for a in allocations {
                 let _ = gpu.free(a);
@@ -684,7 +737,7 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
 }
 
 pub(super) fn free_slot<G: Gpu>(gpu: &mut G, slot: IoSlot) {
-    if let Some(r) = slot.run {
+    for r in slot.run.into_iter().chain(slot.segment_runs.into_iter().flatten()) {
         let _ = gpu.drop_run(r);
     }
     for a in slot.allocations {

@@ -87,6 +87,12 @@ impl<G: Gpu> Dispatcher<G> {
         }
         let key = f.job;
         let left_window = std::mem::take(&mut f.in_window).then_some(f.est_ns);
+        // A segment's run ended as its reporter started: from its start (its issue, or the end of
+        // what went before it on the stream) to now.
+        let run = f.run_from.map(|from| {
+            let began_ns = f.issued_ns.max(self.stream_last_done_ns[f.stream as usize]);
+            (from..f.launch, at_ns.saturating_sub(began_ns))
+        });
         // The launch it waited behind has ended on the GPU, and the ring delivers that end first.
         if f.behind.is_some() {
             self.stats.notification_anomalies += 1;
@@ -101,7 +107,35 @@ impl<G: Gpu> Dispatcher<G> {
                 job.ahead_launches -= 1;
                 job.ahead_ns = (job.ahead_ns - est).max(0.0);
             }
+            if let Some((launches, took_ns)) = run {
+                self.learn_run(key, launches, took_ns);
+            }
             self.refresh(key);
+        }
+    }
+
+    /// A segment's recorded run took `took_ns`: its launches (silent, no time of their own) learn
+    /// that time in proportion to their estimates, so remaining times stay calibrated in sum
+    /// although the run's kernels never report. Every job of the model with those launches not
+    /// done, this one included, moves with them.
+    fn learn_run(&mut self, key: JobKey, launches: std::ops::Range<u32>, took_ns: u64) {
+        let Some(model) = self.job(key).map(|j| j.model) else { return };
+        let m = self.models[model].as_mut().expect("model of a job exists");
+        let est_ns: f64 = launches.clone().map(|i| m.estimates.get(i)).sum();
+        if est_ns <= 0.0 || took_ns == 0 {
+            return;
+        }
+        let scale = took_ns as f64 / est_ns;
+        let mut moved = Vec::with_capacity(launches.len());
+        for i in launches {
+            let m = self.models[model].as_mut().expect("model of a job exists");
+            let observed_ns = (m.estimates.get(i) * scale).round() as u64;
+            moved.push((i, m.estimates.observe(i, observed_ns)));
+        }
+        for (i, moved_ns) in moved {
+            if moved_ns != 0.0 {
+                self.estimate_moved(model, i, moved_ns, None);
+            }
         }
     }
 
@@ -231,7 +265,7 @@ impl<G: Gpu> Dispatcher<G> {
         }
         let cancelled = job.cancelled;
         if moved_ns != 0.0 {
-            self.estimate_moved(model, f.launch, moved_ns, key);
+            self.estimate_moved(model, f.launch, moved_ns, Some(key));
         }
         if stopped_in_stream {
             self.fail(
@@ -287,10 +321,10 @@ impl<G: Gpu> Dispatcher<G> {
     /// A launch's estimate moved by `moved_ns`: every other admitted job of the model that has the
     /// launch still to do has that much more (or less) left, so remaining times stay the sum of
     /// the current estimates of the launches not done.
-    fn estimate_moved(&mut self, model: usize, launch: u32, moved_ns: f64, except: JobKey) {
+    fn estimate_moved(&mut self, model: usize, launch: u32, moved_ns: f64, except: Option<JobKey>) {
         for v in 0..self.views.len() {
             let view = &mut self.views[v];
-            if view.model as usize != model || view.key == except {
+            if view.model as usize != model || Some(view.key) == except {
                 continue;
             }
             let Some(job) = self.jobs[view.key.slot as usize].as_mut() else { continue };

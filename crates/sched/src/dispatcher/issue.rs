@@ -9,6 +9,7 @@
 //! and the next kernel of a job is on the GPU before the one before it ends.
 
 use super::*;
+use std::ops::Range;
 
 impl<G: Gpu> Dispatcher<G> {
     /// Asks the policy for decisions and applies them until it has none (or the round's limit).
@@ -77,8 +78,21 @@ impl<G: Gpu> Dispatcher<G> {
                 None => return false,
             }
         };
-        match self.issue(key, launch, stream, first_block, ctas, sm_mask, after, after) {
-            Ok(id) => {
+        // A whole segment where one starts here (see `issue_segment`), else this launch alone.
+        let segment = self.segment_to_issue(key, launch, ctas, sm_mask);
+        let issued = match segment.map(|g| self.issue_segment(key, g, stream, after)) {
+            Some(Ok(Some(id))) => {
+                let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+                let m = self.models[job.model].as_ref().expect("model of a job exists");
+                Ok((id, m.segments[segment.unwrap() as usize].clone()))
+            }
+            Some(Err(e)) => Err(e),
+            Some(Ok(None)) | None => {
+                self.issue(key, launch, stream, first_block, ctas, sm_mask, after, after).map(|id| (id, launch..launch + 1))
+            }
+        };
+        match issued {
+            Ok((id, launches)) => {
                 if let Some(t) = after {
                     self.in_flight.get_mut(&t).expect("the lane's tail is in flight").ahead = Some(id);
                 }
@@ -88,13 +102,15 @@ impl<G: Gpu> Dispatcher<G> {
                 if after.is_some() {
                     job.chained += 1;
                 }
-                job.issuable.remove(&launch);
                 let m = self.models[job.model].as_ref().expect("model of a job exists");
-                for &d in &m.dependents[launch as usize] {
-                    let open = &mut job.deps_open[d as usize];
-                    *open -= 1;
-                    if *open == 0 && matches!(job.states[d as usize], LState::Pending { .. }) {
-                        job.issuable.insert(d);
+                for l in launches {
+                    job.issuable.remove(&l);
+                    for &d in &m.dependents[l as usize] {
+                        let open = &mut job.deps_open[d as usize];
+                        *open -= 1;
+                        if *open == 0 && matches!(job.states[d as usize], LState::Pending { .. }) {
+                            job.issuable.insert(d);
+                        }
                     }
                 }
             }
@@ -320,6 +336,7 @@ impl<G: Gpu> Dispatcher<G> {
                 mask,
                 est_ns: cost,
                 in_window: report_start,
+                run_from: None,
                 trace,
             },
         );
@@ -348,33 +365,66 @@ impl<G: Gpu> Dispatcher<G> {
         }
         let run = match job.slot.as_ref().and_then(|s| s.run) {
             Some(r) => r,
-            None => match self.record_whole_run(key) {
-                Ok(Some(r)) => r,
-                Ok(None) => return Ok(None),
-                Err(kairos_gpu::GpuError::Unsupported(_)) => {
-                    self.runs_supported = false;
-                    return Ok(None);
+            None => {
+                let recorded = self.record_whole_run(key);
+                match self.run_or_fallback(recorded) {
+                    Some(r) => r,
+                    None => return Ok(None),
                 }
-                // A run that could not be recorded costs the job nothing: it goes launch by
-                // launch (the slot is tried again later, within the budget).
-                Err(_) => {
-                    self.stats.run_record_failures += 1;
-                    return Ok(None);
-                }
-            },
+            }
         };
+        let (last, result) = self.replay_run(key, run, stream, 0, true);
+        result?;
+        self.stats.runs_launched += 1;
+        Ok(last)
+    }
+
+    /// What recording a run on demand gave: the run, or None when the job goes launch by launch
+    /// (the budget is spent; the backend has no runs, which turns them off; or the GPU refused to
+    /// record it, counted in `run_record_failures`: that costs the job nothing, and the slot is
+    /// tried again later within the budget).
+    fn run_or_fallback(&mut self, recorded: Result<Option<RunId>, kairos_gpu::GpuError>) -> Option<RunId> {
+        match recorded {
+            Ok(r) => r,
+            Err(kairos_gpu::GpuError::Unsupported(_)) => {
+                self.runs_supported = false;
+                None
+            }
+            Err(_) => {
+                self.stats.run_record_failures += 1;
+                None
+            }
+        }
+    }
+
+    /// Replays `run`, which holds the job's launches from `first` on, on `stream`, and notes every
+    /// launch it queued as issued (silent, on the whole GPU; with their default CTAs in the
+    /// occupancy books when `in_books`, else none). The launches that were queued count as issued
+    /// whatever happened after them: their ends come as for any silent launch. Returns the id of
+    /// the last one queued and the launch call's result.
+    fn replay_run(
+        &mut self,
+        key: JobKey,
+        run: RunId,
+        stream: u32,
+        first: u32,
+        in_books: bool,
+    ) -> (Option<LaunchId>, Result<(), kairos_gpu::GpuError>) {
         let t0 = self.gpu.now_ns();
         let mut ids = std::mem::take(&mut self.run_ids);
         ids.clear();
         let result = self.gpu.launch_run(run, self.stream_ids[stream as usize], &mut ids);
         let call_ns = self.gpu.now_ns().saturating_sub(t0);
         self.stats.launch_call_ns += call_ns;
-        // The launches that were queued count as issued whatever happened after them: their
-        // ends come as for any silent launch.
-        for (i, &id) in ids.iter().enumerate() {
-            let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
-            let m = self.models[job.model].as_ref().expect("model of a job exists");
-            let ctas = m.default_ctas(i, 0, self.cfg.launch_ctas_max);
+        for (k, &id) in ids.iter().enumerate() {
+            let launch = first + k as u32;
+            let ctas = if in_books {
+                let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+                let m = self.models[job.model].as_ref().expect("model of a job exists");
+                m.default_ctas(launch as usize, 0, self.cfg.launch_ctas_max)
+            } else {
+                0
+            };
             let issued = Issued {
                 stream,
                 first_block: 0,
@@ -385,25 +435,36 @@ impl<G: Gpu> Dispatcher<G> {
                 report_start: false,
                 learns: false,
                 at_ns: t0,
-                call_ns: if i == 0 { call_ns } else { 0 },
+                call_ns: if k == 0 { call_ns } else { 0 },
             };
-            self.note_issued(key, i as u32, id, issued);
+            self.note_issued(key, launch, id, issued);
         }
         let last = ids.last().copied();
         self.run_ids = ids;
-        result?;
-        self.stats.runs_launched += 1;
-        Ok(last)
+        (last, result)
     }
 
     /// Records the job's model's launches but the last on the job's I/O slot, and keeps the run
-    /// with the slot. Recording stalls the dispatcher's thread (on CUDA a capture and a graph
-    /// instantiation, milliseconds), so slots made on demand are recorded within a budget: at most
-    /// [`RUN_RECORD_SHARE`] of the time since the last recording, [`RUN_RECORD_CREDIT_MAX_NS`] at
-    /// once; a job whose slot finds the budget spent goes launch by launch (`Ok(None)`). Without the
-    /// budget a burst that made dozens of new slots stalled an H100 serving at its capacity into
-    /// collapse (every stall queued more jobs, which took more new slots to record).
+    /// with the slot (`Ok(None)`: the budget is spent, see [`Dispatcher::record_on_demand`]).
     fn record_whole_run(&mut self, key: JobKey) -> Result<Option<RunId>, kairos_gpu::GpuError> {
+        let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+        let n = self.models[job.model].as_ref().expect("model of a job exists").plan.launches.len() as u32;
+        let run = self.record_on_demand(key, 0..n - 1)?;
+        if let Some(r) = run {
+            let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
+            job.slot.as_mut().expect("admitted job has a slot").run = Some(r);
+        }
+        Ok(run)
+    }
+
+    /// Records the job's model's `launches` on the job's I/O slot. Recording stalls the
+    /// dispatcher's thread (on CUDA a capture and a graph instantiation, milliseconds), so slots
+    /// made on demand are recorded within a budget: at most [`RUN_RECORD_SHARE`] of the time since
+    /// the last recording, [`RUN_RECORD_CREDIT_MAX_NS`] at once; a job whose slot finds the budget
+    /// spent goes launch by launch (`Ok(None)`). Without the budget a burst that made dozens of new
+    /// slots stalled an H100 serving at its capacity into collapse (every stall queued more jobs,
+    /// which took more new slots to record).
+    fn record_on_demand(&mut self, key: JobKey, launches: Range<u32>) -> Result<Option<RunId>, kairos_gpu::GpuError> {
         let now = self.gpu.now_ns();
         let earned = now.saturating_sub(self.run_credit_at_ns) as f64 * RUN_RECORD_SHARE;
         self.run_credit_ns = (self.run_credit_ns + earned).min(RUN_RECORD_CREDIT_MAX_NS as f64);
@@ -415,14 +476,94 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
-        let run = record_slot_run(&mut self.gpu, m, slot, launch_ctas_max, whole, stream)?;
-        let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
-        job.slot.as_mut().expect("admitted job has a slot").run = Some(run);
+        let run = record_slot_run(&mut self.gpu, m, slot, launches, launch_ctas_max, whole, stream);
         let took_ns = self.gpu.now_ns().saturating_sub(now);
         self.run_credit_ns -= took_ns as f64;
-        self.stats.runs_recorded += 1;
         self.stats.run_record_ns += took_ns;
+        let run = run?;
+        self.stats.runs_recorded += 1;
         Ok(Some(run))
+    }
+
+    /// Kernel-level jobs go out in recorded segments ([`Config::run_segment_ns`]).
+    pub(super) fn segments_on(&self) -> bool {
+        self.cfg.run_segment_ns > 0
+            && self.cfg.record_runs
+            && self.runs_supported
+            && self.cfg.policy.is_kernel_level()
+            && !self.policy.preempts()
+    }
+
+    /// The segment that launch `launch` of the job starts, if it may go out as one now: segments
+    /// are on, the decision left CTAs and mask to the dispatcher, the launch starts a segment of
+    /// at least [`SEGMENT_LAUNCHES_MIN`] launches that are all pending from their first block,
+    /// every launch before it is issued (so each of the segment's launches finds its dependencies
+    /// issued before it on the lane), its I/O is the slot's own, and the launches fit in flight.
+    fn segment_to_issue(&self, key: JobKey, launch: u32, ctas: Option<u32>, sm_mask: Option<SmMask>) -> Option<u32> {
+        if ctas.is_some() || sm_mask.is_some() || !self.segments_on() {
+            return None;
+        }
+        let job = self.job(key)?;
+        let m = self.models[job.model].as_ref()?;
+        let g = *m.segment_at.get(launch as usize)?;
+        if g == NO_SEGMENT || job.bound_bases.is_some() {
+            return None;
+        }
+        let range = &m.segments[g as usize];
+        let n = job.states.len() as u32;
+        let prefix_issued = job.unissued == n - range.start;
+        let pending = || range.clone().all(|i| job.states[i as usize] == LState::Pending { first_block: 0 });
+        let fits = self.in_flight.len() + range.len() <= self.cfg.launches_in_flight_max as usize;
+        (segment_recordable(range) && prefix_issued && fits && pending()).then_some(g)
+    }
+
+    /// Issues segment `g` of the job on `stream`: its launches but the last as the slot's
+    /// recorded run of them (recording it within the budget the first time), then its last launch,
+    /// which reports its start and end and stands for the whole segment on the lane: it goes
+    /// `behind` the lane's tail, and the job's issue-ahead window counts the segment's whole
+    /// estimate until it starts (the run before it has ended by then). The run's launches are
+    /// silent, outside the window and the occupancy mirror (the reporter's CTAs wait as pending
+    /// while the run executes, which keeps the gate closed about as long as the segment holds the
+    /// SMs); their ends come with the reporter's. `Ok(None)`: the run is not at hand (budget
+    /// spent, or the GPU refused to record it): nothing was issued, the launch goes by itself.
+    fn issue_segment(&mut self, key: JobKey, g: u32, stream: u32, behind: Option<LaunchId>) -> Result<Option<LaunchId>, Error> {
+        let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+        let m = self.models[job.model].as_ref().expect("model of a job exists");
+        let range = m.segments[g as usize].clone();
+        let segment_count = m.segments.len();
+        let segment_ns: f64 = range.clone().map(|i| m.estimates.get(i)).sum();
+        let recorded = job.slot.as_ref().and_then(|s| s.segment_runs.get(g as usize).copied().flatten());
+        let run = match recorded {
+            Some(r) => r,
+            None => {
+                let recorded = self.record_on_demand(key, segment_run_range(&range));
+                let Some(r) = self.run_or_fallback(recorded) else { return Ok(None) };
+                let slot = self.job_mut(key).and_then(|j| j.slot.as_mut()).expect("admitted job has a slot");
+                slot.segment_runs.resize(segment_count, None);
+                slot.segment_runs[g as usize] = Some(r);
+                r
+            }
+        };
+        // Outside the occupancy books: the reporter stands for the segment there.
+        let (run_last, result) = self.replay_run(key, run, stream, range.start, false);
+        if let Some(t) = run_last {
+            // The lane holds what went out, whatever happens next.
+            let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
+            job.lane = Some(stream);
+            job.lane_tail = Some(t);
+        }
+        result?;
+        let reporter = range.end - 1;
+        let id = self.issue(key, reporter, stream, 0, None, None, behind, run_last)?;
+        // The window holds the whole segment until the reporter starts.
+        let f = self.in_flight.get_mut(&id).expect("just issued");
+        let own_ns = f.est_ns;
+        f.est_ns = segment_ns;
+        f.run_from = Some(range.start);
+        let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
+        job.ahead_ns += segment_ns - own_ns;
+        self.stats.segments_launched += 1;
+        Ok(Some(id))
     }
 
     pub(super) fn stream_is_idle(&self, s: usize) -> bool {
@@ -499,17 +640,58 @@ impl<G: Gpu> Dispatcher<G> {
 pub const RUN_RECORD_SHARE: f64 = 0.05;
 pub const RUN_RECORD_CREDIT_MAX_NS: u64 = 20_000_000;
 
-/// Records a model's launches but the last on an I/O slot's buffers, as whole-job issue sends
-/// them (`Gpu::record_run`).
+/// Fewest launches in a segment that goes out as a run: two in the run, plus its reporter.
+pub const SEGMENT_LAUNCHES_MIN: usize = 3;
+
+/// A segment goes out as a run plus its last launch (shorter ones go launch by launch).
+pub(super) fn segment_recordable(segment: &Range<u32>) -> bool {
+    segment.len() >= SEGMENT_LAUNCHES_MIN
+}
+
+/// The launches of a segment that its recorded run holds: all but its last.
+pub(super) fn segment_run_range(segment: &Range<u32>) -> Range<u32> {
+    segment.start..segment.end.saturating_sub(1).max(segment.start)
+}
+
+/// A model's kernel-level segments: its launches cut, in order, into consecutive ranges of at
+/// least `segment_ns` of estimated GPU time (the last one takes what is left, merged into the one
+/// before it if shorter than half of that), and for each launch the segment it starts.
+pub(super) fn segments_of(estimates: &Estimates, launches: usize, segment_ns: u64) -> (Vec<Range<u32>>, Vec<u32>) {
+    let mut segments: Vec<Range<u32>> = Vec::new();
+    let (mut start, mut sum_ns) = (0u32, 0.0);
+    for i in 0..launches as u32 {
+        sum_ns += estimates.get(i);
+        if sum_ns >= segment_ns as f64 {
+            segments.push(start..i + 1);
+            (start, sum_ns) = (i + 1, 0.0);
+        }
+    }
+    if (start as usize) < launches {
+        match segments.last_mut() {
+            Some(last) if sum_ns < segment_ns as f64 / 2.0 => last.end = launches as u32,
+            _ => segments.push(start..launches as u32),
+        }
+    }
+    let mut segment_at = vec![NO_SEGMENT; launches];
+    for (g, r) in segments.iter().enumerate() {
+        segment_at[r.start as usize] = g as u32;
+    }
+    (segments, segment_at)
+}
+
+/// Records launches `launches` of a model on an I/O slot's buffers as kernel-level segments and
+/// whole-job issue send them (`Gpu::record_run`: default CTAs, the whole GPU, silent).
 pub(super) fn record_slot_run<G: Gpu>(
     gpu: &mut G,
     m: &Model,
     slot: &IoSlot,
+    launches: Range<u32>,
     launch_ctas_max: Option<u32>,
     whole: SmMask,
     stream: StreamId,
 ) -> Result<RunId, kairos_gpu::GpuError> {
-    let launches = &m.plan.launches[..m.plan.launches.len().saturating_sub(1)];
+    let first = launches.start as usize;
+    let launches = &m.plan.launches[launches.start as usize..launches.end as usize];
     let mut args: Vec<Vec<DevicePtr>> = Vec::with_capacity(launches.len());
     for l in launches {
         let mut a = Vec::with_capacity(l.args.len());
@@ -520,13 +702,13 @@ pub(super) fn record_slot_run<G: Gpu>(
         .iter()
         .zip(&args)
         .enumerate()
-        .map(|(i, (l, a))| LaunchRequest {
+        .map(|(k, (l, a))| LaunchRequest {
             kernel: &l.kernel,
             dtype: l.dtype,
             shape: l.shape,
             args: a,
             first_block: 0,
-            ctas: m.default_ctas(i, 0, launch_ctas_max),
+            ctas: m.default_ctas(first + k, 0, launch_ctas_max),
             sm_mask: whole,
             partition: PartitionId::WHOLE,
             stream,

@@ -92,6 +92,14 @@ pub struct Config {
     /// instead of one per kernel, and no per-launch host work. Off, or on a backend without
     /// runs, or for a job whose I/O is bound to a host mapping: launch by launch.
     pub record_runs: bool,
+    /// Kernel-level jobs go out in *segments*: runs of consecutive launches of at least this much
+    /// estimated GPU time, each recorded once per I/O slot ([`Gpu::record_run`]) and replayed as
+    /// one unit followed by the segment's last launch, which reports its start and end. The policy
+    /// still picks, segment by segment, whose work goes out next (SRPT, fairness, the occupancy
+    /// gate), and a job's next segment waits on its lane behind the running one (issue-ahead
+    /// counts a segment's whole estimate). 0, `record_runs` off, a policy that preempts, or a
+    /// decision that sets CTAs or an SM mask: launch by launch. See `issue.rs`.
+    pub run_segment_ns: u64,
     /// A request asking for an early wake-up ([`RequestOptions::notify_before_done`]) gets
     /// [`Output::AlmostDone`] once its estimated remaining GPU time is at most this, or when only
     /// its last launch is left, whatever the policy.
@@ -144,6 +152,7 @@ impl Default for Config {
             lookahead_launches_max: LOOKAHEAD_LAUNCHES_DEFAULT,
             cta_records: false,
             record_runs: true,
+            run_segment_ns: RUN_SEGMENT_NS_DEFAULT,
             wake_lead_ns: WAKE_LEAD_NS_DEFAULT,
             launch_ctas_max: None,
             stream_count: None,
@@ -189,6 +198,12 @@ impl Config {
         }
         if self.lookahead_ns > LOOKAHEAD_NS_MAX {
             return Err(Error::InvalidInput(format!("lookahead_ns = {} must be at most {LOOKAHEAD_NS_MAX}", self.lookahead_ns)));
+        }
+        if self.run_segment_ns > RUN_SEGMENT_NS_MAX {
+            return Err(Error::InvalidInput(format!(
+                "run_segment_ns = {} must be at most {RUN_SEGMENT_NS_MAX}",
+                self.run_segment_ns
+            )));
         }
         if let Some(s) = self.stream_count {
             check("stream_count", s as u64, STREAMS_MAX as u64)?;
@@ -270,6 +285,9 @@ pub struct DispatcherStats {
     pub run_record_ns: u64,
     /// Recordings the GPU refused (the job went launch by launch).
     pub run_record_failures: u64,
+    /// Kernel-level segments issued as a recorded run plus their last launch
+    /// ([`Config::run_segment_ns`]).
+    pub segments_launched: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,6 +306,8 @@ struct IoSlot {
     /// The model's launches but its last, recorded on this slot's buffers for whole-job issue
     /// ([`Config::record_runs`]); recorded the first time a whole job runs on the slot.
     run: Option<RunId>,
+    /// The model's segments recorded on this slot (index: the segment; empty until one is).
+    segment_runs: Vec<Option<RunId>>,
 }
 
 /// A host mapping the dispatcher made for zero-copy requests. Its owner knows it by the id the
@@ -325,7 +345,14 @@ struct Model {
     /// Jobs of this model in the dispatcher (waiting or admitted).
     jobs: usize,
     unloading: bool,
+    /// Kernel-level segments ([`Config::run_segment_ns`]): consecutive launch ranges, and for
+    /// each launch the segment it starts (`NO_SEGMENT` if none). Empty when segments are off.
+    segments: Vec<std::ops::Range<u32>>,
+    segment_at: Vec<u32>,
 }
+
+/// `Model::segment_at` of a launch that starts no segment.
+const NO_SEGMENT: u32 = u32::MAX;
 
 impl Model {
     /// CTAs of launch `i` from `first_block` when the policy leaves the count to the dispatcher:
@@ -430,9 +457,13 @@ struct InFlight {
     learns: bool,
     modelled: Vec<(u32, u32)>,
     mask: SmMask,
-    /// Its estimate when issued, counted in the job's issue-ahead window until it starts.
+    /// Its estimate when issued, counted in the job's issue-ahead window until it starts (a
+    /// segment's reporter: the whole segment's).
     est_ns: f64,
     in_window: bool,
+    /// A segment's reporter: the first launch of the recorded run it waits behind (the run holds
+    /// launches `run_from..launch`, whose estimates learn from the time the run took).
+    run_from: Option<u32>,
     /// Its issue record, when traced.
     trace: Option<usize>,
 }
