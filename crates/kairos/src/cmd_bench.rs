@@ -336,6 +336,11 @@ pub struct RunArgs {
     /// estimated GPU time (0: launch by launch; default: the dispatcher's, 500).
     #[arg(long, env = "KAIROS_RUN_SEGMENT_US")]
     pub run_segment_us: Option<u64>,
+    /// Streams in the dispatcher's pool (default: the device's hardware queues, at least 32). A
+    /// kernel-level job holds one while it has launches in flight, so this caps how many jobs run
+    /// at once.
+    #[arg(long, env = "KAIROS_STREAM_COUNT")]
+    pub stream_count: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -760,6 +765,9 @@ fn run_presets(a: RunArgs) -> Result<()> {
             c.record_runs = !a.no_runs;
             if let Some(us) = a.run_segment_us {
                 c.run_segment_ns = us.saturating_mul(1000);
+            }
+            if a.stream_count.is_some() {
+                c.stream_count = a.stream_count;
             }
             c
         },
