@@ -341,6 +341,11 @@ pub struct RunArgs {
     /// at once.
     #[arg(long, env = "KAIROS_STREAM_COUNT")]
     pub stream_count: Option<u32>,
+    /// At most this many requests of one model in the dispatcher at once, each with its own I/O
+    /// slot (default: the dispatcher's, 16, all made and their runs recorded at load); more wait
+    /// for a slot in arrival order.
+    #[arg(long, env = "KAIROS_SLOTS_PER_MODEL")]
+    pub slots_per_model: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -768,6 +773,9 @@ fn run_presets(a: RunArgs) -> Result<()> {
             }
             if a.stream_count.is_some() {
                 c.stream_count = a.stream_count;
+            }
+            if let Some(n) = a.slots_per_model {
+                c.slots_per_model_max = n;
             }
             c
         },

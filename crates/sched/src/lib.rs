@@ -50,6 +50,13 @@ pub const JOBS_MAX: usize = 65_536;
 pub const SLOTS_PER_MODEL_MAX: usize = 4096;
 /// Default `Config::slots_per_model_prealloc`: I/O slots allocated with the model.
 pub const SLOTS_PER_MODEL_PREALLOC_DEFAULT: usize = 16;
+/// Default `Config::slots_per_model_max`: as many as are made (and their runs recorded) at load. A
+/// slot made on demand costs allocations and recordings on the dispatcher's thread, and its jobs
+/// go launch by launch until the recording budget allows; with 64 on an H100 (8 vision models at
+/// 3244 requests/s, call 25 in docs/benchmarks.md) `paella+bound=2` collapsed to 1820 served/s (p99
+/// 942 ms) and `streams:8` to 2771 (246 ms); with 16 they served 3141 and 3197 (p99 85 and 82 ms).
+/// Requests beyond it wait for a slot in arrival order.
+pub const SLOTS_PER_MODEL_MAX_DEFAULT: usize = 16;
 pub const MODELS_MAX: usize = 1024;
 pub const TENANTS_MAX: usize = 65_536;
 pub const STREAMS_MAX: usize = 128;

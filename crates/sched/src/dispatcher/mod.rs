@@ -114,7 +114,8 @@ pub struct Config {
     pub stream_count: Option<u32>,
     /// Requests held by the dispatcher (waiting for a slot or admitted).
     pub jobs_max: usize,
-    /// I/O slots (in-flight requests) per model.
+    /// I/O slots (admitted requests) per model; more requests of the model wait for one, in
+    /// arrival order (see [`SLOTS_PER_MODEL_MAX_DEFAULT`]).
     pub slots_per_model_max: usize,
     /// I/O slots allocated when a model is loaded (at most `slots_per_model_max`; fewer if memory
     /// runs out). Slots beyond them are allocated when a burst needs them, on the dispatcher's
@@ -157,7 +158,7 @@ impl Default for Config {
             launch_ctas_max: None,
             stream_count: None,
             jobs_max: 4096,
-            slots_per_model_max: 64,
+            slots_per_model_max: SLOTS_PER_MODEL_MAX_DEFAULT,
             slots_per_model_prealloc: SLOTS_PER_MODEL_PREALLOC_DEFAULT,
             models_max: 64,
             tenants_max: 1024,
