@@ -134,8 +134,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let json = args.out.join("demo.json");
     std::fs::write(&json, serde_json::to_string_pretty(&points)?)?;
     println!(
-        "\nThis is the simulator: against an H100 (2026-11-25) it agreed on a model alone and on throughput, but its\n\
-         p50 and p99 under load were 20-60% low (docs/benchmarks.md, \"The simulator\"). Speed claims need the GPU:\n\
+        "\nThis is the simulator: against an H100 (2026-11-27) it agreed on throughput, but its p50 and p99 under\n\
+         load were 16-95% low (docs/benchmarks.md, \"The simulator\"). Speed claims need the GPU:\n\
          scripts/dispatch-bench.sh measures kairos and a CUDA-graph PyTorch server on the same traces."
     );
     println!("\nwrote {} and {} ({:.1} s in all)", png.display(), json.display(), t0.elapsed().as_secs_f64());
