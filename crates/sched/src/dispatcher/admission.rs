@@ -211,75 +211,26 @@ impl<G: Gpu> Dispatcher<G> {
         }
         // Whole-job issue replays each slot's recorded run: record those of the slots made now,
         // while nothing is served (slots made on demand are recorded at their first job).
-        if self.cfg.record_runs && self.runs_supported && !self.cfg.policy.is_kernel_level() && !self.policy.preempts() {
-            let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
+        let n = model.plan.launches.len() as u32;
+        if self.cfg.record_runs && self.runs_supported && !self.cfg.policy.is_kernel_level() && !self.policy.preempts() && n >= 3
+        {
             for i in 0..model.slots_free.len() {
-                if model.plan.launches.len() < 3 {
-                    break;
-                }
-                let t0 = self.gpu.now_ns();
-                let all_but_last = 0..model.plan.launches.len() as u32 - 1;
-                match issue::record_slot_run(
-                    &mut self.gpu,
-                    &model,
-                    &model.slots_free[i],
-                    all_but_last,
-                    launch_ctas_max,
-                    whole,
-                    stream,
-                ) {
-                    Ok(run) => {
-                        model.slots_free[i].run = Some(run);
-                        self.stats.runs_recorded += 1;
-                        self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
-                    }
-                    Err(kairos_gpu::GpuError::Unsupported(_)) => {
-                        self.runs_supported = false;
-                        break;
-                    }
-                    // Not fatal: the slot is recorded (or goes launch by launch) later.
-                    Err(_) => {
-                        self.stats.run_record_failures += 1;
-                        break;
-                    }
-                }
+                let Some(run) = self.record_at_load(&model, i, 0..n - 1) else { break };
+                model.slots_free[i].run = Some(run);
             }
         }
         // Kernel-level segments likewise, every segment of every slot made now.
         if self.segments_on() {
-            let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
             'slots: for i in 0..model.slots_free.len() {
                 for g in 0..model.segments.len() {
                     if !issue::segment_recordable(&model.segments[g]) {
                         continue;
                     }
-                    let t0 = self.gpu.now_ns();
                     let range = issue::segment_run_range(&model.segments[g]);
-                    match issue::record_slot_run(
-                        &mut self.gpu,
-                        &model,
-                        &model.slots_free[i],
-                        range,
-                        launch_ctas_max,
-                        whole,
-                        stream,
-                    ) {
-                        Ok(run) => {
-                            let runs = &mut model.slots_free[i].segment_runs;
-                            runs.resize(model.segments.len(), None);
-                            runs[g] = Some(run);
-                            self.stats.runs_recorded += 1;
-                            self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
-                        }
-                        Err(kairos_gpu::GpuError::Unsupported(_)) => {
-                            self.runs_supported = false;
-                            break 'slots;
-                        }
-                        Err(_) => {
-                            self.stats.run_record_failures += 1;
-                            break 'slots;
-                        }
-                    }
+                    let Some(run) = self.record_at_load(&model, i, range) else { break 'slots };
+                    let runs = &mut model.slots_free[i].segment_runs;
+                    runs.resize(model.segments.len(), None);
+                    runs[g] = Some(run);
                 }
             }
         }
@@ -704,6 +655,22 @@ impl<G: Gpu> Dispatcher<G> {
         self.admit_waiting(model, out);
         self.maybe_free_model(model, out);
         self.maybe_finish_shutdown(out);
+    }
+}
+
+impl<G: Gpu> Dispatcher<G> {
+    /// Records `launches` of a model being loaded on its slot `slot` (see
+    /// [`issue::record_slot_run`]); None when the GPU has no runs or refused (not fatal: the slot is
+    /// recorded, or goes launch by launch, later).
+    fn record_at_load(&mut self, model: &Model, slot: usize, launches: std::ops::Range<u32>) -> Option<RunId> {
+        let t0 = self.gpu.now_ns();
+        let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
+        let recorded =
+            issue::record_slot_run(&mut self.gpu, model, &model.slots_free[slot], launches, launch_ctas_max, whole, stream);
+        let run = self.run_or_fallback(recorded.map(Some))?;
+        self.stats.runs_recorded += 1;
+        self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
+        Some(run)
     }
 }
 

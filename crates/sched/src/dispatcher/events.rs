@@ -126,13 +126,10 @@ impl<G: Gpu> Dispatcher<G> {
             return;
         }
         let scale = took_ns as f64 / est_ns;
-        let mut moved = Vec::with_capacity(launches.len());
         for i in launches {
             let m = self.models[model].as_mut().expect("model of a job exists");
             let observed_ns = (m.estimates.get(i) * scale).round() as u64;
-            moved.push((i, m.estimates.observe(i, observed_ns)));
-        }
-        for (i, moved_ns) in moved {
+            let moved_ns = m.estimates.observe(i, observed_ns);
             if moved_ns != 0.0 {
                 self.estimate_moved(model, i, moved_ns, None);
             }

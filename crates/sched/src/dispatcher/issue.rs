@@ -383,7 +383,7 @@ impl<G: Gpu> Dispatcher<G> {
     /// (the budget is spent; the backend has no runs, which turns them off; or the GPU refused to
     /// record it, counted in `run_record_failures`: that costs the job nothing, and the slot is
     /// tried again later within the budget).
-    fn run_or_fallback(&mut self, recorded: Result<Option<RunId>, kairos_gpu::GpuError>) -> Option<RunId> {
+    pub(super) fn run_or_fallback(&mut self, recorded: Result<Option<RunId>, kairos_gpu::GpuError>) -> Option<RunId> {
         match recorded {
             Ok(r) => r,
             Err(kairos_gpu::GpuError::Unsupported(_)) => {
@@ -703,20 +703,11 @@ pub(super) fn record_slot_run<G: Gpu>(
         .zip(&args)
         .enumerate()
         .map(|(k, (l, a))| LaunchRequest {
-            kernel: &l.kernel,
-            dtype: l.dtype,
-            shape: l.shape,
-            args: a,
-            first_block: 0,
             ctas: m.default_ctas(first + k, 0, launch_ctas_max),
-            sm_mask: whole,
-            partition: PartitionId::WHOLE,
-            stream,
-            after: None,
             report_ctas: false,
-            report_start: false,
             preemptible: false,
             report_end: false,
+            ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, stream)
         })
         .collect();
     gpu.record_run(&requests)
