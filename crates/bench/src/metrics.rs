@@ -265,6 +265,7 @@ mod tests {
             status: Status::Done { done_ns: arrival_ns + latency, queue_ns: latency - gpu, gpu_ns: gpu },
             closed,
             cold: false,
+            first_block_ns: None,
         }
     }
 
@@ -278,8 +279,22 @@ mod tests {
             done(0, 995, 8, 8, false),   // arrives in the window, completes after it
             done(1, 400, 100, 50, true), // best effort, closed loop
         ];
-        o.push(Outcome { stream: 0, arrival_ns: 500, status: Status::Unfinished, closed: false, cold: false });
-        o.push(Outcome { stream: 0, arrival_ns: 600, status: Status::Rejected("full".into()), closed: false, cold: false });
+        o.push(Outcome {
+            stream: 0,
+            arrival_ns: 500,
+            status: Status::Unfinished,
+            closed: false,
+            cold: false,
+            first_block_ns: None,
+        });
+        o.push(Outcome {
+            stream: 0,
+            arrival_ns: 600,
+            status: Status::Rejected("full".into()),
+            closed: false,
+            cold: false,
+            first_block_ns: None,
+        });
         let m = measure(&s, &o, None);
         let rt = m.group("rt").unwrap();
         assert_eq!((rt.requests, rt.completed, rt.unfinished, rt.rejected), (5, 3, 1, 1));

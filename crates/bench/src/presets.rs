@@ -110,6 +110,8 @@ pub struct PresetOptions {
     /// `paella-mix`, `mix8`: each model's requests come from a tenant of their own (tenant i for
     /// the i-th model), so fairness between tenants (`paella`'s threshold) acts between models.
     pub tenant_per_model: bool,
+    /// `disb-*`: run the variant `rt-only` instead, without the best-effort clients (REEF's RT-Only).
+    pub rt_only: bool,
 }
 
 impl Default for PresetOptions {
@@ -121,6 +123,7 @@ impl Default for PresetOptions {
             budget_bytes: None,
             custom: CustomSpec::default(),
             tenant_per_model: false,
+            rt_only: false,
         }
     }
 }
@@ -305,7 +308,7 @@ impl Preset {
                 vec!["fifo", "streams", "streams-kernel", "paella", "sjf", "rr"]
             }
             Preset::PaellaHol => vec!["streams", "paella"],
-            Preset::Disb(_) => vec!["fifo", "streams", "paella"],
+            Preset::Disb(_) => vec!["seq", "streams", "paella", "reef"],
             Preset::Daris => vec!["fifo", "streams", "paella", "sjf"],
             Preset::Coldstart | Preset::Custom => vec!["streams", "paella"],
         }
@@ -338,6 +341,7 @@ impl Preset {
                 .iter()
                 .map(|s| format!("sigma={s}{}", if opts.tenant_per_model { ",tenant-per-model" } else { "" }))
                 .collect(),
+            Preset::Disb(_) if opts.rt_only => vec!["rt-only".into()],
             _ => vec![String::new()],
         }
     }
@@ -427,7 +431,11 @@ impl Preset {
                 let capacity = HOL_STREAMS * 1e9 / iso(HOL_MODEL)?;
                 w.stream_with(Stream::new(HOL_MODEL, HOL_MODEL), Arrival::Poisson { rate_per_s: load * capacity });
             }
-            Preset::Disb(c) => disb(&mut w, *c, load)?,
+            Preset::Disb(c) => match variant {
+                "" => disb(&mut w, *c, load, true)?,
+                "rt-only" => disb(&mut w, *c, load, false)?,
+                v => return Err(Error::Invalid(format!("disb variant '{v}' is not '' or rt-only"))),
+            },
             Preset::Daris => {
                 let capacity = calib
                     .capacity_per_s
@@ -505,39 +513,43 @@ fn disb_text(c: char) -> &'static str {
     }
 }
 
-fn disb(w: &mut Workload, c: char, load: f64) -> Result<(), Error> {
+/// DISB workload `c` at `load`; `with_be` false leaves out its best-effort clients (RT-Only).
+fn disb(w: &mut Workload, c: char, load: f64, with_be: bool) -> Result<(), Error> {
     let rt = |m: &str| Stream::new(&format!("{m}-rt"), m).with_class(StreamClass::Rt, "rt").with_priority(1);
-    let be = |m: &str| Stream::new(&format!("{m}-be"), m).with_class(StreamClass::Be, "be");
     let uniform = |rate: f64| Arrival::Periodic { period_ns: (1e9 / (rate * load)).round() as u64, phase_ns: None };
     let closed = Arrival::ClosedLoop { clients: 1, think_ns: 0 };
-    match c {
+    let be_models: &[&str] = match c {
         'a' => {
             w.stream_with(rt("vgg19"), uniform(100.0));
-            w.stream_with(be("resnet152"), closed);
+            &["resnet152"]
         }
         'b' => {
             w.stream_with(rt("vgg19"), closed.clone());
-            w.stream_with(be("resnet152"), closed);
+            &["resnet152"]
         }
         'c' => {
             w.stream_with(rt("vgg19"), uniform(100.0));
-            for m in ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"] {
-                w.stream_with(be(m), closed.clone());
-            }
+            &DISB_BE
         }
         'd' | 'e' => {
-            for m in ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"] {
+            for m in DISB_BE {
                 let a = if c == 'd' { uniform(20.0) } else { Arrival::Poisson { rate_per_s: 20.0 * load } };
                 w.stream_with(rt(m), a);
             }
-            for m in ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"] {
-                w.stream_with(be(m), closed.clone());
-            }
+            &DISB_BE
         }
         _ => return Err(Error::Invalid(format!("DISB has workloads a to e, not '{c}'"))),
+    };
+    if with_be {
+        for m in be_models {
+            w.stream_with(Stream::new(&format!("{m}-be"), m).with_class(StreamClass::Be, "be"), closed.clone());
+        }
     }
     Ok(())
 }
+
+/// DISB's best-effort clients of workloads C to E (and its real-time ones of D and E), in its order.
+const DISB_BE: [&str; 5] = ["resnet152", "densenet201", "vgg19", "inception_v3", "distilbert"];
 
 fn custom(w: &mut Workload, c: &CustomSpec, load: f64) -> Result<(), Error> {
     if c.models.is_empty() {
@@ -652,6 +664,15 @@ mod tests {
         let (d, _) = Preset::Disb('d').workload(0.5, "", &iso, &Catalog::default(), &opts).unwrap();
         assert!((d.open_rate_per_s() - 50.0).abs() < 1e-6);
         assert_eq!(d.sources.iter().filter(|s| s.arrival.is_closed()).count(), 5);
+        // RT-Only: the same real-time streams and rates, no best-effort client.
+        assert_eq!(Preset::Disb('d').variants(&opts), vec![String::new()]);
+        let rt_opts = PresetOptions { rt_only: true, ..PresetOptions::default() };
+        assert_eq!(Preset::Disb('d').variants(&rt_opts), vec!["rt-only".to_string()]);
+        let (d_rt, _) = Preset::Disb('d').workload(0.5, "rt-only", &iso, &Catalog::default(), &rt_opts).unwrap();
+        assert!((d_rt.open_rate_per_s() - 50.0).abs() < 1e-6);
+        assert!(d_rt.streams.iter().all(|s| s.class == StreamClass::Rt) && d_rt.streams.len() == 5);
+        assert!(d_rt.sources.iter().all(|s| !s.arrival.is_closed()));
+        assert!(Preset::Disb('d').workload(0.5, "other", &iso, &Catalog::default(), &rt_opts).is_err());
         // Paella's mix at load 2 with 10 ms models: 200 requests/s.
         let (m, _) = Preset::PaellaMix.workload(2.0, "sigma=2", &iso, &Catalog::default(), &opts).unwrap();
         assert!((m.open_rate_per_s() - 200.0).abs() < 1e-6);

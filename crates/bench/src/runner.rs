@@ -109,6 +109,9 @@ pub struct Outcome {
     pub closed: bool,
     /// Its model had to be loaded first.
     pub cold: bool,
+    /// From its arrival at the dispatcher to its first logical block taken on the GPU (kairos
+    /// only, where a launch reported it; REEF's "RT arrival to first CTA").
+    pub first_block_ns: Option<u64>,
 }
 
 impl Outcome {
@@ -308,6 +311,7 @@ fn generate(
                 status: Status::Unfinished,
                 closed: client.is_some(),
                 cold,
+                first_block_ns: None,
             });
             sender.push(client);
             target.submit(tag, &name, at, s.options())?;
@@ -341,6 +345,7 @@ fn generate(
                 Ok(t) => {
                     let latency = done_ns.saturating_sub(o.arrival_ns);
                     let gpu_ns = t.done_ns.saturating_sub(t.first_issue_ns).min(latency);
+                    o.first_block_ns = (t.first_start_ns > 0).then(|| t.first_start_ns.saturating_sub(t.arrival_ns));
                     Status::Done { done_ns, queue_ns: latency - gpu_ns, gpu_ns }
                 }
                 Err(e @ kairos_sched::Error::Overloaded { .. }) => Status::Rejected(e.to_string()),

@@ -64,6 +64,9 @@ pub struct DispatcherCounters {
     /// Kernel-level segments issued as recorded runs.
     #[serde(default)]
     pub segments_launched: u64,
+    /// Launches a policy preempted (`reef`).
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 impl DispatcherCounters {
@@ -208,6 +211,7 @@ impl<G: Gpu> Target for VirtualTarget<G> {
             runs_recorded: s.runs_recorded,
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
+            preemptions: s.preemptions,
         })
     }
 
@@ -392,6 +396,7 @@ where
             runs_recorded: s.runs_recorded,
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
+            preemptions: s.preemptions,
         })
     }
 }

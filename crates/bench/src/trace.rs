@@ -46,6 +46,9 @@ pub struct RawFile {
     pub closed: Vec<bool>,
     /// The error text of failed and rejected requests.
     pub error: Vec<Option<String>>,
+    /// Arrival at the dispatcher to the first logical block taken, where known (`Outcome::first_block_ns`).
+    #[serde(default)]
+    pub first_block_ns: Vec<Option<u64>>,
 }
 
 impl RawFile {
@@ -67,11 +70,13 @@ impl RawFile {
             gpu_ns: Vec::with_capacity(outcomes.len()),
             closed: Vec::with_capacity(outcomes.len()),
             error: Vec::with_capacity(outcomes.len()),
+            first_block_ns: Vec::with_capacity(outcomes.len()),
         };
         for o in outcomes {
             f.stream.push(o.stream);
             f.arrival_ns.push(o.arrival_ns);
             f.closed.push(o.closed);
+            f.first_block_ns.push(o.first_block_ns);
             let (status, done, queue, gpu, error) = match &o.status {
                 Status::Done { done_ns, queue_ns, gpu_ns } => ("done", Some(*done_ns), Some(*queue_ns), Some(*gpu_ns), None),
                 Status::Rejected(e) => ("rejected", None, None, None, Some(e.clone())),
@@ -220,7 +225,7 @@ impl PeerRun {
                     }
                     None => Status::Unfinished,
                 };
-                Outcome { stream: self.stream[i], arrival_ns, status, closed: self.closed[i], cold: false }
+                Outcome { stream: self.stream[i], arrival_ns, status, closed: self.closed[i], cold: false, first_block_ns: None }
             })
             .collect())
     }

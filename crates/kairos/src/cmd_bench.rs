@@ -283,6 +283,10 @@ pub struct RunArgs {
     /// paella-mix, mix8: each model's requests from a tenant of its own (fairness acts between models).
     #[arg(long)]
     pub tenant_per_model: bool,
+    /// disb-*: run each point without its best-effort clients instead (variant `rt-only`: REEF's
+    /// RT-Only reference, the real-time latency the GPU gives alone).
+    #[arg(long)]
+    pub rt_only: bool,
     /// coldstart: instances of each model.
     #[arg(long, default_value_t = 3)]
     pub instances: u32,
@@ -683,6 +687,7 @@ fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
     Ok(PresetOptions {
         sigmas: a.sigma.clone(),
         tenant_per_model: a.tenant_per_model,
+        rt_only: a.rt_only,
         instances: a.instances,
         budget_bytes: a.budget_mb.map(|m| (m * 1024.0 * 1024.0) as u64),
         custom: CustomSpec {

@@ -62,6 +62,14 @@ pub const TENANTS_MAX: usize = 65_536;
 pub const STREAMS_MAX: usize = 128;
 /// The stream pool's default size is the device's hardware queues, at least this many.
 pub const STREAM_COUNT_DEFAULT_MIN: u32 = 32;
+
+/// High-priority streams kept for real-time jobs' lanes by default (`Config::realtime_stream_count`),
+/// and the most a configuration may ask for.
+pub const REALTIME_STREAM_COUNT_DEFAULT: u32 = 4;
+pub const REALTIME_STREAMS_MAX: u32 = 32;
+
+/// The stream priority real-time lanes get (higher is more urgent; CUDA: -1).
+pub const REALTIME_STREAM_PRIORITY: i32 = 1;
 pub const LAUNCHES_IN_FLIGHT_MAX: usize = 65_536;
 pub const LAUNCHES_PER_PLAN_MAX: usize = 1 << 20;
 pub const DECISIONS_PER_ROUND_MAX: usize = 65_536;

@@ -296,6 +296,18 @@ impl Occupancy {
         free
     }
 
+    /// CTAs of `class` that could be placed right now on SMs `first_sm..` (for a modelled map,
+    /// whole groups from the one holding `first_sm`). Not cached: one pass over those SMs.
+    pub fn free_ctas_from(&self, class: ResourceClass, first_sm: u32) -> u32 {
+        let c = &self.classes[class.0 as usize];
+        if self.is_modelled() {
+            let g0 = (first_sm / GROUP_SMS) as usize;
+            (g0..self.groups.len()).map(|g| self.group_fit(g, c)).sum::<u64>().min(u32::MAX as u64) as u32
+        } else {
+            self.sms.iter().skip(first_sm as usize).map(|u| self.fit(u, c)).sum()
+        }
+    }
+
     /// `ctas` CTAs of `class` started on `sm`.
     pub fn place(&mut self, sm: u32, class: ResourceClass, ctas: u32) {
         let Some(u) = self.sms.get_mut(sm as usize) else {

@@ -99,11 +99,13 @@ fn results_are_exact_through_every_policy() {
                         let n = models[m].inputs[0].shape[0];
                         let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
                         let t = i * rng.random_range(0..20_000);
+                        // Some real-time requests, so that `reef` preempts best-effort work.
+                        let class = if rng.random_bool(0.3) { Class::RealTime } else { Class::BestEffort };
                         let id = driver.submit_at(
                             t,
                             &format!("m{m}"),
                             vec![Tensor::f32(vec![n], x.clone())],
-                            RequestOptions::default(),
+                            RequestOptions { class, ..Default::default() },
                         );
                         inputs.insert(id, x);
                         if rng.random_bool(0.15) {
@@ -496,6 +498,80 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
     assert!((learned_ns - 800_000.0).abs() < 80_000.0, "the estimates add up to {learned_ns} ns, the GPU takes 800 us");
 }
 
+/// REEF on the simulated H100: real-time requests of a narrow model (20 kernels of 30 us on a
+/// quarter of the SMs) arrive every 2 ms while best-effort requests of a wide one (40 kernels of
+/// 60 us, four waves) keep the GPU busy. `reef` preempts the best-effort work when a real-time
+/// request arrives and pads the SMs the real-time model leaves: its real-time latency stays near
+/// that of the real-time requests alone, below `paella`'s (real-time first, no preemption) and
+/// `streams`' (no priority), and best-effort work still gets done beside it; `+wait` (no
+/// preemption) preempts nothing.
+#[test]
+fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
+    let seed = seeds(1)[0];
+    let narrow = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
+    let wide = SyntheticKernel { logical_blocks: 4224, threads_per_block: 256, shared_mem_bytes: 0 };
+    let rt_plan = synthetic::layered_plan("rt", &[narrow; 20]);
+    let be_plan = synthetic::layered_plan("be", &[wide; 40]);
+    let rt_profile = synthetic::profile_with_durations(&rt_plan, &[30_000; 20], "sim", 132);
+    let be_profile = synthetic::profile_with_durations(&be_plan, &[60_000; 40], "sim", 132);
+    let measure = |policy: &str, with_be: bool| {
+        let mut gpu = timing_sim(seed);
+        gpu.register_plan(&rt_plan, &rt_profile).unwrap();
+        gpu.register_plan(&be_plan, &be_profile).unwrap();
+        let cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
+        let (checked, violations, _) = Checked::new(cfg.policy.clone());
+        let mut d = VirtualDriver::with_policy(cfg, gpu, Box::new(checked)).unwrap();
+        d.set_checks(true);
+        for (plan, profile) in [(&rt_plan, &rt_profile), (&be_plan, &be_profile)] {
+            let spec = ModelSpec { name: plan.model.clone(), plan: Arc::new(plan.clone()), profile: Some(profile.clone()) };
+            d.load_model(spec).unwrap();
+        }
+        let rt = RequestOptions { skip_io: true, class: Class::RealTime, ..Default::default() };
+        let be = RequestOptions { skip_io: true, class: Class::BestEffort, ..Default::default() };
+        for i in 0..20u64 {
+            d.submit_at(1_000_000 + i * 2_000_000 + (i * 7919) % 400_000, "rt", vec![], rt.clone());
+        }
+        if with_be {
+            // A best-effort request every 2 ms, 48 ms of GPU work in all (more than the GPU has).
+            for i in 0..20u64 {
+                d.submit_at(i * 2_000_000, "be", vec![], be.clone());
+            }
+        }
+        d.run_until_idle().unwrap();
+        assert!(violations.lock().unwrap().is_empty(), "{policy}: {:?}", violations.lock().unwrap());
+        let records = d.take_records();
+        assert!(records.iter().all(|r| r.result.is_ok()), "{policy}: a request failed");
+        let rt_lat: Vec<u64> = records.iter().filter(|r| r.class == Class::RealTime).map(|r| r.latency_ns()).collect();
+        let be_done = records.iter().filter(|r| r.class == Class::BestEffort).map(|r| r.done_ns).max().unwrap_or(0);
+        let mean = rt_lat.iter().sum::<u64>() / rt_lat.len() as u64;
+        let max = *rt_lat.iter().max().unwrap();
+        let s = d.dispatcher().stats();
+        assert_eq!(s.notification_anomalies, 0, "{policy}");
+        assert_eq!(s.refused_decisions, 0, "{policy}");
+        eprintln!(
+            "  {policy}{}: real-time mean {mean} ns, max {max} ns; best-effort done at {be_done} ns; {} preemptions",
+            if with_be { "" } else { " (real-time alone)" },
+            s.preemptions
+        );
+        (mean, max, be_done, s)
+    };
+    let (alone_mean, alone_max, _, _) = measure("reef", false);
+    let (reef_mean, reef_max, reef_be_done, reef) = measure("reef", true);
+    let (_, _, _, wait) = measure("reef+wait", true);
+    let (paella_mean, _, _, _) = measure("paella", true);
+    let (streams_mean, _, _, _) = measure("streams", true);
+    let (_, _, seq_be_done, _) = measure("seq", true);
+    assert!(reef.preemptions > 0, "reef preempted nothing");
+    assert_eq!(wait.preemptions, 0, "reef+wait preempted");
+    assert!(reef_mean * 100 <= alone_mean * 125, "reef: real-time mean {reef_mean} ns vs {alone_mean} ns alone");
+    assert!(reef_max * 100 <= alone_max * 150, "reef: real-time max {reef_max} ns vs {alone_max} ns alone");
+    assert!(
+        reef_mean < paella_mean && reef_mean < streams_mean,
+        "reef {reef_mean} vs paella {paella_mean}, streams {streams_mean} ns"
+    );
+    assert!(reef_be_done <= seq_be_done, "reef finished best-effort work at {reef_be_done} ns, seq at {seq_be_done}");
+}
+
 /// The occupancy gate holds for launches that go behind another on their lane: a one-CTA kernel
 /// followed by a kernel that wants the whole GPU is not let into the hardware while the GPU is
 /// full of another job's work (it needs room beyond what the one-CTA kernel frees); the same
@@ -527,6 +603,7 @@ fn lane_launches_pass_the_gate_only_for_the_room_they_take_over() {
         launches_in_flight_max: 100,
         streams: &[],
         idle_streams: 4,
+        idle_realtime_streams: 0,
     };
     let k = |ctas, behind, frees_ctas| ReadyKernel {
         launch: 1,
@@ -537,11 +614,19 @@ fn lane_launches_pass_the_gate_only_for_the_room_they_take_over() {
         est_ns: 1,
         behind,
         frees_ctas,
+        realtime_lane: false,
     };
     assert!(!view.fits(&k(32, true, 1)), "a full wave behind a one-CTA launch must wait for room");
     assert!(view.fits(&k(32, true, 32)), "a launch taking over its predecessor's room passes");
     assert!(view.fits(&k(4, true, 1)), "3 CTAs beyond what the predecessor frees fit in the headroom");
     assert!(!view.fits(&k(32, false, 0)));
+    // Streams: a kernel that does not go behind needs an idle one; a real-time job's may take an
+    // idle high-priority stream when the pool has none.
+    let no_pool = GpuView { idle_streams: 0, idle_realtime_streams: 1, ..view };
+    assert!(no_pool.can_issue(&k(1, true, 0)));
+    assert!(!no_pool.can_issue(&k(1, false, 0)));
+    assert!(no_pool.can_issue(&ReadyKernel { realtime_lane: true, ..k(1, false, 0) }));
+    assert!(!GpuView { idle_realtime_streams: 0, ..no_pool }.can_issue(&ReadyKernel { realtime_lane: true, ..k(1, false, 0) }));
 }
 
 /// `Config::launch_ctas_max` caps the CTAs of every launch whose count the policy leaves to the

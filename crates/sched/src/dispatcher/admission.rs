@@ -168,6 +168,13 @@ impl<G: Gpu> Dispatcher<G> {
         let default_ctas: Vec<u32> =
             plan.launches.iter().zip(&capacity_ctas).map(|(l, &c)| l.shape.logical_blocks.min(c)).collect();
         let estimates = Estimates::new(&plan, spec.profile.as_ref(), &self.rates, &default_ctas, self.cfg.estimate_window);
+        let sm_count = self.occupancy.sm_count();
+        let widest_sms = default_ctas
+            .iter()
+            .zip(&classes)
+            .map(|(&c, &class)| c.div_ceil(self.occupancy.ctas_per_sm(class).max(1)).min(sm_count))
+            .max()
+            .unwrap_or(0);
         let weights = upload_weights(&mut self.gpu, &plan, MemKind::Device)?;
         let info = ModelInfo {
             name: spec.name.clone(),
@@ -204,6 +211,8 @@ impl<G: Gpu> Dispatcher<G> {
             unloading: false,
             segments: Vec::new(),
             segment_at: Vec::new(),
+            widest_sms,
+            realtime_waiting: 0,
         };
         if self.segments_on() {
             (model.segments, model.segment_at) =
@@ -414,6 +423,7 @@ impl<G: Gpu> Dispatcher<G> {
             notified: false,
         };
         let tenant = job.options.tenant;
+        let class = job.options.class;
         if let Some(b) = &job.bound {
             self.host_maps.get_mut(&b.mapping).expect("bound to a live mapping").jobs += 1;
         }
@@ -424,14 +434,23 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[model].as_mut().expect("named model exists");
         m.jobs += 1;
         m.waiting.push_back(key);
+        m.realtime_waiting += (class == Class::RealTime) as usize;
         self.admit_waiting(model, out);
     }
 
-    /// Gives free (or new, up to the limit) slots to the model's waiting jobs, in FIFO order.
+    /// Gives free (or new, up to the limit) slots to the model's waiting jobs: real-time ones first,
+    /// in arrival order within a class.
     pub(super) fn admit_waiting(&mut self, model: usize, out: &mut Vec<Output>) {
         loop {
+            let m = self.models[model].as_ref().expect("model of a job exists");
+            // Real-time requests take a free slot before best-effort ones (arrival order within
+            // a class).
+            let jobs = &self.jobs;
+            let is_rt = |k: &JobKey| jobs[k.slot as usize].as_ref().is_some_and(|j| j.options.class == Class::RealTime);
+            let at = if m.realtime_waiting > 0 { m.waiting.iter().position(is_rt).unwrap_or(0) } else { 0 };
+            let Some(&key) = m.waiting.get(at) else { return };
+            let rt = is_rt(&key);
             let m = self.models[model].as_mut().expect("model of a job exists");
-            let Some(&key) = m.waiting.front() else { return };
             let slot = match m.slots_free.pop() {
                 Some(s) => s,
                 None if m.slots_total < self.cfg.slots_per_model_max => match new_slot(&mut self.gpu, &m.plan, m.weights.ptr) {
@@ -442,14 +461,16 @@ impl<G: Gpu> Dispatcher<G> {
                     // Out of memory with slots still out: the next completion frees one.
                     Err(_) if m.slots_total > 0 => return,
                     Err(e) => {
-                        m.waiting.pop_front();
+                        m.waiting.remove(at);
+                        m.realtime_waiting -= rt as usize;
                         self.finish(key, Some(e), out);
                         continue;
                     }
                 },
                 None => return,
             };
-            m.waiting.pop_front();
+            m.waiting.remove(at);
+            m.realtime_waiting -= rt as usize;
             self.admit(key, slot, out);
         }
     }
@@ -506,6 +527,7 @@ impl<G: Gpu> Dispatcher<G> {
             last_issue_seq: 0,
             running: None,
             cancelled: false,
+            widest_sms: m.widest_sms,
         };
         self.views.push(placeholder);
         if let Some(e) = write_error {
@@ -537,6 +559,7 @@ impl<G: Gpu> Dispatcher<G> {
             // Still waiting for a slot: nothing was issued.
             let m = self.models[job.model].as_mut().expect("model of a job exists");
             m.waiting.retain(|k| *k != key);
+            m.realtime_waiting -= (job.options.class == Class::RealTime) as usize;
             self.finish(key, Some(reason), out);
             return;
         }

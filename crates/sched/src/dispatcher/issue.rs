@@ -73,7 +73,8 @@ impl<G: Gpu> Dispatcher<G> {
                 _ => return false,
             }
         } else {
-            match self.take_idle_stream() {
+            let realtime = job.options.class == Class::RealTime;
+            match realtime.then(|| self.take_idle_realtime_stream()).flatten().or_else(|| self.take_idle_stream()) {
                 Some(s) => (s, None),
                 None => return false,
             }
@@ -125,7 +126,7 @@ impl<G: Gpu> Dispatcher<G> {
             return false;
         };
         let Some(LState::Issued(id)) = job.states.get(launch as usize).copied() else { return false };
-        if job.stream.is_some() || !job.running.remove(&launch) {
+        if job.stream.is_some() || !self.policy.preempts_class(job.options.class) || !job.running.remove(&launch) {
             return false;
         }
         // Nothing more goes to the lane until it is empty: what waits behind the stopped launch
@@ -150,7 +151,7 @@ impl<G: Gpu> Dispatcher<G> {
     fn apply_issue_all(&mut self, key: JobKey, stream: u32, out: &mut Vec<Output>) -> bool {
         let Some(job) = self.job(key) else { return false };
         let view = job.view.map(|v| self.views[v]);
-        if !view.is_some_and(|v| v.is_unstarted()) || stream as usize >= self.streams.len() {
+        if !view.is_some_and(|v| v.is_unstarted()) || stream as usize >= self.pool_streams {
             return false;
         }
         let n = job.states.len();
@@ -252,7 +253,7 @@ impl<G: Gpu> Dispatcher<G> {
             after,
             report_ctas,
             report_start,
-            preemptible: self.policy.preempts(),
+            preemptible: self.policy.preempts_class(job.options.class),
             report_end,
         };
         let t0 = self.gpu.now_ns();
@@ -485,13 +486,14 @@ impl<G: Gpu> Dispatcher<G> {
         Ok(Some(run))
     }
 
-    /// Kernel-level jobs go out in recorded segments ([`Config::run_segment_ns`]).
+    /// Kernel-level jobs go out in recorded segments ([`Config::run_segment_ns`]): those of a
+    /// class the policy never preempts ([`Policy::preempts_class`]).
     pub(super) fn segments_on(&self) -> bool {
         self.cfg.run_segment_ns > 0
             && self.cfg.record_runs
             && self.runs_supported
             && self.cfg.policy.is_kernel_level()
-            && !self.policy.preempts()
+            && (!self.policy.preempts_class(Class::RealTime) || !self.policy.preempts_class(Class::BestEffort))
     }
 
     /// The segment that launch `launch` of the job starts, if it may go out as one now: segments
@@ -506,7 +508,7 @@ impl<G: Gpu> Dispatcher<G> {
         let job = self.job(key)?;
         let m = self.models[job.model].as_ref()?;
         let g = *m.segment_at.get(launch as usize)?;
-        if g == NO_SEGMENT || job.bound_bases.is_some() {
+        if g == NO_SEGMENT || job.bound_bases.is_some() || self.policy.preempts_class(job.options.class) {
             return None;
         }
         let range = &m.segments[g as usize];
@@ -575,6 +577,15 @@ impl<G: Gpu> Dispatcher<G> {
         if idle == was_idle {
             return;
         }
+        if s >= self.pool_streams {
+            // A real-time lane: counted apart from the pool.
+            if idle {
+                self.idle_realtime_streams += 1;
+            } else {
+                self.idle_realtime_streams -= 1;
+            }
+            return;
+        }
         let q = s % self.hw_queues;
         let open = self.blocked_queues[q] == 0;
         if idle {
@@ -609,7 +620,7 @@ impl<G: Gpu> Dispatcher<G> {
     pub(super) fn available_streams(&self) -> u32 {
         debug_assert_eq!(
             self.available_streams,
-            (0..self.streams.len()).filter(|&s| self.stream_is_idle(s) && self.blocked_queues[s % self.hw_queues] == 0).count()
+            (0..self.pool_streams).filter(|&s| self.stream_is_idle(s) && self.blocked_queues[s % self.hw_queues] == 0).count()
                 as u32,
             "the available streams drifted from the pool"
         );
@@ -623,7 +634,7 @@ impl<G: Gpu> Dispatcher<G> {
         if self.idle_streams == 0 {
             return None;
         }
-        let n = self.streams.len();
+        let n = self.pool_streams;
         for k in 0..n {
             let s = (self.stream_cursor + k) % n;
             if self.stream_is_idle(s) && self.blocked_queues[s % self.hw_queues] == 0 {
@@ -632,6 +643,19 @@ impl<G: Gpu> Dispatcher<G> {
             }
         }
         None
+    }
+}
+
+impl<G: Gpu> Dispatcher<G> {
+    /// An idle high-priority stream for a real-time job's lane, preferring one whose hardware
+    /// queue has no launch waiting behind a dependency.
+    pub(super) fn take_idle_realtime_stream(&mut self) -> Option<u32> {
+        if self.idle_realtime_streams == 0 {
+            return None;
+        }
+        let idle = (self.pool_streams..self.streams.len()).filter(|&s| self.stream_is_idle(s));
+        let open = idle.clone().find(|&s| self.blocked_queues[s % self.hw_queues] == 0);
+        open.or_else(|| idle.clone().next()).map(|s| s as u32)
     }
 }
 
@@ -653,20 +677,22 @@ pub(super) fn segment_run_range(segment: &Range<u32>) -> Range<u32> {
     segment.start..segment.end.saturating_sub(1).max(segment.start)
 }
 
-/// A model's kernel-level segments: its launches cut, in order, into consecutive ranges of at
+/// A model's kernel-level segments: its launches after the first cut, in order, into consecutive ranges of at
 /// least `segment_ns` of estimated GPU time (the last one takes what is left, merged into the one
 /// before it if shorter than half of that), and for each launch the segment it starts.
 pub(super) fn segments_of(estimates: &Estimates, launches: usize, segment_ns: u64) -> (Vec<Range<u32>>, Vec<u32>) {
     let mut segments: Vec<Range<u32>> = Vec::new();
-    let (mut start, mut sum_ns) = (0u32, 0.0);
-    for i in 0..launches as u32 {
+    // The first launch goes by itself: it reports when the job's first block was taken
+    // (`Timing::first_start_ns`, REEF's arrival to first CTA), which a run's silent launches cannot.
+    let (mut start, mut sum_ns) = (1u32, 0.0);
+    for i in 1..launches as u32 {
         sum_ns += estimates.get(i);
         if sum_ns >= segment_ns as f64 {
             segments.push(start..i + 1);
             (start, sum_ns) = (i + 1, 0.0);
         }
     }
-    if (start as usize) < launches {
+    if launches > 1 && (start as usize) < launches {
         match segments.last_mut() {
             Some(last) if sum_ns < segment_ns as f64 / 2.0 => last.end = launches as u32,
             _ => segments.push(start..launches as u32),

@@ -112,6 +112,11 @@ pub struct Config {
     /// [`STREAM_COUNT_DEFAULT_MIN`] (streams beyond the hardware queues share them, which costs
     /// kernel-level dispatch nothing: its launches never wait on their own stream).
     pub stream_count: Option<u32>,
+    /// High-priority streams beside the pool, kept for the lanes of real-time kernel-level jobs:
+    /// a real-time job's first launch takes an idle one (else an idle pool stream), so the GPU
+    /// places its CTAs before those of best-effort grids waiting for room. 0: real-time jobs use
+    /// the pool. Whole-job policies bind jobs to pool streams only.
+    pub realtime_stream_count: u32,
     /// Requests held by the dispatcher (waiting for a slot or admitted).
     pub jobs_max: usize,
     /// I/O slots (admitted requests) per model; more requests of the model wait for one, in
@@ -157,6 +162,7 @@ impl Default for Config {
             wake_lead_ns: WAKE_LEAD_NS_DEFAULT,
             launch_ctas_max: None,
             stream_count: None,
+            realtime_stream_count: REALTIME_STREAM_COUNT_DEFAULT,
             jobs_max: 4096,
             slots_per_model_max: SLOTS_PER_MODEL_MAX_DEFAULT,
             slots_per_model_prealloc: SLOTS_PER_MODEL_PREALLOC_DEFAULT,
@@ -208,6 +214,12 @@ impl Config {
         }
         if let Some(s) = self.stream_count {
             check("stream_count", s as u64, STREAMS_MAX as u64)?;
+        }
+        if self.realtime_stream_count > REALTIME_STREAMS_MAX {
+            return Err(Error::InvalidInput(format!(
+                "realtime_stream_count = {} must be at most {REALTIME_STREAMS_MAX}",
+                self.realtime_stream_count
+            )));
         }
         if self.trace_max > TRACE_MAX {
             return Err(Error::InvalidInput(format!("trace_max = {} exceeds {TRACE_MAX}", self.trace_max)));
@@ -343,6 +355,8 @@ struct Model {
     slots_free: Vec<IoSlot>,
     slots_total: usize,
     waiting: VecDeque<JobKey>,
+    /// Real-time jobs among `waiting`.
+    realtime_waiting: usize,
     /// Jobs of this model in the dispatcher (waiting or admitted).
     jobs: usize,
     unloading: bool,
@@ -350,6 +364,8 @@ struct Model {
     /// each launch the segment it starts (`NO_SEGMENT` if none). Empty when segments are off.
     segments: Vec<std::ops::Range<u32>>,
     segment_at: Vec<u32>,
+    /// SMs its widest launch covers at its default CTAs (`JobView::widest_sms`).
+    widest_sms: u32,
 }
 
 /// `Model::segment_at` of a launch that starts no segment.
@@ -487,8 +503,11 @@ pub struct Dispatcher<G: Gpu> {
     views: Vec<JobView>,
     tenants: Vec<TenantView>,
     tenant_index: kairos_gpu::idmap::IdMap<TenantId, usize>,
+    /// The pool's streams (`0..pool_streams`), then the high-priority ones for real-time lanes.
     stream_ids: Vec<StreamId>,
     streams: Vec<StreamView>,
+    pool_streams: usize,
+    idle_realtime_streams: u32,
     /// Per stream, when its last launch ended (device clock as events report it): a launch that
     /// started early behind it (an overlapped launch) ran from then on.
     stream_last_done_ns: Vec<u64>,
@@ -558,10 +577,7 @@ impl<G: Gpu> Dispatcher<G> {
         }
         let stream_count =
             cfg.stream_count.unwrap_or(info.hardware_queues.max(STREAM_COUNT_DEFAULT_MIN)).clamp(1, STREAMS_MAX as u32);
-        let mut stream_ids = Vec::with_capacity(stream_count as usize);
-        for _ in 0..stream_count {
-            stream_ids.push(gpu.create_stream(0)?);
-        }
+        let stream_ids = create_streams(&mut gpu, stream_count as usize, cfg.realtime_stream_count as usize)?;
         let rates = RooflineRates {
             flops_per_s_f32: cfg.roofline_flops_per_s_f32,
             flops_per_s_f16: cfg.roofline_flops_per_s_f16,
@@ -590,11 +606,13 @@ impl<G: Gpu> Dispatcher<G> {
             tenant_index: Default::default(),
             streams: vec![StreamView::default(); stream_ids.len()],
             stream_last_done_ns: vec![0; stream_ids.len()],
-            idle_streams: stream_ids.len() as u32,
+            pool_streams: stream_count as usize,
+            idle_realtime_streams: cfg.realtime_stream_count,
+            idle_streams: stream_count,
             hw_queues: info.hardware_queues.max(1) as usize,
             blocked_queues: vec![0; info.hardware_queues.max(1) as usize],
-            idle_per_queue: issue::streams_per_queue(stream_ids.len(), info.hardware_queues.max(1) as usize),
-            available_streams: stream_ids.len() as u32,
+            idle_per_queue: issue::streams_per_queue(stream_count as usize, info.hardware_queues.max(1) as usize),
+            available_streams: stream_count,
             stream_ids,
             stream_cursor: 0,
             in_flight: Default::default(),
@@ -710,8 +728,9 @@ impl<G: Gpu> Dispatcher<G> {
                 headroom_ctas: self.cfg.headroom_ctas,
                 launches_in_flight: self.in_flight.len() as u32,
                 launches_in_flight_max: self.cfg.launches_in_flight_max,
-                streams: &self.streams,
+                streams: &self.streams[..self.pool_streams],
                 idle_streams: self.available_streams(),
+                idle_realtime_streams: self.idle_realtime_streams,
             },
         }
     }
@@ -860,6 +879,7 @@ impl<G: Gpu> Dispatcher<G> {
                     est_ns: m.estimates.get(i) as u64,
                     behind: tail.is_some(),
                     frees_ctas,
+                    realtime_lane: tail.is_none() && job.options.class == Class::RealTime,
                 }
             })
         };
@@ -882,6 +902,15 @@ impl<G: Gpu> Dispatcher<G> {
             t.ready_jobs = (t.ready_jobs as i32 + tenant_delta) as u32;
         }
     }
+}
+
+/// The pool's streams (priority 0), then `realtime` high-priority ones.
+fn create_streams<G: Gpu>(gpu: &mut G, pool: usize, realtime: usize) -> Result<Vec<StreamId>, kairos_gpu::GpuError> {
+    let mut ids = Vec::with_capacity(pool + realtime);
+    for i in 0..pool + realtime {
+        ids.push(gpu.create_stream(if i < pool { 0 } else { REALTIME_STREAM_PRIORITY })?);
+    }
+    Ok(ids)
 }
 
 fn job_is_complete(job: &Job) -> bool {

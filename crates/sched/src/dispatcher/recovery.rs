@@ -54,17 +54,15 @@ impl<G: Gpu> Dispatcher<G> {
         self.watchdog_next_ns = 0;
 
         // The stream pool, again.
-        let count = self.stream_ids.len();
-        self.stream_ids.clear();
-        for _ in 0..count {
-            let s = self.gpu.create_stream(0).map_err(|e| Error::GpuFailed(format!("{cause}; after the GPU's reset: {e}")))?;
-            self.stream_ids.push(s);
-        }
+        let (count, pool) = (self.stream_ids.len(), self.pool_streams);
+        self.stream_ids = create_streams(&mut self.gpu, pool, count - pool)
+            .map_err(|e| Error::GpuFailed(format!("{cause}; after the GPU's reset: {e}")))?;
         self.streams = vec![StreamView::default(); count];
         self.stream_last_done_ns = vec![self.now_ns; count];
-        self.idle_streams = count as u32;
-        self.idle_per_queue = issue::streams_per_queue(count, self.hw_queues);
-        self.available_streams = count as u32;
+        self.idle_streams = pool as u32;
+        self.idle_realtime_streams = (count - pool) as u32;
+        self.idle_per_queue = issue::streams_per_queue(pool, self.hw_queues);
+        self.available_streams = pool as u32;
         self.stream_cursor = 0;
 
         // Models, in the order they were loaded; one being unloaded is gone now.

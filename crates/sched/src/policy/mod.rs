@@ -22,11 +22,15 @@
 //! | `edf` | [`edf`] | kernels, earliest (virtual) deadline | occupancy + headroom |
 //! | `sjf` | [`sjf`] | kernels, shortest job first | occupancy + headroom |
 //! | `rr` | [`rr`] | kernels, least recently served job | occupancy + headroom |
+//! | `reef` | [`reef`] | kernels; real-time first, preempts best-effort, pads | real-time: none; padding: free SMs |
+//! | `seq` | [`seq`] | whole jobs one at a time, real-time first | none |
 
 pub mod edf;
 pub mod fifo;
 pub mod paella;
+pub mod reef;
 pub mod rr;
+pub mod seq;
 pub mod sjf;
 pub mod streams;
 pub mod streams_kernel;
@@ -62,6 +66,9 @@ pub struct ReadyKernel {
     /// it ends (its share of a full wave, in this class's CTAs). Only CTAs beyond these need room
     /// (see [`GpuView::fits`]).
     pub frees_ctas: u32,
+    /// Not behind, and its job is real-time: the dispatcher puts it on an idle high-priority
+    /// stream (`GpuView::idle_realtime_streams`) when there is one, else on an idle pool stream.
+    pub realtime_lane: bool,
 }
 
 /// An admitted job (it has its buffers and can be scheduled), as policies see it.
@@ -98,6 +105,9 @@ pub struct JobView {
     /// [`Decision::Preempt`] can name (`None` for jobs bound to a stream).
     pub running: Option<u32>,
     pub cancelled: bool,
+    /// SMs that the widest launch of its model covers at its default CTAs (a full wave: all of
+    /// them): what a job must keep free for its kernels never to wait for room (REEF's padding).
+    pub widest_sms: u32,
 }
 
 impl JobView {
@@ -126,6 +136,7 @@ impl JobView {
             last_issue_seq: 0,
             running: None,
             cancelled: false,
+            widest_sms: 0,
         }
     }
 
@@ -174,6 +185,8 @@ pub struct GpuView<'a> {
     /// Streams a kernel can go to now: nothing in flight, no job bound, and no launch waiting
     /// behind a dependency at the head of the hardware queue they share.
     pub idle_streams: u32,
+    /// Idle high-priority streams, kept for real-time jobs' lanes (`Config::realtime_stream_count`).
+    pub idle_realtime_streams: u32,
 }
 
 impl GpuView<'_> {
@@ -192,9 +205,10 @@ impl GpuView<'_> {
     }
 
     /// A kernel can be issued at all: a launch slot is free, and an idle stream unless it goes
-    /// behind its dependency.
+    /// behind its dependency (a real-time job's first kernel may take an idle high-priority one).
     pub fn can_issue(&self, k: &ReadyKernel) -> bool {
-        self.launches_in_flight < self.launches_in_flight_max && (k.behind || self.idle_streams > 0)
+        self.launches_in_flight < self.launches_in_flight_max
+            && (k.behind || self.idle_streams > 0 || (k.realtime_lane && self.idle_realtime_streams > 0))
     }
 
     /// `launches` more launches fit under the in-flight limit (a job larger than the limit may go
@@ -226,7 +240,8 @@ pub enum Decision {
     IssueAll { job: JobKey, stream: u32 },
     /// Set the preempt flag of the job's running launch: its CTAs stop at a logical-block
     /// boundary, and the launch becomes ready again at the first block never taken (for
-    /// preemptive policies; none of the six here preempts).
+    /// preemptive policies: `reef`; only launches of a class the policy preempts
+    /// ([`Policy::preempts_class`]) can be stopped, a decision naming another is refused).
     Preempt { job: JobKey, launch: u32 },
 }
 
@@ -240,6 +255,14 @@ pub trait Policy: Send + std::fmt::Debug {
     fn preempts(&self) -> bool {
         false
     }
+    /// Whether it may preempt launches of jobs of `class` (default: [`Policy::preempts`]). The
+    /// launches of a class it never preempts go out as not preemptible, and kernel-level jobs of
+    /// that class in recorded segments (`Config::run_segment_ns`): `reef` preempts best-effort
+    /// work only, so real-time jobs run at the speed of whole runs.
+    fn preempts_class(&self, class: Class) -> bool {
+        let _ = class;
+        self.preempts()
+    }
 }
 
 /// The policies by name, with their parameters.
@@ -252,18 +275,34 @@ pub enum PolicyConfig {
     Edf { slowdown: f64, backfill: bool },
     Sjf,
     Rr,
+    Reef { kill: bool, padding: bool },
+    Seq,
 }
 
 impl PolicyConfig {
-    pub const NAMES: [&'static str; 7] = ["fifo", "streams", "streams-kernel", "paella", "edf", "sjf", "rr"];
+    pub const NAMES: [&'static str; 9] = ["fifo", "streams", "streams-kernel", "paella", "edf", "sjf", "rr", "reef", "seq"];
 
     /// A policy by name with its default parameters, or `name:value` for its main parameter:
     /// `streams:N` (streams), `paella:T` (fairness threshold in µs, or `inf`), `edf:S` (slowdown);
     /// a `+backfill` suffix lets `paella` and `edf` issue the best-ranked kernel that passes the
     /// gate when the first-ranked one does not (`paella+backfill`, `edf:2+backfill`); `+bound` or
     /// `+bound=S` gives `paella` a starvation bound (see [`paella`]; S defaults to
-    /// [`paella::SLOWDOWN_BOUND_DEFAULT`]). Suffixes come in that order.
+    /// [`paella::SLOWDOWN_BOUND_DEFAULT`]). Suffixes come in that order. `reef` takes `+wait`
+    /// (no preemption: best-effort launches already issued run to their end, REEF's wait-based
+    /// baseline) and `+nopad` (no best-effort kernel while real-time work is admitted), in that
+    /// order.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
+        if let Some(rest) = name.strip_prefix("reef") {
+            let (wait, rest) = match rest.strip_prefix("+wait") {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
+            return match rest {
+                "" => Some(PolicyConfig::Reef { kill: !wait, padding: true }),
+                "+nopad" => Some(PolicyConfig::Reef { kill: !wait, padding: false }),
+                _ => None,
+            };
+        }
         let (name, bound) = match name.split_once("+bound") {
             Some((n, "")) => (n, Some(paella::SLOWDOWN_BOUND_DEFAULT)),
             Some((n, s)) => (n, Some(s.strip_prefix('=')?.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0)?)),
@@ -289,6 +328,7 @@ impl PolicyConfig {
             "edf" => PolicyConfig::Edf { slowdown: edf::SLOWDOWN_DEFAULT, backfill: false },
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
+            "seq" => PolicyConfig::Seq,
             _ => return None,
         };
         if let Some(v) = param {
@@ -325,6 +365,8 @@ impl PolicyConfig {
             PolicyConfig::Edf { .. } => "edf",
             PolicyConfig::Sjf => "sjf",
             PolicyConfig::Rr => "rr",
+            PolicyConfig::Reef { .. } => "reef",
+            PolicyConfig::Seq => "seq",
         }
     }
 
@@ -354,12 +396,20 @@ impl PolicyConfig {
             PolicyConfig::Paella { slowdown_bound: Some(s), .. } => l += &format!("+bound={s}"),
             _ => {}
         }
+        if let PolicyConfig::Reef { kill, padding } = *self {
+            if !kill {
+                l += "+wait";
+            }
+            if !padding {
+                l += "+nopad";
+            }
+        }
         l
     }
 
     /// Whether the policy issues kernel by kernel (and so reads the dispatcher's waitlists).
     pub fn is_kernel_level(&self) -> bool {
-        !matches!(self, PolicyConfig::Fifo { .. } | PolicyConfig::Streams { .. })
+        !matches!(self, PolicyConfig::Fifo { .. } | PolicyConfig::Streams { .. } | PolicyConfig::Seq)
     }
 
     pub fn build(&self) -> Box<dyn Policy> {
@@ -375,6 +425,8 @@ impl PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
+            PolicyConfig::Reef { kill, padding } => Box::new(reef::Reef { kill, padding }),
+            PolicyConfig::Seq => Box::new(seq::Seq),
         }
     }
 }
@@ -398,6 +450,7 @@ impl std::fmt::Display for PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => {
                 write!(f, "edf(slowdown={slowdown}{})", if *backfill { ",backfill" } else { "" })
             }
+            PolicyConfig::Reef { kill, padding } => write!(f, "reef(kill={kill},padding={padding})"),
             other => f.write_str(other.name()),
         }
     }
@@ -448,6 +501,11 @@ mod tests {
             "edf:2+backfill",
             "sjf",
             "rr",
+            "reef",
+            "reef+wait",
+            "reef+nopad",
+            "reef+wait+nopad",
+            "seq",
         ] {
             let p = PolicyConfig::by_name(n).unwrap_or_else(|| panic!("{n} does not parse"));
             assert_eq!(p.label(), n);
@@ -465,6 +523,10 @@ mod tests {
             "paella+bound=-1",
             "paella+bound4",
             "paella+bound+backfill",
+            "reef:2",
+            "reef+nopad+wait",
+            "reef+backfill",
+            "seq:1",
         ] {
             assert_eq!(PolicyConfig::by_name(bad), None, "{bad}");
         }

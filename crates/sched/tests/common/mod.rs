@@ -90,7 +90,9 @@ pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
 
 /// A random policy with random parameters.
 pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
-    match rng.random_range(0..7) {
+    match rng.random_range(0..9) {
+        7 => PolicyConfig::Reef { kill: rng.random_bool(0.75), padding: rng.random_bool(0.75) },
+        8 => PolicyConfig::Seq,
         6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)], backfill: rng.random_bool(0.5) },
         0 => PolicyConfig::Fifo { jobs_queued: rng.random_range(1..=3) },
         1 => PolicyConfig::Streams { streams: rng.random_range(1..=8), jobs_per_stream: rng.random_range(1..=3) },
@@ -529,6 +531,14 @@ impl Policy for Checked {
         self.inner.name()
     }
 
+    fn preempts(&self) -> bool {
+        self.inner.preempts()
+    }
+
+    fn preempts_class(&self, class: kairos_sched::Class) -> bool {
+        self.inner.preempts_class(class)
+    }
+
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
         let d = self.inner.decide(view)?;
         *self.decisions.lock().unwrap() += 1;
@@ -552,6 +562,31 @@ impl Policy for Checked {
                 );
                 if gated && !view.gpu.fits(&k) {
                     bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
+                }
+                if let PolicyConfig::Reef { padding, .. } = self.config {
+                    use kairos_sched::Class;
+                    let rt: Vec<_> = view.jobs.iter().filter(|o| o.class == Class::RealTime && !o.cancelled).collect();
+                    let Decision::Issue { ctas, sm_mask, .. } = d else { unreachable!() };
+                    if j.class == Class::RealTime {
+                        if ctas.is_some() || sm_mask.is_some() {
+                            bad("reef: a real-time kernel was right-sized or masked".into());
+                        }
+                    } else if rt.is_empty() {
+                        if !view.gpu.fits(&k) {
+                            bad("reef: a best-effort kernel in normal mode does not pass the gate".into());
+                        }
+                    } else {
+                        // Real-time mode: best-effort only as padding, above the widest RT launch.
+                        let widest = rt.iter().map(|o| o.widest_sms).max().unwrap_or(0);
+                        let first = kairos_sched::policy::reef::Reef::padding_first_sm(widest);
+                        let ok_mask = sm_mask.is_some_and(|m| m.iter().all(|sm| sm >= first) && !m.is_empty());
+                        if !padding || !ok_mask || ctas.is_none() {
+                            bad(format!("reef: best-effort kernel issued in real-time mode outside padding (mask {sm_mask:?})"));
+                        }
+                        if rt.iter().any(|o| o.next_ready.is_some_and(|rk| view.gpu.can_issue(&rk) && view.gpu.fits(&rk))) {
+                            bad("reef: padding went before a real-time kernel that could go".into());
+                        }
+                    }
                 }
                 if let PolicyConfig::Paella { fairness_threshold_ns, backfill, slowdown_bound } = self.config {
                     // With backfill, only kernels that pass the gate compete.
@@ -616,13 +651,39 @@ impl Policy for Checked {
                     }
                 }
             }
-            Decision::Preempt { .. } => bad(format!("{}: none of the six policies preempts", self.name())),
+            Decision::Preempt { job, launch } => {
+                // Only `reef` with kill preempts: a best-effort job's running launch, while a
+                // real-time job waits with nothing issued.
+                let PolicyConfig::Reef { kill: true, .. } = self.config else {
+                    bad(format!("{}: preempted, but only reef (with kill) preempts", self.name()));
+                    return Some(d);
+                };
+                let target = view.jobs.iter().find(|j| j.key == job);
+                if !target.is_some_and(|j| j.class == kairos_sched::Class::BestEffort && j.running == Some(launch)) {
+                    bad(format!("reef: preempted launch {launch}, not a best-effort job's running launch"));
+                }
+                if !view.jobs.iter().any(|j| j.class == kairos_sched::Class::RealTime && !j.cancelled && j.is_unstarted()) {
+                    bad("reef: preempted with no real-time job arriving".into());
+                }
+            }
             Decision::IssueAll { job, .. } => {
                 if self.config.is_kernel_level() {
                     bad(format!("{}: a kernel-level policy issued a whole job", self.name()));
                 }
                 if !view.jobs.iter().any(|j| j.key == job && j.is_unstarted()) {
                     bad(format!("{}: IssueAll of a job that is not unstarted", self.name()));
+                }
+                if self.config == PolicyConfig::Seq {
+                    // One job on the GPU at a time; an arrived real-time job before any best-effort one.
+                    if view.gpu.streams.first().is_some_and(|s| s.jobs > 0) {
+                        bad("seq: a second job on the GPU".into());
+                    }
+                    let this = view.jobs.iter().find(|j| j.key == job);
+                    if this.is_some_and(|j| j.class != kairos_sched::Class::RealTime)
+                        && view.jobs.iter().any(|o| o.is_unstarted() && o.class == kairos_sched::Class::RealTime)
+                    {
+                        bad("seq: a best-effort job went before an unstarted real-time one".into());
+                    }
                 }
             }
         }

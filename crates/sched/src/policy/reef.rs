@@ -1,0 +1,140 @@
+//! `reef`: REEF's scheduler (OSDI'22) on kairos' kernel protocol: real-time (RT) requests get the
+//! GPU as if alone, best-effort (BE) work preempted in microseconds and kept busy beside them.
+//!
+//! **Guarantee:** while any RT job is admitted (*real-time mode*):
+//! 1. if an RT job has nothing issued yet (it just arrived), every running BE launch is preempted
+//!    first (with `kill`; `+wait` lets them run to their end, REEF's wait-based baseline): it
+//!    stops at a logical-block boundary and resumes later at the first block never taken;
+//! 2. the first RT job by (priority, deadline, admission order) (EDF when requests carry deadlines,
+//!    FIFO otherwise) has its next kernel issued as soon as the dispatcher offers it, without the
+//!    occupancy gate, on a high-priority stream; other RT jobs follow in that order when their
+//!    kernel passes the gate;
+//! 3. BE kernels go only as *padding* (unless `+nopad`): confined by an SM mask to the SMs above
+//!    the widest RT launch's (`JobView::widest_sms`, rounded up to a group of 8), with at most
+//!    the CTAs that fit there now, and only while nothing issued waits to be placed. So no RT
+//!    kernel ever waits for a BE block.
+//!
+//! Otherwise (*normal mode*) BE kernels run concurrently, the least recently served job first,
+//! each when it passes the occupancy gate (the best-ranked one that does: no BE job starves
+//! behind a larger one). RT launches are never preempted, so they go out as not preemptible and
+//! in recorded segments ([`super::Policy::preempts_class`]).
+//!
+//! **Hopper differences.** REEF kills running kernels with a patched AMD driver and re-runs up to
+//! c + 1 idempotent kernels; NVIDIA has no kill, so kairos stops BE launches at a logical-block
+//! boundary (the protocol's preempt flag) and resumes exactly, with no kernel run twice. REEF's
+//! dynamic kernel padding fuses BE blocks into the RT kernel's launch (one proxy kernel per
+//! occupancy level, Rule 1: BE shorter than RT; Rule 2: occupancy); here padding is a separate,
+//! masked, preemptible launch on SMs the RT job does not use, so neither rule is needed: the
+//! masked launch keeps its own registers and shared memory, and it can outlive the RT kernel
+//! without delaying the next one, which never needs those SMs. The reservation is per RT job
+//! (its widest launch), coarser than REEF's per kernel; right-sizing each RT kernel (KRISP's
+//! `min_sms`) would leave more room.
+
+use super::{Decision, JobView, Policy, View, gated_pick};
+use crate::occupancy::GROUP_SMS;
+use crate::request::Class;
+use kairos_gpu::SmMask;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Reef {
+    /// Preempt running best-effort launches when a real-time job arrives.
+    pub kill: bool,
+    /// Issue best-effort kernels on the SMs real-time work leaves while it is admitted.
+    pub padding: bool,
+}
+
+impl Reef {
+    /// An RT job's rank among RT jobs, lowest first.
+    fn rt_rank(j: &JobView) -> (std::cmp::Reverse<i32>, u64, u64) {
+        (std::cmp::Reverse(j.priority), j.deadline_at_ns.unwrap_or(u64::MAX), j.seq)
+    }
+
+    /// The first SM that padding may use while these RT jobs are admitted: above the widest
+    /// one's SMs, rounded up to a group of [`GROUP_SMS`].
+    pub fn padding_first_sm(widest_sms: u32) -> u32 {
+        widest_sms.div_ceil(GROUP_SMS) * GROUP_SMS
+    }
+}
+
+impl Policy for Reef {
+    fn name(&self) -> &'static str {
+        "reef"
+    }
+
+    /// Best-effort launches are preemptible with and without `kill` (so `+wait` differs from
+    /// `reef` only in never stopping them); real-time ones never are.
+    fn preempts(&self) -> bool {
+        true
+    }
+
+    fn preempts_class(&self, class: Class) -> bool {
+        class == Class::BestEffort
+    }
+
+    fn decide(&self, view: &View<'_>) -> Option<Decision> {
+        let is_rt = |j: &&JobView| j.class == Class::RealTime && !j.cancelled;
+        let (mut any_rt, mut arriving, mut widest_sms) = (false, false, 0);
+        for j in view.jobs.iter().filter(is_rt) {
+            any_rt = true;
+            arriving |= j.is_unstarted();
+            widest_sms = widest_sms.max(j.widest_sms);
+        }
+        if !any_rt {
+            return gated_pick(view, true, |j: &JobView| (j.last_issue_seq, j.seq));
+        }
+        // 1. A new RT job: every running BE launch stops (one decision each).
+        if self.kill && arriving {
+            if let Some(j) = view.jobs.iter().find(|j| j.class != Class::RealTime && j.running.is_some()) {
+                return Some(Decision::Preempt { job: j.key, launch: j.running? });
+            }
+        }
+        // 2. The first RT job without the gate, the others gated, in rank order.
+        let head = view.jobs.iter().filter(is_rt).min_by_key(|j| Self::rt_rank(j))?;
+        if let Some(k) = head.next_ready
+            && view.gpu.can_issue(&k)
+        {
+            return Some(Decision::Issue { job: head.key, launch: k.launch, ctas: None, sm_mask: None });
+        }
+        let next_rt = view
+            .jobs
+            .iter()
+            .filter(is_rt)
+            .filter(|j| j.next_ready.is_some_and(|k| view.gpu.can_issue(&k) && view.gpu.fits(&k)))
+            .min_by_key(|j| Self::rt_rank(j));
+        if let Some(j) = next_rt {
+            return super::issue(j);
+        }
+        // 3. Padding on the SMs above the RT jobs' widest launch.
+        let sm_count = view.gpu.occupancy.sm_count();
+        let first_sm = Self::padding_first_sm(widest_sms);
+        if !self.padding || first_sm >= sm_count || view.gpu.pending_ctas > 0 {
+            return None;
+        }
+        let (j, k, room) = view
+            .jobs
+            .iter()
+            .filter(|j| j.class != Class::RealTime)
+            .filter_map(|j| {
+                let k = j.next_ready?;
+                let room = view.gpu.occupancy.free_ctas_from(k.class, first_sm);
+                (room > 0 && view.gpu.can_issue(&k)).then_some((j, k, room))
+            })
+            .min_by_key(|(j, _, _)| (j.last_issue_seq, j.seq))?;
+        let mask = SmMask::range(first_sm, sm_count - first_sm);
+        Some(Decision::Issue { job: j.key, launch: k.launch, ctas: Some(room.min(k.ctas)), sm_mask: Some(mask) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_starts_above_the_widest_real_time_launch_on_a_group_boundary() {
+        assert_eq!(Reef::padding_first_sm(0), 0);
+        assert_eq!(Reef::padding_first_sm(1), 8);
+        assert_eq!(Reef::padding_first_sm(64), 64);
+        assert_eq!(Reef::padding_first_sm(65), 72);
+        assert_eq!(Reef::padding_first_sm(132), 136);
+    }
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""REEF's metrics from `kairos bench run disb-*` outputs and the PyTorch peer, in one table.
+
+    python3 scripts/reef_table.py DIR [DIR ...] [--peers peers.json ...] [--json out.json]
+
+Each DIR is a `kairos bench run` output folder (raw/*.raw.json per point, traces/*.trace.json). Runs
+of the variant `rt-only` (`--rt-only`) are the RT-Only reference: each system's real-time latency
+is divided by the same system's RT-Only latency on the same workload (kairos: the `reef` RT-Only
+run, or the policy's own when there is one; a peer mode: its replay of the rt-only trace). Only
+requests that arrived in the measured window (after the warm-up) count. Per row: real-time requests
+done, their mean / p50 / p99 latency (ms) and the ratios to RT-Only, arrival to first block taken
+(us, kairos only), real-time, best-effort and overall completions per second, overall throughput
+over RT-Only's, and preemptions (kairos). REEF reports RT mean latency and overall throughput.
+"""
+import argparse, glob, json, os, sys
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarize(streams, rows, warmup_ns, duration_ns):
+    """rows: (stream index, arrival_ns, done_ns or None, first_block_ns or None)."""
+    rt_lat, first, rt_done, be_done = [], [], 0, 0
+    for s, a, d, fb in rows:
+        if a < warmup_ns or a >= duration_ns or d is None:
+            continue
+        if streams[s].endswith("-rt"):
+            rt_lat.append((d - a) / 1e6)
+            rt_done += 1
+            if fb is not None:
+                first.append(fb / 1e3)
+        else:
+            be_done += 1
+    window_s = (duration_ns - warmup_ns) / 1e9
+    mean = sum(rt_lat) / len(rt_lat) if rt_lat else float("nan")
+    return {
+        "rt_done": rt_done,
+        "rt_mean_ms": mean,
+        "rt_p50_ms": pct(rt_lat, 0.5),
+        "rt_p99_ms": pct(rt_lat, 0.99),
+        "first_block_p50_us": pct(first, 0.5),
+        "first_block_p99_us": pct(first, 0.99),
+        "rt_per_s": rt_done / window_s,
+        "be_per_s": be_done / window_s,
+        "total_per_s": (rt_done + be_done) / window_s,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--peers", nargs="*", default=[])
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    rows = {}  # (preset, system, variant) -> summary
+    traces = {}
+    for d in a.dirs:
+        for f in glob.glob(os.path.join(d, "traces", "*.trace.json")):
+            traces[os.path.basename(f)] = json.load(open(f))
+        stats = {}
+        res = os.path.join(d, "results.json")
+        if os.path.exists(res):
+            for p in json.load(open(res))["presets"]:
+                for pt in p["points"]:
+                    stats[(p["preset"], pt["policy"], pt.get("variant", ""), pt["load"])] = pt.get("dispatcher") or {}
+        for f in sorted(glob.glob(os.path.join(d, "raw", "*.raw.json"))):
+            r = json.load(open(f))
+            fb = r.get("first_block_ns") or [None] * len(r["stream"])
+            s = summarize(r["streams"], list(zip(r["stream"], r["arrival_ns"], r["done_ns"], fb)), r["warmup_ns"], r["duration_ns"])
+            s["preemptions"] = stats.get((r["preset"], r["policy"], r["variant"], r["load"]), {}).get("preemptions")
+            s["load"] = r["load"]
+            rows[(r["preset"], "kairos " + r["policy"], r["variant"])] = s
+    for pf in a.peers:
+        for run in json.load(open(pf)).get("runs", []):
+            t = traces.get(os.path.basename(run["trace"]))
+            if t is None:
+                continue
+            names = [s["name"] for s in t["streams"]]
+            s = summarize(names, list(zip(run["stream"], run["arrival_ns"], run["done_ns"], [None] * len(run["stream"]))),
+                          t["warmup_ns"], t["duration_ns"])
+            s["preemptions"], s["load"] = None, t["load"]
+            rows[(t["preset"], "pytorch " + run["mode"], t["variant"])] = s
+    out = []
+    hdr = (f"{'workload':<7} {'system':<24} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
+           f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'preempt':>7}")
+    print(hdr)
+    for (preset, system, variant), s in sorted(rows.items()):
+        ref = rows.get((preset, system, "rt-only")) or rows.get((preset, "kairos reef", "rt-only"))
+        if system.startswith("pytorch"):
+            ref = rows.get((preset, system, "rt-only"))
+        r_mean = s["rt_mean_ms"] / ref["rt_mean_ms"] if ref and variant != "rt-only" else float("nan")
+        r_p99 = s["rt_p99_ms"] / ref["rt_p99_ms"] if ref and variant != "rt-only" else float("nan")
+        r_all = s["total_per_s"] / ref["total_per_s"] if ref and variant != "rt-only" else float("nan")
+        label = system + (" [RT-Only]" if variant == "rt-only" else "")
+        pre = "" if s["preemptions"] is None else str(s["preemptions"])
+        print(f"{preset[-6:]:<7} {label:<24} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
+              f"{r_mean:>8.3f} {r_p99:>7.3f} {s['first_block_p50_us']:>11.1f} {s['first_block_p99_us']:>7.1f} {s['rt_per_s']:>6.1f} "
+              f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {pre:>7}")
+        out.append({"preset": preset, "system": system, "variant": variant, **s,
+                    "rt_mean_over_rt_only": r_mean, "rt_p99_over_rt_only": r_p99, "total_over_rt_only": r_all})
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1, default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
