@@ -667,6 +667,10 @@ fn list() {
         );
     }
     println!(
+        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+nopad).",
+        kairos_sched::PolicyConfig::NAMES.join(", ")
+    );
+    println!(
         "\nSources: see the module doc of kairos_bench::presets (Paella SOSP'23 section 6; DISB: github.com/SJTU-IPADS/disb benchmarks/workloads; DARIS arXiv 2504.08795)."
     );
 }
