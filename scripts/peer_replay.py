@@ -641,6 +641,7 @@ def main():
                 continue
             r = Replay(t, modules, kind, n, workers, rt_workers, be_workers, a.seed, keys,
                        graphs.by_worker if kind in GRAPH_KINDS else None)
+            started_unix_ms = int(time.time() * 1000)
             wall = r.run()
             rec = r.records
             done = [x for x in rec if x[2] is not None]
@@ -656,6 +657,7 @@ def main():
                 "gpu_ns": [x[3] for x in rec],
                 "closed": [x[4] for x in rec],
                 "wall_s": wall,
+                "started_unix_ms": started_unix_ms,
             })
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as fh:

@@ -125,11 +125,13 @@ pub fn lower_models(
             let profile = synthetic::chain_profile(&plan, HOL_KERNEL_NS, "simulated", 132);
             ModelSpec { name: a.clone(), plan: Arc::new(plan), profile: Some(profile) }
         } else {
-            let mut ir = kairos_ir::model::ModelSpec::new(a);
+            let (arch, batch) = split_batch(a)?;
+            let mut ir = kairos_ir::model::ModelSpec::new(arch);
             ir.dtype = dtype;
+            ir.batch = batch;
             let plan = ir.plan().map_err(|e| Error::Model { model: a.clone(), message: e.to_string() })?;
             // A profile of an older lowering would misplace every estimate: roofline instead.
-            let profile = profiles.find(a, dtype, 1).and_then(|p| match p.check_plan(&plan) {
+            let profile = profiles.find(arch, dtype, batch).and_then(|p| match p.check_plan(&plan) {
                 Ok(()) => Some(p.clone()),
                 Err(e) => {
                     eprintln!("  stale profile skipped, roofline estimates instead: {e}");
@@ -142,6 +144,18 @@ pub fn lower_models(
         c.insert(spec);
     }
     Ok(c)
+}
+
+/// A catalog name's architecture and batch size: `resnet50` is batch 1, `resnet50@b8` batch 8
+/// (the name the workload and the results use).
+pub fn split_batch(name: &str) -> Result<(&str, usize), Error> {
+    match name.split_once("@b") {
+        None => Ok((name, 1)),
+        Some((arch, b)) => match b.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) && !arch.is_empty() => Ok((arch, n)),
+            _ => Err(Error::Invalid(format!("model '{name}': write ARCH@bN with a batch size N from 1 to 1024"))),
+        },
+    }
 }
 
 /// Gives the simulator the measured (or synthetic) kernel times of every model with a profile.
@@ -345,6 +359,8 @@ pub fn run_preset(
                     None => None,
                 };
                 progress.point_start(&label, index, total);
+                let started_unix_ms =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
                 let run_opts = RunOptions { drain_ns, residency, ..RunOptions::default() };
                 let config = config_for(&opts.base, policy);
                 let rec = run(target, &config, &schedule, &catalog, &run_opts, &mut |f| progress.fraction(f))?;
@@ -387,6 +403,7 @@ pub fn run_preset(
                     trace,
                     raw,
                     dispatcher: rec.counters,
+                    started_unix_ms: Some(started_unix_ms),
                 };
                 progress.point_done(&point);
                 results.points.push(point);
@@ -394,4 +411,18 @@ pub fn run_preset(
         }
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_carry_their_batch() {
+        assert_eq!(split_batch("resnet50").unwrap(), ("resnet50", 1));
+        assert_eq!(split_batch("resnet50@b8").unwrap(), ("resnet50", 8));
+        for bad in ["resnet50@b0", "resnet50@bx", "@b8", "resnet50@b2000"] {
+            assert!(split_batch(bad).is_err(), "{bad}");
+        }
+    }
 }

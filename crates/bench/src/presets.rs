@@ -9,7 +9,7 @@
 //! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
 //! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | the GPU's throughput for this task mix, measured in closed loop |
 //! | `coldstart` | 3 instances each of 8 vision models, LRU within a byte budget | Poisson, uniform over instances | serial capacity of the warm models |
-//! | `custom` | `--models` | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` |
+//! | `custom` | `--models` (`ARCH@bN`: batch N) | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` (closed:N: N x load clients) |
 //!
 //! Sources of the parameters:
 //! - Paella (SOSP'23, Ng et al.), section 6: the vision mix with lognormal inter-arrival times
@@ -581,7 +581,9 @@ fn custom(w: &mut Workload, c: &CustomSpec, load: f64) -> Result<(), Error> {
             }
         }
         "closed" => {
+            // The load multiplies the clients (KRISP's 1, 2 and 4 workers are loads 1, 2, 4 of closed:1).
             let clients: u32 = arg.parse().map_err(|_| bad("use closed:CLIENTS"))?;
+            let clients = ((clients as f64 * load).round() as u32).max(1);
             w.sources.push(Source { arrival: Arrival::ClosedLoop { clients, think_ns: 0 }, streams });
         }
         "azure" => {
@@ -652,6 +654,23 @@ mod tests {
         let tenants: std::collections::BTreeSet<u32> = w.streams.iter().map(|s| s.tenant).collect();
         assert_eq!(tenants.len(), MIX8.len());
         assert!(Preset::Mix8.workload(1.0, "sigma=2,other", &iso, &Catalog::default(), &opts).is_err());
+    }
+
+    #[test]
+    fn closed_loop_clients_scale_with_the_load() {
+        let iso = iso_all();
+        let mut opts = PresetOptions::default();
+        opts.custom.models = vec!["resnet50@b8".into()];
+        opts.custom.arrival = "closed:1".into();
+        for (load, clients) in [(1.0, 1), (2.0, 2), (4.0, 4), (0.2, 1)] {
+            let (w, _) = Preset::Custom.workload(load, "", &iso, &Catalog::default(), &opts).unwrap();
+            assert_eq!(w.streams[0].model, "resnet50@b8");
+            assert!(
+                matches!(w.sources[0].arrival, Arrival::ClosedLoop { clients: c, .. } if c == clients),
+                "load {load}: {:?}",
+                w.sources[0].arrival
+            );
+        }
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct Point {
     /// What the dispatcher did (in-process kairos targets).
     #[serde(default)]
     pub dispatcher: Option<crate::target::DispatcherCounters>,
+    /// When the point started, in milliseconds since the Unix epoch (kairos points): joins the
+    /// point with samples taken beside the run (GPU power for energy per inference); it ended
+    /// `wall_s` later.
+    #[serde(default)]
+    pub started_unix_ms: Option<u64>,
 }
 
 impl Point {
@@ -165,6 +170,7 @@ impl Results {
                 trace: Some(run.trace.clone()),
                 raw: None,
                 dispatcher: None,
+                started_unix_ms: run.started_unix_ms,
             });
             added += 1;
         }

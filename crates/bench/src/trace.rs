@@ -206,6 +206,9 @@ pub struct PeerRun {
     pub closed: Vec<bool>,
     #[serde(default)]
     pub wall_s: f64,
+    /// When the run started, in milliseconds since the Unix epoch (see `Point::started_unix_ms`).
+    #[serde(default)]
+    pub started_unix_ms: Option<u64>,
 }
 
 impl PeerRun {
@@ -299,6 +302,7 @@ mod tests {
             gpu_ns: vec![250, 0],
             closed: vec![false, true],
             wall_s: 0.0,
+            started_unix_ms: None,
         };
         let o = run.outcomes().unwrap();
         assert_eq!(o[0].status, Status::Done { done_ns: 400, queue_ns: 50, gpu_ns: 250 });

@@ -220,7 +220,9 @@ fn same_seed_same_results_and_peers_merge() {
     opts.trace_dir = Some(dir.join("traces"));
     let a = run("disb-e", &opts);
     let b = run("disb-e", &opts);
-    let strip = |r: &PresetResults| -> Vec<Point> { r.points.iter().map(|p| Point { wall_s: 0.0, ..p.clone() }).collect() };
+    let strip = |r: &PresetResults| -> Vec<Point> {
+        r.points.iter().map(|p| Point { wall_s: 0.0, started_unix_ms: None, ..p.clone() }).collect()
+    };
     assert_eq!(strip(&a), strip(&b), "the same seed must give the same results");
 
     // One trace per load, shared by the policies; a fake peer replays it: every request done 5 ms
@@ -240,6 +242,7 @@ fn same_seed_same_results_and_peers_merge() {
         gpu_ns: vec![3_000_000; n],
         closed: vec![false; n],
         wall_s: 1.0,
+        started_unix_ms: None,
     };
     let peers = PeerFile {
         format: PEER_FORMAT.into(),

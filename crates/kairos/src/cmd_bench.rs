@@ -293,11 +293,12 @@ pub struct RunArgs {
     /// coldstart: memory budget in MiB (default: a third of all instances' weights and arenas).
     #[arg(long)]
     pub budget_mb: Option<f64>,
-    /// custom: models, comma-separated.
+    /// custom: models, comma-separated; ARCH@bN serves ARCH at batch N (resnet50@b8).
     #[arg(long, value_delimiter = ',', default_value = "resnet50")]
     pub models: Vec<String>,
-    /// custom: poisson, lognormal:SIGMA, periodic, closed:CLIENTS or azure:FILE.csv (Azure Functions
-    /// invocation trace: HashOwner,HashApp,HashFunction,Trigger,1..1440).
+    /// custom: poisson, lognormal:SIGMA, periodic, closed:CLIENTS (CLIENTS x load closed-loop
+    /// clients) or azure:FILE.csv (Azure Functions invocation trace:
+    /// HashOwner,HashApp,HashFunction,Trigger,1..1440).
     #[arg(long, default_value = "poisson")]
     pub arrival: String,
     /// custom: requests per second at load 1.
@@ -667,7 +668,7 @@ fn list() {
         );
     }
     println!(
-        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+nopad).",
+        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+nopad, krisp:N (SMs of overlap, or inf), static:N (partitions)).",
         kairos_sched::PolicyConfig::NAMES.join(", ")
     );
     println!(

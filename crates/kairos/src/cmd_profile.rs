@@ -18,12 +18,22 @@ pub struct ProfileArgs {
     pub output: Option<PathBuf>,
     #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
     pub device: u32,
+    /// Profile the lowering's tiles as they are. By default the plan is autotuned first, as
+    /// `kairos serve` and `kairos bench` do at load (same cached choices), so the profile matches
+    /// the plan they serve (a profile of other tiles is dropped there as stale).
+    #[arg(long, env = "KAIROS_NO_AUTOTUNE")]
+    pub no_autotune: bool,
 }
 
 pub fn run(args: ProfileArgs) -> Result<()> {
     let spec = args.model.spec();
-    let plan = spec.plan()?;
+    let mut plan = spec.plan()?;
     let mut gpu = kairos_cuda::CudaGpu::new(args.device).context("profiling needs an NVIDIA GPU")?;
+    if !args.no_autotune {
+        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], ..kairos_cuda::TuneOptions::default() };
+        let r = kairos_cuda::autotune_plan(&mut gpu, &mut plan, &opts)?;
+        eprintln!("autotuned: {} launches retiled", r.launches_changed);
+    }
     eprintln!("profiling {} ({} kernels, {}) on {}", plan.model, plan.launches.len(), plan.dtype, gpu.info().name);
     let profile = kairos_cuda::profile_plan(&mut gpu, &plan, args.repeats)?;
     println!(

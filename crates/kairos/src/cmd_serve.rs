@@ -74,7 +74,7 @@ pub struct ServeArgs {
     /// Unix socket of the shared-memory channel (mode 0600), or `off`.
     #[arg(long, env = "KAIROS_SHM_SOCKET", default_value = "/tmp/kairos.sock")]
     pub shm_socket: String,
-    /// Scheduling policy: fifo, streams, streams-kernel, paella, edf, sjf, rr, reef, seq (with parameters: see
+    /// Scheduling policy: fifo, streams, streams-kernel, paella, edf, sjf, rr, reef, seq, krisp, static (with parameters: see
     /// `kairos bench list`).
     #[arg(long, env = "KAIROS_POLICY", default_value = "paella")]
     pub policy: String,

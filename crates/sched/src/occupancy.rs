@@ -59,6 +59,37 @@ pub const GROUP_SMS: u32 = 8;
 // A group never straddles two words of an SmMask (place_model reads it from one).
 const _: () = assert!(64 % GROUP_SMS == 0);
 
+/// Groups of [`GROUP_SMS`] SMs on a GPU of `sm_count` SMs (at most 32: `SM_COUNT_MAX` / 8).
+pub fn group_count_of(sm_count: u32) -> u32 {
+    sm_count.div_ceil(GROUP_SMS)
+}
+
+/// The groups a mask touches, as bits (bit g: group g has an SM in the mask).
+pub fn groups_of(mask: &kairos_gpu::SmMask) -> u32 {
+    let mut bits = 0u32;
+    for (w, &word) in mask.0.iter().enumerate() {
+        for k in 0..(64 / GROUP_SMS) {
+            if (word >> (k * GROUP_SMS)) & ((1u64 << GROUP_SMS) - 1) != 0 {
+                bits |= 1 << (w as u32 * (64 / GROUP_SMS) + k);
+            }
+        }
+    }
+    bits
+}
+
+/// The SMs of the groups in `groups` (bits as [`groups_of`] writes them) on a GPU of `sm_count` SMs.
+pub fn mask_of_groups(groups: u32, sm_count: u32) -> kairos_gpu::SmMask {
+    let mut m = kairos_gpu::SmMask::EMPTY;
+    let per_word = 64 / GROUP_SMS;
+    for g in 0..group_count_of(sm_count).min(32) {
+        if groups & (1 << g) != 0 {
+            let width = (sm_count - g * GROUP_SMS).min(GROUP_SMS);
+            m.0[(g / per_word) as usize] |= ((1u64 << width) - 1) << ((g % per_word) * GROUP_SMS);
+        }
+    }
+    m
+}
+
 #[derive(Debug)]
 pub struct Occupancy {
     limits: SmLimits,
@@ -397,6 +428,20 @@ impl Occupancy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_masks_round_trip() {
+        // 132 SMs: 17 groups, the last one of 4 SMs.
+        assert_eq!(group_count_of(132), 17);
+        let all = mask_of_groups(u32::MAX, 132);
+        assert_eq!(all, kairos_gpu::SmMask::first(132));
+        assert_eq!(groups_of(&all), (1 << 17) - 1);
+        let some = mask_of_groups(0b1000_0000_0000_0101, 132);
+        assert_eq!(some.iter().collect::<Vec<_>>(), (0..8).chain(16..24).chain(120..128).collect::<Vec<_>>());
+        assert_eq!(groups_of(&some), 0b1000_0000_0000_0101);
+        assert_eq!(groups_of(&kairos_gpu::SmMask::range(7, 2)), 0b11);
+        assert_eq!(mask_of_groups(1 << 16, 132).count(), 4);
+    }
 
     fn limits() -> SmLimits {
         SmLimits { threads_max: 2048, registers_max: 65536, shared_mem_bytes_max: 228 * 1024, ctas_max: 32 }

@@ -175,6 +175,7 @@ impl<G: Gpu> Dispatcher<G> {
             .map(|(&c, &class)| c.div_ceil(self.occupancy.ctas_per_sm(class).max(1)).min(sm_count))
             .max()
             .unwrap_or(0);
+        let right_sms = right_sizes(&plan, spec.profile.as_ref(), &default_ctas, sm_count);
         let weights = upload_weights(&mut self.gpu, &plan, MemKind::Device)?;
         let info = ModelInfo {
             name: spec.name.clone(),
@@ -212,6 +213,7 @@ impl<G: Gpu> Dispatcher<G> {
             segments: Vec::new(),
             segment_at: Vec::new(),
             widest_sms,
+            right_sms,
             realtime_waiting: 0,
         };
         if self.segments_on() {
@@ -421,6 +423,7 @@ impl<G: Gpu> Dispatcher<G> {
             last_issue_seq: 0,
             counted_ready: false,
             notified: false,
+            group_refs: [0; 32],
         };
         let tenant = job.options.tenant;
         let class = job.options.class;
@@ -740,4 +743,23 @@ pub(super) fn free_model<G: Gpu>(gpu: &mut G, m: Model) {
         free_slot(gpu, s);
     }
     let _ = gpu.free(m.weights);
+}
+
+/// Each launch's right size in SMs (KRISP's minimum CUs): the profile's `min_sms` when the
+/// profile was measured on this plan (one entry per launch, in order), else the SMs its default
+/// grid spreads over (one CTA per SM, as the hardware spreads a grid), at most the GPU.
+pub(super) fn right_sizes(
+    plan: &kairos_ir::plan::Plan,
+    profile: Option<&kairos_gpu::profile::ModelProfile>,
+    default_ctas: &[u32],
+    sm_count: u32,
+) -> Vec<u32> {
+    let n = plan.launches.len();
+    let measured = profile.filter(|p| p.kernels.len() == n && p.kernels.iter().enumerate().all(|(i, k)| k.launch as usize == i));
+    (0..n)
+        .map(|i| match measured {
+            Some(p) if p.kernels[i].min_sms > 0 => p.kernels[i].min_sms.min(sm_count),
+            _ => default_ctas[i].clamp(1, sm_count.max(1)),
+        })
+        .collect()
 }

@@ -140,6 +140,7 @@ impl<G: Gpu> Dispatcher<G> {
     /// issue-ahead window); returns it.
     fn retire(&mut self, launch: LaunchId, at_ns: u64) -> Option<InFlight> {
         let mut f = self.in_flight.remove(&launch)?;
+        self.count_groups(f.job, &f.mask, false);
         if let Some(t) = f.trace {
             let r = &mut self.trace[t];
             r.done_ns = Some(at_ns);

@@ -220,9 +220,24 @@ impl<G: Gpu> Dispatcher<G> {
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let l = &m.plan.launches[launch as usize];
-        let ctas = match ctas {
-            Some(c) => c.clamp(1, (l.shape.logical_blocks - first_block).max(1)),
-            None => m.default_ctas(launch as usize, first_block, self.cfg.launch_ctas_max),
+        let mask = sm_mask.unwrap_or(self.whole);
+        let blocks_left = (l.shape.logical_blocks - first_block).max(1);
+        // `ctas`: what runs (the books'); `request_ctas`: what the GPU is asked to start. A mask
+        // narrower than the GPU left to the dispatcher gets its SMs' full wave: the GPU starts
+        // enough CTAs to reach every SM (those outside the mask leave at once).
+        let (ctas, request_ctas) = match ctas {
+            Some(c) => {
+                let c = c.clamp(1, blocks_left);
+                (c, c)
+            }
+            None if mask != self.whole => {
+                let per_sm = self.occupancy.ctas_per_sm(m.classes[launch as usize]).max(1);
+                ((per_sm * mask.intersect(&self.whole).count()).clamp(1, blocks_left), 0)
+            }
+            None => {
+                let c = m.default_ctas(launch as usize, first_block, self.cfg.launch_ctas_max);
+                (c, c)
+            }
         };
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
@@ -239,14 +254,13 @@ impl<G: Gpu> Dispatcher<G> {
         // Their times then come from the last launch's end: only launches whose end and whose
         // predecessor's end are both reported teach the estimates.
         let learns = kernel_level || m.plan.launches.len() == 1;
-        let mask = sm_mask.unwrap_or(self.whole);
         let request = LaunchRequest {
             kernel: &l.kernel,
             dtype: l.dtype,
             shape: l.shape,
             args: &self.args,
             first_block,
-            ctas,
+            ctas: request_ctas,
             sm_mask: mask,
             partition: PartitionId::WHOLE,
             stream: self.stream_ids[stream as usize],
@@ -313,6 +327,7 @@ impl<G: Gpu> Dispatcher<G> {
             None
         };
         let modelled = if report_start && !report_ctas { self.spare_placements.pop().unwrap_or_default() } else { Vec::new() };
+        self.count_groups(key, &mask, true);
         self.in_flight.insert(
             id,
             InFlight {
@@ -494,6 +509,30 @@ impl<G: Gpu> Dispatcher<G> {
             && self.runs_supported
             && self.cfg.policy.is_kernel_level()
             && (!self.policy.preempts_class(Class::RealTime) || !self.policy.preempts_class(Class::BestEffort))
+            && !self.cfg.policy.masks_kernels()
+    }
+
+    /// Counts a launch of job `key` in flight in (`add`) or out of the groups its mask touches:
+    /// the job's own count per group, and the jobs per group when its own goes from or to zero.
+    pub(super) fn count_groups(&mut self, key: JobKey, mask: &SmMask, add: bool) {
+        let Some(job) = self.jobs.get_mut(key.slot as usize).and_then(Option::as_mut).filter(|j| j.key == key) else {
+            return;
+        };
+        let mut groups = crate::occupancy::groups_of(mask);
+        while groups != 0 {
+            let g = groups.trailing_zeros() as usize;
+            groups &= groups - 1;
+            let mine = &mut job.group_refs[g];
+            let (before, after) = if add { (*mine, *mine + 1) } else { (*mine, mine.saturating_sub(1)) };
+            *mine = after;
+            if let Some(n) = self.group_jobs.get_mut(g) {
+                match (before, after) {
+                    (0, 1) => *n += 1,
+                    (1, 0) => *n = n.saturating_sub(1),
+                    _ => {}
+                }
+            }
+        }
     }
 
     /// The segment that launch `launch` of the job starts, if it may go out as one now: segments

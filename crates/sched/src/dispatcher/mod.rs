@@ -366,6 +366,8 @@ struct Model {
     segment_at: Vec<u32>,
     /// SMs its widest launch covers at its default CTAs (`JobView::widest_sms`).
     widest_sms: u32,
+    /// Per launch, its right size in SMs (`ReadyKernel::right_sms`).
+    right_sms: Vec<u32>,
 }
 
 /// `Model::segment_at` of a launch that starts no segment.
@@ -440,6 +442,8 @@ struct Job {
     counted_ready: bool,
     /// `AlmostDone` was queued for this job.
     notified: bool,
+    /// Per group of `GROUP_SMS` SMs, its launches in flight whose mask touches the group.
+    group_refs: [u16; 32],
 }
 
 struct InFlight {
@@ -517,6 +521,9 @@ pub struct Dispatcher<G: Gpu> {
     /// its head behind a dependency: a kernel issued there would wait behind them.
     hw_queues: usize,
     blocked_queues: Vec<u32>,
+    /// Per group of `GROUP_SMS` SMs, the jobs with a launch in flight whose mask touches it
+    /// (`GpuView::group_jobs`).
+    group_jobs: Vec<u32>,
     /// Per hardware queue, its idle streams; and the idle streams of queues with nothing blocked
     /// (what policies see as idle), kept as streams and queues change rather than counted per view.
     idle_per_queue: Vec<u32>,
@@ -611,6 +618,7 @@ impl<G: Gpu> Dispatcher<G> {
             idle_streams: stream_count,
             hw_queues: info.hardware_queues.max(1) as usize,
             blocked_queues: vec![0; info.hardware_queues.max(1) as usize],
+            group_jobs: vec![0; crate::occupancy::group_count_of(info.sm_count).min(32) as usize],
             idle_per_queue: issue::streams_per_queue(stream_count as usize, info.hardware_queues.max(1) as usize),
             available_streams: stream_count,
             stream_ids,
@@ -731,6 +739,7 @@ impl<G: Gpu> Dispatcher<G> {
                 streams: &self.streams[..self.pool_streams],
                 idle_streams: self.available_streams(),
                 idle_realtime_streams: self.idle_realtime_streams,
+                group_jobs: &self.group_jobs,
             },
         }
     }
@@ -827,6 +836,25 @@ impl<G: Gpu> Dispatcher<G> {
                 }
             }
         }
+        let mut refs: HashMap<JobKey, [u16; 32]> = HashMap::new();
+        for f in self.in_flight.values() {
+            let bits = crate::occupancy::groups_of(&f.mask);
+            let r = refs.entry(f.job).or_insert([0; 32]);
+            (0..32).filter(|g| bits & (1 << g) != 0).for_each(|g| r[g] += 1);
+        }
+        let mut groups = vec![0u32; self.group_jobs.len()];
+        for (key, r) in &refs {
+            if self.job(*key).is_some_and(|j| j.group_refs != *r) {
+                return Err(format!(
+                    "job {key:?}: launches per SM group {:?}, its launches in flight make {r:?}",
+                    self.job(*key).map(|j| j.group_refs)
+                ));
+            }
+            groups.iter_mut().enumerate().filter(|(g, _)| r[*g] > 0).for_each(|(_, n)| *n += 1);
+        }
+        if groups != self.group_jobs {
+            return Err(format!("jobs per SM group {:?}, the launches in flight make {groups:?}", self.group_jobs));
+        }
         if self.occupancy.is_modelled() {
             let mut ctas = vec![0u64; self.occupancy.group_count() as usize];
             for f in self.in_flight.values() {
@@ -880,6 +908,8 @@ impl<G: Gpu> Dispatcher<G> {
                     behind: tail.is_some(),
                     frees_ctas,
                     realtime_lane: tail.is_none() && job.options.class == Class::RealTime,
+                    right_sms: m.right_sms[i as usize],
+                    lane_groups: (0..32).filter(|&g| job.group_refs[g] > 0).fold(0, |b, g| b | 1 << g),
                 }
             })
         };

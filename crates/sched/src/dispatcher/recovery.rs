@@ -44,6 +44,7 @@ impl<G: Gpu> Dispatcher<G> {
         self.tenant_index.clear();
         self.almost_done.clear();
         self.in_flight.clear();
+        self.group_jobs.iter_mut().for_each(|n| *n = 0);
         self.pending_ctas = 0;
         self.blocked_queues.iter_mut().for_each(|q| *q = 0);
         self.occupancy = if self.cfg.cta_records {

@@ -24,9 +24,12 @@
 //! | `rr` | [`rr`] | kernels, least recently served job | occupancy + headroom |
 //! | `reef` | [`reef`] | kernels; real-time first, preempts best-effort, pads | real-time: none; padding: free SMs |
 //! | `seq` | [`seq`] | whole jobs one at a time, real-time first | none |
+//! | `krisp` | [`krisp`] | kernels, round robin, each on its right-sized SM mask | free SM groups (KRISP-I) |
+//! | `static` | [`krisp`] | kernels, round robin, each on its job's equal partition | none |
 
 pub mod edf;
 pub mod fifo;
+pub mod krisp;
 pub mod paella;
 pub mod reef;
 pub mod rr;
@@ -69,6 +72,12 @@ pub struct ReadyKernel {
     /// Not behind, and its job is real-time: the dispatcher puts it on an idle high-priority
     /// stream (`GpuView::idle_realtime_streams`) when there is one, else on an idle pool stream.
     pub realtime_lane: bool,
+    /// Its right size: the fewest SMs that keep its speed (KRISP; `min_sms` of the model's
+    /// profile, else the SMs its default grid spreads over).
+    pub right_sms: u32,
+    /// The groups of SMs ([`crate::occupancy::groups_of`]) its job's launches in flight touch: they
+    /// run on its lane, so they end before this kernel starts.
+    pub lane_groups: u32,
 }
 
 /// An admitted job (it has its buffers and can be scheduled), as policies see it.
@@ -187,6 +196,10 @@ pub struct GpuView<'a> {
     pub idle_streams: u32,
     /// Idle high-priority streams, kept for real-time jobs' lanes (`Config::realtime_stream_count`).
     pub idle_realtime_streams: u32,
+    /// Per group of [`crate::occupancy::GROUP_SMS`] SMs, the jobs with a launch in flight (issued,
+    /// not ended) whose SM mask touches it: KRISP's per-CU kernel counters (a job's launches run
+    /// one after another on its lane, as a KRISP worker's kernels do on its queue).
+    pub group_jobs: &'a [u32],
 }
 
 impl GpuView<'_> {
@@ -277,10 +290,13 @@ pub enum PolicyConfig {
     Rr,
     Reef { kill: bool, padding: bool },
     Seq,
+    Krisp { overlap_sms: u32 },
+    Static { partitions: u32 },
 }
 
 impl PolicyConfig {
-    pub const NAMES: [&'static str; 9] = ["fifo", "streams", "streams-kernel", "paella", "edf", "sjf", "rr", "reef", "seq"];
+    pub const NAMES: [&'static str; 11] =
+        ["fifo", "streams", "streams-kernel", "paella", "edf", "sjf", "rr", "reef", "seq", "krisp", "static"];
 
     /// A policy by name with its default parameters, or `name:value` for its main parameter:
     /// `streams:N` (streams), `paella:T` (fairness threshold in µs, or `inf`), `edf:S` (slowdown);
@@ -290,7 +306,8 @@ impl PolicyConfig {
     /// [`paella::SLOWDOWN_BOUND_DEFAULT`]). Suffixes come in that order. `reef` takes `+wait`
     /// (no preemption: best-effort launches already issued run to their end, REEF's wait-based
     /// baseline) and `+nopad` (no best-effort kernel while real-time work is admitted), in that
-    /// order.
+    /// order. `krisp:N` allows N SMs of overlap per kernel (`krisp` = `krisp:0`, KRISP-I;
+    /// `krisp:inf`, KRISP-O); `static:N` cuts the GPU into N equal partitions.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
         if let Some(rest) = name.strip_prefix("reef") {
             let (wait, rest) = match rest.strip_prefix("+wait") {
@@ -329,6 +346,8 @@ impl PolicyConfig {
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
             "seq" => PolicyConfig::Seq,
+            "krisp" => PolicyConfig::Krisp { overlap_sms: 0 },
+            "static" => PolicyConfig::Static { partitions: krisp::STATIC_PARTITIONS_DEFAULT },
             _ => return None,
         };
         if let Some(v) = param {
@@ -338,6 +357,11 @@ impl PolicyConfig {
                     *fairness_threshold_ns = if v == "inf" { u64::MAX } else { v.parse::<u64>().ok()?.checked_mul(1000)? }
                 }
                 PolicyConfig::Edf { slowdown, .. } => *slowdown = v.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0)?,
+                PolicyConfig::Krisp { overlap_sms } => {
+                    *overlap_sms =
+                        if v == "inf" { krisp::OVERLAP_ANY } else { v.parse().ok().filter(|&n| n != krisp::OVERLAP_ANY)? }
+                }
+                PolicyConfig::Static { partitions } => *partitions = v.parse().ok().filter(|&n| n > 0 && n <= 32)?,
                 _ => return None,
             }
         }
@@ -367,6 +391,8 @@ impl PolicyConfig {
             PolicyConfig::Rr => "rr",
             PolicyConfig::Reef { .. } => "reef",
             PolicyConfig::Seq => "seq",
+            PolicyConfig::Krisp { .. } => "krisp",
+            PolicyConfig::Static { .. } => "static",
         }
     }
 
@@ -386,6 +412,11 @@ impl PolicyConfig {
                 }
             }
             PolicyConfig::Edf { slowdown, .. } if slowdown != edf::SLOWDOWN_DEFAULT => l += &format!(":{slowdown}"),
+            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY } => l += ":inf",
+            PolicyConfig::Krisp { overlap_sms } if overlap_sms != 0 => l += &format!(":{overlap_sms}"),
+            PolicyConfig::Static { partitions } if partitions != krisp::STATIC_PARTITIONS_DEFAULT => {
+                l += &format!(":{partitions}")
+            }
             _ => {}
         }
         if matches!(self, PolicyConfig::Paella { backfill: true, .. } | PolicyConfig::Edf { backfill: true, .. }) {
@@ -412,6 +443,12 @@ impl PolicyConfig {
         !matches!(self, PolicyConfig::Fifo { .. } | PolicyConfig::Streams { .. } | PolicyConfig::Seq)
     }
 
+    /// Whether it puts every kernel on an SM mask of its own choosing (`krisp`, `static`): its
+    /// jobs go launch by launch, never in recorded segments (runs are recorded on the whole GPU).
+    pub fn masks_kernels(&self) -> bool {
+        matches!(self, PolicyConfig::Krisp { .. } | PolicyConfig::Static { .. })
+    }
+
     pub fn build(&self) -> Box<dyn Policy> {
         match *self {
             PolicyConfig::Fifo { jobs_queued } => Box::new(fifo::Fifo { jobs_queued: jobs_queued.max(1) }),
@@ -427,6 +464,8 @@ impl PolicyConfig {
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
             PolicyConfig::Reef { kill, padding } => Box::new(reef::Reef { kill, padding }),
             PolicyConfig::Seq => Box::new(seq::Seq),
+            PolicyConfig::Krisp { overlap_sms } => Box::new(krisp::Krisp { overlap_sms }),
+            PolicyConfig::Static { partitions } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
         }
     }
 }
@@ -451,6 +490,9 @@ impl std::fmt::Display for PolicyConfig {
                 write!(f, "edf(slowdown={slowdown}{})", if *backfill { ",backfill" } else { "" })
             }
             PolicyConfig::Reef { kill, padding } => write!(f, "reef(kill={kill},padding={padding})"),
+            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY } => write!(f, "krisp(overlap=any)"),
+            PolicyConfig::Krisp { overlap_sms } => write!(f, "krisp(overlap={overlap_sms}sms)"),
+            PolicyConfig::Static { partitions } => write!(f, "static(partitions={partitions})"),
             other => f.write_str(other.name()),
         }
     }
@@ -506,6 +548,11 @@ mod tests {
             "reef+nopad",
             "reef+wait+nopad",
             "seq",
+            "krisp",
+            "krisp:16",
+            "krisp:inf",
+            "static",
+            "static:2",
         ] {
             let p = PolicyConfig::by_name(n).unwrap_or_else(|| panic!("{n} does not parse"));
             assert_eq!(p.label(), n);
@@ -527,6 +574,11 @@ mod tests {
             "reef+nopad+wait",
             "reef+backfill",
             "seq:1",
+            "krisp:x",
+            "krisp:-8",
+            "static:0",
+            "static:33",
+            "krisp+backfill",
         ] {
             assert_eq!(PolicyConfig::by_name(bad), None, "{bad}");
         }

@@ -90,7 +90,9 @@ pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
 
 /// A random policy with random parameters.
 pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
-    match rng.random_range(0..9) {
+    match rng.random_range(0..11) {
+        9 => PolicyConfig::Krisp { overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)] },
+        10 => PolicyConfig::Static { partitions: rng.random_range(1..=4) },
         7 => PolicyConfig::Reef { kill: rng.random_bool(0.75), padding: rng.random_bool(0.75) },
         8 => PolicyConfig::Seq,
         6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)], backfill: rng.random_bool(0.5) },
@@ -472,7 +474,9 @@ pub fn check_blocks_and_deps(
             assert!(blocks <= logical as u64, "request {req:?} launch {li}: {blocks} blocks ran, it has {logical}");
         }
         // Dependencies: the first placement of this launch follows the end of each dependency.
-        let first_placed = issues.iter().filter_map(|r| log.launches[&r.gpu_launch].first_placed_ns).min();
+        // (A launch its stream gate stopped ran no block: its CTAs came and left.)
+        let first_placed =
+            issues.iter().map(|r| &log.launches[&r.gpu_launch]).filter(|a| a.blocks > 0).filter_map(|a| a.first_placed_ns).min();
         if let Some(start) = first_placed {
             for &d in &plan.launches[*li as usize].deps {
                 let dep = by_launch
@@ -562,6 +566,46 @@ impl Policy for Checked {
                 );
                 if gated && !view.gpu.fits(&k) {
                     bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
+                }
+                if let PolicyConfig::Krisp { overlap_sms } | PolicyConfig::Static { partitions: overlap_sms } = self.config {
+                    // Right-sized: a mask of whole SM groups, no larger than the kernel's right size
+                    // (in groups); KRISP-I: no group of it runs another job's launch.
+                    use kairos_sched::occupancy::{GROUP_SMS, group_count_of, groups_of};
+                    let Decision::Issue { ctas, sm_mask, .. } = d else { unreachable!() };
+                    let sm_count = view.gpu.occupancy.sm_count();
+                    let n = group_count_of(sm_count).min(32);
+                    match sm_mask {
+                        Some(m)
+                            if kairos_sched::policy::krisp::is_group_union(&m, sm_count) && !m.is_empty() && ctas.is_none() =>
+                        {
+                            let g = groups_of(&m);
+                            if let PolicyConfig::Krisp { .. } = self.config {
+                                if g.count_ones() > k.right_sms.div_ceil(GROUP_SMS).clamp(1, n) {
+                                    bad(format!(
+                                        "krisp: {} groups for a kernel of right size {} SMs",
+                                        g.count_ones(),
+                                        k.right_sms
+                                    ));
+                                }
+                                let shared: u32 = (0..n)
+                                    .filter(|&i| g & (1 << i) != 0)
+                                    .filter(|&i| view.gpu.group_jobs[i as usize] > (k.lane_groups >> i) & 1)
+                                    .map(|i| sm_count.saturating_sub(i * GROUP_SMS).min(GROUP_SMS))
+                                    .sum();
+                                if shared > overlap_sms {
+                                    bad(format!("krisp: {shared} SMs shared with other launches, limit {overlap_sms}"));
+                                }
+                            } else {
+                                let parts = overlap_sms.clamp(1, n);
+                                if !(0..parts)
+                                    .any(|p| kairos_sched::policy::krisp::StaticPartitions::partition_groups(p, parts, n) == g)
+                                {
+                                    bad(format!("static: mask {m:?} is not one of the {parts} partitions"));
+                                }
+                            }
+                        }
+                        other => bad(format!("{}: kernel issued without a group mask ({other:?}, ctas {ctas:?})", self.name())),
+                    }
                 }
                 if let PolicyConfig::Reef { padding, .. } = self.config {
                     use kairos_sched::Class;

@@ -1,0 +1,251 @@
+//! `krisp` and `static`: KRISP's kernel-wise right-sizing (HPCA'23, Chow et al.) and the
+//! static-partition baseline it is measured against.
+//!
+//! **Guarantee (`krisp`).** Every kernel goes out on an SM mask of its *right size*
+//! ([`ReadyKernel::right_sms`]: the fewest SMs at which `kairos profile` measured it within 5% of
+//! its whole-GPU time, KRISP's "minimum CUs"; without a profile, the SMs its grid spreads over),
+//! chosen by KRISP's Algorithm 1 over groups of [`GROUP_SMS`] SMs: groups running the fewest
+//! other jobs' launches first ([`GpuView::group_jobs`](super::GpuView), KRISP's per-CU kernel
+//! counters: a job's launches run one after another on its lane, as a KRISP worker's kernels on
+//! its queue), and among equals the groups of its own job's launches in flight (which end before
+//! it starts) before others; of the groups so taken, at most `overlap_sms` SMs may already run
+//! other jobs' launches. `krisp` (KRISP-I, limit 0) never shares an SM group
+//! between two jobs' kernels: a kernel that finds fewer free groups than its size gets the free
+//! ones (KRISP: "we allocate only what is available"), none free, it waits; `krisp:inf` (KRISP-O)
+//! shares freely; `krisp:N` is the sweep in between. Jobs are offered in round-robin order (least
+//! recently served first), the first whose kernel gets a mask goes; there is no occupancy gate
+//! (KRISP has none: the hardware queues what does not fit in the mask).
+//!
+//! **Guarantee (`static:N`).** The GPU is cut into N equal ranges of groups (KRISP's "Static
+//! Equal" baseline, one partition per worker). A kernel runs on the whole partition of the
+//! launches its job has in flight (its lane), and a job's first kernel (or one after its lane drained)
+//! on the partition with the fewest jobs' launches in flight (lowest index among equals), so N
+//! closed-loop workers each settle on a partition of their own.
+//!
+//! **Hopper differences.** KRISP proposes a command-processor change that applies a mask per
+//! kernel and emulates it on AMD with per-queue CU masks set between barrier packets (the
+//! emulation's cost is subtracted analytically). kairos has per-launch software masks: CTAs that
+//! land outside the mask leave at once and the ones inside take the launch's logical blocks, so
+//! a right-sized launch costs what a masked protocol launch costs (no barrier, no ioctl), measured
+//! as it runs. The unit is a group of 8 SMs (the modelled occupancy map's and the green
+//! contexts' granularity; profiles step by 8 SMs), not one CU. KRISP's "Conserved" placement over
+//! the MI50's 4 shader engines needs the GPC topology, which kairos does not probe yet: groups are
+//! consecutive SM ids, taken least loaded first.
+
+use super::{Decision, JobView, Policy, ReadyKernel, View};
+use crate::occupancy::{GROUP_SMS, group_count_of, mask_of_groups};
+use kairos_gpu::SmMask;
+
+/// `krisp:inf`: KRISP-O, any overlap.
+pub const OVERLAP_ANY: u32 = u32::MAX;
+
+/// `static` without a count: four partitions (KRISP's largest worker count).
+pub const STATIC_PARTITIONS_DEFAULT: u32 = 4;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Krisp {
+    /// SMs of a kernel's mask that may already run other launches (0: KRISP-I).
+    pub overlap_sms: u32,
+}
+
+/// SMs of group `g` on a GPU of `sm_count` SMs.
+fn group_sms(g: u32, sm_count: u32) -> u32 {
+    sm_count.saturating_sub(g * GROUP_SMS).min(GROUP_SMS)
+}
+
+impl Krisp {
+    /// KRISP's Algorithm 1 over groups: the groups (bits) kernel `k` runs on now, 0 if none.
+    /// `jobs[g]`: jobs with a launch in flight on group g.
+    pub fn choose_groups(&self, k: &ReadyKernel, jobs: &[u32], sm_count: u32) -> u32 {
+        let n = group_count_of(sm_count).min(32).min(jobs.len() as u32);
+        if n == 0 {
+            return 0;
+        }
+        let need = k.right_sms.div_ceil(GROUP_SMS).clamp(1, n) as usize;
+        let others = |g: u32| jobs[g as usize].saturating_sub((k.lane_groups >> g) & 1);
+        // Least loaded first, then the lane's own groups, then by index: one sort key each.
+        let mut keys = [0u64; 32];
+        for g in 0..n {
+            let own = (k.lane_groups >> g) & 1;
+            keys[g as usize] = ((others(g) as u64) << 40) | (((1 - own) as u64) << 32) | g as u64;
+        }
+        let keys = &mut keys[..n as usize];
+        keys.sort_unstable();
+        let (mut bits, mut overlapped_sms) = (0u32, 0u32);
+        for &key in keys.iter().take(need) {
+            let g = (key & 0xffff_ffff) as u32;
+            if others(g) > 0 {
+                overlapped_sms = overlapped_sms.saturating_add(group_sms(g, sm_count));
+                if overlapped_sms > self.overlap_sms {
+                    // Sorted: every group after this one overlaps too.
+                    break;
+                }
+            }
+            bits |= 1 << g;
+        }
+        bits
+    }
+}
+
+/// Jobs with a kernel that can be issued, least recently served first.
+fn offered<'a>(view: &'a View<'_>) -> impl Iterator<Item = (&'a JobView, ReadyKernel)> + 'a {
+    view.jobs.iter().filter_map(move |j| j.next_ready.filter(|k| view.gpu.can_issue(k)).map(|k| (j, k)))
+}
+
+/// The first job (least recently served) for which `choose` finds groups: its issue on them.
+fn first_placed(view: &View<'_>, choose: impl Fn(&ReadyKernel) -> u32) -> Option<Decision> {
+    let sm_count = view.gpu.occupancy.sm_count();
+    let rank = |j: &JobView| (j.last_issue_seq, j.seq);
+    let issue = |j: &JobView, k: &ReadyKernel, groups: u32| Decision::Issue {
+        job: j.key,
+        launch: k.launch,
+        ctas: None,
+        sm_mask: Some(mask_of_groups(groups, sm_count)),
+    };
+    // The common case without allocating: the first-ranked job's kernel finds room.
+    let (head, hk) = offered(view).min_by_key(|(j, _)| rank(j))?;
+    let g = choose(&hk);
+    if g != 0 {
+        return Some(issue(head, &hk, g));
+    }
+    let mut rest: Vec<(&JobView, ReadyKernel)> = offered(view).filter(|(j, _)| j.key != head.key).collect();
+    rest.sort_unstable_by_key(|(j, _)| rank(j));
+    rest.into_iter().find_map(|(j, k)| {
+        let g = choose(&k);
+        (g != 0).then(|| issue(j, &k, g))
+    })
+}
+
+impl Policy for Krisp {
+    fn name(&self) -> &'static str {
+        "krisp"
+    }
+
+    fn decide(&self, view: &View<'_>) -> Option<Decision> {
+        let sm_count = view.gpu.occupancy.sm_count();
+        first_placed(view, |k| self.choose_groups(k, view.gpu.group_jobs, sm_count))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct StaticPartitions {
+    pub partitions: u32,
+}
+
+impl StaticPartitions {
+    /// The groups (bits) of partition `p` of `count` over `n` groups: equal ranges, the first
+    /// `n % count` one group larger.
+    pub fn partition_groups(p: u32, count: u32, n: u32) -> u32 {
+        let count = count.clamp(1, n.max(1));
+        let (base, extra) = (n / count, n % count);
+        let start = p * base + p.min(extra);
+        let len = base + (p < extra) as u32;
+        let all = |k: u32| if k >= 32 { u32::MAX } else { (1u32 << k) - 1 };
+        all(start + len) & !all(start)
+    }
+
+    /// The partition (groups) kernel `k` runs on.
+    pub fn choose_groups(&self, k: &ReadyKernel, jobs: &[u32], sm_count: u32) -> u32 {
+        let n = group_count_of(sm_count).min(32).min(jobs.len() as u32);
+        let count = self.partitions.clamp(1, n.max(1));
+        let parts = (0..count).map(|p| Self::partition_groups(p, count, n));
+        if k.lane_groups != 0 {
+            let lane = k.lane_groups.trailing_zeros();
+            if let Some(g) = parts.clone().find(|g| g & (1 << lane) != 0) {
+                return g;
+            }
+        }
+        let load = |g: u32| (0..n).filter(|&i| g & (1 << i) != 0).map(|i| jobs[i as usize]).sum::<u32>();
+        parts.min_by_key(|&g| load(g)).unwrap_or(0)
+    }
+}
+
+impl Policy for StaticPartitions {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+
+    fn decide(&self, view: &View<'_>) -> Option<Decision> {
+        let sm_count = view.gpu.occupancy.sm_count();
+        first_placed(view, |k| self.choose_groups(k, view.gpu.group_jobs, sm_count))
+    }
+}
+
+/// The SMs of a mask, for tests and checks: whether `mask` is a union of whole groups.
+pub fn is_group_union(mask: &SmMask, sm_count: u32) -> bool {
+    *mask == mask_of_groups(crate::occupancy::groups_of(mask), sm_count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::occupancy::ResourceClass;
+
+    fn kernel(right_sms: u32, lane_groups: u32) -> ReadyKernel {
+        ReadyKernel {
+            launch: 0,
+            first_block: 0,
+            blocks_left: 100,
+            ctas: 100,
+            class: ResourceClass(0),
+            est_ns: 1000,
+            behind: lane_groups != 0,
+            frees_ctas: 0,
+            realtime_lane: false,
+            right_sms,
+            lane_groups,
+        }
+    }
+
+    #[test]
+    fn krisp_i_takes_free_groups_only_and_krisp_o_the_least_loaded() {
+        // 132 SMs: 17 groups (the last one of 4 SMs). Groups 0..4 busy with one launch each.
+        let mut launches = vec![0u32; 17];
+        launches[..4].iter_mut().for_each(|l| *l = 1);
+        let isolated = Krisp { overlap_sms: 0 };
+        // 24 SMs = 3 groups, all free: groups 4, 5, 6.
+        assert_eq!(isolated.choose_groups(&kernel(24, 0), &launches, 132), 0b111 << 4);
+        // The whole GPU asked: only the 13 free groups.
+        assert_eq!(isolated.choose_groups(&kernel(132, 0), &launches, 132), ((1 << 17) - 1) & !0b1111);
+        // Everything busy: nothing under KRISP-I, the least loaded under KRISP-O.
+        let mut busy = vec![2u32; 17];
+        busy[9] = 1;
+        assert_eq!(isolated.choose_groups(&kernel(8, 0), &busy, 132), 0);
+        assert_eq!(Krisp { overlap_sms: OVERLAP_ANY }.choose_groups(&kernel(8, 0), &busy, 132), 1 << 9);
+        // The sweep between: 16 SMs of overlap allowed, two groups of it.
+        let mut half = vec![1u32; 17];
+        half[0] = 0;
+        assert_eq!(Krisp { overlap_sms: 16 }.choose_groups(&kernel(40, 0), &half, 132).count_ones(), 3);
+    }
+
+    #[test]
+    fn a_kernel_behind_its_lane_reuses_the_lanes_groups() {
+        // Groups 2 and 3 run this job's previous launch, which ends before this one starts.
+        let mut launches = vec![0u32; 17];
+        launches[2] = 1;
+        launches[3] = 1;
+        let k = Krisp { overlap_sms: 0 };
+        assert_eq!(k.choose_groups(&kernel(16, 0b1100), &launches, 132), 0b1100);
+        // A larger kernel keeps them and adds free ones.
+        let g = k.choose_groups(&kernel(32, 0b1100), &launches, 132);
+        assert_eq!(g & 0b1100, 0b1100);
+        assert_eq!(g.count_ones(), 4);
+    }
+
+    #[test]
+    fn static_partitions_are_equal_disjoint_and_sticky() {
+        let n = 17;
+        let parts: Vec<u32> = (0..4).map(|p| StaticPartitions::partition_groups(p, 4, n)).collect();
+        assert_eq!(parts.iter().map(|g| g.count_ones()).collect::<Vec<_>>(), vec![5, 4, 4, 4]);
+        assert_eq!(parts.iter().fold(0, |a, g| a | g), (1 << 17) - 1);
+        assert!(parts.iter().enumerate().all(|(i, a)| parts.iter().skip(i + 1).all(|b| a & b == 0)));
+        let s = StaticPartitions { partitions: 4 };
+        let mut launches = vec![0u32; 17];
+        // Partition 0 busy: a new job goes to partition 1.
+        (0..5).for_each(|g| launches[g] = 1);
+        assert_eq!(s.choose_groups(&kernel(132, 0), &launches, 132), parts[1]);
+        // A job behind its lane in partition 0 stays there.
+        assert_eq!(s.choose_groups(&kernel(8, 1 << 2), &launches, 132), parts[0]);
+        assert!(is_group_union(&mask_of_groups(parts[3], 132), 132));
+    }
+}
