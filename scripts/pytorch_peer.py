@@ -21,6 +21,8 @@ def vision(name):
         return tv.googlenet(weights=None, aux_logits=False, init_weights=True), (3, 224, 224)
     if name == "inception_v3":
         return tv.inception_v3(weights=None, aux_logits=False, init_weights=True), (3, 299, 299)
+    if name == "shufflenet_v2":
+        return tv.shufflenet_v2_x1_0(weights=None), (3, 224, 224)
     return getattr(tv, name)(weights=None), (3, 224, 224)
 
 
@@ -36,7 +38,7 @@ def transformer(name):
 
 
 VISION = ["resnet18", "resnet34", "resnet50", "resnet152", "mobilenet_v2", "squeezenet1_1", "vgg19",
-          "densenet121", "densenet201", "googlenet", "inception_v3"]
+          "densenet121", "densenet201", "googlenet", "inception_v3", "alexnet", "resnext101_32x8d", "shufflenet_v2"]
 TRANSFORMERS = ["bert_base", "distilbert", "gpt2"]
 
 

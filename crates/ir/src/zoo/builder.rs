@@ -45,7 +45,7 @@ impl OnnxBuilder {
         OnnxBuilder { graph, opset, rng: SmallRng::seed_from_u64(seed), next_id: 0, weight_count: 0 }
     }
 
-    fn fresh(&mut self, prefix: &str) -> String {
+    pub(crate) fn fresh(&mut self, prefix: &str) -> String {
         self.next_id += 1;
         format!("{prefix}_{}", self.next_id)
     }

@@ -50,6 +50,21 @@ pub const ZOO: &[ZooEntry] = &[
         description: "Inception v3 at 299x299, no aux head",
     },
     ZooEntry {
+        name: "alexnet",
+        kind: ZooKind::Vision { resolution: 224 },
+        description: "AlexNet (torchvision), five convolutions and three fully connected layers",
+    },
+    ZooEntry {
+        name: "resnext101_32x8d",
+        kind: ZooKind::Vision { resolution: 224 },
+        description: "ResNeXt-101 32x8d, bottlenecks [3,4,23,3] with grouped 3x3 convolutions",
+    },
+    ZooEntry {
+        name: "shufflenet_v2",
+        kind: ZooKind::Vision { resolution: 224 },
+        description: "ShuffleNet V2 1.0x, channel split and shuffle (Split, Reshape, Transpose)",
+    },
+    ZooEntry {
         name: "bert_base",
         kind: ZooKind::Transformer,
         description: "BERT-base encoder, 12 layers, hidden 768 (LayerNormalization op, erf GELU, folded mask subgraph)",
@@ -112,6 +127,9 @@ pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
         "densenet201" => vision::densenet(201, b, seed),
         "googlenet" => vision::googlenet(b, seed),
         "inception_v3" => vision::inception_v3(b, seed),
+        "alexnet" => vision::alexnet(b, seed),
+        "resnext101_32x8d" => vision::resnext(101, 32, 8, b, seed),
+        "shufflenet_v2" => vision::shufflenet_v2(b, seed),
         "bert_base" => transformer::bert(&transformer::BERT_BASE, b, s, seed),
         "distilbert" => transformer::bert(&transformer::DISTILBERT, b, s, seed),
         "gpt2" => transformer::gpt2(b, s, seed),

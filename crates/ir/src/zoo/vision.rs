@@ -1,6 +1,6 @@
 //! The vision models of the zoo, as torchvision defines them (same layer shapes, random weights).
 
-use super::builder::OnnxBuilder;
+use super::builder::{Attr, OnnxBuilder};
 use crate::tensor::DType;
 
 const BN_EPS: f32 = 1e-5;
@@ -44,6 +44,16 @@ fn resnet_stem(b: &mut OnnxBuilder, batch: usize) -> String {
 }
 
 pub fn resnet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
+    resnet_like(&format!("resnet{depth}"), depth, 1, 64, batch, seed)
+}
+
+/// ResNeXt (torchvision's `resnext101_32x8d` is depth 101, 32 groups of width 8): ResNet's
+/// bottlenecks with a grouped 3x3 convolution `groups x width_per_group x planes / 64` wide.
+pub fn resnext(depth: usize, groups: usize, width_per_group: usize, batch: usize, seed: u64) -> Vec<u8> {
+    resnet_like(&format!("resnext{depth}_{groups}x{width_per_group}d"), depth, groups, width_per_group, batch, seed)
+}
+
+fn resnet_like(model: &str, depth: usize, groups: usize, width_per_group: usize, batch: usize, seed: u64) -> Vec<u8> {
     let (bottleneck, blocks): (bool, [usize; 4]) = match depth {
         18 => (false, [2, 2, 2, 2]),
         34 => (false, [3, 4, 6, 3]),
@@ -52,16 +62,17 @@ pub fn resnet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
         152 => (true, [3, 8, 36, 3]),
         _ => panic!("no resnet{depth}"),
     };
-    let mut b = OnnxBuilder::new(&format!("resnet{depth}"), 13, seed);
+    let mut b = OnnxBuilder::new(model, 13, seed);
     let mut x = resnet_stem(&mut b, batch);
     let expansion = if bottleneck { 4 } else { 1 };
     let mut cin = 64;
     for (stage, &count) in blocks.iter().enumerate() {
-        let width = 64 << stage;
+        let planes = 64 << stage;
+        let width = planes * width_per_group / 64 * groups;
+        let cout = planes * expansion;
         for i in 0..count {
             let stride = if stage > 0 && i == 0 { 2 } else { 1 };
             let name = format!("layer{}.{i}", stage + 1);
-            let cout = width * expansion;
             let identity = if stride != 1 || cin != cout {
                 let c = b.conv(&x, &format!("{name}.downsample.0"), cin, cout, (1, 1), stride, (0, 0), 1, false);
                 b.bn(&c, &format!("{name}.downsample.1"), cout, BN_EPS, GAMMA_RESIDUAL)
@@ -72,7 +83,7 @@ pub fn resnet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
                 let c1 = b.conv(&x, &format!("{name}.conv1"), cin, width, (1, 1), 1, (0, 0), 1, false);
                 let n1 = b.bn(&c1, &format!("{name}.bn1"), width, BN_EPS, GAMMA);
                 let r1 = b.relu(&n1);
-                let c2 = b.conv(&r1, &format!("{name}.conv2"), width, width, (3, 3), stride, (1, 1), 1, false);
+                let c2 = b.conv(&r1, &format!("{name}.conv2"), width, width, (3, 3), stride, (1, 1), groups, false);
                 let n2 = b.bn(&c2, &format!("{name}.bn2"), width, BN_EPS, GAMMA);
                 let r2 = b.relu(&n2);
                 let c3 = b.conv(&r2, &format!("{name}.conv3"), width, cout, (1, 1), 1, (0, 0), 1, false);
@@ -90,6 +101,88 @@ pub fn resnet(depth: usize, batch: usize, seed: u64) -> Vec<u8> {
         }
     }
     finish_classifier(b, &x, batch, cin)
+}
+
+/// AlexNet as torchvision defines it (the variant with 64/192/384/256/256 channels); dropout is
+/// the identity in inference and the adaptive 6x6 average pool is the identity at 224x224.
+pub fn alexnet(batch: usize, seed: u64) -> Vec<u8> {
+    let mut b = OnnxBuilder::new("alexnet", 13, seed);
+    let x0 = classifier_input(&mut b, batch, 224);
+    let c = b.conv(&x0, "features.0", 3, 64, (11, 11), 4, (2, 2), 1, true);
+    let r = b.relu(&c);
+    let x = b.maxpool(&r, 3, 2, 0, false);
+    let c = b.conv(&x, "features.3", 64, 192, (5, 5), 1, (2, 2), 1, true);
+    let r = b.relu(&c);
+    let mut x = b.maxpool(&r, 3, 2, 0, false);
+    let mut cin = 192;
+    for (idx, cout) in [(6, 384), (8, 256), (10, 256)] {
+        let c = b.conv(&x, &format!("features.{idx}"), cin, cout, (3, 3), 1, (1, 1), 1, true);
+        x = b.relu(&c);
+        cin = cout;
+    }
+    let x = b.maxpool(&x, 3, 2, 0, false);
+    let f = b.flatten(&x);
+    let h = b.gemm_linear(&f, "classifier.1", 256 * 6 * 6, 4096);
+    let h = b.relu(&h);
+    let h = b.gemm_linear(&h, "classifier.4", 4096, 4096);
+    let h = b.relu(&h);
+    let y = b.gemm_linear(&h, "classifier.6", 4096, 1000);
+    b.output(&y, "logits", DType::F32, &[batch, 1000]);
+    b.finish_bytes()
+}
+
+/// ShuffleNet V2 1.0x as torchvision defines it: stages of 4, 8 and 4 units (116, 232, 464
+/// channels); a unit splits its channels in two halves (stride 1) or feeds both branches
+/// (stride 2), concatenates the branches and shuffles channels in two groups (Reshape,
+/// Transpose, Reshape, as PyTorch's exporter writes `channel_shuffle`).
+pub fn shufflenet_v2(batch: usize, seed: u64) -> Vec<u8> {
+    let mut b = OnnxBuilder::new("shufflenet_v2_x1_0", 13, seed);
+    let x0 = classifier_input(&mut b, batch, 224);
+    let c = conv_bn(&mut b, &x0, "conv1.0", 3, 24, 3, 2, GAMMA);
+    let r = b.relu(&c);
+    let mut x = b.maxpool(&r, 3, 2, 1, false);
+    let (mut cin, mut hw) = (24, 56);
+    for (stage, (units, cout)) in [(4usize, 116usize), (8, 232), (4, 464)].into_iter().enumerate() {
+        let half = cout / 2;
+        for u in 0..units {
+            let name = format!("stage{}.{u}", stage + 2);
+            let stride = if u == 0 { 2 } else { 1 };
+            // branch2: 1x1, depthwise 3x3 (stride), 1x1; branch1 (stride 2 only): depthwise 3x3, 1x1.
+            let branch2 = |b: &mut OnnxBuilder, x: &str, c_in: usize| -> String {
+                let p = conv_bn(b, x, &format!("{name}.branch2.0"), c_in, half, 1, 1, GAMMA);
+                let p = b.relu(&p);
+                let d = b.conv(&p, &format!("{name}.branch2.3"), half, half, (3, 3), stride, (1, 1), half, false);
+                let d = b.bn(&d, &format!("{name}.branch2.4"), half, BN_EPS, GAMMA);
+                let q = conv_bn(b, &d, &format!("{name}.branch2.5"), half, half, 1, 1, GAMMA);
+                b.relu(&q)
+            };
+            let y = if stride == 2 {
+                let d = b.conv(&x, &format!("{name}.branch1.0"), cin, cin, (3, 3), 2, (1, 1), cin, false);
+                let d = b.bn(&d, &format!("{name}.branch1.1"), cin, BN_EPS, GAMMA);
+                let p = conv_bn(&mut b, &d, &format!("{name}.branch1.2"), cin, half, 1, 1, GAMMA);
+                let p = b.relu(&p);
+                let q = branch2(&mut b, &x, cin);
+                b.concat(&[&p, &q], 1)
+            } else {
+                let (x1, x2) = (b.fresh("split_a"), b.fresh("split_b"));
+                let sizes = b.const_i64(&[half as i64, half as i64]);
+                b.node_multi("Split", &format!("{name}.split"), &[&x, &sizes], &[&x1, &x2], vec![("axis", Attr::Int(1))]);
+                let q = branch2(&mut b, &x2, half);
+                b.concat(&[&x1, &q], 1)
+            };
+            if stride == 2 {
+                hw /= 2;
+            }
+            let n = batch as i64;
+            let g = b.reshape(&y, &[n, 2, half as i64, hw as i64, hw as i64]);
+            let t = b.transpose(&g, &[0, 2, 1, 3, 4]);
+            x = b.reshape(&t, &[n, cout as i64, hw as i64, hw as i64]);
+            cin = cout;
+        }
+    }
+    let c = conv_bn(&mut b, &x, "conv5.0", cin, 1024, 1, 1, GAMMA);
+    let x = b.relu(&c);
+    finish_classifier(b, &x, batch, 1024)
 }
 
 pub fn mobilenet_v2(batch: usize, seed: u64) -> Vec<u8> {
