@@ -522,7 +522,7 @@ pub struct Dispatcher<G: Gpu> {
     hw_queues: usize,
     blocked_queues: Vec<u32>,
     /// Per group of `GROUP_SMS` SMs, the jobs with a launch in flight whose mask touches it
-    /// (`GpuView::group_jobs`).
+    /// (`GpuView::group_jobs`; kept for the policies that mask kernels, zeros for the others).
     group_jobs: Vec<u32>,
     /// Per hardware queue, its idle streams; and the idle streams of queues with nothing blocked
     /// (what policies see as idle), kept as streams and queues change rather than counted per view.
@@ -837,7 +837,7 @@ impl<G: Gpu> Dispatcher<G> {
             }
         }
         let mut refs: HashMap<JobKey, [u16; 32]> = HashMap::new();
-        for f in self.in_flight.values() {
+        for f in self.in_flight.values().filter(|_| self.cfg.policy.masks_kernels()) {
             let bits = crate::occupancy::groups_of(&f.mask);
             let r = refs.entry(f.job).or_insert([0; 32]);
             (0..32).filter(|g| bits & (1 << g) != 0).for_each(|g| r[g] += 1);
@@ -909,7 +909,11 @@ impl<G: Gpu> Dispatcher<G> {
                     frees_ctas,
                     realtime_lane: tail.is_none() && job.options.class == Class::RealTime,
                     right_sms: m.right_sms[i as usize],
-                    lane_groups: (0..32).filter(|&g| job.group_refs[g] > 0).fold(0, |b, g| b | 1 << g),
+                    lane_groups: if self.cfg.policy.masks_kernels() {
+                        (0..32).filter(|&g| job.group_refs[g] > 0).fold(0, |b, g| b | 1 << g)
+                    } else {
+                        0
+                    },
                 }
             })
         };

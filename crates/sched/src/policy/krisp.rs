@@ -63,6 +63,11 @@ impl Krisp {
         }
         let need = k.right_sms.div_ceil(GROUP_SMS).clamp(1, n) as usize;
         let others = |g: u32| jobs[g as usize].saturating_sub((k.lane_groups >> g) & 1);
+        // KRISP-I (no overlap at all): nothing to do unless some group is free of other jobs (one
+        // pass, no sort: most kernels that wait are turned away here).
+        if self.overlap_sms == 0 && (0..n).all(|g| others(g) > 0) {
+            return 0;
+        }
         // Least loaded first, then the lane's own groups, then by index: one sort key each.
         let mut keys = [0u64; 32];
         for g in 0..n {
@@ -102,18 +107,21 @@ fn first_placed(view: &View<'_>, choose: impl Fn(&ReadyKernel) -> u32) -> Option
         ctas: None,
         sm_mask: Some(mask_of_groups(groups, sm_count)),
     };
-    // The common case without allocating: the first-ranked job's kernel finds room.
+    // The common case: the first-ranked job's kernel finds room.
     let (head, hk) = offered(view).min_by_key(|(j, _)| rank(j))?;
     let g = choose(&hk);
     if g != 0 {
         return Some(issue(head, &hk, g));
     }
-    let mut rest: Vec<(&JobView, ReadyKernel)> = offered(view).filter(|(j, _)| j.key != head.key).collect();
-    rest.sort_unstable_by_key(|(j, _)| rank(j));
-    rest.into_iter().find_map(|(j, k)| {
-        let g = choose(&k);
-        (g != 0).then(|| issue(j, &k, g))
-    })
+    // Else the best-ranked one that does, in one pass (no allocation, no sort of the jobs).
+    let (j, k, g) = offered(view)
+        .filter(|(j, _)| j.key != head.key)
+        .filter_map(|(j, k)| {
+            let g = choose(&k);
+            (g != 0).then_some((j, k, g))
+        })
+        .min_by_key(|(j, _, _)| rank(j))?;
+    Some(issue(j, &k, g))
 }
 
 impl Policy for Krisp {
@@ -123,7 +131,18 @@ impl Policy for Krisp {
 
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
         let sm_count = view.gpu.occupancy.sm_count();
-        first_placed(view, |k| self.choose_groups(k, view.gpu.group_jobs, sm_count))
+        let jobs = view.gpu.group_jobs;
+        // Groups no job uses, and groups one job uses (free to that job's next kernel): with them
+        // KRISP-I turns a kernel away in O(1) when nothing is free to it.
+        let n = group_count_of(sm_count).min(32).min(jobs.len() as u32);
+        let bits = |want: u32| (0..n).filter(|&g| jobs[g as usize] == want).fold(0u32, |b, g| b | 1 << g);
+        let (free, one) = (bits(0), bits(1));
+        first_placed(view, |k| {
+            if self.overlap_sms == 0 && free | (k.lane_groups & one) == 0 {
+                return 0;
+            }
+            self.choose_groups(k, jobs, sm_count)
+        })
     }
 }
 

@@ -76,7 +76,8 @@ pub struct ReadyKernel {
     /// profile, else the SMs its default grid spreads over).
     pub right_sms: u32,
     /// The groups of SMs ([`crate::occupancy::groups_of`]) its job's launches in flight touch: they
-    /// run on its lane, so they end before this kernel starts.
+    /// run on its lane, so they end before this kernel starts (0 unless the policy masks kernels,
+    /// see [`GpuView::group_jobs`]).
     pub lane_groups: u32,
 }
 
@@ -198,7 +199,8 @@ pub struct GpuView<'a> {
     pub idle_realtime_streams: u32,
     /// Per group of [`crate::occupancy::GROUP_SMS`] SMs, the jobs with a launch in flight (issued,
     /// not ended) whose SM mask touches it: KRISP's per-CU kernel counters (a job's launches run
-    /// one after another on its lane, as a KRISP worker's kernels do on its queue).
+    /// one after another on its lane, as a KRISP worker's kernels do on its queue). Kept for the
+    /// policies that mask kernels ([`PolicyConfig::masks_kernels`]); zeros for the others.
     pub group_jobs: &'a [u32],
 }
 

@@ -567,7 +567,7 @@ impl Policy for Checked {
                 if gated && !view.gpu.fits(&k) {
                     bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
                 }
-                if let PolicyConfig::Krisp { overlap_sms } | PolicyConfig::Static { partitions: overlap_sms } = self.config {
+                if let PolicyConfig::Krisp { overlap_sms: param } | PolicyConfig::Static { partitions: param } = self.config {
                     // Right-sized: a mask of whole SM groups, no larger than the kernel's right size
                     // (in groups); KRISP-I: no group of it runs another job's launch.
                     use kairos_sched::occupancy::{GROUP_SMS, group_count_of, groups_of};
@@ -592,11 +592,11 @@ impl Policy for Checked {
                                     .filter(|&i| view.gpu.group_jobs[i as usize] > (k.lane_groups >> i) & 1)
                                     .map(|i| sm_count.saturating_sub(i * GROUP_SMS).min(GROUP_SMS))
                                     .sum();
-                                if shared > overlap_sms {
-                                    bad(format!("krisp: {shared} SMs shared with other launches, limit {overlap_sms}"));
+                                if shared > param {
+                                    bad(format!("krisp: {shared} SMs shared with other jobs' launches, limit {param}"));
                                 }
                             } else {
-                                let parts = overlap_sms.clamp(1, n);
+                                let parts = param.clamp(1, n);
                                 if !(0..parts)
                                     .any(|p| kairos_sched::policy::krisp::StaticPartitions::partition_groups(p, parts, n) == g)
                                 {
