@@ -34,12 +34,16 @@ def transformer(name):
         return hf.DistilBertModel(hf.DistilBertConfig()), 30522
     if name == "gpt2":
         return hf.GPT2LMHeadModel(hf.GPT2Config()), 50257
+    if name == "albert":  # albert-base-v2's shape (AlbertConfig's defaults are xxlarge)
+        cfg = hf.AlbertConfig(vocab_size=30000, embedding_size=128, hidden_size=768, num_attention_heads=12,
+                              intermediate_size=3072)
+        return hf.AlbertModel(cfg), 30000
     raise KeyError(name)
 
 
 VISION = ["resnet18", "resnet34", "resnet50", "resnet152", "mobilenet_v2", "squeezenet1_1", "vgg19",
           "densenet121", "densenet201", "googlenet", "inception_v3", "alexnet", "resnext101_32x8d", "shufflenet_v2"]
-TRANSFORMERS = ["bert_base", "distilbert", "gpt2"]
+TRANSFORMERS = ["bert_base", "distilbert", "gpt2", "albert"]
 
 
 def build_model(name):

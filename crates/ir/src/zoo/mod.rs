@@ -75,6 +75,11 @@ pub const ZOO: &[ZooEntry] = &[
         description: "DistilBERT encoder, 6 layers (decomposed LayerNorm, Gelu op, Einsum)",
     },
     ZooEntry {
+        name: "albert",
+        kind: ZooKind::Transformer,
+        description: "ALBERT-base v2 encoder, 12 layers sharing one set of weights, 128-wide factorized embeddings",
+    },
+    ZooEntry {
         name: "gpt2",
         kind: ZooKind::Transformer,
         description: "GPT-2 small, 12 layers, one forward pass with causal mask and tied LM head",
@@ -133,6 +138,7 @@ pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
         "bert_base" => transformer::bert(&transformer::BERT_BASE, b, s, seed),
         "distilbert" => transformer::bert(&transformer::DISTILBERT, b, s, seed),
         "gpt2" => transformer::gpt2(b, s, seed),
+        "albert" => transformer::albert(b, s, seed),
         _ => unreachable!("zoo entry {name} has no builder"),
     })
 }

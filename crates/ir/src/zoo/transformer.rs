@@ -1,4 +1,4 @@
-//! The transformer models of the zoo: BERT-base, DistilBERT and GPT-2, one forward pass at a given
+//! The transformer models of the zoo: BERT-base, DistilBERT, ALBERT-base and GPT-2, one forward pass at a given
 //! sequence length, written the way PyTorch's exporters write them (including the shape and mask
 //! subgraphs that fold to constants once the input shape is fixed).
 
@@ -21,6 +21,10 @@ pub const BERT_BASE: TransformerConfig =
     TransformerConfig { name: "bert_base", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, max_positions: 512 };
 pub const DISTILBERT: TransformerConfig =
     TransformerConfig { name: "distilbert", layers: 6, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, max_positions: 512 };
+pub const ALBERT_BASE: TransformerConfig =
+    TransformerConfig { name: "albert", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 30000, max_positions: 512 };
+/// ALBERT's factorized embedding width.
+pub const ALBERT_EMBEDDING: usize = 128;
 pub const GPT2: TransformerConfig =
     TransformerConfig { name: "gpt2", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 50257, max_positions: 1024 };
 
@@ -128,6 +132,82 @@ pub fn bert(cfg: &TransformerConfig, batch: usize, seq: usize, seed: u64) -> Vec
         let o = b.matmul_linear(&g, &format!("{p}.output.dense"), cfg.ffn, h, STD);
         let r = b.add(&o, &a);
         x = ln(&mut b, &r, &format!("{p}.output.LayerNorm"));
+    }
+    b.output(&x, "last_hidden_state", DType::F32, &[batch, seq, h]);
+    b.finish_bytes()
+}
+
+/// ALBERT-base v2 as Hugging Face's `AlbertModel` defines it: 128-wide factorized embeddings
+/// projected to the 768-wide hidden size, and one transformer layer whose weights all 12 layers
+/// share (the ONNX file holds them once; every layer's nodes read the same initializers), tanh GELU.
+pub fn albert(batch: usize, seq: usize, seed: u64) -> Vec<u8> {
+    let cfg = &ALBERT_BASE;
+    assert!(seq <= cfg.max_positions, "sequence length {seq} exceeds albert's {} positions", cfg.max_positions);
+    let mut b = OnnxBuilder::new("albert", 17, seed);
+    let (h, heads, e) = (cfg.hidden, cfg.heads, ALBERT_EMBEDDING);
+    let dim = h / heads;
+    let ids = b.input("input_ids", DType::I64, &[batch, seq]);
+    let wte = embedding(&mut b, "embeddings.word_embeddings.weight", cfg.vocab, e);
+    let wpe = embedding(&mut b, "embeddings.position_embeddings.weight", cfg.max_positions, e);
+    let tte = embedding(&mut b, "embeddings.token_type_embeddings.weight", 2, e);
+    let we = b.node("Gather", "embeddings.word", &[&wte, &ids], vec![("axis", Attr::Int(0))]);
+    let pos = position_ids(&mut b, &ids);
+    let pe = b.node("Gather", "embeddings.position", &[&wpe, &pos], vec![("axis", Attr::Int(0))]);
+    let tt = b.init("token_type_ids", &Tensor::i64(vec![batch, seq], vec![0; batch * seq]));
+    let te = b.node("Gather", "embeddings.token_type", &[&tte, &tt], vec![("axis", Attr::Int(0))]);
+    let x = b.add(&we, &pe);
+    let x = b.add(&x, &te);
+    let x = b.layer_norm_op(&x, "embeddings.LayerNorm", e, 1e-12);
+    let mut x = b.matmul_linear(&x, "encoder.embedding_hidden_mapping_in", e, h, STD);
+    let mask = bert_mask(&mut b, &ids);
+    let scale = b.init("attention_scale", &Tensor::f32(vec![], vec![(dim as f32).sqrt()]));
+    // The shared layer's weights, once.
+    let p = "encoder.albert_layer_groups.0.albert_layers.0";
+    let bound = STD * 3f32.sqrt();
+    let dense = |b: &mut OnnxBuilder, name: &str, fin: usize, fout: usize| {
+        (b.uniform(&format!("{p}.{name}.weight"), &[fin, fout], bound), b.uniform(&format!("{p}.{name}.bias"), &[fout], 0.02))
+    };
+    let wq = dense(&mut b, "attention.query", h, h);
+    let wk = dense(&mut b, "attention.key", h, h);
+    let wv = dense(&mut b, "attention.value", h, h);
+    let wo = dense(&mut b, "attention.dense", h, h);
+    let w1 = dense(&mut b, "ffn", h, cfg.ffn);
+    let w2 = dense(&mut b, "ffn_output", cfg.ffn, h);
+    let norm = |b: &mut OnnxBuilder, name: &str| {
+        (b.uniform_range(&format!("{p}.{name}.weight"), &[h], 0.8, 1.2), b.uniform(&format!("{p}.{name}.bias"), &[h], 0.1))
+    };
+    let ln_attn = norm(&mut b, "attention.LayerNorm");
+    let ln_full = norm(&mut b, "full_layer_layer_norm");
+    let linear = |b: &mut OnnxBuilder, x: &str, name: &str, w: &(String, String)| {
+        let y = b.node("MatMul", &format!("{name}.matmul"), &[x, &w.0], vec![]);
+        b.node("Add", &format!("{name}.bias_add"), &[&y, &w.1], vec![])
+    };
+    let layer_norm = |b: &mut OnnxBuilder, x: &str, name: &str, w: &(String, String)| {
+        b.node("LayerNormalization", name, &[x, &w.0, &w.1], vec![("axis", Attr::Int(-1)), ("epsilon", Attr::Float(1e-12))])
+    };
+    for l in 0..cfg.layers {
+        let n = format!("encoder.layer.{l}");
+        let q = linear(&mut b, &x, &format!("{n}.query"), &wq);
+        let k = linear(&mut b, &x, &format!("{n}.key"), &wk);
+        let v = linear(&mut b, &x, &format!("{n}.value"), &wv);
+        let q = split_heads(&mut b, &q, batch, seq, heads, dim);
+        let k = split_heads(&mut b, &k, batch, seq, heads, dim);
+        let v = split_heads(&mut b, &v, batch, seq, heads, dim);
+        let kt = b.transpose(&k, &[0, 1, 3, 2]);
+        let scores = b.node("MatMul", &format!("{n}.scores"), &[&q, &kt], vec![]);
+        let scores = b.node("Div", "", &[&scores, &scale], vec![]);
+        let scores = b.add(&scores, &mask);
+        let probs = b.softmax(&scores, -1);
+        let ctx = b.node("MatMul", &format!("{n}.context"), &[&probs, &v], vec![]);
+        let ctx = merge_heads(&mut b, &ctx, batch, seq, h);
+        let o = linear(&mut b, &ctx, &format!("{n}.attention_dense"), &wo);
+        let r = b.add(&o, &x);
+        let a = layer_norm(&mut b, &r, &format!("{n}.attention_norm"), &ln_attn);
+        let f = linear(&mut b, &a, &format!("{n}.ffn"), &w1);
+        let g = b.gelu_tanh(&f);
+        let o = linear(&mut b, &g, &format!("{n}.ffn_output"), &w2);
+        let r = b.add(&o, &a);
+        x = layer_norm(&mut b, &r, &format!("{n}.full_norm"), &ln_full);
     }
     b.output(&x, "last_hidden_state", DType::F32, &[batch, seq, h]);
     b.finish_bytes()
