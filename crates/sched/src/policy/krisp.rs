@@ -63,11 +63,6 @@ impl Krisp {
         }
         let need = k.right_sms.div_ceil(GROUP_SMS).clamp(1, n) as usize;
         let others = |g: u32| jobs[g as usize].saturating_sub((k.lane_groups >> g) & 1);
-        // KRISP-I (no overlap at all): nothing to do unless some group is free of other jobs (one
-        // pass, no sort: most kernels that wait are turned away here).
-        if self.overlap_sms == 0 && (0..n).all(|g| others(g) > 0) {
-            return 0;
-        }
         // Least loaded first, then the lane's own groups, then by index: one sort key each.
         let mut keys = [0u64; 32];
         for g in 0..n {
@@ -133,7 +128,7 @@ impl Policy for Krisp {
         let sm_count = view.gpu.occupancy.sm_count();
         let jobs = view.gpu.group_jobs;
         // Groups no job uses, and groups one job uses (free to that job's next kernel): with them
-        // KRISP-I turns a kernel away in O(1) when nothing is free to it.
+        // KRISP-I turns a kernel away in O(1), before any sort, when nothing is free to it.
         let n = group_count_of(sm_count).min(32).min(jobs.len() as u32);
         let bits = |want: u32| (0..n).filter(|&g| jobs[g as usize] == want).fold(0u32, |b, g| b | 1 << g);
         let (free, one) = (bits(0), bits(1));
@@ -190,7 +185,7 @@ impl Policy for StaticPartitions {
     }
 }
 
-/// The SMs of a mask, for tests and checks: whether `mask` is a union of whole groups.
+/// Whether `mask` is a union of whole groups of SMs (for tests and checks).
 pub fn is_group_union(mask: &SmMask, sm_count: u32) -> bool {
     *mask == mask_of_groups(crate::occupancy::groups_of(mask), sm_count)
 }
