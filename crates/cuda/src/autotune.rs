@@ -387,15 +387,22 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
         }
         units.sort();
         units.dedup();
-        let missing: Vec<(Unit, crate::Variant)> = units.iter().copied().filter(|&(u, v)| !gpu.unit_ready(u, v)).collect();
+        let missing: Vec<(Unit, crate::Variant)> = units.iter().copied().filter(|&(u, v)| !gpu.unit_optimized(u, v)).collect();
         if opts.compile_all_candidates || missing.is_empty() {
-            gpu.prepare_units(&units, &format!("autotuning {}", plan.model))?;
+            // Timed code must be the optimized builds.
+            let quick = gpu.quick_builds();
+            gpu.set_quick_builds(false);
+            let r = gpu.prepare_units(&units, &format!("autotuning {}", plan.model));
+            gpu.set_quick_builds(quick);
+            r?;
         } else {
-            // The plan's own units (its launches need them anyway), now; the others' in the
-            // background, for the next load.
+            // The plan's own units (its launches need them anyway), now (as quick builds where
+            // quick builds are on); the other candidates' in the background, for the next load.
+            // Only optimized builds are timed.
             let own = CudaGpu::plan_units(plan)?;
             gpu.prepare_units(&own, &plan.model)?;
-            skip = missing.iter().map(|m| m.0).filter(|u| !own.iter().any(|o| o.0 == *u)).collect();
+            skip = units.iter().filter(|&&(u, v)| !gpu.unit_optimized(u, v)).map(|m| m.0).collect();
+            let later: Vec<(Unit, crate::Variant)> = missing.iter().copied().filter(|&(u, v)| !own.contains(&(u, v))).collect();
             if !skip.is_empty() {
                 report.partial = true;
                 let names: Vec<String> = skip.iter().map(|u| u.name()).collect();
@@ -405,8 +412,9 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
                     plan.model,
                     names.join(", ")
                 );
-                let later: Vec<(Unit, crate::Variant)> = skip.iter().map(|&u| (u, crate::Variant::Protocol)).collect();
-                gpu.compile_in_background(later, format!("autotuning {} later", plan.model));
+                if !later.is_empty() {
+                    gpu.compile_in_background(later, format!("autotuning {} later", plan.model));
+                }
             }
         }
         // The time budget bounds the timing, not the compilation above.

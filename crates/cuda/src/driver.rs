@@ -236,6 +236,56 @@ pub unsafe fn graph_node_count(graph: CUgraph) -> DResult<usize> {
     Ok(n)
 }
 
+/// The nodes of `graph`.
+///
+/// # Safety
+/// 1. `graph` is live.
+pub unsafe fn graph_nodes(graph: CUgraph) -> DResult<Vec<sys::CUgraphNode>> {
+    // SAFETY: contract 1.
+    let mut n = unsafe { graph_node_count(graph) }?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: contract 1; the array holds `n` nodes and the driver writes at most that many (and
+    // says how many it wrote).
+    check("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) })?;
+    nodes.truncate(n);
+    Ok(nodes)
+}
+
+/// A kernel node's launch parameters, or None for a node of another type.
+///
+/// # Safety
+/// 1. `node` is a live node of a live graph. The returned parameter pointers belong to the node
+///    and are valid only while it lives and is not changed.
+pub unsafe fn graph_kernel_node_params(node: sys::CUgraphNode) -> DResult<Option<sys::CUDA_KERNEL_NODE_PARAMS>> {
+    let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    // SAFETY: contract 1; the out-pointer is a live local.
+    check("cuGraphNodeGetType", unsafe { sys::cuGraphNodeGetType(node, &mut t) })?;
+    if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+        return Ok(None);
+    }
+    // SAFETY: all-zero is a valid value of this plain C struct (null handles and pointers).
+    let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    // SAFETY: contract 1; the node is a kernel node and the out-pointer a live local.
+    check("cuGraphKernelNodeGetParams", unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) })?;
+    Ok(Some(p))
+}
+
+/// Sets the parameters of kernel node `node` in the executable instance `exec` (future runs only).
+///
+/// # Safety
+/// 1. `exec` was instantiated from the graph `node` belongs to, both live, and no other thread
+///    uses `exec` during the call.
+/// 2. `params` came from [`graph_kernel_node_params`] of that node (its parameter pointers still
+///    valid), with at most `func` changed to a live function of the same signature and context.
+pub unsafe fn graph_exec_kernel_node_set_params(
+    exec: CUgraphExec,
+    node: sys::CUgraphNode,
+    params: &sys::CUDA_KERNEL_NODE_PARAMS,
+) -> DResult<()> {
+    // SAFETY: contracts 1 and 2.
+    check("cuGraphExecKernelNodeSetParams", unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec, node, params) })
+}
+
 /// Queues one run of `exec` on `stream`.
 ///
 /// # Safety

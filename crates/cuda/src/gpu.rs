@@ -104,11 +104,27 @@ pub struct LaunchOptions {
 
 struct FunctionInfo {
     f: Function,
+    /// Per thread; for a function of a quick build, at least its entry's budget (the most its
+    /// optimized build may use), so what the caller is told stays true after the swap.
     registers: u32,
     static_smem_bytes: u32,
     threads_max: u32,
     /// Most dynamic shared memory a launch of it may ask for.
     dyn_smem_max_bytes: u32,
+    /// From a quick build: occupancy is worked out at `registers` (see [`CudaGpu::set_quick_builds`]).
+    quick: bool,
+}
+
+/// A unit's optimized build compiled in the background, or why it failed.
+type UpgradeImage = ((source::Unit, Variant), std::result::Result<nvrtc::Image, String>);
+
+/// Optimized builds compiled in the background, waiting to replace the quick builds that serve
+/// meanwhile (see [`CudaGpu::set_quick_builds`]).
+#[derive(Default)]
+struct Upgrades {
+    done: std::sync::Mutex<Vec<UpgradeImage>>,
+    /// Set when `done` has something: polled without the lock.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 struct StreamState {
@@ -268,6 +284,16 @@ pub struct CudaGpu {
     /// launch builds no strings and hashes a small key once.
     entries: IdMap<(source::EntryKey, u32, u32), Entry>,
     modules: HashMap<(source::Unit, Variant), Arc<Module>>,
+    /// Units whose missing optimized build starts as a quick one ([`CudaGpu::set_quick_builds`]).
+    quick_builds: bool,
+    /// Units running their quick build now; each has an optimized build compiling.
+    quick_loaded: std::collections::BTreeSet<(source::Unit, Variant)>,
+    upgrades: Arc<Upgrades>,
+    /// Modules replaced by optimized builds: kept loaded, since launches queued before the swap
+    /// may still run their functions (at most one per unit with a quick build).
+    retired_modules: Vec<Arc<Module>>,
+    /// Quick builds replaced by optimized ones so far.
+    upgrades_applied: u64,
     occupancy: HashMap<(String, Variant, u32, u32), u32>,
     /// Most shared memory one CTA may have (static and dynamic, opted in).
     smem_optin_bytes: u32,
@@ -399,6 +425,11 @@ impl CudaGpu {
             functions: HashMap::new(),
             entries: HashMap::default(),
             modules: HashMap::new(),
+            quick_builds: false,
+            quick_loaded: Default::default(),
+            upgrades: Arc::new(Upgrades::default()),
+            retired_modules: Vec::new(),
+            upgrades_applied: 0,
             occupancy: HashMap::new(),
             smem_optin_bytes: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
             cache,
@@ -667,12 +698,177 @@ impl CudaGpu {
         if jobs.is_empty() {
             return Ok(0.0);
         }
-        let images = self.cache.images(&jobs, nvrtc::compile_workers(), what);
-        for ((u, v), image) in jobs.into_iter().zip(images) {
+        // Units with a quick build and no optimized image at hand start on the quick build; their
+        // optimized builds follow in the background.
+        let quick = |u: source::Unit, v: Variant| {
+            self.quick_builds
+                && v == Variant::Protocol
+                && u.has_quick_build()
+                && nvrtc::is_present()
+                && !self.cache.is_ready(u, v)
+        };
+        let builds: Vec<(source::Unit, Variant, bool)> = jobs.iter().map(|&(u, v)| (u, v, quick(u, v))).collect();
+        let images = self.cache.images_of(&builds, nvrtc::compile_workers(), what);
+        let mut upgrade = Vec::new();
+        for ((u, v, q), image) in builds.into_iter().zip(images) {
             let image = image.map_err(|log| compile_error(u, log))?;
             self.load_unit(u, v, image)?;
+            if q {
+                self.quick_loaded.insert((u, v));
+                upgrade.push((u, v));
+            }
+        }
+        if !upgrade.is_empty() {
+            self.start_upgrades(upgrade);
         }
         Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// Makes the units whose optimized build is missing start on a quick build (compiled in a
+    /// fraction of the time, slower code) and compile the optimized build in the background; the
+    /// next [`Gpu::poll`] after it is ready swaps it in: later launches and the recorded runs run
+    /// it. A quick build's occupancy is worked out at its entry's register budget, the most the
+    /// optimized build may use, so the CTAs per SM the caller was told still fit after the swap.
+    /// Off by default: timing work (profiles, the autotuner, benchmarks) must not time quick
+    /// builds; `kairos serve` and `kairos run` turn it on. The same switch decides what a recorded
+    /// run whose plain units are missing does: on, it records light launches now (plain units
+    /// compiling in the background); off, it compiles the plain units first.
+    pub fn set_quick_builds(&mut self, on: bool) {
+        self.quick_builds = on;
+    }
+
+    /// Compiles into and reads from `dir` from now on (None: no cache folder, every unit not
+    /// loaded yet compiles); units already loaded stay.
+    pub fn set_kernel_cache_dir(&mut self, dir: Option<std::path::PathBuf>) {
+        self.cache.dir = dir;
+    }
+
+    /// Whether quick builds are on (see [`CudaGpu::set_quick_builds`]).
+    pub fn quick_builds(&self) -> bool {
+        self.quick_builds
+    }
+
+    /// Units now running their quick build (their optimized builds compiling), and how many quick
+    /// builds were replaced so far.
+    pub fn quick_build_status(&self) -> (Vec<source::Unit>, u64) {
+        (self.quick_loaded.iter().map(|k| k.0).collect(), self.upgrades_applied)
+    }
+
+    /// Whether a unit's optimized build is loaded or at hand (a quick build is not).
+    pub fn unit_optimized(&self, u: source::Unit, v: Variant) -> bool {
+        (self.modules.contains_key(&(u, v)) && !self.quick_loaded.contains(&(u, v))) || self.cache.is_ready(u, v)
+    }
+
+    /// Waits for the optimized builds of the units running quick ones and swaps them in.
+    pub fn finish_quick_builds(&mut self) -> Result<()> {
+        if self.quick_loaded.is_empty() {
+            return Ok(());
+        }
+        nvrtc::finish_background(&format!(
+            "waiting for the optimized builds of {} kernel unit(s) now running quick builds",
+            self.quick_loaded.len()
+        ));
+        self.apply_upgrades()
+    }
+
+    fn start_upgrades(&mut self, units: Vec<(source::Unit, Variant)>) {
+        let cache = KernelCache { quick: false, ..self.cache.clone() };
+        let upgrades = Arc::clone(&self.upgrades);
+        let todo = units.clone();
+        let started = nvrtc::spawn_background(move || {
+            let images = cache.images(&todo, nvrtc::background_workers(), "the optimized builds");
+            let mut done = upgrades.done.lock().unwrap_or_else(|e| e.into_inner());
+            done.extend(todo.into_iter().zip(images));
+            upgrades.ready.store(true, std::sync::atomic::Ordering::Release);
+        });
+        if !started {
+            eprintln!("kairos: cannot start the background compilation of optimized builds; the quick builds keep serving");
+            for k in units {
+                self.quick_loaded.remove(&k);
+            }
+        }
+    }
+
+    /// Swaps in the optimized builds compiled so far: for each, its functions get new handles
+    /// (resources as reported before), the recorded runs' kernel nodes are pointed at them, and
+    /// the launch path looks its entries up again. Launches queued before keep the quick code
+    /// (its module stays loaded).
+    fn apply_upgrades(&mut self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let done = {
+            let mut d = self.upgrades.done.lock().unwrap_or_else(|e| e.into_inner());
+            self.upgrades.ready.store(false, Ordering::Release);
+            std::mem::take(&mut *d)
+        };
+        if done.is_empty() {
+            return Ok(());
+        }
+        // Runs are changed below: none of their replays may be in a launcher's hands meanwhile.
+        self.flush_launches();
+        for ((u, v), image) in done {
+            if !self.quick_loaded.remove(&(u, v)) {
+                continue; // the context was reset since (units load again on first use)
+            }
+            let module = match image.and_then(|i| Module::load(&i.bytes).map_err(|e| e.to_string())) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!(
+                        "kairos: the optimized build of kernel unit {} failed ({e}); its quick build keeps serving",
+                        u.name()
+                    );
+                    continue;
+                }
+            };
+            let names: Vec<String> =
+                self.functions.keys().filter(|(n, fv)| *fv == v && u.functions().contains(n)).map(|k| k.0.clone()).collect();
+            let mut nodes = 0;
+            for name in names {
+                let old = Arc::clone(&self.functions[&(name.clone(), v)]);
+                let f = module.function(&name).map_err(drv)?;
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    old.dyn_smem_max_bytes as i32,
+                )
+                .map_err(drv)?;
+                let registers = f.registers().map_err(drv)?;
+                if registers > old.registers {
+                    // The launch bounds make this impossible; were it to happen, launches keep
+                    // their CTA counts and the extra CTAs wait for room (slower, still correct).
+                    eprintln!(
+                        "kairos: warning: the optimized build of {name} uses {registers} registers, above the {} its quick build                          was sized for",
+                        old.registers
+                    );
+                }
+                for run in self.runs.values() {
+                    // SAFETY: `f` has the same parameters as the function it replaces (same entry,
+                    // same source), lives in this context, and its module stays loaded while self
+                    // lives (self.modules, then self.retired_modules); the launchers were flushed
+                    // above and launch nothing unless this thread posts it.
+                    nodes += unsafe { run.graph.replace_function(old.f.raw(), f.raw()) }.map_err(drv)?;
+                }
+                let info = FunctionInfo {
+                    f,
+                    registers: old.registers,
+                    static_smem_bytes: old.static_smem_bytes,
+                    threads_max: old.threads_max,
+                    dyn_smem_max_bytes: old.dyn_smem_max_bytes,
+                    quick: false,
+                };
+                self.functions.insert((name, v), Arc::new(info));
+            }
+            if let Some(old) = self.modules.insert((u, v), module) {
+                self.retired_modules.push(old);
+            }
+            self.upgrades_applied += 1;
+            eprintln!(
+                "kairos: kernel unit {} now runs its optimized build{}",
+                u.name(),
+                if nodes > 0 { format!(" ({nodes} kernel nodes of recorded runs updated)") } else { String::new() }
+            );
+        }
+        // Entries hold the functions they launch: looked up again on the next launch.
+        self.entries.clear();
+        Ok(())
     }
 
     fn function_by_name(&mut self, name: &str, u: source::Unit, v: Variant) -> Result<Arc<FunctionInfo>> {
@@ -691,12 +887,16 @@ impl CudaGpu {
             dyn_smem_max_bytes as i32,
         )
         .map_err(drv)?;
+        // A quick build answers for its optimized build: at least the registers that one may use.
+        let quick = self.quick_loaded.contains(&(u, v));
+        let budget = if quick { u.entry.map_or(0, |k| k.registers_max()) } else { 0 };
         let info = Arc::new(FunctionInfo {
-            registers: f.registers().map_err(drv)?,
+            registers: f.registers().map_err(drv)?.max(budget),
             static_smem_bytes,
             threads_max: f.threads_max().map_err(drv)?,
             dyn_smem_max_bytes,
             f,
+            quick,
         });
         self.functions.insert((name.to_string(), v), Arc::clone(&info));
         Ok(info)
@@ -712,7 +912,12 @@ impl CudaGpu {
         if let Some(&o) = self.occupancy.get(&(name.to_string(), v, threads, dyn_smem_bytes)) {
             return Ok(o);
         }
-        let o = f.f.occupancy(threads, dyn_smem_bytes).map_err(drv)?;
+        let mut o = f.f.occupancy(threads, dyn_smem_bytes).map_err(drv)?;
+        if f.quick {
+            // At the register budget of the optimized build that will replace it.
+            let smem = f.static_smem_bytes + dyn_smem_bytes;
+            o = o.min(KernelResources::occupancy(threads, f.registers, smem, &self.info.sm_limits)).max(1);
+        }
         self.occupancy.insert((name.to_string(), v, threads, dyn_smem_bytes), o);
         Ok(o)
     }
@@ -731,12 +936,11 @@ impl CudaGpu {
     /// stderr); a later `prepare_units` finds them there, or waits for a unit still compiling
     /// instead of compiling it twice. Errors are reported on stderr only.
     pub fn compile_in_background(&self, units: Vec<(source::Unit, Variant)>, what: String) {
-        let cache = self.cache.clone();
-        let spawned = std::thread::Builder::new().name("kairos-nvrtc".into()).spawn(move || {
-            let _ = cache.images(&units, nvrtc::compile_workers(), &what);
-        });
-        if let Err(e) = spawned {
-            eprintln!("kairos: cannot start a background compilation ({e}); the units compile on first use");
+        let cache = KernelCache { quick: false, ..self.cache.clone() };
+        if !nvrtc::spawn_background(move || {
+            let _ = cache.images(&units, nvrtc::background_workers(), &what);
+        }) {
+            eprintln!("kairos: cannot start a background compilation; the units compile on first use");
         }
     }
 
@@ -1779,8 +1983,9 @@ impl Gpu for CudaGpu {
             return Err(GpuError::Exhausted { limit: "recorded runs", max: RUNS_MAX as u64 });
         }
         // Plain grids where every unit the run needs is at hand without compiling (embedded,
-        // cached or loaded); otherwise light launches now, and the plain units compile in the
-        // background for the runs recorded later.
+        // cached or loaded); otherwise, with quick builds on (serving), light launches now and the
+        // plain units compile in the background for the runs recorded later, and with them off
+        // (benchmarks, tests) the plain units compile first.
         let mut plain = self.run_kernels_plain;
         if plain {
             let mut missing = Vec::new();
@@ -1790,12 +1995,16 @@ impl Gpu for CudaGpu {
                     missing.push((u, Variant::Plain));
                 }
             }
-            if !missing.is_empty() && self.light_launches {
+            if !missing.is_empty() && self.light_launches && self.quick_builds {
+                // Serving: record now from light launches rather than wait.
                 plain = false;
                 if !self.run_plain_compiling {
                     self.run_plain_compiling = true;
                     self.compile_in_background(missing, "the plain grids of recorded runs".into());
                 }
+            } else if !missing.is_empty() {
+                // Timing work (quick builds off) measures what a warm server runs: the plain grids.
+                self.prepare_units(&missing, "the plain grids of recorded runs")?;
             }
         }
         if !plain && !self.light_launches {
@@ -1908,6 +2117,9 @@ impl Gpu for CudaGpu {
 
     fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
         self.bind()?;
+        if self.upgrades.ready.load(std::sync::atomic::Ordering::Relaxed) {
+            self.apply_upgrades()?;
+        }
         events.extend(self.host_events.drain(..));
         self.poll_device(events)
     }
@@ -1968,6 +2180,7 @@ impl Gpu for CudaGpu {
         fresh.next_run = self.next_run;
         fresh.launch_inline = self.launch_inline;
         fresh.time_launches = self.time_launches;
+        fresh.quick_builds = self.quick_builds;
         fresh.set_launch_threads(threads)?;
         let old = std::mem::replace(self, fresh);
         std::mem::forget(old);

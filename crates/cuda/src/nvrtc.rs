@@ -22,7 +22,7 @@
 
 use crate::progress::CompileProgress;
 use cudarc::nvrtc::sys;
-use kairos_kernels::source::{HEADERS, Module, Unit};
+use kairos_kernels::source::{HEADERS, Module, QUICK_BUILD_OPTION, Unit};
 use std::ffi::{CString, c_char};
 use std::io::Read;
 use std::path::PathBuf;
@@ -242,6 +242,19 @@ pub struct KernelCache {
     pub driver_version: i32,
     /// Ask ptxas for its resource report (registers, spills) in the log.
     pub verbose: bool,
+    /// Quick builds ([`KernelCache::quick_builds`]): the units that have one
+    /// ([`Unit::has_quick_build`]) compile with [`QUICK_BUILD_OPTION`], under keys of their own.
+    pub quick: bool,
+}
+
+/// Extra NVRTC options for every build (space-separated, e.g. `--Ofast-compile=min`); they enter
+/// the cache keys, so images built with and without them never mix. For measuring what an option
+/// does to compile time and kernel speed.
+pub const OPTIONS_ENV: &str = "KAIROS_NVRTC_OPTIONS";
+
+fn extra_options() -> &'static [String] {
+    static EXTRA: OnceLock<Vec<String>> = OnceLock::new();
+    EXTRA.get_or_init(|| std::env::var(OPTIONS_ENV).unwrap_or_default().split_whitespace().map(str::to_string).collect())
 }
 
 /// The cache folder: `$KAIROS_CACHE_DIR`, else `~/.cache/kairos/cubin`.
@@ -269,7 +282,17 @@ pub(crate) fn content_hash(parts: &[&[u8]]) -> String {
 impl KernelCache {
     pub fn new(arch: u32, driver_version: i32) -> KernelCache {
         let dir = default_cache_dir().filter(|d| std::fs::create_dir_all(d).is_ok());
-        KernelCache { dir, arch, driver_version, verbose: false }
+        KernelCache { dir, arch, driver_version, verbose: false, quick: false }
+    }
+
+    /// The same cache for quick builds (see [`KernelCache::quick`]).
+    pub fn quick_builds(&self) -> KernelCache {
+        KernelCache { quick: true, ..self.clone() }
+    }
+
+    /// Whether this cache builds `unit` quick.
+    pub fn is_quick(&self, unit: Unit) -> bool {
+        self.quick && unit.has_quick_build()
     }
 
     /// The NVRTC target: CUBIN for the device when NVRTC supports its architecture, else PTX for
@@ -299,6 +322,10 @@ impl KernelCache {
             o.push("-DKAIROS_PROTOCOL_OFF".to_string());
         }
         o.extend(unit.define());
+        o.extend(extra_options().iter().cloned());
+        if self.is_quick(unit) {
+            o.push(QUICK_BUILD_OPTION.to_string());
+        }
         if self.verbose {
             o.push("--ptxas-options=-v".to_string());
         }
@@ -348,7 +375,8 @@ impl KernelCache {
         parts.push(versions.as_bytes());
         let key = content_hash(&parts);
         let variant_name = if variant == Variant::Plain { "plain" } else { "proto" };
-        format!("{}-{variant_name}-sm{target}-{key}.{}", unit.name(), if cubin { "cubin" } else { "ptx" })
+        let build = if self.is_quick(unit) { "-quick" } else { "" };
+        format!("{}-{variant_name}{build}-sm{target}-{key}.{}", unit.name(), if cubin { "cubin" } else { "ptx" })
     }
 
     /// The cache file name of a unit's image for this device and this NVRTC.
@@ -443,15 +471,27 @@ impl KernelCache {
     /// The images of several units, those not at hand compiled in parallel on up to `workers`
     /// threads, with progress on stderr when anything is compiled. Results in the order asked.
     pub fn images(&self, jobs: &[(Unit, Variant)], workers: usize, what: &str) -> Vec<Result<Image, String>> {
-        let (ready, mut todo): (Vec<usize>, Vec<usize>) = (0..jobs.len()).partition(|&i| self.is_ready(jobs[i].0, jobs[i].1));
+        let builds: Vec<(Unit, Variant, bool)> = jobs.iter().map(|&(u, v)| (u, v, self.quick)).collect();
+        self.images_of(&builds, workers, what)
+    }
+
+    /// [`KernelCache::images`] with each job's build chosen: `(unit, variant, quick)`.
+    pub fn images_of(&self, jobs: &[(Unit, Variant, bool)], workers: usize, what: &str) -> Vec<Result<Image, String>> {
+        let (quick, optimized) = (self.quick_builds(), KernelCache { quick: false, ..self.clone() });
+        let cache = |q: bool| if q { &quick } else { &optimized };
+        let (ready, mut todo): (Vec<usize>, Vec<usize>) =
+            (0..jobs.len()).partition(|&i| cache(jobs[i].2).is_ready(jobs[i].0, jobs[i].1));
         // Longest first, so that no long unit starts late behind short ones (Unit::compile_cost_s).
         todo.sort_by_key(|&i| std::cmp::Reverse(jobs[i].0.compile_cost_s()));
         let mut out: Vec<Option<Result<Image, String>>> = (0..jobs.len()).map(|_| None).collect();
         for i in ready {
-            out[i] = Some(self.image(jobs[i].0, jobs[i].1));
+            out[i] = Some(cache(jobs[i].2).image(jobs[i].0, jobs[i].1));
         }
         if !todo.is_empty() {
-            let names: Vec<String> = todo.iter().map(|&i| jobs[i].0.name()).collect();
+            let names: Vec<String> = todo
+                .iter()
+                .map(|&i| format!("{}{}", jobs[i].0.name(), if cache(jobs[i].2).is_quick(jobs[i].0) { " (quick)" } else { "" }))
+                .collect();
             let progress = CompileProgress::start(what, self.arch, &names, workers.clamp(1, todo.len()));
             let next = AtomicUsize::new(0);
             let done: Vec<(usize, Result<Image, String>)> = std::thread::scope(|s| {
@@ -462,9 +502,9 @@ impl KernelCache {
                             loop {
                                 let k = next.fetch_add(1, Ordering::Relaxed);
                                 let Some(&i) = todo.get(k) else { break };
-                                let (unit, variant) = jobs[i];
+                                let (unit, variant, q) = jobs[i];
                                 progress.begin(k);
-                                let r = self.image(unit, variant);
+                                let r = cache(q).image(unit, variant);
                                 let outcome = r.as_ref().map(|img| (!img.from_cache()).then_some(img.compile_ms));
                                 progress.end(k, outcome.map_err(|_| ()));
                                 mine.push((i, r));
@@ -482,6 +522,38 @@ impl KernelCache {
         }
         out.into_iter().map(|r| r.expect("every job has a result")).collect()
     }
+}
+
+/// Compilations running in the background (optimized builds replacing quick ones, units a later
+/// load will need), so a short-lived command can let them finish ([`finish_background`]).
+static BACKGROUND: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `work` on a background compile thread (named `kairos-nvrtc`); false if the thread could
+/// not be started.
+pub fn spawn_background(work: impl FnOnce() + Send + 'static) -> bool {
+    match std::thread::Builder::new().name("kairos-nvrtc".into()).spawn(work) {
+        Ok(h) => {
+            let mut v = BACKGROUND.lock().unwrap_or_else(|e| e.into_inner());
+            v.retain(|h| !h.is_finished());
+            v.push(h);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits for the background compilations of this process (their images land in the cache folder
+/// for the next run); returns how many were still running. `note` is printed first when any is.
+pub fn finish_background(note: &str) -> usize {
+    let handles: Vec<_> = std::mem::take(&mut *BACKGROUND.lock().unwrap_or_else(|e| e.into_inner()));
+    let running = handles.iter().filter(|h| !h.is_finished()).count();
+    if running > 0 && !note.is_empty() {
+        eprintln!("kairos: {note}");
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    running
 }
 
 /// The images being compiled in this process (their cache paths).
@@ -524,6 +596,19 @@ pub fn compile_workers() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1)
 }
+
+/// Threads for compilations in the background while the process serves: every core but
+/// [`BACKGROUND_SPARE_CORES`] (at least one), or `$KAIROS_COMPILE_JOBS`.
+pub fn background_workers() -> usize {
+    if std::env::var("KAIROS_COMPILE_JOBS").is_ok() {
+        return compile_workers();
+    }
+    compile_workers().saturating_sub(BACKGROUND_SPARE_CORES).max(1)
+}
+
+/// Cores a background compilation leaves to the dispatcher, its launcher threads and the front
+/// ends.
+pub const BACKGROUND_SPARE_CORES: usize = 4;
 
 /// ptxas' resource report of one function, parsed from a verbose compile log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -581,7 +666,7 @@ mod tests {
     #[test]
     fn cubin_keys_leave_driver_and_nvrtc_out_and_ptx_keys_do_not() {
         use kairos_kernels::source::EntryKind;
-        let at = |driver_version| KernelCache { dir: None, arch: 90, driver_version, verbose: false };
+        let at = |driver_version| KernelCache { dir: None, arch: 90, driver_version, verbose: false, quick: false };
         let (a, b) = (at(12080), at(13000));
         let gemm_w = Unit { module: Module::Gemm, entry: Some(EntryKind::F16wRelu) };
         let file = |c: &KernelCache, cubin| c.image_file(gemm_w, Variant::Protocol, 90, cubin, (13, 0));
@@ -599,10 +684,24 @@ mod tests {
         other(&|c| {
             c.image_file(Unit { module: Module::Conv, entry: Some(EntryKind::F16wRelu) }, Variant::Protocol, 90, true, (13, 0))
         });
-        // Every unit has its own file.
-        let names: std::collections::HashSet<String> =
-            Unit::all().into_iter().map(|u| a.image_file(u, Variant::Protocol, 90, true, (13, 0))).collect();
-        assert_eq!(names.len(), Unit::all().len());
+        // Every unit has its own file, and so has every quick build.
+        let q = a.quick_builds();
+        let names: std::collections::HashSet<String> = Unit::all()
+            .into_iter()
+            .flat_map(|u| {
+                [a.image_file(u, Variant::Protocol, 90, true, (13, 0)), q.image_file(u, Variant::Protocol, 90, true, (13, 0))]
+            })
+            .collect();
+        let quick = Unit::all().into_iter().filter(|u| u.has_quick_build()).count();
+        assert_eq!(names.len(), Unit::all().len() + quick);
+        assert!(q.image_file(gemm_w, Variant::Protocol, 90, true, (13, 0)).starts_with("gemm_f16w_relu-proto-quick-sm90-"));
+        assert!(q.options(gemm_w, 90, true, Variant::Protocol).contains(&QUICK_BUILD_OPTION.to_string()));
+        assert!(!a.options(gemm_w, 90, true, Variant::Protocol).contains(&QUICK_BUILD_OPTION.to_string()));
+        let util = Unit { module: Module::Util, entry: None };
+        assert_eq!(
+            q.image_file(util, Variant::Protocol, 90, true, (13, 0)),
+            a.image_file(util, Variant::Protocol, 90, true, (13, 0))
+        );
     }
 
     #[test]
@@ -629,7 +728,7 @@ mod tests {
     fn images_come_from_the_cache_folder_in_the_order_asked() {
         let dir = std::env::temp_dir().join(format!("kairos-images-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cache = KernelCache { dir: Some(dir.clone()), arch: 90, driver_version: 0, verbose: false };
+        let cache = KernelCache { dir: Some(dir.clone()), arch: 90, driver_version: 0, verbose: false, quick: false };
         let units = Unit::all();
         let jobs: Vec<(Unit, Variant)> = units.iter().map(|&u| (u, Variant::Protocol)).collect();
         if is_present() && cache.target().map(|t| t.1) != Ok(true) {
@@ -655,6 +754,36 @@ mod tests {
             assert!(err.contains("libnvrtc cannot be loaded") && err.contains(&units[0].name()), "{err}");
             assert!(got[1].is_ok());
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn quick_and_optimized_builds_come_from_their_own_files() {
+        let dir = std::env::temp_dir().join(format!("kairos-quick-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cache = KernelCache { dir: Some(dir.clone()), arch: 90, driver_version: 0, verbose: false, quick: false };
+        if is_present() && cache.target().map(|t| t.1) != Ok(true) {
+            eprintln!("note: this NVRTC cannot emit sm_90 CUBIN; skipping");
+            return;
+        }
+        let quick = cache.quick_builds();
+        let jobs: Vec<(Unit, Variant, bool)> =
+            Unit::all().into_iter().flat_map(|u| [(u, Variant::Protocol, false), (u, Variant::Protocol, true)]).collect();
+        for &(u, v, q) in &jobs {
+            let c = if q { &quick } else { &cache };
+            let build = if c.is_quick(u) { "quick" } else { "optimized" };
+            std::fs::write(dir.join(c.file_of(u, v).unwrap()), format!("{} {build}", u.name())).unwrap();
+        }
+        let got = cache.images_of(&jobs, 3, "a test");
+        for (&(u, _, q), r) in jobs.iter().zip(&got) {
+            // A unit without a quick build reads its one image either way.
+            let build = if q && u.has_quick_build() { "quick" } else { "optimized" };
+            assert_eq!(String::from_utf8(r.as_ref().unwrap().bytes.clone()).unwrap(), format!("{} {build}", u.name()));
+        }
+        // The quick image of a unit does not make its optimized build ready, nor the reverse.
+        let conv_f16 = Unit { module: Module::Conv, entry: Some(kairos_kernels::source::EntryKind::F16) };
+        std::fs::remove_file(dir.join(cache.file_of(conv_f16, Variant::Protocol).unwrap())).unwrap();
+        assert!(!cache.is_ready(conv_f16, Variant::Protocol) && quick.is_ready(conv_f16, Variant::Protocol));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -294,6 +294,33 @@ impl Graph {
         self.exec
     }
 
+    /// Makes the kernel nodes that run `old` run `new` in the runs queued from now on (runs
+    /// already queued keep `old`); returns how many nodes changed.
+    ///
+    /// # Safety
+    /// 1. `new` is a live function with the same parameters as `old`, in this graph's context, and
+    ///    its module outlives every later run of this graph.
+    /// 2. No other thread queues a run of this graph during the call.
+    pub unsafe fn replace_function(&self, old: driver::CUfunction, new: driver::CUfunction) -> DResult<usize> {
+        let mut changed = 0;
+        // SAFETY: the graph is live while self is.
+        for node in unsafe { driver::graph_nodes(self.graph) }? {
+            // SAFETY: `node` is a node of our live graph; its parameters are used right away,
+            // before anything changes the node.
+            let Some(mut p) = unsafe { driver::graph_kernel_node_params(node) }? else { continue };
+            if p.func != old {
+                continue;
+            }
+            p.func = new;
+            p.kern = std::ptr::null_mut();
+            // SAFETY: the exec was instantiated from this graph (Stream::end_capture); contracts
+            // 1 and 2; `p` is the node's own parameters with only the function changed.
+            unsafe { driver::graph_exec_kernel_node_set_params(self.exec, node, &p) }?;
+            changed += 1;
+        }
+        Ok(changed)
+    }
+
     /// Queues one run of the graph on `stream`.
     ///
     /// # Safety

@@ -775,3 +775,97 @@ fn recorded_runs_replay_whole_jobs_with_new_inputs() {
         bufs.free(&mut gpu).unwrap();
     }
 }
+
+/// With quick builds on and an empty cache folder, a model's tensor-core units start on their quick
+/// builds, whose results match the optimized builds' (launch by launch and as a recorded run);
+/// once the optimized builds are swapped in, the same recorded run and launches give the optimized
+/// builds' outputs again and no unit is left on a quick build.
+#[test]
+fn quick_builds_serve_until_the_optimized_builds_replace_them() {
+    use kairos_cuda::profile::PlanBuffers;
+    let Some(mut shared) = gpu() else { return };
+    if !kairos_cuda::nvrtc::is_present() {
+        eprintln!("note: no NVRTC; skipping the quick-build test");
+        return;
+    }
+    let m = suite::zoo_model("resnet18", DType::F16, 1, 32).unwrap();
+    let want = suite::run_on_gpu(&mut shared, &m.plan, &m.inputs, MemKind::Device).unwrap();
+    let dir = std::env::temp_dir().join(format!("kairos-quick-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut g = CudaGpu::new(0).unwrap();
+    g.set_kernel_cache_dir(Some(dir.clone()));
+    g.set_quick_builds(true);
+    let t = std::time::Instant::now();
+    let quick_out = suite::run_on_gpu(&mut g, &m.plan, &m.inputs, MemKind::Device).unwrap();
+    let (quick_units, _) = g.quick_build_status();
+    println!("quick builds of {:?}: first outputs after {:.1} s", quick_units, t.elapsed().as_secs_f64());
+    assert!(!quick_units.is_empty(), "an empty cache must start resnet18's tensor-core units on quick builds");
+    let e = suite::outputs_error(&quick_out, &want);
+    assert!(e <= suite::tolerance(DType::F16), "quick builds off the optimized ones by {e:.3e}");
+
+    // A recorded run of every launch but the last, captured while the quick builds serve.
+    let bufs = PlanBuffers::new(&mut g, &m.plan, &m.inputs, MemKind::Device).unwrap();
+    let whole = g.info().partitions[0].sms;
+    let stream = g.create_stream(0).unwrap();
+    let n = m.plan.launches.len();
+    let args: Vec<Vec<DevicePtr>> = m.plan.launches[..n - 1]
+        .iter()
+        .map(|l| {
+            let mut a = Vec::new();
+            bufs.bases.resolve_all(&l.args, &mut a);
+            a
+        })
+        .collect();
+    let requests: Vec<LaunchRequest<'_>> = m.plan.launches[..n - 1]
+        .iter()
+        .zip(&args)
+        .map(|(l, a)| LaunchRequest {
+            preemptible: false,
+            report_start: false,
+            report_ctas: false,
+            report_end: false,
+            ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, stream)
+        })
+        .collect();
+    g.set_run_kernels_plain(false);
+    let run = g.record_run(&requests).unwrap();
+    let replay = |g: &mut CudaGpu| {
+        let mut ids = Vec::new();
+        g.launch_run(run, stream, &mut ids).unwrap();
+        let last = m.plan.launches.last().unwrap();
+        let mut a = Vec::new();
+        bufs.bases.resolve_all(&last.args, &mut a);
+        let req = LaunchRequest {
+            after: ids.last().copied(),
+            preemptible: false,
+            ..LaunchRequest::of_launch(last, &a, whole, PartitionId::WHOLE, stream)
+        };
+        let last_id = g.launch(&req).unwrap();
+        for id in ids.into_iter().chain([last_id]) {
+            let (next, preempted) = g.wait_done(id).unwrap();
+            assert!(!preempted && next > 0);
+        }
+        bufs.outputs(g, &m.plan).unwrap()
+    };
+    let run_quick = replay(&mut g);
+    let e = suite::outputs_error(&run_quick, &want);
+    assert!(e <= suite::tolerance(DType::F16), "the recorded run on quick builds is off by {e:.3e}");
+
+    g.finish_quick_builds().unwrap();
+    let (left, swapped) = g.quick_build_status();
+    println!("optimized builds swapped in after {:.1} s: {swapped} units, {} left", t.elapsed().as_secs_f64(), left.len());
+    assert!(left.is_empty(), "units still on quick builds: {left:?}");
+    assert_eq!(swapped as usize, quick_units.len());
+    let run_optimized = replay(&mut g);
+    let again = suite::run_on_gpu(&mut g, &m.plan, &m.inputs, MemKind::Device).unwrap();
+    let bytes = |ts: &[kairos_ir::Tensor]| ts.iter().flat_map(|t| t.to_bytes()).collect::<Vec<u8>>();
+    assert_eq!(bytes(&again), bytes(&want), "after the swap, launches run the optimized builds");
+    let e = suite::outputs_error(&run_optimized, &want);
+    assert!(e <= suite::tolerance(DType::F16), "the recorded run after the swap is off by {e:.3e}");
+    g.drop_run(run).unwrap();
+    g.destroy_stream(stream).unwrap();
+    bufs.free(&mut g).unwrap();
+    drop(g);
+    let _ = std::fs::remove_dir_all(&dir);
+}

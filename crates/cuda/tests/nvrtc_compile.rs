@@ -37,7 +37,7 @@ fn library_compiles_for_sm90_within_its_register_bounds() {
         eprintln!("note: libnvrtc not found; skipping the NVRTC compile check (set LD_LIBRARY_PATH to an NVRTC 13 lib folder)");
         return;
     }
-    let cache = KernelCache { dir: None, arch: 90, driver_version: 0, verbose: true };
+    let cache = KernelCache { dir: None, arch: 90, driver_version: 0, verbose: true, quick: false };
     assert_eq!(cache.target().expect("NVRTC lists its architectures"), (90, true), "NVRTC 13 emits CUBIN for sm_90");
     let mut rows = Vec::new();
     for variant in [Variant::Protocol, Variant::Plain] {
@@ -80,6 +80,33 @@ fn library_compiles_for_sm90_within_its_register_bounds() {
         }
     }
     println!("{}", rows.join("\n"));
+}
+
+/// The quick builds (what serves while the optimized builds compile) define the same functions
+/// within the same register bounds, so the occupancy worked out for them holds for both builds.
+#[test]
+fn quick_builds_compile_within_the_same_register_bounds() {
+    if !nvrtc::is_present() {
+        eprintln!("note: libnvrtc not found; skipping");
+        return;
+    }
+    let cache = KernelCache { dir: None, arch: 90, driver_version: 0, verbose: true, quick: true };
+    for u in Unit::all().into_iter().filter(|u| u.has_quick_build()) {
+        let t = std::time::Instant::now();
+        let image = cache.image(u, Variant::Protocol).unwrap_or_else(|log| panic!("quick build of {} failed:\n{log}", u.name()));
+        let reports = parse_ptxas_log(&image.log);
+        let mut defined: Vec<&str> = reports.iter().map(|r| r.function.as_str()).collect();
+        defined.sort();
+        let mut expected = u.functions();
+        expected.sort();
+        assert_eq!(defined, expected, "quick build of {}", u.name());
+        for r in &reports {
+            let budget = u.entry.map(|k| k.registers_max()).unwrap();
+            assert_eq!(budget, register_bound(&r.function), "{}: EntryKind::registers_max against the launch bounds", r.function);
+            assert!(r.registers <= budget, "{} (quick) needs {} registers, above {budget}", r.function, r.registers);
+            println!("{:<16} quick {:>4} regs, compiled in {:.1} s", r.function, r.registers, t.elapsed().as_secs_f64());
+        }
+    }
 }
 
 #[test]

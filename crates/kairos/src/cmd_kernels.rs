@@ -46,7 +46,7 @@ pub enum Variants {
 #[derive(Args, Debug)]
 pub struct CompileArgs {
     /// Compute capabilities as major * 10 + minor, comma-separated (90: H100 and H200, the only one
-    /// tested; 80: A100 and 89: L4/L40S have not been compiled or run yet).
+    /// tested; 80: A100 and 89: L4/L40S compile but have never run).
     #[arg(long, value_delimiter = ',', default_value = "90")]
     pub arch: Vec<u32>,
     /// Cache folder (default: ~/.cache/kairos/cubin; servers read $KAIROS_CACHE_DIR).
@@ -128,7 +128,7 @@ fn compile(a: CompileArgs) -> Result<()> {
     for &arch in &a.arch {
         // The driver version only enters the key of PTX images; for CUBIN it is not used.
         // (Not verbose: ptxas' report is an option, and options are part of the key.)
-        let cache = KernelCache { dir: Some(dir.clone()), arch, driver_version: 0, verbose: a.ptxas };
+        let cache = KernelCache { dir: Some(dir.clone()), arch, driver_version: 0, verbose: a.ptxas, quick: false };
         let (target, cubin) = cache.target().map_err(anyhow::Error::msg)?;
         if !cubin {
             bail!(
@@ -178,7 +178,7 @@ fn compile(a: CompileArgs) -> Result<()> {
 
 fn status(a: StatusArgs) -> Result<()> {
     let dir = a.cache_dir.clone().or_else(nvrtc::default_cache_dir);
-    let cache = KernelCache { dir: dir.clone(), arch: a.arch, driver_version: 0, verbose: false };
+    let cache = KernelCache { dir: dir.clone(), arch: a.arch, driver_version: 0, verbose: false, quick: false };
     let embedded = nvrtc::prebuilt_names();
     let mut out = String::new();
     out.push_str(&format!(

@@ -198,15 +198,31 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         Backend::Cuda => {
             let mut gpu = kairos_cuda::CudaGpu::new(args.device).context("the cuda backend needs an NVIDIA GPU and driver")?;
+            // Kernel units not compiled yet start on their quick builds (seconds, slower code);
+            // their optimized builds compile meanwhile and are cached for the next run.
+            gpu.set_quick_builds(crate::paths::quick_builds_wanted());
             let device = gpu.info().name.clone();
+            let quick_note = |units: &[kairos_kernels::source::Unit]| {
+                if units.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<String> = units.iter().map(|u| u.name()).collect();
+                    format!(
+                        " (quick builds of {}: slower code while their optimized builds compile; the next run times those)",
+                        names.join(", ")
+                    )
+                }
+            };
             match &args.policy {
                 Some(p) => {
+                    // The dispatcher owns the GPU: whether quick builds ran is told by the log.
                     let (out, ms) = run_dispatched(gpu, &plan, &inputs, p, args.requests)?;
                     (out, format!("{ms:.3} ms on {device} for {} requests at once through the dispatcher ({p})", args.requests))
                 }
                 None => {
                     let (out, ms) = run_on(&mut gpu, &plan, &inputs)?;
-                    (out, format!("{ms:.3} ms on {device}, kernel by kernel"))
+                    let note = quick_note(&gpu.quick_build_status().0);
+                    (out, format!("{ms:.3} ms on {device}, kernel by kernel{note}"))
                 }
             }
         }
@@ -237,6 +253,11 @@ pub fn run(args: RunArgs) -> Result<()> {
             npy::write(&path, o).map_err(anyhow::Error::msg)?;
             eprintln!("wrote {}", path.display());
         }
+    }
+    if args.backend == Backend::Cuda {
+        kairos_cuda::nvrtc::finish_background(
+            "letting the optimized kernel builds finish into the cache for the next run (Ctrl-C skips them)",
+        );
     }
     Ok(())
 }

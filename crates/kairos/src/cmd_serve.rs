@@ -154,8 +154,16 @@ impl Backend for CudaBackend {
     }
 
     fn start(&self, gpu: u32, _models: &[&PlannedModel]) -> Result<(Engine, String), ServeError> {
-        let engine = Engine::start(self.engine.clone(), move || kairos_cuda::CudaGpu::new(gpu))
-            .map_err(|e| ServeError::Internal(format!("GPU {gpu}: {e}")))?;
+        // Kernel units not compiled yet serve first on their quick builds, swapped for the optimized
+        // builds as those finish compiling in the background.
+        let quick = crate::paths::quick_builds_wanted();
+        let engine = Engine::start(self.engine.clone(), move || {
+            kairos_cuda::CudaGpu::new(gpu).map(|mut g| {
+                g.set_quick_builds(quick);
+                g
+            })
+        })
+        .map_err(|e| ServeError::Internal(format!("GPU {gpu}: {e}")))?;
         let name = engine.device().name.clone();
         Ok((engine, name))
     }
@@ -177,6 +185,9 @@ impl Backend for CudaBackend {
         // Tuned on GPU 0 (instances on other GPUs of the same kind share the choice); choices
         // are cached beside the CUBIN cache, so a model seen before times nothing.
         let mut gpu = kairos_cuda::CudaGpu::new(0).map_err(|e| ServeError::Internal(format!("autotuner: {e}")))?;
+        // The plan's own units as quick builds when not compiled yet (the engine loads them from
+        // the cache next); only optimized builds are timed.
+        gpu.set_quick_builds(crate::paths::quick_builds_wanted());
         // Bounded first load: candidates whose kernel units are not compiled yet are left out
         // (and compiled in the background for the next load) rather than waited for.
         let opts = kairos_cuda::TuneOptions {

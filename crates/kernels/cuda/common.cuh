@@ -201,8 +201,10 @@ __device__ __forceinline__ float warp_min(float v) {
 #define KAIROS_E_SK_F32 256
 #define KAIROS_E_SK_F16 512
 #define KAIROS_E_SK_F16N 1024
+#define KAIROS_E_SK_GV 2048
+#define KAIROS_E_SK_GVN 4096
 #ifndef KAIROS_ENTRIES
-#define KAIROS_ENTRIES 2047
+#define KAIROS_ENTRIES 8191
 #endif
 
 // A unit of one wide activation class compiles its epilogues for that class only (tile.cuh:
@@ -278,6 +280,16 @@ __device__ __forceinline__ float warp_min(float v) {
 #else
 #define KAIROS_ENTRY_SK_F16N(name, Args, body)
 #endif
+#if KAIROS_ENTRIES & KAIROS_E_SK_GV
+#define KAIROS_ENTRY_SK_GV(name, Args, body) KAIROS_ENTRY(name##_sk_gv, Args, 256, 2, body<h16, TC_GEMV, true>)
+#else
+#define KAIROS_ENTRY_SK_GV(name, Args, body)
+#endif
+#if KAIROS_ENTRIES & KAIROS_E_SK_GVN
+#define KAIROS_ENTRY_SK_GVN(name, Args, body) KAIROS_ENTRY(name##_sk_gvn, Args, 128, 3, body<h16, TC_GEMV, true>)
+#else
+#define KAIROS_ENTRY_SK_GVN(name, Args, body)
+#endif
 
 // Defines `extern "C" name_f32` and `name_f16` kernels that run `body<T>(P, A)`.
 #define KAIROS_KERNELS(name, Args, body, max_threads)                                                         \
@@ -304,8 +316,12 @@ __device__ __forceinline__ float warp_min(float v) {
     KAIROS_KERNELS_SPLIT_K(name, Args, body)
 
 // Their split-K entries `name_sk_f32`, `name_sk_f16` and `name_sk_f16n` (body<T, CLS, true>), for
-// launches with split_k > 1: apart from the others, so the split path costs them no registers.
+// launches with split_k > 1: apart from the others, so the split path costs them no registers; and
+// `name_sk_gv` / `name_sk_gvn`, the split-K small-M path alone (tiles of at most 8 rows: a 1-row
+// product over a long K), which cost the other split-K entries 30 of their ~50 s of compile time.
 #define KAIROS_KERNELS_SPLIT_K(name, Args, body)                                                              \
     KAIROS_ENTRY_SK_F32(name, Args, body)                                                                     \
     KAIROS_ENTRY_SK_F16(name, Args, body)                                                                     \
-    KAIROS_ENTRY_SK_F16N(name, Args, body)
+    KAIROS_ENTRY_SK_F16N(name, Args, body)                                                                    \
+    KAIROS_ENTRY_SK_GV(name, Args, body)                                                                      \
+    KAIROS_ENTRY_SK_GVN(name, Args, body)

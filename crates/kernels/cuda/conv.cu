@@ -76,7 +76,6 @@ struct ConvTcLoader {
         u32 ci, kx, ky;
     };
     static constexpr bool A_SRC_NONNULL = false;  // null in the padding
-    static constexpr bool SPLIT_K = false;
     __device__ void a_row(u32 mm, u32& off, u32& aux) const {
         const int ih = ih0[mm];
         const int iw = iw0[mm];

@@ -57,7 +57,6 @@ struct GemmTcLoader {
     // Fast loads (tile.cuh): A's column state is k itself.
     typedef u32 ACol;
     static constexpr bool A_SRC_NONNULL = true;
-    static constexpr bool SPLIT_K = false;
     __device__ void a_row(u32 mm, u32& off, u32& aux) const {
         off = mm * (u32)A.a_sm;
         aux = 0u;

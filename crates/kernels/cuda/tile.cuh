@@ -20,7 +20,10 @@
 #define TILE_STRIDE (TILE_MAX + 4u)
 #define MICRO_PER_THREAD 4u
 
-struct TileSmem {
+// 16-byte aligned: the inner loop reads it as float4. A shared variable is otherwise only aligned
+// to its type (4 bytes here); the optimized build happened to place it at a multiple of 16, a build
+// with --Ofast-compile did not (CUDA_ERROR_MISALIGNED_ADDRESS on an H100).
+struct __align__(16) TileSmem {
     float a[TILE_K][TILE_STRIDE];
     float b[TILE_K][TILE_STRIDE];
 };
@@ -107,8 +110,8 @@ __device__ __forceinline__ void tile_gemm(L& ld_, TileSmem& sm, u32 tm, u32 tn, 
 // filled with cp.async while earlier ones are multiplied. Like the SIMT engine it computes any
 // tile up to TILE_MAX x TILE_MAX with any CTA size (whole warps); the plan's choice only moves speed.
 // Products tiled by at most GV_ROWS_MAX (8) rows whose B has k contiguous take the small-M path
-// below (tile_gemv, the `_gv` entries) instead: same loader, same results up to f32 summation
-// order. Elsewhere (except in the split-K entries) an edge tile of a few rows stays on this engine.
+// below (tile_gemv, the `_gv` and `_sk_gv` entries) instead: same loader, same results up to f32
+// summation order. Elsewhere an edge tile of a few rows stays on this engine.
 //
 // Shared memory is the launch's dynamic shared memory (at least TC_SMEM_MIN_BYTES; the host
 // passes the plan's LaunchShape::shared_mem_bytes, raised to that minimum). Per logical block,
@@ -259,10 +262,10 @@ struct TcShape {
 #define TC_NARROW 0u
 #define TC_STD 1u
 #define TC_WIDE 2u
-// The small-M entries (`_gv`, `_gvn`): tile_gemv alone. The host sends them only products tiled by
-// at most GV_ROWS_MAX rows with B's k contiguous; the other entries have no small-M path except
-// the split-K ones (their edge tiles of at most GV_ROWS_MAX rows still take it), so an edge tile of
-// a few rows runs on the tensor-core engine like any other edge tile.
+// The small-M entries (`_gv`, `_gvn`, and `_sk_gv`, `_sk_gvn` for split-K): tile_gemv alone. The
+// host sends them only products tiled by at most GV_ROWS_MAX rows with B's k contiguous; the other
+// entries have no small-M path, so an edge tile of a few rows runs on the tensor-core engine like
+// any other edge tile.
 #define TC_GEMV 3u
 
 __device__ __forceinline__ TcShape tc_shape(u32 tm, u32 tn, u32 K, u32 warps, bool b_kn, u32 smem_halves, u32 cls) {
@@ -997,7 +1000,7 @@ template <u32 CLS, typename L>
 __device__ __forceinline__ void tile_mma(L& ld_, u32 tm, u32 tn, u32 K) {
     constexpr bool NARROW = CLS == TC_NARROW;
     const u32 smem_bytes = tc_dyn_smem_bytes();
-    if constexpr (CLS == TC_GEMV || L::SPLIT_K) {
+    if constexpr (CLS == TC_GEMV) {
         if (tm <= GV_ROWS_MAX && !ld_.b_kn) {
             tile_gemv(ld_, tm, tn, K, smem_bytes);
             return;
@@ -1206,12 +1209,11 @@ __device__ __forceinline__ u32 tcx_stages(const L& ld_, u32 stage_bytes) {
 }
 
 // One logical block of the plan's tile tile_m x tile_n (clipped to tm x tn): a fixed-shape tile
-// where the entry has one for this tile and CTA size (in the split-K entries not for clipped
-// tiles of at most 8 rows, which take the small-M path), else tile_mma.
+// where the entry has one for this tile and CTA size, else tile_mma.
 template <u32 CLS, typename L>
 __device__ __forceinline__ void tile_mma_planned(L& ld_, u32 tile_m, u32 tile_n, u32 tm, u32 tn, u32 K) {
     if constexpr (CLS == TC_STD) {
-        if (blockDim.x == 256u && !(L::SPLIT_K && tm <= GV_ROWS_MAX && !ld_.b_kn)) {
+        if (blockDim.x == 256u) {
             if (tile_m == 128u && tile_n == 128u) {
                 if (const u32 n = tcx_stages(ld_, tcx_stage_bytes<128, 128>())) return tc_tile_fixed<128, 128, 2, 4>(ld_, tm, tn, K, n);
             } else if (tile_m == 64u && tile_n == 128u) {
@@ -1243,7 +1245,6 @@ struct SplitKTcLoader {
 
     typedef typename L::ACol ACol;
     static constexpr bool A_SRC_NONNULL = L::A_SRC_NONNULL;
-    static constexpr bool SPLIT_K = true;  // tile_mma keeps the small-M path for its edge tiles
     __device__ void a_row(u32 mm, u32& off, u32& aux) const { in.a_row(mm, off, aux); }
     __device__ ACol a_col_at(u32 k) const { return in.a_col_at(kb + k); }
     __device__ void a_col_step(ACol& c, u32 dk) const { in.a_col_step(c, dk); }

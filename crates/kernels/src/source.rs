@@ -118,10 +118,13 @@ pub enum EntryKind {
     SkF32,
     SkF16,
     SkF16n,
+    /// The split-K small-M path alone, 256- and 128-thread CTAs.
+    SkGv,
+    SkGvn,
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 11] = [
+    pub const ALL: [EntryKind; 13] = [
         EntryKind::F32,
         EntryKind::F16,
         EntryKind::F16n,
@@ -133,6 +136,8 @@ impl EntryKind {
         EntryKind::SkF32,
         EntryKind::SkF16,
         EntryKind::SkF16n,
+        EntryKind::SkGv,
+        EntryKind::SkGvn,
     ];
 
     /// The suffix of the entry functions of this kind (`gemm` + `_f16w_relu`).
@@ -149,6 +154,8 @@ impl EntryKind {
             EntryKind::SkF32 => "_sk_f32",
             EntryKind::SkF16 => "_sk_f16",
             EntryKind::SkF16n => "_sk_f16n",
+            EntryKind::SkGv => "_sk_gv",
+            EntryKind::SkGvn => "_sk_gvn",
         }
     }
 
@@ -161,6 +168,24 @@ impl EntryKind {
         }
     }
 
+    /// The launch bounds of the entries of this kind (common.cuh, `KAIROS_ENTRY_*`): threads per
+    /// CTA and the CTAs per SM ptxas must fit, which bound the registers of every build of them.
+    pub fn launch_bounds(self) -> (u32, u32) {
+        match self {
+            EntryKind::F32 | EntryKind::F16 | EntryKind::Gv | EntryKind::SkF32 | EntryKind::SkF16 | EntryKind::SkGv => (256, 2),
+            EntryKind::F16n | EntryKind::Gvn | EntryKind::SkF16n | EntryKind::SkGvn => (128, 3),
+            EntryKind::F16wNone | EntryKind::F16wRelu | EntryKind::F16wAct => (128, 2),
+        }
+    }
+
+    /// The most registers per thread ptxas may give an entry of this kind: its launch bounds' share
+    /// of the SM's 64 Ki registers, in the allocation's steps of 8, at most 255 (128 for 256-thread
+    /// entries at 2 CTAs per SM, 168 for 128 threads at 3, 255 for 128 threads at 2).
+    pub fn registers_max(self) -> u32 {
+        let (threads, ctas) = self.launch_bounds();
+        (65_536 / (threads * ctas) / 8 * 8).min(255)
+    }
+
     /// The bit of `KAIROS_ENTRIES` (common.cuh: `KAIROS_E_*`).
     pub fn mask(self) -> u32 {
         1 << (self as u32)
@@ -170,6 +195,11 @@ impl EntryKind {
         EntryKind::ALL.into_iter().find(|k| k.suffix() == suffix)
     }
 }
+
+/// The NVRTC option of a unit's quick build ([`Unit::has_quick_build`]): NVRTC 13 on one core
+/// compiled the whole library in 52 s of CPU time with it (the slowest unit, conv_f16, in 5.6 s)
+/// against several minutes optimized.
+pub const QUICK_BUILD_OPTION: &str = "--Ofast-compile=mid";
 
 /// A compilation unit: one NVRTC program and one module image. The small modules are one unit
 /// each; the tensor-core modules ([`Module::split_by_entry`]) are one unit per [`EntryKind`], so
@@ -234,14 +264,22 @@ impl Unit {
         match self.entry {
             Some(EntryKind::F16) => 50,
             Some(EntryKind::F16wNone | EntryKind::F16wRelu | EntryKind::F16wAct) => 42,
-            Some(EntryKind::SkF16n) => 37,
-            Some(EntryKind::SkF16) => 30,
+            Some(EntryKind::SkF16n) => 16,
+            Some(EntryKind::SkF16) => 20,
+            Some(EntryKind::SkGv | EntryKind::SkGvn) => 25,
             Some(EntryKind::F16n) => 28,
             Some(EntryKind::Gv | EntryKind::Gvn) => 25,
             Some(EntryKind::F32) => 13,
             Some(EntryKind::SkF32) => 3,
             None => 3,
         }
+    }
+
+    /// Whether the unit also has a quick build (compiled with [`QUICK_BUILD_OPTION`], slower
+    /// code in a fraction of the time) that serves while its optimized build compiles: the units of
+    /// the tensor-core modules, which take 10-60 s each to optimize.
+    pub fn has_quick_build(self) -> bool {
+        self.entry.is_some()
     }
 
     /// The unit that defines a launch's entry function.
@@ -264,7 +302,18 @@ pub fn tuning_units(kernel: &Kernel, dtype: DType) -> Vec<Unit> {
     let module = module_of(kernel);
     let sk = kernel.is_split_k();
     let kinds: Vec<EntryKind> = match dtype {
-        DType::F16 if uses_tensor_cores(kernel, dtype) && sk => vec![EntryKind::SkF16, EntryKind::SkF16n],
+        DType::F16 if uses_tensor_cores(kernel, dtype) && sk => {
+            let mut k = vec![EntryKind::SkF16, EntryKind::SkF16n];
+            let rows = match kernel {
+                Kernel::Conv2d(p) => p.gemm_m(),
+                Kernel::Gemm(p) => p.m,
+                _ => u32::MAX,
+            };
+            if is_small_m(kernel) || rows <= GV_ROWS_MAX {
+                k.extend([EntryKind::SkGv, EntryKind::SkGvn]);
+            }
+            k
+        }
         DType::F16 if uses_tensor_cores(kernel, dtype) => {
             let mut k = vec![EntryKind::F16, EntryKind::F16n, EntryKind::wide(epilogue_act(kernel))];
             let rows = match kernel {
@@ -290,8 +339,8 @@ pub fn tuning_units(kernel: &Kernel, dtype: DType) -> Vec<Unit> {
 
 /// Kernels with a tensor-core fp16 engine, which also have a `<name>_f16n` entry for small CTAs,
 /// `<name>_f16w_<none|relu|act>` entries for large tiles on 128-thread CTAs, `<name>_gv` and
-/// `<name>_gvn` for the small-M path, and split-K entries `<name>_sk_<f32|f16|f16n>` for launches
-/// with `split_k` > 1.
+/// `<name>_gvn` for the small-M path, and split-K entries `<name>_sk_<f32|f16|f16n>` (and
+/// `<name>_sk_gv` / `<name>_sk_gvn` for small-M split-K products) for launches with `split_k` > 1.
 pub const TENSOR_CORE_KERNELS: [&str; 2] = ["conv2d", "gemm"];
 /// CTAs of at most this many threads run a tensor-core kernel's `_f16n` entry (launch bound
 /// 128 threads, 3 CTAs per SM: up to 168 registers per thread instead of 128).
@@ -324,7 +373,9 @@ pub fn module_of(kernel: &Kernel) -> Module {
 /// ([`is_small_m`]; `_gvn` at most [`TC_NARROW_THREADS_MAX`] threads), `<name>_f16w_<none|relu|act>`
 /// (the epilogue's activation class) when the CTA has [`TC_WIDE_THREADS`] threads and the tile at
 /// least [`TC_WIDE_OUTPUTS_PER_WARP_MIN`] outputs per warp, else `<name>_f16n` at most
-/// [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries.
+/// [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries (`_sk_gv` /
+/// `_sk_gvn` for small-M products, else `_sk_f16n` at most [`TC_NARROW_THREADS_MAX`] threads,
+/// `_sk_f16`).
 pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
     entry_key(kernel, dtype, threads_per_cta).map(|k| format!("{}{}", k.base, k.suffix))
 }
@@ -351,6 +402,13 @@ pub fn entry_key(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<
                 EntryKind::F16n
             } else {
                 EntryKind::F16
+            }
+        }
+        DType::F16 if uses_tensor_cores(kernel, dtype) && is_small_m(kernel) => {
+            if threads_per_cta <= TC_NARROW_THREADS_MAX {
+                EntryKind::SkGvn
+            } else {
+                EntryKind::SkGv
             }
         }
         DType::F16 if uses_tensor_cores(kernel, dtype) && threads_per_cta <= TC_NARROW_THREADS_MAX => EntryKind::SkF16n,
@@ -940,6 +998,29 @@ mod tests {
     }
 
     #[test]
+    fn launch_bounds_agree_with_common_cuh() {
+        let header = HEADERS.iter().find(|h| h.0 == "kairos/common.cuh").unwrap().1;
+        for k in EntryKind::ALL {
+            // `#define KAIROS_ENTRY_F16N(name, Args, body) KAIROS_ENTRY(name##_f16n, Args, 128, 3, ...)`
+            let macro_name = format!("KAIROS_ENTRY{}(", k.suffix().to_uppercase());
+            let line = header
+                .lines()
+                .find(|l| l.starts_with("#define ") && l.contains(&macro_name) && l.contains("KAIROS_ENTRY(name##"))
+                .unwrap_or_else(|| panic!("common.cuh defines no {macro_name}"));
+            let args: Vec<&str> = line.rsplit("KAIROS_ENTRY(").next().unwrap().split(',').map(str::trim).collect();
+            let (threads, ctas) = k.launch_bounds();
+            let threads_text = if matches!(k, EntryKind::F32 | EntryKind::F16) { "t".to_string() } else { threads.to_string() };
+            assert_eq!((args[2], args[3]), (threads_text.as_str(), ctas.to_string().as_str()), "{line}");
+        }
+        // The tensor-core modules' F32/F16 entries take the module's 256 threads.
+        assert!(header.contains("KAIROS_KERNELS(name, Args, body, 256)"));
+        assert_eq!(EntryKind::F16.registers_max(), 128);
+        assert_eq!(EntryKind::F16n.registers_max(), 168);
+        assert_eq!(EntryKind::F16wRelu.registers_max(), 255);
+        assert!(Unit::all().iter().all(|u| u.has_quick_build() == u.module.split_by_entry()));
+    }
+
+    #[test]
     fn param_block_aligns_fields_like_c() {
         let mut w = ParamBlock::default();
         w.u32(1);
@@ -1018,6 +1099,18 @@ mod tests {
         assert_eq!(function_name(&gemm.kernel, DType::F16, 256).unwrap(), "gemm_sk_f16");
         assert_eq!(function_name(&gemm.kernel, DType::F32, 256).unwrap(), "gemm_sk_f32");
         assert!(Module::Gemm.functions().contains(&"gemm_sk_f16n".to_string()));
+        // A small-M split-K product (tiles of at most 8 rows) takes the split-K small-M entries.
+        let mut small = gemm.kernel;
+        if let Kernel::Gemm(p) = &mut small {
+            p.tile_m = GV_ROWS_MAX;
+        }
+        assert!(is_small_m(&small));
+        assert_eq!(function_name(&small, DType::F16, 256).unwrap(), "gemm_sk_gv");
+        assert_eq!(function_name(&small, DType::F16, 128).unwrap(), "gemm_sk_gvn");
+        for threads in [128, 256] {
+            let unit = unit_of(&small, DType::F16, threads).unwrap();
+            assert!(tuning_units(&small, DType::F16).contains(&unit), "{unit:?}");
+        }
         for (dtype, threads) in [(DType::F16, 128), (DType::F16, 256), (DType::F32, 256)] {
             let unit = unit_of(&gemm.kernel, dtype, threads).unwrap();
             assert!(unit.functions().contains(&function_name(&gemm.kernel, dtype, threads).unwrap()), "{unit:?}");
