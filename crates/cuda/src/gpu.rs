@@ -835,7 +835,8 @@ impl CudaGpu {
                     // The launch bounds make this impossible; were it to happen, launches keep
                     // their CTA counts and the extra CTAs wait for room (slower, still correct).
                     eprintln!(
-                        "kairos: warning: the optimized build of {name} uses {registers} registers, above the {} its quick build                          was sized for",
+                        "kairos: warning: the optimized build of {name} uses {registers} registers, above the {} its quick \
+                         build was sized for",
                         old.registers
                     );
                 }

@@ -780,7 +780,7 @@ mod tests {
             let build = if q && u.has_quick_build() { "quick" } else { "optimized" };
             assert_eq!(String::from_utf8(r.as_ref().unwrap().bytes.clone()).unwrap(), format!("{} {build}", u.name()));
         }
-        // The quick image of a unit does not make its optimized build ready, nor the reverse.
+        // A quick image alone does not make the unit's optimized build ready.
         let conv_f16 = Unit { module: Module::Conv, entry: Some(kairos_kernels::source::EntryKind::F16) };
         std::fs::remove_file(dir.join(cache.file_of(conv_f16, Variant::Protocol).unwrap())).unwrap();
         assert!(!cache.is_ready(conv_f16, Variant::Protocol) && quick.is_ready(conv_f16, Variant::Protocol));

@@ -51,6 +51,8 @@ pub enum Fill {
     Float(f32, f32),
     /// Uniform i64 in [lo, hi).
     Index(i64, i64),
+    /// Uniform floats in [-1, 1) with every n-th element NaN.
+    NanEvery(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -912,6 +914,7 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         (UnaryOpParam::Neg, fl),
         (UnaryOpParam::Abs, fl),
         (UnaryOpParam::Square, fl),
+        (UnaryOpParam::IsNan, Fill::NanEvery(7)),
     ] {
         v.push(eltwise_case(
             &format!("eltwise {u:?}"),
@@ -965,6 +968,14 @@ fn fill_bytes(arg: &Arg, dtype: DType, rng: &mut Rng) -> AlignedBytes {
             (Fill::Float(lo, hi), DType::F32) => s[i * 4..i * 4 + 4].copy_from_slice(&rng.uniform(lo, hi).to_le_bytes()),
             (Fill::Float(lo, hi), DType::F16) => {
                 s[i * 2..i * 2 + 2].copy_from_slice(&half::f16::from_f32(rng.uniform(lo, hi)).to_le_bytes())
+            }
+            (Fill::NanEvery(n), DType::F32 | DType::F16) => {
+                let v = if i % n.max(1) == 0 { f32::NAN } else { rng.uniform(-1.0, 1.0) };
+                if d == DType::F32 {
+                    s[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes())
+                } else {
+                    s[i * 2..i * 2 + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+                }
             }
             (Fill::Index(lo, hi), DType::I64) => {
                 let v = lo + (rng.next_u64() % (hi - lo) as u64) as i64;

@@ -141,6 +141,8 @@ pub enum UnaryOp {
     Neg,
     Abs,
     Square,
+    /// 1 where x is NaN, else 0 (ONNX IsNaN: exporters guard softmax with it).
+    IsNaN,
 }
 
 impl UnaryOp {
@@ -155,6 +157,13 @@ impl UnaryOp {
             UnaryOp::Neg => -x,
             UnaryOp::Abs => x.abs(),
             UnaryOp::Square => x * x,
+            UnaryOp::IsNaN => {
+                if x.is_nan() {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
         }
     }
 }
@@ -323,6 +332,7 @@ impl Op {
                 UnaryOp::Neg => "Neg",
                 UnaryOp::Abs => "Abs",
                 UnaryOp::Square => "Square",
+                UnaryOp::IsNaN => "IsNaN",
             },
             Op::Pool { kind: PoolKind::Max, .. } => "MaxPool",
             Op::Pool { .. } => "AveragePool",

@@ -426,6 +426,7 @@ impl Importer<'_> {
                 "Neg" => UnaryOp::Neg,
                 "Abs" => UnaryOp::Abs,
                 "Square" => UnaryOp::Square,
+                "IsNan" => UnaryOp::IsNaN,
                 _ => return Err(self.unsupported(node, "")),
             };
             let x = self.input(node, 0)?;

@@ -374,6 +374,7 @@ pub enum UnaryOpParam {
     Neg,
     Abs,
     Square,
+    IsNan,
 }
 
 impl UnaryOpParam {
@@ -387,6 +388,7 @@ impl UnaryOpParam {
             UnaryOp::Neg => UnaryOpParam::Neg,
             UnaryOp::Abs => UnaryOpParam::Abs,
             UnaryOp::Square => UnaryOpParam::Square,
+            UnaryOp::IsNaN => UnaryOpParam::IsNan,
             UnaryOp::Act(_) => return None,
         })
     }
@@ -400,6 +402,7 @@ impl UnaryOpParam {
             UnaryOpParam::Neg => UnaryOp::Neg,
             UnaryOpParam::Abs => UnaryOp::Abs,
             UnaryOpParam::Square => UnaryOp::Square,
+            UnaryOpParam::IsNan => UnaryOp::IsNaN,
         }
     }
 }

@@ -16,7 +16,7 @@ struct EltArgs {
     u32 in_dt[3];
     u32 out_dt;
     u32 func;  // 0 copy, 1 unary, 2 binary, 3 binary with scalar s0, 4 affine, 5 where
-    u32 op;    // unary: sqrt rsqrt recip exp erf neg abs square; binary: add sub mul div pow max min
+    u32 op;    // unary: sqrt rsqrt recip exp erf neg abs square isnan; binary: add sub mul div pow max min
     u32 act, inputs, elems_per_block;
     float s0, s1;
     u32 pad;
@@ -32,6 +32,7 @@ __device__ __forceinline__ float elt_unary(u32 op, float x) {
         case 4: return erff(x);
         case 5: return -x;
         case 6: return fabsf(x);
+        case 8: return isnan(x) ? 1.0f : 0.0f;
         default: return x * x;
     }
 }

@@ -703,6 +703,7 @@ fn unary_code(u: UnaryOpParam) -> u32 {
         UnaryOpParam::Neg => 5,
         UnaryOpParam::Abs => 6,
         UnaryOpParam::Square => 7,
+        UnaryOpParam::IsNan => 8,
     }
 }
 

@@ -39,8 +39,9 @@ fn random_inputs(inputs: &[Input], seed: u64) -> Vec<Tensor> {
         .collect()
 }
 
-/// Builds the model with `body`, runs it through kairos (fp32 and fp16) and tract, compares.
-fn check(case: &str, inputs: Vec<Input>, out_shape: &[usize], body: impl Fn(&mut OnnxBuilder, &[String]) -> String) {
+/// Builds the model with `body`, runs it through kairos (fp32 and fp16) and tract, compares;
+/// returns tract's output.
+fn check(case: &str, inputs: Vec<Input>, out_shape: &[usize], body: impl Fn(&mut OnnxBuilder, &[String]) -> String) -> Tensor {
     check_opset(case, 17, inputs, out_shape, body)
 }
 
@@ -50,7 +51,7 @@ fn check_opset(
     inputs: Vec<Input>,
     out_shape: &[usize],
     body: impl Fn(&mut OnnxBuilder, &[String]) -> String,
-) {
+) -> Tensor {
     let mut b = OnnxBuilder::new(case, opset, 7);
     let names: Vec<String> = inputs.iter().map(|i| b.input(i.name, i.dtype, &i.shape)).collect();
     let y = body(&mut b, &names);
@@ -68,6 +69,7 @@ fn check_opset(
         let err = relative_l2_error(&out[0].to_f32_vec(), &reference[0].to_f32_vec());
         assert!(err <= tol, "{case} ({dtype}): relative L2 error {err:.3e} > {tol:.0e} ({} launches)", plan.launches.len());
     }
+    reference.into_iter().next().expect("one output")
 }
 
 fn conv_case(
@@ -249,4 +251,32 @@ fn causal_attention_block() {
             b.node("MatMul", "", &[&p, &i[2]], vec![])
         },
     );
+}
+
+#[test]
+fn isnan_guarded_softmax() {
+    // The guard exporters put after an attention softmax (Softmax -> IsNaN -> Where): a fully masked
+    // row (-inf everywhere) makes its softmax row NaN, and the guard turns it into zeros.
+    let masked_softmax = |b: &mut OnnxBuilder, x: &str| {
+        let mut mask = vec![0f32; 32];
+        for v in &mut mask[8..16] {
+            *v = f32::NEG_INFINITY;
+        }
+        let m = b.init("mask", &Tensor::f32(vec![4, 8], mask));
+        let s = b.node("Add", "", &[x, &m], vec![]);
+        b.softmax(&s, -1)
+    };
+    // The flags themselves (a row of ones where tract sees NaN: the guard is exercised, not idle).
+    let flags = check("isnan_flags", vec![f32_input("x", &[4, 8])], &[4, 8], |b, i| {
+        let p = masked_softmax(b, &i[0]);
+        let nan = b.node("IsNaN", "", &[&p], vec![]);
+        b.node("Cast", "", &[&nan], vec![("to", Attr::Int(1))])
+    });
+    assert_eq!(flags.to_f32_vec().iter().sum::<f32>(), 8.0, "tract flags exactly the masked row");
+    check("isnan_guarded_softmax", vec![f32_input("x", &[4, 8])], &[4, 8], |b, i| {
+        let p = masked_softmax(b, &i[0]);
+        let nan = b.node("IsNaN", "", &[&p], vec![]);
+        let zero = b.const_f32_scalar(0.0);
+        b.node("Where", "", &[&nan, &zero, &p], vec![])
+    });
 }
