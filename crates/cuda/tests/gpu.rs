@@ -683,6 +683,34 @@ fn zero_copy_io_through_mapped_host_memory_matches_the_copy_path() {
     }
 }
 
+/// The resolved arguments of a plan's launches but the last (what a recorded run holds).
+fn run_args(plan: &Plan, bufs: &kairos_cuda::profile::PlanBuffers) -> Vec<Vec<DevicePtr>> {
+    let n = plan.launches.len();
+    plan.launches[..n - 1]
+        .iter()
+        .map(|l| {
+            let mut a = Vec::new();
+            bufs.bases.resolve_all(&l.args, &mut a);
+            a
+        })
+        .collect()
+}
+
+/// Those launches as a recorded run takes them: not preemptible, reporting nothing, on `stream`.
+fn run_requests<'a>(plan: &'a Plan, args: &'a [Vec<DevicePtr>], whole: SmMask, stream: StreamId) -> Vec<LaunchRequest<'a>> {
+    plan.launches
+        .iter()
+        .zip(args)
+        .map(|(l, a)| LaunchRequest {
+            preemptible: false,
+            report_start: false,
+            report_ctas: false,
+            report_end: false,
+            ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, stream)
+        })
+        .collect()
+}
+
 /// Recorded runs (`Gpu::record_run`, a CUDA graph of a whole job's launches but the last, as the
 /// dispatcher issues whole jobs): recorded once on one set of buffers, replayed again and again
 /// on other streams with new inputs written in place, each replay followed by the last launch
@@ -703,25 +731,8 @@ fn recorded_runs_replay_whole_jobs_with_new_inputs() {
         let whole = gpu.info().partitions[0].sms;
         let streams: Vec<StreamId> = (0..2).map(|_| gpu.create_stream(0).unwrap()).collect();
         let n = m.plan.launches.len();
-        let args: Vec<Vec<DevicePtr>> = m.plan.launches[..n - 1]
-            .iter()
-            .map(|l| {
-                let mut a = Vec::new();
-                bufs.bases.resolve_all(&l.args, &mut a);
-                a
-            })
-            .collect();
-        let requests: Vec<LaunchRequest<'_>> = m.plan.launches[..n - 1]
-            .iter()
-            .zip(&args)
-            .map(|(l, a)| LaunchRequest {
-                preemptible: false,
-                report_start: false,
-                report_ctas: false,
-                report_end: false,
-                ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, streams[0])
-            })
-            .collect();
+        let args = run_args(&m.plan, &bufs);
+        let requests = run_requests(&m.plan, &args, whole, streams[0]);
         // The plain build of the model's units, so that plain runs do not fall back to light ones.
         let units: Vec<_> = CudaGpu::plan_units(&m.plan).unwrap().into_iter().map(|(u, _)| (u, Variant::Plain)).collect();
         gpu.prepare_units(&units, "recorded runs").unwrap();
@@ -808,26 +819,8 @@ fn quick_builds_serve_until_the_optimized_builds_replace_them() {
     let bufs = PlanBuffers::new(&mut g, &m.plan, &m.inputs, MemKind::Device).unwrap();
     let whole = g.info().partitions[0].sms;
     let stream = g.create_stream(0).unwrap();
-    let n = m.plan.launches.len();
-    let args: Vec<Vec<DevicePtr>> = m.plan.launches[..n - 1]
-        .iter()
-        .map(|l| {
-            let mut a = Vec::new();
-            bufs.bases.resolve_all(&l.args, &mut a);
-            a
-        })
-        .collect();
-    let requests: Vec<LaunchRequest<'_>> = m.plan.launches[..n - 1]
-        .iter()
-        .zip(&args)
-        .map(|(l, a)| LaunchRequest {
-            preemptible: false,
-            report_start: false,
-            report_ctas: false,
-            report_end: false,
-            ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, stream)
-        })
-        .collect();
+    let args = run_args(&m.plan, &bufs);
+    let requests = run_requests(&m.plan, &args, whole, stream);
     g.set_run_kernels_plain(false);
     let run = g.record_run(&requests).unwrap();
     let replay = |g: &mut CudaGpu| {
