@@ -696,6 +696,36 @@ fn run_args(plan: &Plan, bufs: &kairos_cuda::profile::PlanBuffers) -> Vec<Vec<De
         .collect()
 }
 
+/// One replay of `run` (a plan's launches but the last) on `stream`, followed by the plan's last
+/// launch after it; waits for every launch to end whole and returns the plan's outputs.
+fn replay_run(
+    gpu: &mut CudaGpu,
+    plan: &Plan,
+    bufs: &kairos_cuda::profile::PlanBuffers,
+    run: RunId,
+    stream: StreamId,
+    whole: SmMask,
+    name: &str,
+) -> Vec<kairos_ir::Tensor> {
+    let mut ids = Vec::new();
+    gpu.launch_run(run, stream, &mut ids).unwrap();
+    assert_eq!(ids.len(), plan.launches.len() - 1);
+    let last = plan.launches.last().unwrap();
+    let mut a = Vec::new();
+    bufs.bases.resolve_all(&last.args, &mut a);
+    let req = LaunchRequest {
+        after: ids.last().copied(),
+        preemptible: false,
+        ..LaunchRequest::of_launch(last, &a, whole, PartitionId::WHOLE, stream)
+    };
+    let last_id = gpu.launch(&req).unwrap();
+    for id in ids.into_iter().chain([last_id]) {
+        let (next, preempted) = gpu.wait_done(id).unwrap();
+        assert!(!preempted && next > 0, "{name}: launch {id:?} of a replay ended at block {next}");
+    }
+    bufs.outputs(gpu, plan).unwrap()
+}
+
 /// Those launches as a recorded run takes them: not preemptible, reporting nothing, on `stream`.
 fn run_requests<'a>(plan: &'a Plan, args: &'a [Vec<DevicePtr>], whole: SmMask, stream: StreamId) -> Vec<LaunchRequest<'a>> {
     plan.launches
@@ -730,7 +760,6 @@ fn recorded_runs_replay_whole_jobs_with_new_inputs() {
         let bufs = PlanBuffers::new(&mut gpu, &m.plan, &m.inputs, MemKind::Device).unwrap();
         let whole = gpu.info().partitions[0].sms;
         let streams: Vec<StreamId> = (0..2).map(|_| gpu.create_stream(0).unwrap()).collect();
-        let n = m.plan.launches.len();
         let args = run_args(&m.plan, &bufs);
         let requests = run_requests(&m.plan, &args, whole, streams[0]);
         // The plain build of the model's units, so that plain runs do not fall back to light ones.
@@ -749,24 +778,7 @@ fn recorded_runs_replay_whole_jobs_with_new_inputs() {
                 for (i, t) in input_sets[set].iter().enumerate() {
                     gpu.write(bufs.bases.inputs[i], &input_bytes(&m.plan, i, t).unwrap()).unwrap();
                 }
-                let stream = streams[replay / 2 % 2];
-                let mut ids = Vec::new();
-                gpu.launch_run(run, stream, &mut ids).unwrap();
-                assert_eq!(ids.len(), n - 1);
-                let last = m.plan.launches.last().unwrap();
-                let mut a = Vec::new();
-                bufs.bases.resolve_all(&last.args, &mut a);
-                let req = LaunchRequest {
-                    after: ids.last().copied(),
-                    preemptible: false,
-                    ..LaunchRequest::of_launch(last, &a, whole, PartitionId::WHOLE, stream)
-                };
-                let last_id = gpu.launch(&req).unwrap();
-                for id in ids.iter().copied().chain([last_id]) {
-                    let (next, preempted) = gpu.wait_done(id).unwrap();
-                    assert!(!preempted && next > 0, "{name}: launch {id:?} of a replay ended at block {next}");
-                }
-                let out = bufs.outputs(&mut gpu, &m.plan).unwrap();
+                let out = replay_run(&mut gpu, &m.plan, &bufs, run, streams[replay / 2 % 2], whole, name);
                 let e = suite::outputs_error(&out, &wants[set]);
                 let bytes: Vec<u8> = out.iter().flat_map(|t| t.to_bytes()).collect();
                 println!("{name} (plain {plain}) replay {replay}, inputs {set}: error {e:.2e} against launch by launch");
@@ -823,24 +835,7 @@ fn quick_builds_serve_until_the_optimized_builds_replace_them() {
     let requests = run_requests(&m.plan, &args, whole, stream);
     g.set_run_kernels_plain(false);
     let run = g.record_run(&requests).unwrap();
-    let replay = |g: &mut CudaGpu| {
-        let mut ids = Vec::new();
-        g.launch_run(run, stream, &mut ids).unwrap();
-        let last = m.plan.launches.last().unwrap();
-        let mut a = Vec::new();
-        bufs.bases.resolve_all(&last.args, &mut a);
-        let req = LaunchRequest {
-            after: ids.last().copied(),
-            preemptible: false,
-            ..LaunchRequest::of_launch(last, &a, whole, PartitionId::WHOLE, stream)
-        };
-        let last_id = g.launch(&req).unwrap();
-        for id in ids.into_iter().chain([last_id]) {
-            let (next, preempted) = g.wait_done(id).unwrap();
-            assert!(!preempted && next > 0);
-        }
-        bufs.outputs(g, &m.plan).unwrap()
-    };
+    let replay = |g: &mut CudaGpu| replay_run(g, &m.plan, &bufs, run, stream, whole, "resnet18");
     let run_quick = replay(&mut g);
     let e = suite::outputs_error(&run_quick, &want);
     assert!(e <= suite::tolerance(DType::F16), "the recorded run on quick builds is off by {e:.3e}");
