@@ -1888,6 +1888,21 @@ impl Gpu for CudaGpu {
         Ok(id)
     }
 
+    fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
+        self.bind()?;
+        if copy.0 == 0 || copy.0 >= self.next_copy {
+            return Err(GpuError::Invalid(format!("copy {} was never queued", copy.0)));
+        }
+        // Copies leave `copies` when their CopyDone is polled: one no longer there has landed.
+        let Some(pos) = self.copies.iter().position(|(id, _)| *id == copy) else { return Ok(()) };
+        // The wait must follow the launches posted to the stream so far (stream_for flushes only
+        // when the stream changes partition).
+        self.flush_launches();
+        self.stream_for(stream, PartitionId::WHOLE.0)?;
+        let s = &self.streams[stream.0 as usize].by_partition[&PartitionId::WHOLE.0];
+        s.wait(&self.copies[pos].1).map_err(drv)
+    }
+
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
         self.bind()?;
         if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {

@@ -208,5 +208,6 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
         sm_count: info.sm_count,
         latency_ns,
         kernels,
+        layers: None,
     })
 }

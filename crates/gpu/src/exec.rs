@@ -185,3 +185,116 @@ pub fn execute_plan_on<G: Gpu + ?Sized>(
     }
     result
 }
+
+/// Measures a plan's layer profile on `gpu` (DeepPlan's profiling, Sec. 4.3.1; what `kairos
+/// profile --layers` and `kairos bench cold` run): every launch alone on an idle GPU, `reps` times
+/// each with its weights in device memory and with them in pinned host memory read in place; its
+/// duration is first block taken to end as the backend reports them (device time on CUDA). Inputs
+/// are zeros (valid indices for gathers). Copy times: one copy of the whole blob from pinned host
+/// memory, timed from its queueing to its `CopyDone`, gives the bandwidth each layer's `load_ns`
+/// is worked out at (timing each small layer's copy alone would mostly time the host's polling).
+pub fn profile_layers<G: Gpu + ?Sized>(gpu: &mut G, plan: &Plan, reps: usize) -> Result<crate::profile::LayerProfile> {
+    use crate::profile::{LaunchColdTimes, LayerLoad, LayerProfile};
+    let started_ns = gpu.now_ns();
+    let reps = reps.max(1);
+    gpu.prepare_plan(plan)?;
+    let mut allocations = Vec::new();
+    let result = (|| {
+        let device = upload_weights(gpu, plan, MemKind::Device)?;
+        allocations.push(device);
+        let host = upload_weights(gpu, plan, MemKind::HostMapped)?;
+        allocations.push(host);
+        let zeros: Vec<Tensor> =
+            plan.inputs.iter().map(|t| Tensor::f32(t.shape.clone(), vec![0.0; t.shape.iter().product()]).cast(t.dtype)).collect();
+        let mut bases = alloc_request(gpu, plan, device.ptr, &zeros, &mut allocations)?;
+        let stream = gpu.create_stream(0)?;
+        let whole = gpu.info().partitions[0].sms;
+        let mut times = vec![[Vec::with_capacity(reps), Vec::with_capacity(reps)]; plan.launches.len()];
+        let mut args = Vec::new();
+        let mut events = Vec::new();
+        for _ in 0..reps {
+            for (placement, base) in [device.ptr, host.ptr].into_iter().enumerate() {
+                bases.weights = base;
+                for (i, l) in plan.launches.iter().enumerate() {
+                    gpu.kernel_resources(&l.kernel, l.dtype, &l.shape)?;
+                    bases.resolve_all(&l.args, &mut args);
+                    let req = LaunchRequest {
+                        report_ctas: false,
+                        report_start: true,
+                        preemptible: false,
+                        ..LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream)
+                    };
+                    let id = gpu.launch(&req)?;
+                    let (mut start, mut end) = (None, None);
+                    let deadline = gpu.now_ns() + 10_000_000_000;
+                    while end.is_none() {
+                        events.clear();
+                        gpu.poll(&mut events)?;
+                        for e in &events {
+                            match *e {
+                                GpuEvent::LaunchStarted { launch, at_ns } if launch == id => start = Some(at_ns),
+                                GpuEvent::LaunchDone { launch, at_ns, .. } if launch == id => end = Some(at_ns),
+                                _ => {}
+                            }
+                        }
+                        if end.is_none() {
+                            let now = gpu.now_ns();
+                            if now > deadline {
+                                return Err(GpuError::Driver(format!("launch {i} ({}) did not end in 10 s", l.name)));
+                            }
+                            gpu.wait(now + 1_000_000)?;
+                        }
+                    }
+                    let end = end.unwrap_or(0);
+                    times[i][placement].push(end.saturating_sub(start.unwrap_or(end)));
+                }
+            }
+        }
+        let median = |v: &mut Vec<u64>| {
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        let launches = times
+            .iter_mut()
+            .enumerate()
+            .map(|(i, [g, h])| LaunchColdTimes { launch: i as u32, exec_gpu_ns: median(g), exec_host_ns: median(h) })
+            .collect();
+        // The whole blob in one copy, as a load's chunks move it.
+        let mut copy_ns = Vec::with_capacity(reps);
+        if plan.weight_bytes > 0 {
+            for _ in 0..reps {
+                let t0 = gpu.now_ns();
+                let copy = gpu.copy_async(device.ptr, host.ptr, plan.weight_bytes, stream)?;
+                loop {
+                    events.clear();
+                    gpu.poll(&mut events)?;
+                    if events.iter().any(|e| matches!(e, GpuEvent::CopyDone { copy: c, .. } if *c == copy)) {
+                        break;
+                    }
+                    let now = gpu.now_ns();
+                    gpu.wait(now + 100_000)?;
+                }
+                copy_ns.push(gpu.now_ns().saturating_sub(t0));
+            }
+        }
+        let blob_ns = if copy_ns.is_empty() { 0 } else { median(&mut copy_ns) };
+        let layers = plan
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(j, l)| LayerLoad {
+                layer: j as u32,
+                bytes: l.len_bytes,
+                load_ns: (blob_ns as f64 * l.len_bytes as f64 / plan.weight_bytes.max(1) as f64).round() as u64,
+            })
+            .collect();
+        gpu.destroy_stream(stream)?;
+        Ok(LayerProfile { launches, layers, profiling_ns: 0 })
+    })();
+    for a in allocations {
+        gpu.free(a)?;
+    }
+    let mut p = result?;
+    p.profiling_ns = gpu.now_ns().saturating_sub(started_ns);
+    Ok(p)
+}

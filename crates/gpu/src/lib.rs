@@ -447,6 +447,16 @@ pub trait Gpu {
     /// how cold starts move layers); completion is reported as [`GpuEvent::CopyDone`].
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId>;
 
+    /// Makes everything queued on `stream` after this call wait until copy `copy` (from
+    /// [`Gpu::copy_async`], on another stream) has completed, without the host waiting: a cold
+    /// load's kernels go out at once and each runs as soon as its layer's copy lands (DeepPlan's
+    /// `cudaStreamWaitEvent` per layer). A copy that already completed is no wait; an id never
+    /// handed out is an error. Backends without it return [`GpuError::Unsupported`] (the default).
+    fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
+        let _ = stream;
+        Err(GpuError::Unsupported(format!("this backend cannot make a stream wait for copy {}", copy.0)))
+    }
+
     /// Streams: FIFO queues of launches and copies. `priority` 0 is normal, higher is more urgent.
     /// Backends bound the number of live streams; running out is [`GpuError::Exhausted`].
     fn create_stream(&mut self, priority: i32) -> Result<StreamId>;

@@ -41,6 +41,63 @@ pub struct ModelProfile {
     /// Median end-to-end latency of the plan issued launch by launch.
     pub latency_ns: u64,
     pub kernels: Vec<KernelProfile>,
+    /// DeepPlan's per-layer profile (`kairos profile --layers`), for cold-start plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<LayerProfile>,
+}
+
+/// What a cold start costs layer by layer (DeepPlan, EuroSys'23, Sec. 4.3.1): every launch's time
+/// with its weights in device memory and with them read in place from pinned host memory (direct
+/// host access), and every weight layer's copy time from pinned host memory, layers copied back to
+/// back on one stream as a cold load copies them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerProfile {
+    /// Per launch of the plan, in launch order.
+    pub launches: Vec<LaunchColdTimes>,
+    /// Per weight layer of the plan (`Plan::layers`), in blob order.
+    pub layers: Vec<LayerLoad>,
+    /// Wall time the profiling took (DeepPlan's Table 5).
+    pub profiling_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchColdTimes {
+    pub launch: u32,
+    /// Median duration with every weight it reads in device memory.
+    pub exec_gpu_ns: u64,
+    /// Median duration with every weight it reads in pinned host memory mapped into the device.
+    pub exec_host_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerLoad {
+    pub layer: u32,
+    pub bytes: u64,
+    /// Median time of its copy from pinned host memory into device memory.
+    pub load_ns: u64,
+}
+
+impl LayerProfile {
+    /// Whether it was measured on `plan`: one entry per launch and per layer, same layer sizes.
+    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), String> {
+        if self.launches.len() != plan.launches.len() || self.launches.iter().enumerate().any(|(i, l)| l.launch as usize != i) {
+            return Err(format!(
+                "layer profile has {} launches, the plan {}: profile and plan differ",
+                self.launches.len(),
+                plan.launches.len()
+            ));
+        }
+        if self.layers.len() != plan.layers.len()
+            || self.layers.iter().zip(&plan.layers).enumerate().any(|(i, (p, l))| p.layer as usize != i || p.bytes != l.len_bytes)
+        {
+            return Err(format!(
+                "layer profile has {} weight layers, the plan {} (or their sizes differ): profile and plan differ",
+                self.layers.len(),
+                plan.layers.len()
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ModelProfile {

@@ -185,6 +185,7 @@ pub fn profile_with_durations(plan: &Plan, durations_ns: &[u64], device: &str, s
         sm_count,
         latency_ns: durations_ns.iter().sum(),
         kernels,
+        layers: None,
     }
 }
 

@@ -278,6 +278,9 @@ impl Gpu for Trippable {
     ) -> kairos_gpu::Result<kairos_gpu::CopyId> {
         self.inner.copy_async(dst, src, bytes, stream)
     }
+    fn wait_copy(&mut self, stream: kairos_gpu::StreamId, copy: kairos_gpu::CopyId) -> kairos_gpu::Result<()> {
+        self.inner.wait_copy(stream, copy)
+    }
     fn create_stream(&mut self, priority: i32) -> kairos_gpu::Result<kairos_gpu::StreamId> {
         self.inner.create_stream(priority)
     }

@@ -121,6 +121,10 @@ impl Gpu for InboxSimGpu {
         self.gpu.copy_async(dst, src, bytes, stream)
     }
 
+    fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
+        self.gpu.wait_copy(stream, copy)
+    }
+
     fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
         self.gpu.record_run(launches)
     }

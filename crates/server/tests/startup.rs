@@ -343,6 +343,7 @@ fn write_profile(repo: &std::path::Path, model: &str, kernel_ns: u64) {
                 duration_by_sms: vec![],
             })
             .collect(),
+        layers: None,
     };
     let dir = repo.join(model);
     profile.save(&dir.join("profile.json")).unwrap();

@@ -232,6 +232,8 @@ struct Engine {
 enum Cmd {
     Kernel(u32),
     Copy(u32),
+    /// `Gpu::wait_copy`: the stream goes on once the copy has ended.
+    WaitCopy(CopyId),
 }
 
 struct QueuedCmd {
@@ -963,6 +965,15 @@ impl SimGpu {
                 if matches!(head.cmd, Cmd::Kernel(_)) && self.cwd_grids >= self.desc.concurrent_grids_max {
                     break;
                 }
+                if let Cmd::WaitCopy(copy) = head.cmd {
+                    // Holds its queue's head (as an event wait does in a hardware queue) until
+                    // the copy ends; copy_end marks the queues dirty.
+                    if self.copies.iter().any(|(_, c)| c.id == copy) {
+                        break;
+                    }
+                    self.queues[q].cmds.pop_front();
+                    continue;
+                }
                 let head = self.queues[q].cmds.pop_front().unwrap();
                 self.streams[head.stream as usize].busy = true;
                 match head.cmd {
@@ -977,6 +988,7 @@ impl SimGpu {
                         self.record(TraceEvent::Dispatch { launch: id, queue: q as u32, at_ns: t });
                         self.schedule(t + self.desc.latency.grid_dispatch_ns, Ev::GridReady(g));
                     }
+                    Cmd::WaitCopy(_) => unreachable!("handled at the head above"),
                     Cmd::Copy(c) => {
                         let (id, dir) = (self.copies[c].id, self.copies[c].dir);
                         self.record(TraceEvent::DispatchCopy { copy: id, queue: q as u32, at_ns: t });
@@ -2093,6 +2105,19 @@ impl Gpu for SimGpu {
         self.record(TraceEvent::IssueCopy { copy: id, stream, queue, at_ns: self.now_ns, arrive_ns: arrive });
         self.host_spend(self.desc.latency.launch_host_ns);
         Ok(id)
+    }
+
+    fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
+        self.check_sticky()?;
+        let s = self.check_stream(stream)?;
+        if copy.0 >= self.next_copy {
+            return Err(GpuError::Invalid(format!("copy {} was never queued", copy.0)));
+        }
+        if !self.copies.iter().any(|(_, c)| c.id == copy) {
+            return Ok(());
+        }
+        self.enqueue(s, Cmd::WaitCopy(copy))?;
+        Ok(())
     }
 
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {

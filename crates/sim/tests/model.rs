@@ -539,6 +539,7 @@ fn registered_profiles_set_the_durations_of_their_plans_launches() {
                 duration_by_sms: vec![],
             })
             .collect(),
+        layers: None,
     };
     // The profile's kernel-by-kernel latency exceeds the kernels' sum: without a tail set by the
     // description, each launch completes that excess, spread evenly, after its last CTA leaves

@@ -326,6 +326,9 @@ impl<G: Gpu> Gpu for Audit<G> {
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
         self.inner.copy_async(dst, src, bytes, stream)
     }
+    fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
+        self.inner.wait_copy(stream, copy)
+    }
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
         self.inner.create_stream(priority)
     }
