@@ -38,13 +38,15 @@ for l in sys.stdin:
     }
     gpu_bin=$(test_bin gpu)
     recovery_bin=$(test_bin recovery)
+    cold_bin=$(test_bin cold)
     cargo build --release -p kairos-cuda --example gpu_suite --example kernel_speed --example profile_zoo
     strip -o "$CARRY/kairos-cuda-gpu-tests" "$gpu_bin"
     strip -o "$CARRY/kairos-cuda-recovery-test" "$recovery_bin"
+    strip -o "$CARRY/kairos-cuda-cold-test" "$cold_bin"
     strip -o "$CARRY/gpu_suite" target/release/examples/gpu_suite
     strip -o "$CARRY/kernel_speed" target/release/examples/kernel_speed
     strip -o "$CARRY/profile_zoo" target/release/examples/profile_zoo
-    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/kairos-cuda-recovery-test" "$CARRY/gpu_suite" "$CARRY/kernel_speed" "$CARRY/profile_zoo"
+    gzip -9f "$CARRY/kairos-cuda-gpu-tests" "$CARRY/kairos-cuda-recovery-test" "$CARRY/kairos-cuda-cold-test" "$CARRY/gpu_suite" "$CARRY/kernel_speed" "$CARRY/profile_zoo"
     ls -la "$CARRY"
     # Both builds of the kernel library as CUBIN for sm_90 (the tests also run the plain grids).
     cargo build --release -p kairos
@@ -58,7 +60,7 @@ OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"
 BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
-for f in kairos-cuda-gpu-tests kairos-cuda-recovery-test gpu_suite kernel_speed profile_zoo; do
+for f in kairos-cuda-gpu-tests kairos-cuda-recovery-test kairos-cuda-cold-test gpu_suite kernel_speed profile_zoo; do
     gunzip -c "$CARRY/$f.gz" >"$BIN/$f" && chmod +x "$BIN/$f" || { echo "missing $CARRY/$f.gz: run scripts/gpu-suite.sh build first"; exit 1; }
 done
 export KAIROS_GPU_TESTS=1
@@ -119,6 +121,9 @@ fi
 t0=$(date +%s)
 "$BIN/kairos-cuda-gpu-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
+# Cold starts under a weight budget (crates/cuda/tests/cold.rs): answers of every strategy.
+"$BIN/kairos-cuda-cold-test" --test-threads=1 --nocapture 2>&1 | tee -a "$OUT/tests.log"
+tests_rc=$((tests_rc | PIPESTATUS[0]))
 t1=$(date +%s)
 # shellcheck disable=SC2086
 "$BIN/gpu_suite" --out "$OUT" $suite_args 2>&1 | tee "$OUT/suite.log"

@@ -229,7 +229,7 @@ impl<G: Gpu> Target for VirtualTarget<G> {
                 return Ok(());
             }
             let disp = d.dispatcher();
-            if disp.launches_in_flight() == 0 && disp.jobs() > 0 {
+            if disp.work_in_flight() == 0 && disp.jobs() > 0 {
                 return Err(Error::Invalid(format!(
                     "the dispatcher stalled at {} ns: {} requests held and nothing in flight (policy {})",
                     d.now_ns(),

@@ -231,7 +231,7 @@ impl<G: Gpu> VirtualDriver<G> {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if self.d.launches_in_flight() == 0 {
+            if self.d.work_in_flight() == 0 {
                 match target {
                     Some(t) if next.is_some() || self.d.jobs() == 0 => self.d.gpu_mut().wait(t)?,
                     _ if self.d.jobs() == 0 => return Ok(()),

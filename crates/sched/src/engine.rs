@@ -99,6 +99,12 @@ struct Shared {
     runs_recorded: AtomicU64,
     run_record_ns: AtomicU64,
     segments_launched: AtomicU64,
+    cold_starts: AtomicU64,
+    loads_completed: AtomicU64,
+    load_ns: AtomicU64,
+    loaded_bytes: AtomicU64,
+    evictions: AtomicU64,
+    resident_weight_bytes: AtomicU64,
     gpu_recoveries: AtomicU64,
     recovering: AtomicBool,
     /// Why the dispatcher thread stopped for good (its GPU could not be brought back).
@@ -144,6 +150,15 @@ pub struct EngineStats {
     /// Times the GPU was reset after a fault, and whether a reset is under way now.
     pub gpu_recoveries: u64,
     pub recovering: bool,
+    /// Under a weight budget ([`crate::Config::weight_budget_bytes`]): loads of models not in
+    /// device memory started by a request (cold starts), loads completed and their summed time,
+    /// bytes loaded, models evicted, and the device bytes of loaded and loading models now.
+    pub cold_starts: u64,
+    pub loads_completed: u64,
+    pub load_ns: u64,
+    pub loaded_bytes: u64,
+    pub evictions: u64,
+    pub resident_weight_bytes: u64,
 }
 
 /// The in-process serving API: one dispatcher thread and its GPU.
@@ -362,6 +377,12 @@ impl Engine {
             runs_recorded: s.runs_recorded.load(Ordering::Relaxed),
             run_record_ns: s.run_record_ns.load(Ordering::Relaxed),
             segments_launched: s.segments_launched.load(Ordering::Relaxed),
+            cold_starts: s.cold_starts.load(Ordering::Relaxed),
+            loads_completed: s.loads_completed.load(Ordering::Relaxed),
+            load_ns: s.load_ns.load(Ordering::Relaxed),
+            loaded_bytes: s.loaded_bytes.load(Ordering::Relaxed),
+            evictions: s.evictions.load(Ordering::Relaxed),
+            resident_weight_bytes: s.resident_weight_bytes.load(Ordering::Relaxed),
             gpu_recoveries: s.gpu_recoveries.load(Ordering::Relaxed),
             recovering: s.recovering.load(Ordering::Relaxed),
         }
@@ -677,6 +698,12 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.runs_recorded.store(s.runs_recorded, Ordering::Relaxed);
         shared.run_record_ns.store(s.run_record_ns, Ordering::Relaxed);
         shared.segments_launched.store(s.segments_launched, Ordering::Relaxed);
+        shared.cold_starts.store(s.cold_starts, Ordering::Relaxed);
+        shared.loads_completed.store(s.loads_completed, Ordering::Relaxed);
+        shared.load_ns.store(s.load_ns, Ordering::Relaxed);
+        shared.loaded_bytes.store(s.loaded_bytes, Ordering::Relaxed);
+        shared.evictions.store(s.evictions, Ordering::Relaxed);
+        shared.resident_weight_bytes.store(d.resident_weight_bytes(), Ordering::Relaxed);
         // A turn that found nothing to do only looked: its time is waiting, not work.
         if busy || !out.is_empty() {
             busy_ns += turn.elapsed().as_nanos() as u64;
@@ -688,7 +715,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         if busy {
             continue;
         }
-        if d.launches_in_flight() == 0 {
+        if d.work_in_flight() == 0 {
             if disconnected {
                 continue;
             }

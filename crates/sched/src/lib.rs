@@ -18,6 +18,7 @@
 //! - [`policy`]: `fifo`, `streams`, `streams-kernel`, `paella`, `sjf`, `rr`.
 //! - [`estimate`]: per-kernel duration estimates (profile or roofline, refined online).
 //! - [`occupancy`]: per-SM resource accounting.
+//! - [`cold`]: cold-start plans after DeepPlan: which weight layers to load, which to read from host.
 //! - [`experiments`]: Paella's experiments (head-of-line blocking, lognormal mix, short vs long,
 //!   fairness sweep) over any GPU; [`synthetic`]: the synthetic plans they use.
 //!
@@ -25,6 +26,7 @@
 //! wall clock (time is the GPU's `now_ns`); policies never mutate anything; every queue and pool
 //! has a `*_max` limit below.
 
+pub mod cold;
 pub mod dispatcher;
 pub mod driver;
 pub mod engine;
@@ -36,7 +38,7 @@ pub mod request;
 pub mod stats;
 pub mod synthetic;
 
-pub use dispatcher::{Config, Dispatcher, DispatcherStats, IssueRecord};
+pub use dispatcher::{Config, Dispatcher, DispatcherStats, IssueRecord, ResidencyState};
 pub use driver::{RequestRecord, VirtualDriver};
 pub use engine::{Engine, EngineConfig, EngineStats, RequestHandle};
 pub use policy::{Decision, Policy, PolicyConfig};

@@ -164,6 +164,8 @@ pub struct Timing {
     pub gpu_ns: u64,
     /// The dispatcher's estimate of its GPU time when it was admitted.
     pub estimated_ns: u64,
+    /// Its model was not in device memory when it arrived (a cold start under a weight budget).
+    pub cold_start: bool,
 }
 
 impl Timing {

@@ -18,6 +18,8 @@
 //! | `kairos_preemptions_total`, `kairos_launches_total` | counter | gpu |
 //! | `kairos_launches_lost_total`, `kairos_gpu_recoveries_total` | counter | gpu (lost notifications; GPU resets after a fault) |
 //! | `kairos_engine_jobs`, `kairos_engine_rejected_total` | gauge / counter | gpu |
+//! | `kairos_cold_starts_total`, `kairos_model_evictions_total`, `kairos_weight_loaded_bytes_total`, `kairos_weight_load_seconds_total` | counter | gpu (under a weight budget: loads a request started, models evicted, bytes moved, load time) |
+//! | `kairos_resident_weight_bytes` | gauge | gpu (device bytes of loaded and loading models' weights) |
 //! | `kairos_models_ready`, `kairos_shm_clients` | gauge | |
 //! | `kairos_shm_requests_total` | counter | path (`zero_copy`: the GPU read and wrote the client's region; `copy`: the server copied) |
 //! | `kairos_shm_mapped_regions` | gauge | (clients' regions mapped into a GPU, one per client and GPU) |
@@ -344,6 +346,41 @@ impl Metrics {
             "counter",
             "Times the GPU was reset after a fault (its requests in flight failed with 503 / UNAVAILABLE).",
             per_gpu(&|e| e.stats.gpu_recoveries.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_cold_starts_total",
+            "counter",
+            "Loads of models not in GPU memory that a request started (weight budget).",
+            per_gpu(&|e| e.stats.cold_starts.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_model_evictions_total",
+            "counter",
+            "Idle models whose weights left GPU memory to make room for a load.",
+            per_gpu(&|e| e.stats.evictions.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_weight_loaded_bytes_total",
+            "counter",
+            "Weight bytes copied into GPU memory by cold starts.",
+            per_gpu(&|e| e.stats.loaded_bytes.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_weight_load_seconds_total",
+            "counter",
+            "Time completed loads took, first copy queued to last copy landed.",
+            per_gpu(&|e| format!("{}", e.stats.load_ns as f64 / 1e9)),
+        );
+        gauge(
+            &mut out,
+            "kairos_resident_weight_bytes",
+            "gauge",
+            "GPU memory the weights of loaded and loading models take under the weight budget.",
+            per_gpu(&|e| e.stats.resident_weight_bytes.to_string()),
         );
         gauge(
             &mut out,

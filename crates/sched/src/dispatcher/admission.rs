@@ -176,7 +176,12 @@ impl<G: Gpu> Dispatcher<G> {
             .max()
             .unwrap_or(0);
         let right_sms = right_sizes(&plan, spec.profile.as_ref(), &default_ctas, sm_count);
-        let weights = upload_weights(&mut self.gpu, &plan, MemKind::Device)?;
+        // Under a weight budget the weights live in pinned host memory and are loaded on demand.
+        let residency = self.new_residency(&plan, spec.profile.as_ref(), &estimates)?;
+        let weights = match residency {
+            Some(_) => None,
+            None => Some(upload_weights(&mut self.gpu, &plan, MemKind::Device)?),
+        };
         let info = ModelInfo {
             name: spec.name.clone(),
             launches: plan.launches.len() as u32,
@@ -189,8 +194,9 @@ impl<G: Gpu> Dispatcher<G> {
         // out of memory here only leaves fewer (the rest come on demand, up to the limit).
         let prealloc = self.cfg.slots_per_model_prealloc.min(self.cfg.slots_per_model_max);
         let mut slots_free = Vec::with_capacity(prealloc);
+        let weights_ptr = weights.map_or(DevicePtr(0), |w| w.ptr);
         while slots_free.len() < prealloc {
-            match new_slot(&mut self.gpu, &plan, weights.ptr) {
+            match new_slot(&mut self.gpu, &plan, weights_ptr) {
                 Ok(s) => slots_free.push(s),
                 Err(_) => break,
             }
@@ -200,6 +206,7 @@ impl<G: Gpu> Dispatcher<G> {
             name: spec.name.clone(),
             plan,
             weights,
+            residency,
             dependents,
             dep_counts,
             classes,
@@ -220,10 +227,21 @@ impl<G: Gpu> Dispatcher<G> {
             (model.segments, model.segment_at) =
                 issue::segments_of(&model.estimates, model.plan.launches.len(), self.cfg.run_segment_ns);
         }
+        if let Err(e) = self.make_resident_if_room(&mut model) {
+            free_model(&mut self.gpu, model);
+            return Err(e);
+        }
+        // Runs name device addresses: a model that is not resident records its runs once loaded.
+        let resident = model.residency.as_ref().is_none_or(|r| r.state == ResidencyState::Resident);
         // Whole-job issue replays each slot's recorded run: record those of the slots made now,
         // while nothing is served (slots made on demand are recorded at their first job).
         let n = model.plan.launches.len() as u32;
-        if self.cfg.record_runs && self.runs_supported && !self.cfg.policy.is_kernel_level() && !self.policy.preempts() && n >= 3
+        if resident
+            && self.cfg.record_runs
+            && self.runs_supported
+            && !self.cfg.policy.is_kernel_level()
+            && !self.policy.preempts()
+            && n >= 3
         {
             for i in 0..model.slots_free.len() {
                 let Some(run) = self.record_at_load(&model, i, 0..n - 1) else { break };
@@ -231,7 +249,7 @@ impl<G: Gpu> Dispatcher<G> {
             }
         }
         // Kernel-level segments likewise, every segment of every slot made now.
-        if self.segments_on() {
+        if resident && self.segments_on() {
             'slots: for i in 0..model.slots_free.len() {
                 for g in 0..model.segments.len() {
                     if !issue::segment_recordable(&model.segments[g]) {
@@ -414,6 +432,8 @@ impl<G: Gpu> Dispatcher<G> {
             error: None,
             view: None,
             stream: None,
+            copy_waited: None,
+            cold: m.residency.as_ref().is_some_and(|r| r.state != ResidencyState::Resident),
             remaining_ns: 0.0,
             total_ns: 0.0,
             first_start_ns: None,
@@ -444,6 +464,12 @@ impl<G: Gpu> Dispatcher<G> {
     /// Gives free (or new, up to the limit) slots to the model's waiting jobs: real-time ones first,
     /// in arrival order within a class.
     pub(super) fn admit_waiting(&mut self, model: usize, out: &mut Vec<Output>) {
+        self.admit_waiting_now(model, out);
+        // A load this started copies now, behind the inputs of the requests it admitted.
+        self.queue_copies_after_admission(model, out);
+    }
+
+    fn admit_waiting_now(&mut self, model: usize, out: &mut Vec<Output>) {
         loop {
             let m = self.models[model].as_ref().expect("model of a job exists");
             // Real-time requests take a free slot before best-effort ones (arrival order within
@@ -453,27 +479,36 @@ impl<G: Gpu> Dispatcher<G> {
             let at = if m.realtime_waiting > 0 { m.waiting.iter().position(is_rt).unwrap_or(0) } else { 0 };
             let Some(&key) = m.waiting.get(at) else { return };
             let rt = is_rt(&key);
+            // A model not in device memory is loaded first (or waits for room).
+            if !self.ready_to_admit(model, out) {
+                return;
+            }
             let m = self.models[model].as_mut().expect("model of a job exists");
             let slot = match m.slots_free.pop() {
                 Some(s) => s,
-                None if m.slots_total < self.cfg.slots_per_model_max => match new_slot(&mut self.gpu, &m.plan, m.weights.ptr) {
-                    Ok(s) => {
-                        m.slots_total += 1;
-                        s
+                None if m.slots_total < self.cfg.slots_per_model_max => {
+                    match new_slot(&mut self.gpu, &m.plan, m.weights.map_or(DevicePtr(0), |w| w.ptr)) {
+                        Ok(s) => {
+                            m.slots_total += 1;
+                            s
+                        }
+                        // Out of memory with slots still out: the next completion frees one.
+                        Err(_) if m.slots_total > 0 => return,
+                        Err(e) => {
+                            m.waiting.remove(at);
+                            m.realtime_waiting -= rt as usize;
+                            self.finish(key, Some(e), out);
+                            continue;
+                        }
                     }
-                    // Out of memory with slots still out: the next completion frees one.
-                    Err(_) if m.slots_total > 0 => return,
-                    Err(e) => {
-                        m.waiting.remove(at);
-                        m.realtime_waiting -= rt as usize;
-                        self.finish(key, Some(e), out);
-                        continue;
-                    }
-                },
+                }
                 None => return,
             };
             m.waiting.remove(at);
             m.realtime_waiting -= rt as usize;
+            if let Some(r) = m.residency.as_mut() {
+                r.last_used_ns = self.now_ns;
+            }
             self.admit(key, slot, out);
         }
     }
@@ -660,6 +695,7 @@ impl<G: Gpu> Dispatcher<G> {
                                 last_done_ns: job.last_done_ns,
                                 gpu_ns: job.gpu_ns,
                                 estimated_ns: job.total_ns as u64,
+                                cold_start: job.cold,
                             },
                         })
                     }
@@ -678,8 +714,13 @@ impl<G: Gpu> Dispatcher<G> {
             self.host_maps.get_mut(&b.mapping).expect("bound to a live mapping").jobs -= 1;
             self.maybe_unmap(b.mapping, out);
         }
+        if let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) {
+            r.last_used_ns = now;
+        }
         self.admit_waiting(model, out);
         self.maybe_free_model(model, out);
+        // Its model may now be evicted for a load that waited for room.
+        self.retry_loads(out);
         self.maybe_finish_shutdown(out);
     }
 }
@@ -742,7 +783,12 @@ pub(super) fn free_model<G: Gpu>(gpu: &mut G, m: Model) {
     for s in m.slots_free {
         free_slot(gpu, s);
     }
-    let _ = gpu.free(m.weights);
+    if let Some(w) = m.weights {
+        let _ = gpu.free(w);
+    }
+    if let Some(r) = m.residency {
+        residency::free_residency(gpu, r);
+    }
 }
 
 /// Each launch's right size in SMs (KRISP's minimum CUs): the profile's `min_sms` when the

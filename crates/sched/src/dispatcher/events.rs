@@ -71,7 +71,7 @@ impl<G: Gpu> Dispatcher<G> {
                 self.launch_done(launch, next_block, preempted, at_ns, out)
             }
             GpuEvent::LaunchLost { launch, at_ns } => self.launch_lost(launch, at_ns, out),
-            GpuEvent::CopyDone { .. } => {}
+            GpuEvent::CopyDone { copy, .. } => self.copy_done(copy, out),
         }
     }
 

@@ -241,6 +241,16 @@ impl<G: Gpu> Dispatcher<G> {
         };
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         job.bound_bases.as_ref().unwrap_or(&slot.bases).resolve_all(&l.args, &mut self.args);
+        if let Some(r) = &m.residency {
+            r.resolve_weights(&m.plan, &l.args, &mut self.args);
+            // A cold start: the launch waits on the GPU for the copy of the layers it reads.
+            if let Some(copy) = r.copy_needed(launch as usize)
+                && job.copy_waited.is_none_or(|(s, c)| s != stream || c < copy)
+            {
+                self.gpu.wait_copy(self.stream_ids[stream as usize], copy)?;
+                job.copy_waited = Some((stream, copy));
+            }
+        }
         // A job handed whole to a stream needs only each launch's end: its order is the
         // stream's, and no policy places other work by its CTAs. Kernel-level launches report
         // their start (one record), or every CTA with `cta_records`.
@@ -377,6 +387,11 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let n = m.plan.launches.len();
         if !self.cfg.record_runs || !self.runs_supported || n < 3 || job.bound_bases.is_some() || self.policy.preempts() {
+            return Ok(None);
+        }
+        // A run does not wait for a load's copies: a loading model's jobs go launch by launch, and
+        // so does a cold start (recording its model's runs again is not its latency's business).
+        if job.cold || m.residency.as_ref().is_some_and(|r| r.state != residency::ResidencyState::Resident) {
             return Ok(None);
         }
         let run = match job.slot.as_ref().and_then(|s| s.run) {
@@ -553,6 +568,11 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[job.model].as_ref()?;
         let g = *m.segment_at.get(launch as usize)?;
         if g == NO_SEGMENT || job.bound_bases.is_some() || self.policy.preempts_class(job.options.class) {
+            return None;
+        }
+        // A run does not wait for a load's copies: launch by launch until the model is resident,
+        // and for a cold start (see `launch_whole_run`).
+        if job.cold || m.residency.as_ref().is_some_and(|r| r.state != residency::ResidencyState::Resident) {
             return None;
         }
         let range = &m.segments[g as usize];
@@ -766,6 +786,9 @@ pub(super) fn record_slot_run<G: Gpu>(
     for l in launches {
         let mut a = Vec::with_capacity(l.args.len());
         slot.bases.resolve_all(&l.args, &mut a);
+        if let Some(r) = &m.residency {
+            r.resolve_weights(&m.plan, &l.args, &mut a);
+        }
         args.push(a);
     }
     let requests: Vec<LaunchRequest<'_>> = launches

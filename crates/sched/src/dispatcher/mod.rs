@@ -59,6 +59,8 @@ mod fairness;
 mod issue;
 pub use issue::{RUN_RECORD_CREDIT_MAX_NS, RUN_RECORD_SHARE};
 pub mod recovery;
+mod residency;
+pub use residency::{COLD_CHUNK_BYTES_DEFAULT, ResidencyState};
 
 use admission::{free_model, free_slot};
 
@@ -147,6 +149,15 @@ pub struct Config {
     /// kernel, and [`Dispatcher::poll_gpu`] reports the GPU failed so that the caller resets it
     /// ([`Dispatcher::recover`]). 0: no watchdog.
     pub watchdog_ns_min: u64,
+    /// Device memory for model weights (DeepPlan's setting: more models than the GPU holds; see
+    /// `residency.rs`). None: every model's weights are uploaded at load and stay. Some: models
+    /// keep their weights in pinned host memory and are loaded on demand within this budget,
+    /// least recently used idle ones evicted.
+    pub weight_budget_bytes: Option<u64>,
+    /// How a model that is not resident is loaded when a request needs it ([`crate::cold`]).
+    pub cold_strategy: crate::cold::ColdStrategy,
+    /// Copies of a load hold at least this many bytes of consecutive loaded layers.
+    pub cold_chunk_bytes: u64,
 }
 
 impl Default for Config {
@@ -176,6 +187,9 @@ impl Default for Config {
             estimate_window: 32,
             trace_max: 0,
             watchdog_ns_min: WATCHDOG_NS_MIN_DEFAULT,
+            weight_budget_bytes: None,
+            cold_strategy: crate::cold::ColdStrategy::default(),
+            cold_chunk_bytes: residency::COLD_CHUNK_BYTES_DEFAULT,
         }
     }
 }
@@ -220,6 +234,9 @@ impl Config {
                 "realtime_stream_count = {} must be at most {REALTIME_STREAMS_MAX}",
                 self.realtime_stream_count
             )));
+        }
+        if self.cold_chunk_bytes == 0 {
+            return Err(Error::InvalidInput("cold_chunk_bytes must be at least 1".into()));
         }
         if self.trace_max > TRACE_MAX {
             return Err(Error::InvalidInput(format!("trace_max = {} exceeds {TRACE_MAX}", self.trace_max)));
@@ -301,6 +318,16 @@ pub struct DispatcherStats {
     /// Kernel-level segments issued as a recorded run plus their last launch
     /// ([`Config::run_segment_ns`]).
     pub segments_launched: u64,
+    /// Under a weight budget: loads started by a request to a model not in device memory (cold
+    /// starts), loads completed and their summed time (first copy queued to last copy landed),
+    /// device bytes they moved, and models evicted to make room.
+    pub cold_starts: u64,
+    pub loads_completed: u64,
+    pub load_ns: u64,
+    pub loaded_bytes: u64,
+    pub evictions: u64,
+    /// Loads whose copies the GPU refused (written synchronously instead).
+    pub load_copies_refused: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,7 +372,10 @@ struct Bound {
 struct Model {
     name: String,
     plan: Arc<Plan>,
-    weights: Allocation,
+    /// The weights in device memory, uploaded at load (None under a weight budget: see
+    /// `residency`).
+    weights: Option<Allocation>,
+    residency: Option<residency::Residency>,
     dependents: Vec<Vec<u32>>,
     dep_counts: Vec<u32>,
     classes: Vec<ResourceClass>,
@@ -431,6 +461,13 @@ struct Job {
     view: Option<usize>,
     /// The stream a whole-job issue bound it to.
     stream: Option<u32>,
+    /// The latest load copy this job's launches were made to wait for, and on which stream
+    /// (a cold start's launches: see `residency`).
+    copy_waited: Option<(u32, kairos_gpu::CopyId)>,
+    /// Its model was not in device memory when it arrived (a cold start): it goes launch by
+    /// launch, so that recording the model's runs again is not part of its latency (the next
+    /// request records them).
+    cold: bool,
     /// Estimated GPU time of the launches not yet done (current estimates).
     remaining_ns: f64,
     total_ns: f64,
@@ -560,6 +597,12 @@ pub struct Dispatcher<G: Gpu> {
     /// topped up (see `Dispatcher::record_whole_run`).
     run_credit_ns: f64,
     run_credit_at_ns: u64,
+    /// Under a weight budget: the stream loads copy on, the device bytes of loading and resident
+    /// models, models whose load waits for memory, and the model each copy in flight loads.
+    copy_stream: Option<StreamId>,
+    resident_bytes: u64,
+    load_waiters: Vec<usize>,
+    copy_owner: HashMap<kairos_gpu::CopyId, usize>,
 }
 
 impl<G: Gpu> Dispatcher<G> {
@@ -585,6 +628,10 @@ impl<G: Gpu> Dispatcher<G> {
         let stream_count =
             cfg.stream_count.unwrap_or(info.hardware_queues.max(STREAM_COUNT_DEFAULT_MIN)).clamp(1, STREAMS_MAX as u32);
         let stream_ids = create_streams(&mut gpu, stream_count as usize, cfg.realtime_stream_count as usize)?;
+        let copy_stream = match cfg.weight_budget_bytes {
+            Some(_) => Some(gpu.create_stream(0).map_err(|e| Error::Gpu(format!("creating the copy stream: {e}")))?),
+            None => None,
+        };
         let rates = RooflineRates {
             flops_per_s_f32: cfg.roofline_flops_per_s_f32,
             flops_per_s_f16: cfg.roofline_flops_per_s_f16,
@@ -645,6 +692,10 @@ impl<G: Gpu> Dispatcher<G> {
             run_ids: Vec::new(),
             run_credit_ns: issue::RUN_RECORD_CREDIT_MAX_NS as f64,
             run_credit_at_ns: 0,
+            copy_stream,
+            resident_bytes: 0,
+            load_waiters: Vec::new(),
+            copy_owner: HashMap::new(),
             cfg,
             gpu,
         })
@@ -686,6 +737,12 @@ impl<G: Gpu> Dispatcher<G> {
 
     pub fn launches_in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Launches and load copies on the GPU that have not been reported done: while there are
+    /// any, the GPU has events to come.
+    pub fn work_in_flight(&self) -> usize {
+        self.in_flight.len() + self.copy_owner.len()
     }
 
     pub fn pending_ctas(&self) -> u64 {

@@ -65,6 +65,17 @@ impl<G: Gpu> Dispatcher<G> {
         self.idle_per_queue = issue::streams_per_queue(pool, self.hw_queues);
         self.available_streams = pool as u32;
         self.stream_cursor = 0;
+        // Loads were lost with the device: every model is host-only until a request needs it.
+        if self.copy_stream.is_some() {
+            self.copy_stream = Some(
+                self.gpu
+                    .create_stream(0)
+                    .map_err(|e| Error::GpuFailed(format!("{cause}; the copy stream after the reset: {e}")))?,
+            );
+        }
+        self.resident_bytes = 0;
+        self.load_waiters.clear();
+        self.copy_owner.clear();
 
         // Models, in the order they were loaded; one being unloaded is gone now.
         let old: Vec<Model> = self.models.iter_mut().filter_map(Option::take).collect();

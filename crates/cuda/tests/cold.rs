@@ -1,0 +1,81 @@
+//! Cold starts on the GPU (DeepPlan): under a weight budget that holds one instance, two instances
+//! of a model are asked in turn, so every request is a cold start, under every strategy —
+//! load-then-run, pipelined (each launch behind `Gpu::wait_copy` for its layer's copy) and
+//! deepplan (a measured layer profile, layers read in place from pinned host memory) — and every
+//! answer is byte for byte the answer of the model resident from its load. Runs when
+//! `KAIROS_GPU_TESTS=1` (scripts/gpu-suite.sh); otherwise it prints a note and passes.
+
+use kairos_cuda::{CudaGpu, gpu_tests_enabled, suite};
+use kairos_gpu::profile::ModelProfile;
+use kairos_ir::DType;
+use kairos_sched::cold::ColdStrategy;
+use kairos_sched::{Config, ModelSpec, PolicyConfig, RequestOptions, ResidencyState, VirtualDriver};
+use std::sync::Arc;
+
+fn answer(d: &mut VirtualDriver<CudaGpu>, name: &str, inputs: &[kairos_ir::Tensor]) -> Vec<u8> {
+    let now = d.now_ns();
+    let id = d.submit_at(now, name, inputs.to_vec(), RequestOptions::default());
+    d.run_until_idle().unwrap();
+    let r = d.take_records().into_iter().find(|r| r.id == id).unwrap();
+    r.result.unwrap_or_else(|e| panic!("{name}: {e}"));
+    r.outputs.iter().flat_map(|t| t.to_bytes()).collect()
+}
+
+#[test]
+fn cold_starts_answer_what_resident_models_answer() {
+    if !gpu_tests_enabled() {
+        eprintln!("note: KAIROS_GPU_TESTS is not 1; skipping a GPU test");
+        return;
+    }
+    for (model, dtype) in [("resnet18", DType::F16), ("distilbert", DType::F16), ("distilbert", DType::F32)] {
+        let m = suite::zoo_model(model, dtype, 1, 32).unwrap();
+        let plan = Arc::new(m.plan);
+        let layers = {
+            let mut gpu = CudaGpu::new(0).unwrap();
+            kairos_gpu::exec::profile_layers(&mut gpu, &plan, 3).unwrap()
+        };
+        let profile = ModelProfile {
+            model: plan.model.clone(),
+            dtype,
+            batch: 1,
+            device: String::new(),
+            sm_count: 0,
+            latency_ns: 0,
+            kernels: vec![],
+            layers: Some(layers),
+        };
+        for policy in ["fifo", "paella"] {
+            let resident = {
+                let cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
+                let mut d = VirtualDriver::new(cfg, CudaGpu::new(0).unwrap()).unwrap();
+                d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+                answer(&mut d, "m", &m.inputs)
+            };
+            for strategy in ColdStrategy::ALL {
+                let what = format!("{model} {dtype:?} {policy} {strategy}");
+                let mut cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
+                // Room for one instance's loaded layers, never two.
+                let input = kairos_sched::cold::ColdInput::measured(&plan, profile.layers.as_ref().unwrap()).unwrap();
+                let load_bytes = kairos_sched::cold::plan(&input, strategy).load_bytes;
+                cfg.weight_budget_bytes = Some(load_bytes + load_bytes / 2 + (64 << 10));
+                cfg.cold_strategy = strategy;
+                cfg.cold_chunk_bytes = 1 << 20;
+                let mut d = VirtualDriver::new(cfg, CudaGpu::new(0).unwrap()).unwrap();
+                for name in ["a", "b"] {
+                    d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: Some(profile.clone()) }).unwrap();
+                }
+                assert_eq!(d.dispatcher().residency_of("b"), Some(ResidencyState::HostOnly), "{what}");
+                let host_layers = d.dispatcher().cold_plan_of("a").unwrap().host.iter().filter(|&&h| h).count();
+                for (k, name) in ["b", "a", "b", "a"].into_iter().enumerate() {
+                    let got = answer(&mut d, name, &m.inputs);
+                    assert_eq!(got, resident, "{what}: cold start {k} ({name}) answered other bytes than the resident model");
+                }
+                let s = d.dispatcher().stats();
+                assert_eq!((s.cold_starts, s.evictions, s.loads_completed), (4, 4, 4), "{what}: {s:?}");
+                println!(
+                    "{what}: 4 cold starts, answers identical to the resident model's; {host_layers} layers read from host memory"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! Residency: more models than GPU memory holds (DeepPlan's setting, EuroSys'23).
+//!
+//! With a weight budget ([`Config::weight_budget_bytes`]) every model keeps its whole weight blob
+//! in pinned host memory mapped into the device (`MemKind::HostMapped`), and its *cold plan*
+//! ([`crate::cold`]) says which weight layers live in device memory when it is resident (loaded)
+//! and which stay in host memory, read in place by their kernels (direct host access, DHA). A
+//! model is `HostOnly` (nothing on the device), `Loading` (its loaded layers being copied, chunk by
+//! chunk, on the dispatcher's copy stream) or `Resident`. The budget counts the device bytes of
+//! the loaded layers of every model that is loading or resident.
+//!
+//! A request to a host-only model starts its load when it is admitted: least recently used
+//! resident models with no request in the dispatcher are evicted until the load fits (a model
+//! with requests is never evicted; when nothing can go, the request waits, and loads waiting for
+//! memory are retried as requests finish). Under the `load-then-run` strategy the model's
+//! requests wait for the whole copy; under `pipelined` and `deepplan` they are admitted at once
+//! and each launch that reads a layer still in flight goes out behind a GPU-side wait for that
+//! layer's copy ([`Gpu::wait_copy`]: the host never waits, and a launch runs as soon as its layer
+//! has landed). Other models' requests are not held back by a load: the copies use a stream of
+//! their own and a copy engine, not SMs. While a model is loading its jobs go launch by launch
+//! (recorded runs do not wait for copies); its slots' runs, dropped at eviction since they name
+//! the old device addresses, are recorded again on demand.
+//!
+//! Device addresses: the loaded layers are packed into one device allocation, consecutive loaded
+//! layers at the same distance as in the blob (so a run of them is one contiguous copy), a host
+//! layer between them leaving no hole. A weight argument resolves through the layer holding its
+//! offset (`Model::resolve_weights`).
+
+use super::*;
+use crate::cold::{self, ColdPlan, ColdStrategy};
+use kairos_gpu::CopyId;
+use kairos_ir::plan::Space;
+
+/// Default [`Config::cold_chunk_bytes`]: copies of at least 2 MiB run at full PCIe bandwidth
+/// (one copy per small tensor does not: resnet50's 161 tensors at 24 GB/s against 48 for BERT's
+/// larger ones, measured with PyTorch on an H100).
+pub const COLD_CHUNK_BYTES_DEFAULT: u64 = 2 << 20;
+/// Alignment of a loaded layer that follows a host layer in the device blob.
+const DEVICE_LAYER_ALIGN_BYTES: u64 = 256;
+
+/// Where a model's weights are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResidencyState {
+    HostOnly,
+    Loading,
+    Resident,
+}
+
+/// Residency of one model under a weight budget.
+pub(super) struct Residency {
+    pub(super) state: ResidencyState,
+    /// The whole blob in pinned host memory mapped into the device (source of loads, and what DHA
+    /// layers are read from).
+    host: Allocation,
+    /// The loaded layers on the device while loading or resident.
+    device: Option<Allocation>,
+    pub(super) cold: ColdPlan,
+    /// Per layer, its offset in the device allocation (None: a host layer).
+    device_offset: Vec<Option<u64>>,
+    /// Bytes of the device allocation (what the budget counts).
+    pub(super) device_bytes: u64,
+    /// The copies a load issues, as layer ranges.
+    chunks: Vec<std::ops::Range<u32>>,
+    /// Per layer, the copy bringing it while it is in flight.
+    layer_copy: Vec<Option<CopyId>>,
+    /// Per launch, the weight layers it reads.
+    reads: Vec<Vec<u32>>,
+    copies_pending: usize,
+    /// The load's copies are queued (`queue_copies`).
+    copies_queued: bool,
+    load_started_ns: u64,
+    /// Last time a request of the model was admitted or finished (LRU).
+    pub(super) last_used_ns: u64,
+}
+
+impl Residency {
+    /// The copy a launch must wait for: the latest one in flight among the layers it reads (one
+    /// copy stream completes them in order, so waiting for it covers the earlier ones).
+    pub(super) fn copy_needed(&self, launch: usize) -> Option<CopyId> {
+        if self.state != ResidencyState::Loading {
+            return None;
+        }
+        self.reads[launch].iter().filter_map(|&l| self.layer_copy[l as usize]).max()
+    }
+
+    /// Rewrites the weight arguments of a launch (resolved against the plain blob layout) to where
+    /// the cold plan put their layers.
+    pub(super) fn resolve_weights(&self, plan: &Plan, args: &[kairos_ir::plan::BufRef], out: &mut [DevicePtr]) {
+        let device = self.device.map(|d| d.ptr.0).unwrap_or(0);
+        for (a, p) in args.iter().zip(out.iter_mut()) {
+            if a.space != Space::Weights {
+                continue;
+            }
+            let l = layer_at(plan, a.offset_bytes);
+            let layer_offset = plan.layers[l].offset_bytes;
+            *p = match self.device_offset[l] {
+                Some(d) => DevicePtr(device + d + (a.offset_bytes - layer_offset)),
+                None => DevicePtr(self.host.ptr.0 + a.offset_bytes),
+            };
+        }
+    }
+}
+
+/// The layer whose range holds blob offset `offset` (every weight argument lies in one).
+fn layer_at(plan: &Plan, offset: u64) -> usize {
+    plan.layers.partition_point(|l| l.offset_bytes <= offset).saturating_sub(1)
+}
+
+/// Per launch, the layers its weight arguments lie in (each once).
+fn layers_read(plan: &Plan) -> Vec<Vec<u32>> {
+    plan.launches
+        .iter()
+        .map(|l| {
+            let mut v: Vec<u32> =
+                l.args.iter().filter(|a| a.space == Space::Weights).map(|a| layer_at(plan, a.offset_bytes) as u32).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        })
+        .collect()
+}
+
+/// Device offsets of the loaded layers (see the module doc) and the allocation's size.
+fn pack(plan: &Plan, host: &[bool]) -> (Vec<Option<u64>>, u64) {
+    let mut offsets = Vec::with_capacity(plan.layers.len());
+    let mut end = 0u64;
+    let mut previous_loaded: Option<usize> = None;
+    for (i, l) in plan.layers.iter().enumerate() {
+        if host[i] {
+            offsets.push(None);
+            previous_loaded = None;
+            continue;
+        }
+        let at = match previous_loaded {
+            Some(p) => offsets[p].expect("loaded") + (l.offset_bytes - plan.layers[p].offset_bytes),
+            None => end.next_multiple_of(DEVICE_LAYER_ALIGN_BYTES),
+        };
+        offsets.push(Some(at));
+        end = at + l.len_bytes;
+        previous_loaded = Some(i);
+    }
+    (offsets, end)
+}
+
+impl<G: Gpu> Dispatcher<G> {
+    /// The residency of a model being loaded under a weight budget: its blob in pinned host memory
+    /// and its cold plan (from the profile's layer times when it has them for this plan, else
+    /// from the duration estimates, which allows no DHA layer). None without a budget.
+    pub(super) fn new_residency(
+        &mut self,
+        plan: &Plan,
+        profile: Option<&kairos_gpu::profile::ModelProfile>,
+        estimates: &Estimates,
+    ) -> Result<Option<Residency>, Error> {
+        if self.cfg.weight_budget_bytes.is_none() {
+            return Ok(None);
+        }
+        let measured = profile.and_then(|p| p.layers.as_ref()).and_then(|l| cold::ColdInput::measured(plan, l).ok());
+        let input = match measured {
+            Some(i) => i,
+            None => {
+                let exec: Vec<f64> = (0..plan.launches.len() as u32).map(|i| estimates.get(i)).collect();
+                cold::ColdInput::estimated(plan, &exec, self.gpu.info().h2d_bytes_per_s.max(1.0))
+            }
+        };
+        let cold = cold::plan(&input, self.cfg.cold_strategy);
+        let (device_offset, device_bytes) = pack(plan, &cold.host);
+        let chunks = cold::copy_chunks(&plan.layers, &cold.host, self.cfg.cold_chunk_bytes);
+        let host = upload_weights(&mut self.gpu, plan, MemKind::HostMapped)?;
+        Ok(Some(Residency {
+            state: ResidencyState::HostOnly,
+            host,
+            device: None,
+            cold,
+            device_offset,
+            device_bytes,
+            chunks,
+            layer_copy: vec![None; plan.layers.len()],
+            reads: layers_read(plan),
+            copies_pending: 0,
+            copies_queued: false,
+            load_started_ns: 0,
+            last_used_ns: self.now_ns,
+        }))
+    }
+
+    /// Makes a model resident at once if its loaded layers fit the budget without evicting
+    /// anything (at model load, before it serves): a synchronous upload.
+    pub(super) fn make_resident_if_room(&mut self, m: &mut Model) -> Result<(), Error> {
+        let (Some(budget), Some(r)) = (self.cfg.weight_budget_bytes, m.residency.as_mut()) else { return Ok(()) };
+        if self.resident_bytes + r.device_bytes > budget {
+            return Ok(());
+        }
+        let device = self.gpu.alloc(r.device_bytes.max(1), MemKind::Device)?;
+        for c in &r.chunks {
+            let (first, last) = (&m.plan.layers[c.start as usize], &m.plan.layers[c.end as usize - 1]);
+            let (from, to) = (first.offset_bytes as usize, (last.offset_bytes + last.len_bytes) as usize);
+            let at = r.device_offset[c.start as usize].expect("chunks hold loaded layers");
+            if let Err(e) = self.gpu.write(device.ptr.offset(at), &m.plan.weights.as_slice()[from..to]) {
+                let _ = self.gpu.free(device);
+                return Err(e.into());
+            }
+        }
+        r.device = Some(device);
+        r.state = ResidencyState::Resident;
+        self.resident_bytes += r.device_bytes;
+        Ok(())
+    }
+
+    /// Starts loading a host-only model, evicting least recently used idle models to make room.
+    /// False when it cannot start now (no room, nothing left to evict): the model waits among
+    /// `load_waiters` and is tried again as requests finish.
+    pub(super) fn begin_load(&mut self, model: usize) -> Result<bool, Error> {
+        let budget = self.cfg.weight_budget_bytes.unwrap_or(u64::MAX);
+        let need = self.models[model].as_ref().and_then(|m| m.residency.as_ref()).map_or(0, |r| r.device_bytes);
+        if need > budget {
+            let name = &self.models[model].as_ref().expect("model exists").name;
+            return Err(Error::InvalidModel(format!(
+                "model '{name}' needs {need} bytes of device memory for its loaded layers, more than the whole weight budget of {budget}"
+            )));
+        }
+        // What eviction frees is reused for this load where it is large enough: a device
+        // allocation and its release cost the dispatcher's thread hundreds of microseconds each
+        // (and a release may wait for the device), and instances of one architecture have the
+        // same size.
+        let mut freed: Vec<Allocation> = Vec::new();
+        let release = |gpu: &mut G, freed: &mut Vec<Allocation>| {
+            for a in freed.drain(..) {
+                let _ = gpu.free(a);
+            }
+        };
+        while self.resident_bytes + need > budget {
+            match self.evict_lru(model) {
+                Some(a) => freed.extend(a),
+                None => {
+                    release(&mut self.gpu, &mut freed);
+                    if !self.load_waiters.contains(&model) {
+                        self.load_waiters.push(model);
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+        let reuse = freed.iter().enumerate().filter(|(_, a)| a.bytes >= need.max(1)).min_by_key(|(_, a)| a.bytes).map(|(i, _)| i);
+        let device = match reuse {
+            Some(i) => {
+                let a = freed.swap_remove(i);
+                release(&mut self.gpu, &mut freed);
+                a
+            }
+            None => {
+                release(&mut self.gpu, &mut freed);
+                loop {
+                    match self.gpu.alloc(need.max(1), MemKind::Device) {
+                        Ok(d) => break d,
+                        // The device itself is full (arenas, other allocations): evict more if we can.
+                        Err(kairos_gpu::GpuError::OutOfMemory { .. }) => match self.evict_lru(model) {
+                            Some(a) => release(&mut self.gpu, &mut a.into_iter().collect()),
+                            None if self.loads_in_flight() > 0 => {
+                                if !self.load_waiters.contains(&model) {
+                                    self.load_waiters.push(model);
+                                }
+                                return Ok(false);
+                            }
+                            None => {
+                                return Err(Error::Gpu(format!(
+                                    "no device memory for {need} bytes of weights, and no idle model left to evict"
+                                )));
+                            }
+                        },
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        };
+        let now = self.gpu.now_ns();
+        let m = self.models[model].as_mut().expect("model exists");
+        let r = m.residency.as_mut().expect("loads are of models under a budget");
+        r.device = Some(device);
+        r.state = ResidencyState::Loading;
+        r.copies_queued = false;
+        r.load_started_ns = now;
+        self.resident_bytes += r.device_bytes;
+        self.stats.cold_starts += 1;
+        self.stats.loaded_bytes += r.device_bytes;
+        Ok(true)
+    }
+
+    /// Queues the copies of a load that `begin_load` started, once the requests it admits have
+    /// written their inputs: a request's input copy queued behind a whole model's weights on the
+    /// copy engine waits for all of them (measured on an H200: resnet50's 301 KB image waited
+    /// ~1.2 ms, the whole load, so its kernels never overlapped the copies). A copy the GPU
+    /// refuses is written synchronously instead, with the rest of the load (slow, but a launch never
+    /// reads a layer that is not there).
+    pub(super) fn queue_copies(&mut self, model: usize) -> Result<(), Error> {
+        let Some(r) = self.models[model].as_ref().and_then(|m| m.residency.as_ref()) else { return Ok(()) };
+        if r.state != ResidencyState::Loading || r.copies_queued {
+            return Ok(());
+        }
+        let copy_stream = self.copy_stream.expect("a weight budget creates the copy stream");
+        let m = self.models[model].as_mut().expect("model exists");
+        let r = m.residency.as_mut().expect("checked above");
+        r.copies_queued = true;
+        let device = r.device.expect("a loading model has its device allocation");
+        let mut refused = None;
+        for c in 0..r.chunks.len() {
+            let range = r.chunks[c].clone();
+            let (first, last) = (&m.plan.layers[range.start as usize], &m.plan.layers[range.end as usize - 1]);
+            let (from, to) = (first.offset_bytes, last.offset_bytes + last.len_bytes);
+            let at = r.device_offset[range.start as usize].expect("chunks hold loaded layers");
+            if refused.is_none() {
+                match self.gpu.copy_async(device.ptr.offset(at), r.host.ptr.offset(from), to - from, copy_stream) {
+                    Ok(id) => {
+                        for l in range {
+                            r.layer_copy[l as usize] = Some(id);
+                        }
+                        r.copies_pending += 1;
+                        self.copy_owner.insert(id, model);
+                        continue;
+                    }
+                    Err(e) => refused = Some(e),
+                }
+            }
+            if let Err(e) = self.gpu.write(device.ptr.offset(at), &m.plan.weights.as_slice()[from as usize..to as usize]) {
+                let name = m.name.clone();
+                return Err(Error::Gpu(format!("loading model '{name}': {e}")));
+            }
+        }
+        if refused.is_some() {
+            self.stats.load_copies_refused += 1;
+        }
+        if r.copies_pending == 0 {
+            self.load_done(model);
+        }
+        Ok(())
+    }
+
+    fn loads_in_flight(&self) -> usize {
+        self.models.iter().flatten().filter(|m| m.residency.as_ref().is_some_and(|r| r.state == ResidencyState::Loading)).count()
+    }
+
+    /// Evicts the least recently used resident model with no request in the dispatcher (never
+    /// `keep`), handing back its device allocation for the caller to reuse or free; None if there
+    /// is no such model.
+    fn evict_lru(&mut self, keep: usize) -> Option<Option<Allocation>> {
+        let victim = self
+            .models
+            .iter()
+            .enumerate()
+            .filter(|&(i, m)| i != keep && m.as_ref().is_some_and(|m| m.jobs == 0))
+            .filter_map(|(i, m)| m.as_ref().and_then(|m| m.residency.as_ref()).map(|r| (i, r)))
+            .filter(|(_, r)| r.state == ResidencyState::Resident)
+            .min_by_key(|(i, r)| (r.last_used_ns, *i))
+            .map(|(i, _)| i);
+        let v = victim?;
+        let m = self.models[v].as_mut().expect("listed");
+        // Runs name the device addresses that go now: drop them (recorded again on demand).
+        for s in &mut m.slots_free {
+            for run in s.run.take().into_iter().chain(s.segment_runs.drain(..).flatten()) {
+                let _ = self.gpu.drop_run(run);
+            }
+        }
+        let r = m.residency.as_mut().expect("listed");
+        let device = r.device.take();
+        r.state = ResidencyState::HostOnly;
+        self.resident_bytes -= r.device_bytes;
+        self.stats.evictions += 1;
+        Some(device)
+    }
+
+    /// A copy of a load landed.
+    pub(super) fn copy_done(&mut self, copy: CopyId, out: &mut Vec<Output>) {
+        let Some(model) = self.copy_owner.remove(&copy) else {
+            self.stats.notification_anomalies += 1;
+            return;
+        };
+        let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) else { return };
+        for c in r.layer_copy.iter_mut().filter(|c| **c == Some(copy)) {
+            *c = None;
+        }
+        r.copies_pending = r.copies_pending.saturating_sub(1);
+        if r.copies_pending == 0 && r.state == ResidencyState::Loading {
+            self.load_done(model);
+            // Load-then-run holds the model's requests until here.
+            self.admit_waiting(model, out);
+        }
+    }
+
+    fn load_done(&mut self, model: usize) {
+        let now = self.gpu.now_ns();
+        let r = self.models[model].as_mut().and_then(|m| m.residency.as_mut()).expect("a loading model");
+        r.state = ResidencyState::Resident;
+        self.stats.load_ns += now.saturating_sub(r.load_started_ns);
+        self.stats.loads_completed += 1;
+    }
+
+    /// Whether the model's requests may be admitted now; starts its load when it is host-only.
+    /// A load that cannot start fails the model's waiting requests with the reason.
+    pub(super) fn ready_to_admit(&mut self, model: usize, out: &mut Vec<Output>) -> bool {
+        let Some(r) = self.models[model].as_ref().and_then(|m| m.residency.as_ref()) else { return true };
+        match r.state {
+            ResidencyState::Resident => true,
+            ResidencyState::Loading => r.cold.strategy != ColdStrategy::LoadThenRun,
+            ResidencyState::HostOnly => match self.begin_load(model) {
+                // Load-then-run admits nobody before the load ends: its copies go now (the others'
+                // after their first requests are admitted, see `admit_waiting`).
+                Ok(true) if self.cfg.cold_strategy == ColdStrategy::LoadThenRun => match self.queue_copies(model) {
+                    Ok(()) => self.ready_to_admit(model, out),
+                    Err(e) => {
+                        self.fail_waiting(model, e, out);
+                        false
+                    }
+                },
+                Ok(true) => self.ready_to_admit(model, out),
+                Ok(false) => false,
+                Err(e) => {
+                    self.fail_waiting(model, e, out);
+                    false
+                }
+            },
+        }
+    }
+
+    /// Answers every waiting request of a model with `e`.
+    fn fail_waiting(&mut self, model: usize, e: Error, out: &mut Vec<Output>) {
+        let m = self.models[model].as_mut().expect("model exists");
+        let waiting: Vec<JobKey> = m.waiting.drain(..).collect();
+        m.realtime_waiting = 0;
+        for key in waiting {
+            self.finish(key, Some(e.clone()), out);
+        }
+    }
+
+    /// After admitting a loading model's requests: queue its copies; if that fails, its admitted
+    /// requests fail with the reason (their launches may not run on missing layers).
+    pub(super) fn queue_copies_after_admission(&mut self, model: usize, out: &mut Vec<Output>) {
+        if let Err(e) = self.queue_copies(model) {
+            let keys: Vec<JobKey> =
+                self.jobs.iter().flatten().filter(|j| j.model == model && j.slot.is_some()).map(|j| j.key).collect();
+            for key in keys {
+                self.fail(key, e.clone(), out);
+            }
+            self.fail_waiting(model, e, out);
+        }
+    }
+
+    /// Tries again the loads that waited for memory (after requests finished or models went).
+    pub(super) fn retry_loads(&mut self, out: &mut Vec<Output>) {
+        if self.load_waiters.is_empty() {
+            return;
+        }
+        let waiters = std::mem::take(&mut self.load_waiters);
+        for model in waiters {
+            if self.models[model].as_ref().is_some_and(|m| !m.waiting.is_empty()) {
+                self.admit_waiting(model, out);
+            }
+        }
+    }
+
+    /// Residency of a model by name, for callers and tests (None: unknown, or no budget).
+    pub fn residency_of(&self, name: &str) -> Option<ResidencyState> {
+        let &i = self.model_names.get(name)?;
+        self.models[i].as_ref()?.residency.as_ref().map(|r| r.state)
+    }
+
+    /// The cold plan of a model by name (None: unknown, or no budget).
+    pub fn cold_plan_of(&self, name: &str) -> Option<&ColdPlan> {
+        let &i = self.model_names.get(name)?;
+        self.models[i].as_ref()?.residency.as_ref().map(|r| &r.cold)
+    }
+
+    /// Device bytes the resident and loading models' weights take under the budget.
+    pub fn resident_weight_bytes(&self) -> u64 {
+        self.resident_bytes
+    }
+}
+
+/// Frees what a model's residency holds.
+pub(super) fn free_residency<G: Gpu>(gpu: &mut G, r: Residency) {
+    if let Some(d) = r.device {
+        let _ = gpu.free(d);
+    }
+    let _ = gpu.free(r.host);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_keeps_runs_contiguous_and_skips_host_layers() {
+        let mut plan = crate::synthetic::chain_plan("p", 2, 4);
+        plan.layers = vec![
+            kairos_ir::plan::Layer { name: "a".into(), offset_bytes: 0, len_bytes: 100 },
+            kairos_ir::plan::Layer { name: "b".into(), offset_bytes: 256, len_bytes: 1000 },
+            kairos_ir::plan::Layer { name: "c".into(), offset_bytes: 1280, len_bytes: 10 },
+            kairos_ir::plan::Layer { name: "d".into(), offset_bytes: 1536, len_bytes: 64 },
+        ];
+        let (o, end) = pack(&plan, &[false, true, false, false]);
+        assert_eq!(o, vec![Some(0), None, Some(256), Some(256 + 256)]);
+        assert_eq!(end, 256 + 256 + 64);
+        let (o, end) = pack(&plan, &[false; 4]);
+        assert_eq!(o, vec![Some(0), Some(256), Some(1280), Some(1536)]);
+        assert_eq!(end, 1600);
+        assert_eq!(layer_at(&plan, 0), 0);
+        assert_eq!(layer_at(&plan, 300), 1);
+        assert_eq!(layer_at(&plan, 1535), 2);
+        assert_eq!(layer_at(&plan, 1599), 3);
+    }
+}

@@ -1,0 +1,245 @@
+//! Residency under a weight budget on the simulator (computing): cold requests compute what warm
+//! ones do under every cold strategy (DHA layers included), least recently used idle models are
+//! evicted and never one with requests, a load that does not fit waits for room, a model larger
+//! than the budget is refused, and the pipelined load overlaps the copies with the kernels.
+//!
+//! One seed per test, printed; `KAIROS_SEED=N cargo test -p kairos-sched --test residency`
+//! replays it.
+
+use kairos_gpu::profile::{LaunchColdTimes, LayerLoad, LayerProfile, ModelProfile};
+use kairos_ir::plan::Plan;
+use kairos_ir::{DType, Tensor};
+use kairos_sched::cold::ColdStrategy;
+use kairos_sched::*;
+use kairos_sim::{GpuDesc, SimGpu, SimOptions};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn seed() -> u64 {
+    let s = std::env::var("KAIROS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11);
+    println!("seed {s} (KAIROS_SEED={s} reproduces)");
+    s
+}
+
+fn sim(seed: u64) -> SimGpu {
+    SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed, check_invariants: true, ..SimOptions::default() })
+}
+
+fn plan() -> Arc<Plan> {
+    let mut spec = kairos_ir::model::ModelSpec::new("squeezenet1_1");
+    spec.dtype = DType::F16;
+    Arc::new(spec.plan().unwrap())
+}
+
+fn inputs(plan: &Plan, seed: u64) -> Vec<Tensor> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    plan.inputs
+        .iter()
+        .map(|t| {
+            let n: usize = t.shape.iter().product();
+            Tensor::f32(t.shape.clone(), (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()).cast(t.dtype)
+        })
+        .collect()
+}
+
+/// A layer profile in which the first three weight layers cost as much from host memory as from
+/// device memory and take long to copy (embedding-like: DeepPlan keeps them in host memory), the
+/// rest twelve times more (dense layers: loaded).
+fn profile_with_cheap_early_layers(plan: &Plan) -> ModelProfile {
+    let launches = plan
+        .launches
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let cheap = l.layer.is_some_and(|j| j < 3);
+            LaunchColdTimes { launch: i as u32, exec_gpu_ns: 20_000, exec_host_ns: if cheap { 21_000 } else { 240_000 } }
+        })
+        .collect();
+    let layers = plan
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(j, l)| LayerLoad { layer: j as u32, bytes: l.len_bytes, load_ns: if j < 3 { 400_000 } else { 30_000 } })
+        .collect();
+    ModelProfile {
+        model: plan.model.clone(),
+        dtype: plan.dtype,
+        batch: 1,
+        device: "NVIDIA H100 80GB HBM3".into(),
+        sm_count: 132,
+        latency_ns: 0,
+        kernels: vec![],
+        layers: Some(LayerProfile { launches, layers, profiling_ns: 0 }),
+    }
+}
+
+fn budget_config(policy: &str, strategy: ColdStrategy, budget_bytes: u64) -> Config {
+    let mut c = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
+    c.weight_budget_bytes = Some(budget_bytes);
+    c.cold_strategy = strategy;
+    c.cold_chunk_bytes = 256 << 10;
+    c
+}
+
+/// Outputs of requests to three instances of a model under a budget that holds one of them, in
+/// an order that evicts at every switch, equal the outputs without a budget, for every strategy
+/// and two policies (whole-job and kernel-level).
+#[test]
+fn cold_requests_compute_what_warm_ones_do() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let want: Vec<Vec<u8>> = {
+        let mut d = VirtualDriver::new(Config::default(), sim(seed)).unwrap();
+        d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+        let id = d.submit_at(0, "m", x.clone(), RequestOptions::default());
+        d.run_until_idle().unwrap();
+        let r = d.take_records().into_iter().find(|r| r.id == id).unwrap();
+        r.result.unwrap();
+        r.outputs.iter().map(|t| t.to_bytes()).collect()
+    };
+    for policy in ["fifo", "paella"] {
+        for strategy in [ColdStrategy::LoadThenRun, ColdStrategy::Pipelined, ColdStrategy::DeepPlan] {
+            let what = format!("{policy} {strategy:?} (seed {seed})");
+            let mut d = VirtualDriver::new(budget_config(policy, strategy, plan.weight_bytes + 4096), sim(seed)).unwrap();
+            for i in 0..3 {
+                let profile = (strategy == ColdStrategy::DeepPlan).then(|| profile_with_cheap_early_layers(&plan));
+                d.load_model(ModelSpec { name: format!("m{i}"), plan: plan.clone(), profile }).unwrap();
+            }
+            let cold = d.dispatcher().cold_plan_of("m0").unwrap().clone();
+            if strategy == ColdStrategy::DeepPlan {
+                assert!(cold.host.iter().any(|&h| h), "{what}: the cheap early layers stay in host memory: {:?}", cold.host);
+                assert!(cold.host.iter().skip(3).all(|&h| !h), "{what}: dense layers are loaded: {:?}", cold.host);
+            } else {
+                assert!(cold.host.iter().all(|&h| !h), "{what}: every layer is loaded");
+            }
+            // m0 fits at load; m1 and m2 wait in host memory.
+            assert_eq!(d.dispatcher().residency_of("m0"), Some(ResidencyState::Resident), "{what}");
+            assert_eq!(d.dispatcher().residency_of("m1"), Some(ResidencyState::HostOnly), "{what}");
+            let order = ["m1", "m0", "m2", "m2", "m1", "m0"];
+            let mut ids = Vec::new();
+            for (k, name) in order.iter().enumerate() {
+                ids.push(d.submit_at(k as u64 * 3_000_000, name, x.clone(), RequestOptions::default()));
+            }
+            d.run_until_idle().unwrap();
+            let records: HashMap<RequestId, RequestRecord> = d.take_records().into_iter().map(|r| (r.id, r)).collect();
+            // Every switch is a cold start; the second m2 in a row finds it resident.
+            let cold = [true, true, true, false, true, true];
+            for ((id, name), cold) in ids.iter().zip(order).zip(cold) {
+                let r = &records[id];
+                let t = r.result.as_ref().unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
+                assert_eq!(t.cold_start, cold, "{what}: {name} at {} ns", r.arrival_ns);
+                let got: Vec<Vec<u8>> = r.outputs.iter().map(|t| t.to_bytes()).collect();
+                assert_eq!(got, want, "{what}: {name} computed something else than the warm model");
+            }
+            let s = d.dispatcher().stats();
+            // m1, m0, m2, m1, m0: five loads, each evicting the one before.
+            assert_eq!(s.cold_starts, 5, "{what}: {s:?}");
+            assert_eq!(s.loads_completed, 5, "{what}: {s:?}");
+            assert_eq!(s.evictions, 5, "{what}: {s:?}");
+            assert!(d.dispatcher().resident_weight_bytes() <= plan.weight_bytes + 4096, "{what}");
+            let gpu = d.into_gpu();
+            gpu.audit().unwrap();
+        }
+    }
+}
+
+/// Two requests at once to two models when the budget holds one: the second model's load waits
+/// until the first model's request is done (a model with requests is never evicted), then runs.
+#[test]
+fn a_model_with_requests_is_never_evicted() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let mut d =
+        VirtualDriver::new(budget_config("paella", ColdStrategy::Pipelined, plan.weight_bytes + 4096), sim(seed)).unwrap();
+    for name in ["a", "b"] {
+        d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: None }).unwrap();
+    }
+    let a = d.submit_at(0, "a", x.clone(), RequestOptions::default());
+    let b = d.submit_at(1_000, "b", x.clone(), RequestOptions::default());
+    d.run_until_idle().unwrap();
+    let records: HashMap<RequestId, RequestRecord> = d.take_records().into_iter().map(|r| (r.id, r)).collect();
+    let (ta, tb) = (*records[&a].result.as_ref().unwrap(), *records[&b].result.as_ref().unwrap());
+    assert!(tb.admitted_ns >= ta.done_ns, "b was admitted at {} while a ran until {}", tb.admitted_ns, ta.done_ns);
+    assert_eq!(d.dispatcher().stats().evictions, 1);
+    assert_eq!(d.dispatcher().residency_of("a"), Some(ResidencyState::HostOnly));
+    assert_eq!(d.dispatcher().residency_of("b"), Some(ResidencyState::Resident));
+}
+
+/// A model whose loaded layers exceed the whole budget loads (it lives in host memory) but its
+/// requests fail with a reason; other models keep serving.
+#[test]
+fn a_model_larger_than_the_budget_is_refused_with_a_reason() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let mut d = VirtualDriver::new(budget_config("fifo", ColdStrategy::Pipelined, plan.weight_bytes / 2), sim(seed)).unwrap();
+    d.load_model(ModelSpec { name: "big".into(), plan: plan.clone(), profile: None }).unwrap();
+    let id = d.submit_at(0, "big", x, RequestOptions::default());
+    d.run_until_idle().unwrap();
+    let r = d.take_records().into_iter().find(|r| r.id == id).unwrap();
+    let e = r.result.unwrap_err().to_string();
+    assert!(e.contains("weight budget"), "{e}");
+}
+
+/// In virtual time, a cold request under the pipelined load ends before one under load-then-run
+/// (its kernels run while later layers are still being copied), and both after the copy of the
+/// first layer. The simulator is a design tool: this checks the mechanism overlaps, not speed.
+#[test]
+fn the_pipelined_load_overlaps_copies_with_kernels() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let mut latency = Vec::new();
+    for strategy in [ColdStrategy::LoadThenRun, ColdStrategy::Pipelined] {
+        let mut d = VirtualDriver::new(budget_config("fifo", strategy, plan.weight_bytes + 4096), sim(seed)).unwrap();
+        // "warm" takes the budget at load: "m" starts in host memory.
+        for name in ["warm", "m"] {
+            d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: None }).unwrap();
+        }
+        assert_eq!(d.dispatcher().residency_of("m"), Some(ResidencyState::HostOnly));
+        let id = d.submit_at(0, "m", x.clone(), RequestOptions::default());
+        d.run_until_idle().unwrap();
+        let r = d.take_records().into_iter().find(|r| r.id == id).unwrap();
+        latency.push(r.result.unwrap().latency_ns());
+        assert_eq!(d.dispatcher().stats().cold_starts, 1);
+    }
+    println!("cold latency in virtual time: load-then-run {} ns, pipelined {} ns", latency[0], latency[1]);
+    assert!(latency[1] < latency[0], "pipelined {} ns is not below load-then-run {} ns", latency[1], latency[0]);
+}
+
+/// The layer profile measured on the simulator (whose kernels read mapped host memory at the
+/// PCIe rate): one entry per launch and per layer, kernels reading their weights from host memory
+/// no faster than from device memory (within the jitter), and a plan from it that the dispatcher accepts.
+#[test]
+fn layer_profile_on_the_simulator() {
+    let seed = seed();
+    let plan = plan();
+    let mut gpu = sim(seed);
+    let p = kairos_gpu::exec::profile_layers(&mut gpu, &plan, 2).unwrap();
+    p.check_plan(&plan).unwrap();
+    assert!(p.profiling_ns > 0);
+    let with_weights: Vec<_> = p.launches.iter().filter(|t| plan.launches[t.launch as usize].layer.is_some()).collect();
+    assert!(!with_weights.is_empty());
+    for t in &with_weights {
+        assert!(t.exec_gpu_ns > 0, "launch {} has no duration", t.launch);
+        // Within the simulator's jitter of a kernel's duration.
+        assert!(
+            t.exec_host_ns as f64 >= 0.95 * t.exec_gpu_ns as f64,
+            "launch {}: host {} < device {}",
+            t.launch,
+            t.exec_host_ns,
+            t.exec_gpu_ns
+        );
+    }
+    assert!(with_weights.iter().any(|t| t.exec_host_ns > t.exec_gpu_ns), "reading host memory costs something");
+    assert!(p.layers.iter().all(|l| l.load_ns > 0));
+    let input = kairos_sched::cold::ColdInput::measured(&plan, &p).unwrap();
+    let deepplan = kairos_sched::cold::plan(&input, ColdStrategy::DeepPlan);
+    let pipelined = kairos_sched::cold::plan(&input, ColdStrategy::Pipelined);
+    assert!(deepplan.predicted_ns <= pipelined.predicted_ns);
+    println!("{}", kairos_sched::cold::explain(&input, &deepplan));
+}
