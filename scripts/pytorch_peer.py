@@ -30,6 +30,11 @@ def transformer(name):
     import transformers as hf
     if name == "bert_base":
         return hf.BertModel(hf.BertConfig()), 30522
+    if name == "bert_large":
+        return hf.BertModel(hf.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                          intermediate_size=4096)), 30522
+    if name == "roberta_base":
+        return hf.RobertaModel(hf.RobertaConfig(vocab_size=50265, max_position_embeddings=514)), 50265
     if name == "distilbert":
         return hf.DistilBertModel(hf.DistilBertConfig()), 30522
     if name == "gpt2":
@@ -41,9 +46,9 @@ def transformer(name):
     raise KeyError(name)
 
 
-VISION = ["resnet18", "resnet34", "resnet50", "resnet152", "mobilenet_v2", "squeezenet1_1", "vgg19",
+VISION = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2", "squeezenet1_1", "vgg19",
           "densenet121", "densenet201", "googlenet", "inception_v3", "alexnet", "resnext101_32x8d", "shufflenet_v2"]
-TRANSFORMERS = ["bert_base", "distilbert", "gpt2", "albert"]
+TRANSFORMERS = ["bert_base", "bert_large", "roberta_base", "distilbert", "gpt2", "albert"]
 
 
 def build_model(name):

@@ -42,6 +42,9 @@ pub enum BenchCommand {
     Paella(PaellaArgs),
     /// Isolated latency per zoo model at batch 1 and 8, kairos beside PyTorch eager and CUDA graphs.
     Latency(Box<crate::cmd_latency::LatencyArgs>),
+    /// One cold inference per model (weights in host memory): load-then-run, pipelined and
+    /// DeepPlan's DHA plan, with the layer profile measured first (DeepPlan's Fig. 11, one GPU).
+    Cold(Box<crate::cmd_cold::ColdArgs>),
     /// Serving overhead per front end (REST, gRPC, shared memory) and the client's CPU use per wait scheme.
     Serve(Box<crate::cmd_bench_serve::ServeBenchArgs>),
     /// Where a request's time goes, kernel by kernel (launch call, hardware queue, execution, the
@@ -646,6 +649,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Report(a) => report(a),
         BenchCommand::Paella(a) => run_paella(a),
         BenchCommand::Latency(a) => crate::cmd_latency::run(*a),
+        BenchCommand::Cold(a) => crate::cmd_cold::run(*a),
         BenchCommand::Serve(a) => crate::cmd_bench_serve::run(*a),
         BenchCommand::Breakdown(a) => run_breakdown(*a),
     }

@@ -20,6 +20,17 @@ pub struct InspectArgs {
     /// Write the whole plan (without weights) as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Explain the model's cold-start plan (DeepPlan): per weight layer, loaded or read in place
+    /// from host memory, and the predicted cold latency. Uses the layer profile of --profile
+    /// (`kairos profile --layers`) when it was measured on this plan, else roofline estimates.
+    #[arg(long)]
+    pub cold_plan: bool,
+    /// With --cold-plan: load-then-run, pipelined or deepplan.
+    #[arg(long, default_value = "deepplan")]
+    pub cold_strategy: kairos_sched::cold::ColdStrategy,
+    /// With --cold-plan: a profile JSON with a layer profile.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
 }
 
 fn fmt_hist(h: &[(&str, usize)]) -> String {
@@ -65,6 +76,45 @@ pub fn run(args: InspectArgs) -> Result<()> {
         plan.launches.iter().map(|l| l.deps.len()).sum::<usize>()
     );
     println!("time       load {:.3} s, lower {:.3} s", t_load.as_secs_f64(), t_lower.as_secs_f64());
+    if args.cold_plan {
+        let layers = match &args.profile {
+            Some(path) => {
+                let p = kairos_gpu::profile::ModelProfile::load(path).map_err(anyhow::Error::msg)?;
+                match p.layers {
+                    Some(l) => match l.check_plan(&plan) {
+                        Ok(()) => Some(l),
+                        Err(e) => {
+                            println!(
+                                "\n{}: {e}; planning from roofline estimates (no layer may stay in host memory)",
+                                path.display()
+                            );
+                            None
+                        }
+                    },
+                    None => {
+                        println!("\n{} has no layer profile (`kairos profile --layers`): roofline estimates", path.display());
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let input = match layers {
+            Some(l) => kairos_sched::cold::ColdInput::measured(&plan, &l).map_err(anyhow::Error::msg)?,
+            None => {
+                // Roofline: the H100's rates, PCIe 5 at the 48 GB/s measured for large copies.
+                let rates = (60e12, 3.0e12);
+                let exec: Vec<f64> = plan
+                    .launches
+                    .iter()
+                    .map(|l| (l.flops as f64 / rates.0).max(l.bytes as f64 / rates.1) * 1e9 + 3000.0)
+                    .collect();
+                kairos_sched::cold::ColdInput::estimated(&plan, &exec, 48e9)
+            }
+        };
+        let cold = kairos_sched::cold::plan(&input, args.cold_strategy);
+        println!("\n{}", kairos_sched::cold::explain(&input, &cold));
+    }
     if args.layers {
         println!("\n{:>5} {:>12} {:>12}  name", "layer", "offset", "bytes");
         for (i, l) in plan.layers.iter().enumerate() {

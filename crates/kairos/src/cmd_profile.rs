@@ -23,6 +23,11 @@ pub struct ProfileArgs {
     /// the plan they serve (a profile of other tiles is dropped there as stale).
     #[arg(long, env = "KAIROS_NO_AUTOTUNE")]
     pub no_autotune: bool,
+    /// Also measure the layer profile cold starts plan from (DeepPlan): every launch with its
+    /// weights in GPU memory and read in place from pinned host memory, and the weights' copy
+    /// time; stored in the same JSON (`layers`).
+    #[arg(long)]
+    pub layers: bool,
 }
 
 pub fn run(args: ProfileArgs) -> Result<()> {
@@ -35,7 +40,22 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         eprintln!("autotuned: {} launches retiled", r.launches_changed);
     }
     eprintln!("profiling {} ({} kernels, {}) on {}", plan.model, plan.launches.len(), plan.dtype, gpu.info().name);
-    let profile = kairos_cuda::profile_plan(&mut gpu, &plan, args.repeats)?;
+    let mut profile = kairos_cuda::profile_plan(&mut gpu, &plan, args.repeats)?;
+    if args.layers {
+        eprintln!(
+            "layer profile: {} launches twice (weights in GPU memory, then in host memory), {} layers",
+            plan.launches.len(),
+            plan.layers.len()
+        );
+        let layers = kairos_gpu::exec::profile_layers(&mut gpu, &plan, args.repeats)?;
+        let input = kairos_sched::cold::ColdInput::measured(&plan, &layers).map_err(anyhow::Error::msg)?;
+        println!(
+            "{}",
+            kairos_sched::cold::explain(&input, &kairos_sched::cold::plan(&input, kairos_sched::cold::ColdStrategy::DeepPlan))
+        );
+        eprintln!("layer profile took {:.2} s", layers.profiling_ns as f64 / 1e9);
+        profile.layers = Some(layers);
+    }
     println!(
         "{:>4} {:<10} {:>10} {:>6} {:>5} {:>7} {:>6} {:>7}  name",
         "#", "kernel", "us", "ctas", "regs", "smem", "occ", "min_sms"

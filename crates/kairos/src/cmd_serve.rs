@@ -93,6 +93,17 @@ pub struct ServeArgs {
     /// Requests each dispatcher holds (waiting or running); more is 429 / RESOURCE_EXHAUSTED.
     #[arg(long, env = "KAIROS_JOBS_MAX", default_value_t = 4096)]
     pub jobs_max: usize,
+    /// GPU memory for model weights, in MiB, per GPU (DeepPlan): models keep their weights in
+    /// pinned host memory and are loaded when a request needs them, least recently used idle
+    /// models evicted to make room. Unset: every model's weights stay in GPU memory from its load.
+    #[arg(long, env = "KAIROS_WEIGHT_BUDGET_MIB")]
+    pub weight_budget_mib: Option<u64>,
+    /// How a model not in GPU memory is loaded (with --weight-budget-mib): load-then-run,
+    /// pipelined (each kernel waits only for its own layer's copy) or deepplan (pipelined, with the
+    /// layers DeepPlan's planner picks read in place from host memory; needs a layer profile from
+    /// `kairos profile --layers`, else it loads every layer).
+    #[arg(long, env = "KAIROS_COLD_STRATEGY", default_value = "deepplan")]
+    pub cold_strategy: kairos_sched::cold::ColdStrategy,
     /// Shared-memory clients served at once.
     #[arg(long, env = "KAIROS_SHM_CLIENTS_MAX", default_value_t = 64)]
     pub shm_clients_max: usize,
@@ -281,11 +292,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
-    let backend = make_backend(
+    let policy = PolicyConfig::by_name(&args.policy)
+        .with_context(|| format!("unknown policy {}: use fifo, streams, streams-kernel, paella, sjf or rr", args.policy))?;
+    let mut engine = EngineConfig { submit_queue_max: args.submit_queue_max, ..EngineConfig::default() };
+    engine.dispatcher = engine.dispatcher.with_policy(policy);
+    engine.dispatcher.jobs_max = args.jobs_max;
+    engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
+    engine.dispatcher.cold_strategy = args.cold_strategy;
+    let backend = make_backend_with(
         args.backend,
-        &args.policy,
-        args.submit_queue_max,
-        args.jobs_max,
+        engine,
         &args.sim_gpu,
         args.seed,
         args.sim_compute,

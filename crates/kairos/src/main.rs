@@ -2,6 +2,7 @@
 
 mod cmd_bench;
 mod cmd_bench_serve;
+mod cmd_cold;
 mod cmd_demo;
 mod cmd_inspect;
 mod cmd_kernels;

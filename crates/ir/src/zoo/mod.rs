@@ -29,6 +29,7 @@ pub const ZOO: &[ZooEntry] = &[
     ZooEntry { name: "resnet18", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-18, basic blocks [2,2,2,2]" },
     ZooEntry { name: "resnet34", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-34, basic blocks [3,4,6,3]" },
     ZooEntry { name: "resnet50", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-50, bottlenecks [3,4,6,3]" },
+    ZooEntry { name: "resnet101", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-101, bottlenecks [3,4,23,3]" },
     ZooEntry { name: "resnet152", kind: ZooKind::Vision { resolution: 224 }, description: "ResNet-152, bottlenecks [3,8,36,3]" },
     ZooEntry {
         name: "mobilenet_v2",
@@ -68,6 +69,16 @@ pub const ZOO: &[ZooEntry] = &[
         name: "bert_base",
         kind: ZooKind::Transformer,
         description: "BERT-base encoder, 12 layers, hidden 768 (LayerNormalization op, erf GELU, folded mask subgraph)",
+    },
+    ZooEntry {
+        name: "bert_large",
+        kind: ZooKind::Transformer,
+        description: "BERT-large encoder, 24 layers, hidden 1024 (DeepPlan's cold-start models)",
+    },
+    ZooEntry {
+        name: "roberta_base",
+        kind: ZooKind::Transformer,
+        description: "RoBERTa-base's shape on the BERT encoder: 12 layers, 50265-token vocabulary, 514 positions",
     },
     ZooEntry {
         name: "distilbert",
@@ -115,6 +126,7 @@ pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
     let (b, s, seed) = (opts.batch, opts.seq_len, opts.seed);
     let max_positions = match name {
         "gpt2" => transformer::GPT2.max_positions,
+        "roberta_base" => transformer::ROBERTA_BASE.max_positions,
         _ => transformer::BERT_BASE.max_positions,
     };
     if entry.kind == ZooKind::Transformer && s > max_positions {
@@ -124,6 +136,7 @@ pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
         "resnet18" => vision::resnet(18, b, seed),
         "resnet34" => vision::resnet(34, b, seed),
         "resnet50" => vision::resnet(50, b, seed),
+        "resnet101" => vision::resnet(101, b, seed),
         "resnet152" => vision::resnet(152, b, seed),
         "mobilenet_v2" => vision::mobilenet_v2(b, seed),
         "squeezenet1_1" => vision::squeezenet1_1(b, seed),
@@ -136,6 +149,8 @@ pub fn build(name: &str, opts: &ZooOptions) -> Result<Vec<u8>, crate::Error> {
         "resnext101_32x8d" => vision::resnext(101, 32, 8, b, seed),
         "shufflenet_v2" => vision::shufflenet_v2(b, seed),
         "bert_base" => transformer::bert(&transformer::BERT_BASE, b, s, seed),
+        "bert_large" => transformer::bert(&transformer::BERT_LARGE, b, s, seed),
+        "roberta_base" => transformer::bert(&transformer::ROBERTA_BASE, b, s, seed),
         "distilbert" => transformer::bert(&transformer::DISTILBERT, b, s, seed),
         "gpt2" => transformer::gpt2(b, s, seed),
         "albert" => transformer::albert(b, s, seed),

@@ -19,6 +19,13 @@ pub struct TransformerConfig {
 
 pub const BERT_BASE: TransformerConfig =
     TransformerConfig { name: "bert_base", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, max_positions: 512 };
+/// BERT-large (DeepPlan's evaluation): 24 layers, hidden 1024.
+pub const BERT_LARGE: TransformerConfig =
+    TransformerConfig { name: "bert_large", layers: 24, hidden: 1024, heads: 16, ffn: 4096, vocab: 30522, max_positions: 512 };
+/// RoBERTa-base's shape on BERT's encoder: its 50265-token vocabulary and 514 positions (random
+/// weights; position ids count from 0, not from RoBERTa's padding offset: same cost).
+pub const ROBERTA_BASE: TransformerConfig =
+    TransformerConfig { name: "roberta_base", layers: 12, hidden: 768, heads: 12, ffn: 3072, vocab: 50265, max_positions: 514 };
 pub const DISTILBERT: TransformerConfig =
     TransformerConfig { name: "distilbert", layers: 6, hidden: 768, heads: 12, ffn: 3072, vocab: 30522, max_positions: 512 };
 pub const ALBERT_BASE: TransformerConfig =

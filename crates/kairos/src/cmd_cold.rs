@@ -1,0 +1,660 @@
+//! `kairos bench cold`: one cold inference per model (DeepPlan's Fig. 11 on one GPU).
+//!
+//! Per model: the plan (tiles autotuned on CUDA), its layer profile measured on the device
+//! (`kairos_gpu::exec::profile_layers`), then per cold strategy (`load-then-run`, `pipelined`,
+//! `deepplan`) a dispatcher with a weight budget that holds one copy of the model and two
+//! instances of it: each repetition asks the evicted instance (a cold start: its load, evicting
+//! the other), asks it again (warm), then asks the other instance (evicting it again). Latency is
+//! arrival to completion on the dispatcher's clock (the host's wall clock on CUDA, virtual time on
+//! the simulator). A cold answer is checked against the warm one, byte for byte. The pure copy
+//! time of the bytes a plan loads comes from the profile's whole-blob copy. Every sample is kept
+//! in the JSON; the table is printed last.
+
+use crate::cmd_run::{Backend, sim_desc};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use kairos_gpu::Gpu;
+use kairos_gpu::profile::{LayerProfile, ModelProfile};
+use kairos_ir::model::ModelSpec as IrModelSpec;
+use kairos_ir::plan::Plan;
+use kairos_ir::{DType, Tensor};
+use kairos_sched::cold::{self, ColdStrategy};
+use kairos_sched::{Config, ModelSpec, PolicyConfig, RequestOptions, VirtualDriver};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Repetitions per model and strategy at most.
+const REPS_MAX: usize = 10_000;
+/// Requests per serving point at most.
+const SERVE_REQUESTS_MAX: usize = 1_000_000;
+
+#[derive(Args, Debug)]
+pub struct ColdArgs {
+    /// cuda (the GPU, wall clock) or sim (the simulated GPU, virtual time: a design tool only).
+    #[arg(long, value_enum, env = "KAIROS_BACKEND", default_value = "cuda")]
+    pub backend: Backend,
+    /// Zoo models, comma-separated.
+    #[arg(long, env = "KAIROS_COLD_MODELS", value_delimiter = ',', default_value = "bert_base,gpt2,resnet50,resnet152")]
+    pub models: Vec<String>,
+    /// Sequence length of the transformer models.
+    #[arg(long, env = "KAIROS_SEQ_LEN", default_value_t = kairos_ir::zoo::DEFAULT_SEQ_LEN)]
+    pub seq_len: usize,
+    #[arg(long, env = "KAIROS_DTYPE", default_value = "f16", value_parser = crate::model_args::parse_dtype)]
+    pub dtype: DType,
+    /// Cold strategies, comma-separated: load-then-run, pipelined, deepplan.
+    #[arg(long, env = "KAIROS_COLD_STRATEGIES", value_delimiter = ',', default_value = "load-then-run,pipelined,deepplan")]
+    pub strategies: Vec<String>,
+    /// Timed cold starts per model and strategy.
+    #[arg(long, env = "KAIROS_COLD_REPS", default_value_t = 20)]
+    pub reps: usize,
+    /// Repetitions of each launch and of the blob copy in the layer profile.
+    #[arg(long, env = "KAIROS_COLD_PROFILE_REPS", default_value_t = 5)]
+    pub profile_reps: usize,
+    /// The dispatcher's policy.
+    #[arg(long, env = "KAIROS_COLD_POLICY", default_value = "fifo")]
+    pub policy: String,
+    /// Copies of a load hold at least this many bytes of consecutive loaded layers.
+    #[arg(long, env = "KAIROS_COLD_CHUNK_BYTES", default_value_t = kairos_sched::dispatcher::COLD_CHUNK_BYTES_DEFAULT)]
+    pub chunk_bytes: u64,
+    /// Keep the lowering's tiles (cuda backend): skip the autotuner.
+    #[arg(long, env = "KAIROS_COLD_NO_AUTOTUNE")]
+    pub no_autotune: bool,
+    /// CUDA device ordinal (cuda backend).
+    #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
+    pub device: u32,
+    /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
+    #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
+    pub sim_gpu: String,
+    /// DeepPlan's serving experiment scaled to one GPU instead of single cold inferences: this many
+    /// instances of the first model (comma-separated counts, one point each), Poisson arrivals
+    /// spread uniformly over them, a weight budget of --serve-budget-instances whole copies.
+    #[arg(long, env = "KAIROS_COLD_SERVE_INSTANCES", value_delimiter = ',')]
+    pub serve_instances: Vec<usize>,
+    /// Offered load of the serving experiment, requests per second (comma-separated).
+    #[arg(long, env = "KAIROS_COLD_SERVE_RATE", value_delimiter = ',', default_value = "100")]
+    pub serve_rate: Vec<f64>,
+    /// Requests per serving point.
+    #[arg(long, env = "KAIROS_COLD_SERVE_REQUESTS", default_value_t = 2000)]
+    pub serve_requests: usize,
+    /// The serving experiment's weight budget, in whole copies of the model's weights.
+    #[arg(long, env = "KAIROS_COLD_SERVE_BUDGET_INSTANCES", default_value_t = 8.0)]
+    pub serve_budget_instances: f64,
+    /// Also serve each rate and instance count with every instance resident (no budget): the
+    /// warm reference that warm requests under cold loads are compared with.
+    #[arg(long, env = "KAIROS_COLD_SERVE_BASELINE")]
+    pub serve_baseline: bool,
+    /// JSON with every sample (and the table as markdown beside it, `.md`).
+    #[arg(long, env = "KAIROS_COLD_OUT", default_value = "out/cold.json")]
+    pub out: PathBuf,
+    /// Seed of the zoo's weights, the inputs and the simulator.
+    #[arg(long, env = "KAIROS_SEED", default_value_t = kairos_ir::zoo::DEFAULT_SEED)]
+    pub seed: u64,
+}
+
+/// Opens a fresh GPU of the chosen backend.
+trait Opener {
+    type G: Gpu;
+    fn open(&mut self) -> Result<Self::G>;
+    fn tune(&mut self, plan: &mut Plan) -> Result<()>;
+    fn device(&self) -> String;
+}
+
+struct CudaOpener {
+    device: u32,
+    autotune: bool,
+    name: Option<String>,
+}
+
+impl Opener for CudaOpener {
+    type G = kairos_cuda::CudaGpu;
+    fn open(&mut self) -> Result<kairos_cuda::CudaGpu> {
+        let g = kairos_cuda::CudaGpu::new(self.device).with_context(|| {
+            format!(
+                "cannot open CUDA device {}: `bench cold --backend cuda` needs an NVIDIA GPU (use --backend sim without one)",
+                self.device
+            )
+        })?;
+        self.name.get_or_insert_with(|| g.info().name.clone());
+        Ok(g)
+    }
+    fn tune(&mut self, plan: &mut Plan) -> Result<()> {
+        if !self.autotune {
+            return Ok(());
+        }
+        let mut gpu = self.open()?;
+        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], progress: false, ..kairos_cuda::TuneOptions::default() };
+        kairos_cuda::autotune_plan(&mut gpu, plan, &opts)?;
+        Ok(())
+    }
+    fn device(&self) -> String {
+        self.name.clone().unwrap_or_else(|| format!("CUDA device {}", self.device))
+    }
+}
+
+struct SimOpener {
+    desc: kairos_sim::GpuDesc,
+    seed: u64,
+}
+
+impl Opener for SimOpener {
+    type G = kairos_sim::SimGpu;
+    fn open(&mut self) -> Result<kairos_sim::SimGpu> {
+        Ok(kairos_sim::SimGpu::new(self.desc.clone(), kairos_sim::SimOptions { seed: self.seed, ..Default::default() }))
+    }
+    fn tune(&mut self, _plan: &mut Plan) -> Result<()> {
+        Ok(())
+    }
+    fn device(&self) -> String {
+        format!("simulated {} (virtual time)", self.desc.name)
+    }
+}
+
+pub fn run(a: ColdArgs) -> Result<()> {
+    let strategies: Vec<ColdStrategy> =
+        a.strategies.iter().map(|s| s.parse().map_err(|e: String| anyhow::anyhow!(e))).collect::<Result<_>>()?;
+    if a.reps == 0 || a.reps > REPS_MAX {
+        bail!("--reps must be in 1..={REPS_MAX}");
+    }
+    PolicyConfig::by_name(&a.policy).with_context(|| format!("unknown policy '{}'", a.policy))?;
+    if a.serve_requests == 0 || a.serve_requests > SERVE_REQUESTS_MAX {
+        bail!("--serve-requests must be in 1..={SERVE_REQUESTS_MAX}");
+    }
+    if a.serve_rate.iter().any(|&r| !(r > 0.0 && r.is_finite())) {
+        bail!("--serve-rate takes positive rates");
+    }
+    if a.serve_instances.iter().any(|&n| n == 0 || n > kairos_sched::MODELS_MAX) {
+        bail!("--serve-instances takes counts in 1..={}", kairos_sched::MODELS_MAX);
+    }
+    let serve = !a.serve_instances.is_empty();
+    match a.backend {
+        Backend::Cuda => {
+            let o = CudaOpener { device: a.device, autotune: !a.no_autotune, name: None };
+            if serve { serve_all(&a, &strategies, o) } else { measure_all(&a, &strategies, o) }
+        }
+        Backend::Sim => {
+            let desc = sim_desc(&a.sim_gpu)?;
+            let o = SimOpener { desc, seed: a.seed };
+            if serve { serve_all(&a, &strategies, o) } else { measure_all(&a, &strategies, o) }
+        }
+        Backend::Cpu => bail!("`bench cold` needs a GPU or the simulator (--backend cuda or sim)"),
+    }
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn quantiles_ms(samples: &[u64]) -> Value {
+    if samples.is_empty() {
+        return Value::Null;
+    }
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    let q = |p: f64| ms(v[((v.len() - 1) as f64 * p).round() as usize]);
+    json!({ "p10": q(0.1), "p50": q(0.5), "p90": q(0.9), "n": v.len() })
+}
+
+fn measure_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O) -> Result<()> {
+    let mut rows = Vec::new();
+    let started = Instant::now();
+    for model in &a.models {
+        eprintln!("cold: {model}: lowering and tuning");
+        let row = match measure_model(a, strategies, &mut opener, model) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("cold: {model}: {e:#}");
+                json!({ "model": model, "error": format!("{e:#}") })
+            }
+        };
+        rows.push(row);
+        write(a, &opener.device(), &rows, started.elapsed().as_secs_f64())?;
+    }
+    let text = table(&opener.device(), a, &rows);
+    println!("{text}");
+    Ok(())
+}
+
+fn write(a: &ColdArgs, device: &str, rows: &[Value], elapsed_s: f64) -> Result<()> {
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let doc = json!({
+        "schema": "kairos-cold/1",
+        "device": device,
+        "dtype": format!("{:?}", a.dtype).to_lowercase(),
+        "seq_len": a.seq_len,
+        "policy": a.policy,
+        "chunk_bytes": a.chunk_bytes,
+        "reps": a.reps,
+        "elapsed_s": elapsed_s,
+        "models": rows,
+    });
+    std::fs::write(&a.out, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", a.out.display()))?;
+    std::fs::write(a.out.with_extension("md"), table(device, a, rows))?;
+    Ok(())
+}
+
+fn inputs(plan: &Plan, seed: u64) -> Vec<Tensor> {
+    // Deterministic, valid for gathers (small non-negative ids), varied for the rest.
+    let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    plan.inputs
+        .iter()
+        .map(|t| {
+            let n: usize = t.shape.iter().product();
+            match t.dtype {
+                DType::I64 => Tensor::i64(t.shape.clone(), (0..n).map(|_| (next() % 100) as i64).collect()),
+                d => Tensor::f32(t.shape.clone(), (0..n).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect()).cast(d),
+            }
+        })
+        .collect()
+}
+
+fn measure_model<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], opener: &mut O, model: &str) -> Result<Value> {
+    let (plan, profile) = prepare(a, opener, model)?;
+    let blob_copy_ns: u64 = profile.layers.iter().map(|l| l.load_ns).sum();
+    let input = cold::ColdInput::measured(&plan, &profile).map_err(|e| anyhow::anyhow!(e))?;
+    let model_profile = ModelProfile {
+        model: plan.model.clone(),
+        dtype: plan.dtype,
+        batch: 1,
+        device: opener.device(),
+        sm_count: 0,
+        latency_ns: 0,
+        kernels: vec![],
+        layers: Some(profile.clone()),
+    };
+    let x = inputs(&plan, a.seed);
+    let mut results = Vec::new();
+    for &strategy in strategies {
+        eprintln!("cold: {model}: {strategy}");
+        let cold_plan = cold::plan(&input, strategy);
+        let r = (|| -> Result<Value> {
+            let mut cfg = Config::default().with_policy(PolicyConfig::by_name(&a.policy).context("policy")?);
+            // Room for one instance's loaded layers, never two: every ask of the evicted instance is
+            // a cold start (checked below).
+            cfg.weight_budget_bytes = Some(cold_plan.load_bytes + cold_plan.load_bytes / 2 + (64 << 10));
+            cfg.cold_strategy = strategy;
+            cfg.cold_chunk_bytes = a.chunk_bytes;
+            let mut d = VirtualDriver::new(cfg, opener.open()?)?;
+            for name in ["other", "cold"] {
+                d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: Some(model_profile.clone()) })?;
+            }
+            let ask = |d: &mut VirtualDriver<O::G>, name: &str| -> Result<(kairos_sched::Timing, Vec<Vec<u8>>)> {
+                let now = d.now_ns();
+                let id = d.submit_at(now, name, x.clone(), RequestOptions::default());
+                d.run_until_idle()?;
+                let r = d.take_records().into_iter().find(|r| r.id == id).context("no answer")?;
+                let t = r.result.map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+                Ok((t, r.outputs.iter().map(|t| t.to_bytes()).collect()))
+            };
+            // One untimed round: modules loaded, slots' first recordings done.
+            ask(&mut d, "cold")?;
+            ask(&mut d, "cold")?;
+            ask(&mut d, "other")?;
+            ask(&mut d, "other")?;
+            let (mut cold_ns, mut warm_ns, mut first_warm_ns) = (Vec::new(), Vec::new(), Vec::new());
+            // Per cold start: arrival to admission (the load started, and for load-then-run ended),
+            // to its first launch issued, and the load's own time (first copy queued to last landed).
+            let (mut admitted_ns, mut first_issue_ns, mut load_ns) = (Vec::new(), Vec::new(), Vec::new());
+            let mut outputs_match = true;
+            let mut last_outputs: Option<Vec<Vec<u8>>> = None;
+            let mut not_cold = 0;
+            for _ in 0..a.reps {
+                let before = d.dispatcher().stats();
+                let (c, out_cold) = ask(&mut d, "cold")?;
+                let after = d.dispatcher().stats();
+                not_cold += (after.cold_starts != before.cold_starts + 1) as u32;
+                load_ns.push(after.load_ns - before.load_ns);
+                // The first warm request after a load records the model's runs again.
+                let (w1, _) = ask(&mut d, "cold")?;
+                let (w, out_warm) = ask(&mut d, "cold")?;
+                outputs_match &= out_cold == out_warm;
+                last_outputs = Some(out_cold);
+                cold_ns.push(c.latency_ns());
+                admitted_ns.push(c.admitted_ns.saturating_sub(c.arrival_ns));
+                first_issue_ns.push(c.first_issue_ns.saturating_sub(c.arrival_ns));
+                first_warm_ns.push(w1.latency_ns());
+                warm_ns.push(w.latency_ns());
+                ask(&mut d, "other")?;
+                ask(&mut d, "other")?;
+            }
+            let s = d.dispatcher().stats();
+            let digest = last_outputs.as_ref().map(|o| digest(o));
+            let copy_of_loaded_ns = (blob_copy_ns as f64 * cold_plan.load_bytes as f64 / plan.weight_bytes.max(1) as f64) as u64;
+            Ok(json!({
+                "strategy": strategy.to_string(),
+                "cold_ms": quantiles_ms(&cold_ns),
+                "warm_ms": quantiles_ms(&warm_ns),
+                "first_warm_ms": quantiles_ms(&first_warm_ns),
+                "cold_admitted_ms": quantiles_ms(&admitted_ns),
+                "cold_first_issue_ms": quantiles_ms(&first_issue_ns),
+                "load_ms": quantiles_ms(&load_ns),
+                "cold_samples_ns": cold_ns,
+                "warm_samples_ns": warm_ns,
+                "outputs_match": outputs_match,
+                "not_cold": not_cold,
+                "outputs_digest": digest,
+                "predicted_ms": cold_plan.predicted_ns / 1e6,
+                "load_bytes": cold_plan.load_bytes,
+                "host_bytes": cold_plan.host_bytes,
+                "host_layers": cold_plan.host.iter().filter(|&&h| h).count(),
+                "copy_of_loaded_ms": ms(copy_of_loaded_ns),
+                "cold_starts": s.cold_starts,
+                "evictions": s.evictions,
+                "mean_load_ms": if s.loads_completed > 0 { s.load_ns as f64 / s.loads_completed as f64 / 1e6 } else { 0.0 },
+            }))
+        })();
+        results.push(match r {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("cold: {model}: {strategy}: {e:#}");
+                json!({ "strategy": strategy.to_string(), "error": format!("{e:#}") })
+            }
+        });
+    }
+    let deepplan = cold::plan(&input, ColdStrategy::DeepPlan);
+    Ok(json!({
+        "model": model,
+        "weight_bytes": plan.weight_bytes,
+        "launches": plan.launches.len(),
+        "layers": plan.layers.len(),
+        "blob_copy_ms": ms(blob_copy_ns),
+        "profiling_ms": ms(profile.profiling_ns),
+        "layer_profile": profile,
+        "deepplan_explained": cold::explain(&input, &deepplan),
+        "strategies": results,
+    }))
+}
+
+/// FNV-1a of the outputs' bytes: strategies that compute the same bytes have the same digest.
+fn digest(outputs: &[Vec<u8>]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in outputs.iter().flatten() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn table(device: &str, a: &ColdArgs, rows: &[Value]) -> String {
+    let mut t = format!(
+        "Cold inference, batch 1, {:?}, seq {} ({device}; policy {}; copies of >= {} KiB; {} reps; p50 ms)\n\n",
+        a.dtype,
+        a.seq_len,
+        a.policy,
+        a.chunk_bytes >> 10,
+        a.reps
+    );
+    t += "| model | MB | blob copy | strategy | cold p50 | p90 | load p50 | warm p50 | copy of loaded | cold / copy | host MB | outputs |\n";
+    t += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for r in rows {
+        let model = r["model"].as_str().unwrap_or("?");
+        if let Some(e) = r["error"].as_str() {
+            t += &format!("| {model} | | | error: {} | | | | | | | | |\n", e.lines().next().unwrap_or(""));
+            continue;
+        }
+        let mb = r["weight_bytes"].as_f64().unwrap_or(0.0) / 1e6;
+        // Every strategy's answer against load-then-run's (all weights in device memory).
+        let reference = r["strategies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|s| (s["strategy"].as_str() == Some("load-then-run")).then(|| s["outputs_digest"].as_str()).flatten());
+        let blob = r["blob_copy_ms"].as_f64().unwrap_or(0.0);
+        for s in r["strategies"].as_array().into_iter().flatten() {
+            let name = s["strategy"].as_str().unwrap_or("?");
+            if let Some(e) = s["error"].as_str() {
+                t += &format!(
+                    "| {model} | {mb:.1} | {blob:.2} | {name}: error {} | | | | | | | |\n",
+                    e.lines().next().unwrap_or("")
+                );
+                continue;
+            }
+            let p = |k: &str, q: &str| s[k][q].as_f64().unwrap_or(f64::NAN);
+            let copy = s["copy_of_loaded_ms"].as_f64().unwrap_or(f64::NAN);
+            t += &format!(
+                "| {model} | {mb:.1} | {blob:.2} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {copy:.2} | {:.2} | {:.1} | {} |\n",
+                p("cold_ms", "p50"),
+                p("cold_ms", "p90"),
+                p("load_ms", "p50"),
+                p("warm_ms", "p50"),
+                p("cold_ms", "p50") / copy,
+                s["host_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+                match (s["outputs_match"].as_bool(), reference, s["outputs_digest"].as_str()) {
+                    (Some(true), Some(r), Some(d)) if r == d => "= warm = load-then-run",
+                    (Some(true), None, _) => "= warm",
+                    (Some(true), _, _) => "= warm, DIFFERS from load-then-run",
+                    _ => "DIFFERS from warm",
+                },
+            );
+        }
+    }
+    t
+}
+
+/// Lowers and tunes the model and measures its layer profile (what both experiments start from).
+fn prepare<O: Opener>(a: &ColdArgs, opener: &mut O, model: &str) -> Result<(Arc<Plan>, LayerProfile)> {
+    let spec = IrModelSpec { model: model.to_string(), batch: 1, seq_len: a.seq_len, seed: a.seed, dtype: a.dtype };
+    let mut plan = spec.plan()?;
+    if let Err(e) = opener.tune(&mut plan) {
+        eprintln!("cold: {model}: autotune failed, keeping the lowering's tiles: {e:#}");
+    }
+    eprintln!("cold: {model}: layer profile ({} launches, {} layers)", plan.launches.len(), plan.layers.len());
+    let mut gpu = opener.open()?;
+    let profile = kairos_gpu::exec::profile_layers(&mut gpu, &plan, a.profile_reps)?;
+    Ok((Arc::new(plan), profile))
+}
+
+/// DeepPlan's serving experiment (Sec. 5.3, Fig. 13) on one GPU: per strategy, rate and
+/// instance count, Poisson arrivals over the instances, p50/p99, goodput at 50 and 100 ms, cold
+/// starts; every request's latency kept.
+fn serve_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O) -> Result<()> {
+    let model = a.models.first().context("--models names the model to serve")?.clone();
+    let (plan, profile) = prepare(a, &mut opener, &model)?;
+    let model_profile = ModelProfile {
+        model: plan.model.clone(),
+        dtype: plan.dtype,
+        batch: 1,
+        device: opener.device(),
+        sm_count: 0,
+        latency_ns: 0,
+        kernels: vec![],
+        layers: Some(profile.clone()),
+    };
+    let budget_bytes = (plan.weight_bytes as f64 * a.serve_budget_instances) as u64;
+    let started = Instant::now();
+    let mut points = Vec::new();
+    for &rate in &a.serve_rate {
+        for &n in &a.serve_instances {
+            let runs: Vec<Option<ColdStrategy>> =
+                a.serve_baseline.then_some(None).into_iter().chain(strategies.iter().map(|&s| Some(s))).collect();
+            for strategy in runs {
+                let label = strategy.map_or("resident".to_string(), |s| s.to_string());
+                eprintln!("cold serve: {model} x{n} at {rate}/s, {label}");
+                let p = serve_point(a, &mut opener, &plan, &model_profile, strategy, n, rate, budget_bytes).unwrap_or_else(|e| {
+                    eprintln!("cold serve: {e:#}");
+                    json!({ "strategy": label, "instances": n, "rate_per_s": rate, "error": format!("{e:#}") })
+                });
+                points.push(p);
+                let doc = json!({
+                    "schema": "kairos-cold-serve/1",
+                    "device": opener.device(),
+                    "model": model,
+                    "dtype": format!("{:?}", a.dtype).to_lowercase(),
+                    "seq_len": a.seq_len,
+                    "policy": a.policy,
+                    "budget_bytes": budget_bytes,
+                    "budget_instances": a.serve_budget_instances,
+                    "weight_bytes": plan.weight_bytes,
+                    "elapsed_s": started.elapsed().as_secs_f64(),
+                    "points": points,
+                });
+                if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)?;
+                }
+                std::fs::write(&a.out, serde_json::to_string(&doc)?)?;
+                std::fs::write(a.out.with_extension("md"), serve_table(&doc))?;
+            }
+        }
+    }
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&a.out)?)?;
+    println!("{}", serve_table(&doc));
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve_point<O: Opener>(
+    a: &ColdArgs,
+    opener: &mut O,
+    plan: &Arc<Plan>,
+    profile: &ModelProfile,
+    strategy: Option<ColdStrategy>,
+    instances: usize,
+    rate: f64,
+    budget_bytes: u64,
+) -> Result<Value> {
+    let mut cfg = Config::default().with_policy(PolicyConfig::by_name(&a.policy).context("policy")?);
+    // None: the resident reference, no budget.
+    cfg.weight_budget_bytes = strategy.map(|_| budget_bytes);
+    cfg.cold_strategy = strategy.unwrap_or_default();
+    cfg.cold_chunk_bytes = a.chunk_bytes;
+    // Many instances: one I/O slot each at load, a few more on demand.
+    cfg.slots_per_model_prealloc = 1;
+    cfg.slots_per_model_max = 4;
+    cfg.models_max = instances.max(1);
+    cfg.jobs_max = a.serve_requests.clamp(1, kairos_sched::JOBS_MAX);
+    let mut d = VirtualDriver::new(cfg, opener.open()?)?;
+    let t_load = Instant::now();
+    for k in 0..instances {
+        d.load_model(ModelSpec { name: format!("i{k}"), plan: plan.clone(), profile: Some(profile.clone()) })?;
+    }
+    let load_s = t_load.elapsed().as_secs_f64();
+    let resident_at_start = if strategy.is_none() {
+        instances
+    } else {
+        (0..instances)
+            .filter(|k| d.dispatcher().residency_of(&format!("i{k}")) == Some(kairos_sched::ResidencyState::Resident))
+            .count()
+    };
+    // Seeded arrivals: exponential gaps, instances uniform (xorshift; one seed per point).
+    let mut x = a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits();
+    x |= 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let start_ns = d.now_ns() + 50_000_000;
+    let mut at = start_ns as f64;
+    // Real inputs copied in and outputs copied out, as a server does.
+    let x = inputs(plan, a.seed);
+    for _ in 0..a.serve_requests {
+        let u = ((next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        at += -u.ln() / rate * 1e9;
+        let k = (next() % instances as u64) as usize;
+        d.submit_at(at as u64, &format!("i{k}"), x.clone(), RequestOptions::default());
+    }
+    let before = d.dispatcher().stats();
+    d.run_until_idle()?;
+    let after = d.dispatcher().stats();
+    let records = d.take_records();
+    let mut latency_ns = Vec::with_capacity(records.len());
+    let (mut warm_ns, mut cold_ns) = (Vec::new(), Vec::new());
+    let mut failed = 0usize;
+    let mut raw = Vec::with_capacity(records.len());
+    for r in &records {
+        let cold = r.result.as_ref().is_ok_and(|t| t.cold_start);
+        match &r.result {
+            Ok(_) => {
+                latency_ns.push(r.latency_ns());
+                if cold { &mut cold_ns } else { &mut warm_ns }.push(r.latency_ns());
+            }
+            Err(_) => failed += 1,
+        }
+        // [instance, arrival after the first (ns), latency (ns), answered, cold start]
+        raw.push(json!([r.model.as_ref(), r.arrival_ns.saturating_sub(start_ns), r.latency_ns(), r.result.is_ok(), cold]));
+    }
+    let p99_of = |v: &mut Vec<u64>| {
+        v.sort_unstable();
+        v.get(((v.len().max(1) - 1) as f64 * 0.99).round() as usize).map(|&x| ms(x))
+    };
+    let n = records.len().max(1) as f64;
+    let good = |slo_ms: f64| latency_ns.iter().filter(|&&l| (l as f64) <= slo_ms * 1e6).count() as f64 / n;
+    let span_s = records.iter().map(|r| r.done_ns).max().unwrap_or(start_ns).saturating_sub(start_ns) as f64 / 1e9;
+    let mut sorted = latency_ns.clone();
+    sorted.sort_unstable();
+    let q = |p: f64| sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).map(|&v| ms(v));
+    Ok(json!({
+        "strategy": strategy.map_or("resident".to_string(), |s| s.to_string()),
+        "instances": instances,
+        "rate_per_s": rate,
+        "requests": records.len(),
+        "warm_p99_ms": p99_of(&mut warm_ns),
+        "cold_p99_ms": p99_of(&mut cold_ns),
+        "warm_requests": warm_ns.len(),
+        "failed": failed,
+        "served_per_s": latency_ns.len() as f64 / span_s.max(1e-9),
+        "p50_ms": q(0.5),
+        "p99_ms": q(0.99),
+        "max_ms": q(1.0),
+        "goodput_100ms": good(100.0),
+        "goodput_50ms": good(50.0),
+        "cold_starts": after.cold_starts - before.cold_starts,
+        "cold_start_rate": (after.cold_starts - before.cold_starts) as f64 / n,
+        "evictions": after.evictions - before.evictions,
+        "resident_at_start": resident_at_start,
+        "load_s": load_s,
+        "records": raw,
+    }))
+}
+
+fn serve_table(doc: &Value) -> String {
+    let mut t = format!(
+        "Serving instances of {} (Poisson, uniform over instances; {}; weight budget {:.0} MB = {} copies; policy {})\n\n",
+        doc["model"].as_str().unwrap_or("?"),
+        doc["device"].as_str().unwrap_or("?"),
+        doc["budget_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        doc["budget_instances"],
+        doc["policy"].as_str().unwrap_or("?"),
+    );
+    t += "| rate /s | instances | strategy | served /s | p50 ms | p99 ms | warm p99 ms | cold p99 ms | goodput 100 ms | goodput 50 ms | cold-start rate | resident at start |\n";
+    t += "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for p in doc["points"].as_array().into_iter().flatten() {
+        let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+        if let Some(e) = p["error"].as_str() {
+            t += &format!(
+                "| {} | {} | {} | error: {} | | | | | | | | |\n",
+                f("rate_per_s"),
+                p["instances"],
+                p["strategy"].as_str().unwrap_or("?"),
+                e.lines().next().unwrap_or("")
+            );
+            continue;
+        }
+        t += &format!(
+            "| {:.0} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {} |\n",
+            f("rate_per_s"),
+            p["instances"],
+            p["strategy"].as_str().unwrap_or("?"),
+            f("served_per_s"),
+            f("p50_ms"),
+            f("p99_ms"),
+            f("warm_p99_ms"),
+            f("cold_p99_ms"),
+            f("goodput_100ms"),
+            f("goodput_50ms"),
+            f("cold_start_rate"),
+            p["resident_at_start"],
+        );
+    }
+    t
+}
