@@ -238,13 +238,7 @@ fn write(a: &ColdArgs, device: &str, rows: &[Value], elapsed_s: f64) -> Result<(
 
 fn inputs(plan: &Plan, seed: u64) -> Vec<Tensor> {
     // Deterministic, valid for gathers (small non-negative ids), varied for the rest.
-    let mut x = seed | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(seed);
     plan.inputs
         .iter()
         .map(|t| {
@@ -261,16 +255,7 @@ fn measure_model<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], opener: &
     let (plan, profile) = prepare(a, opener, model)?;
     let blob_copy_ns: u64 = profile.layers.iter().map(|l| l.load_ns).sum();
     let input = cold::ColdInput::measured(&plan, &profile).map_err(|e| anyhow::anyhow!(e))?;
-    let model_profile = ModelProfile {
-        model: plan.model.clone(),
-        dtype: plan.dtype,
-        batch: 1,
-        device: opener.device(),
-        sm_count: 0,
-        latency_ns: 0,
-        kernels: vec![],
-        layers: Some(profile.clone()),
-    };
+    let model_profile = profile_of(&plan, &profile, opener.device());
     let x = inputs(&plan, a.seed);
     let mut results = Vec::new();
     for &strategy in strategies {
@@ -440,6 +425,31 @@ fn table(device: &str, a: &ColdArgs, rows: &[Value]) -> String {
     t
 }
 
+/// A profile holding only the layer profile (the dispatcher's estimates stay on the roofline).
+fn profile_of(plan: &Plan, layers: &LayerProfile, device: String) -> ModelProfile {
+    ModelProfile {
+        model: plan.model.clone(),
+        dtype: plan.dtype,
+        batch: 1,
+        device,
+        sm_count: 0,
+        latency_ns: 0,
+        kernels: vec![],
+        layers: Some(layers.clone()),
+    }
+}
+
+/// A xorshift generator: every random choice of the benchmark from one seed.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 /// Lowers and tunes the model and measures its layer profile (what both experiments start from).
 fn prepare<O: Opener>(a: &ColdArgs, opener: &mut O, model: &str) -> Result<(Arc<Plan>, LayerProfile)> {
     let spec = IrModelSpec { model: model.to_string(), batch: 1, seq_len: a.seq_len, seed: a.seed, dtype: a.dtype };
@@ -459,16 +469,7 @@ fn prepare<O: Opener>(a: &ColdArgs, opener: &mut O, model: &str) -> Result<(Arc<
 fn serve_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O) -> Result<()> {
     let model = a.models.first().context("--models names the model to serve")?.clone();
     let (plan, profile) = prepare(a, &mut opener, &model)?;
-    let model_profile = ModelProfile {
-        model: plan.model.clone(),
-        dtype: plan.dtype,
-        batch: 1,
-        device: opener.device(),
-        sm_count: 0,
-        latency_ns: 0,
-        kernels: vec![],
-        layers: Some(profile.clone()),
-    };
+    let model_profile = profile_of(&plan, &profile, opener.device());
     let budget_bytes = (plan.weight_bytes as f64 * a.serve_budget_instances) as u64;
     let started = Instant::now();
     let mut points = Vec::new();
@@ -544,15 +545,8 @@ fn serve_point<O: Opener>(
             .filter(|k| d.dispatcher().residency_of(&format!("i{k}")) == Some(kairos_sched::ResidencyState::Resident))
             .count()
     };
-    // Seeded arrivals: exponential gaps, instances uniform (xorshift; one seed per point).
-    let mut x = a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits();
-    x |= 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    // Seeded arrivals: exponential gaps, instances uniform (one seed per point).
+    let mut next = xorshift(a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits());
     let start_ns = d.now_ns() + 50_000_000;
     let mut at = start_ns as f64;
     // Real inputs copied in and outputs copied out, as a server does.

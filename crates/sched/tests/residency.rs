@@ -243,3 +243,34 @@ fn layer_profile_on_the_simulator() {
     assert!(deepplan.predicted_ns <= pipelined.predicted_ns);
     println!("{}", kairos_sched::cold::explain(&input, &deepplan));
 }
+
+/// A model unloaded, and the dispatcher shut down, while a load's copies are in flight (its one
+/// request cancelled at once): the memory the copies write into is freed only after they land,
+/// and the unload and the shutdown are both answered.
+#[test]
+fn unload_and_shutdown_wait_for_a_loads_copies() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    for shutdown in [false, true] {
+        let mut d =
+            VirtualDriver::new(budget_config("fifo", ColdStrategy::Pipelined, plan.weight_bytes + 4096), sim(seed)).unwrap();
+        for name in ["warm", "m"] {
+            d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: None }).unwrap();
+        }
+        let id = d.submit_at(1_000, "m", x.clone(), RequestOptions::default());
+        d.cancel_at(1_000, id);
+        d.schedule_command(1_000, if shutdown { Command::Shutdown } else { Command::UnloadModel("m".into()) });
+        d.run_until_idle().unwrap();
+        let other = d.take_other_outputs();
+        if shutdown {
+            assert!(other.iter().any(|o| matches!(o, Output::ShutDown)), "{other:?}");
+        } else {
+            assert!(other.iter().any(|o| matches!(o, Output::ModelUnloaded { result: Ok(()), .. })), "{other:?}");
+            assert_eq!(d.dispatcher().residency_of("m"), None);
+        }
+        assert_eq!(d.dispatcher().stats().cold_starts, 1, "the request started the load before it was cancelled");
+        assert_eq!(d.dispatcher().work_in_flight(), 0);
+        d.into_gpu().audit().unwrap();
+    }
+}

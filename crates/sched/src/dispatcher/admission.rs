@@ -294,7 +294,10 @@ impl<G: Gpu> Dispatcher<G> {
 
     pub(super) fn maybe_free_model(&mut self, index: usize, out: &mut Vec<Output>) {
         let Some(m) = self.models[index].as_ref() else { return };
-        if !m.unloading || m.jobs > 0 {
+        // A load's copies write into the model's device memory until they land (its last
+        // CopyDone calls this again).
+        let loading = m.residency.as_ref().is_some_and(|r| r.state == ResidencyState::Loading);
+        if !m.unloading || m.jobs > 0 || loading {
             return;
         }
         let m = self.models[index].take().expect("checked above");
@@ -319,7 +322,8 @@ impl<G: Gpu> Dispatcher<G> {
     }
 
     pub(super) fn maybe_finish_shutdown(&mut self, out: &mut Vec<Output>) {
-        if !self.shutting_down || self.shut_down || self.job_count > 0 {
+        // Nor while a load's copies are in flight (the last one's CopyDone calls this again).
+        if !self.shutting_down || self.shut_down || self.job_count > 0 || !self.copy_owner.is_empty() {
             return;
         }
         for index in 0..self.models.len() {

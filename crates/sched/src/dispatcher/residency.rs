@@ -382,7 +382,10 @@ impl<G: Gpu> Dispatcher<G> {
             self.load_done(model);
             // Load-then-run holds the model's requests until here.
             self.admit_waiting(model, out);
+            // An unload or a shutdown that waited for the copies.
+            self.maybe_free_model(model, out);
         }
+        self.maybe_finish_shutdown(out);
     }
 
     fn load_done(&mut self, model: usize) {
