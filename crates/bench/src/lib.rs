@@ -10,7 +10,7 @@
 //!   ([`target::VirtualTarget`]: the simulator, or a real GPU on the calling thread), the threaded
 //!   engine ([`target::EngineTarget`]), a kairos server over REST, gRPC or shared memory
 //!   ([`remote::RemoteTarget`]).
-//! - [`runner`]: one run of a schedule (open and closed loops, LRU residency for cold starts).
+//! - [`runner`]: one run of a schedule (open and closed loops; cold starts under the engine's weight budget).
 //! - [`metrics`]: HdrHistogram percentiles, throughput, goodput, deadline misses, queue and GPU time.
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
 //! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory

@@ -8,7 +8,7 @@
 //! | `paella-hol` | jobs of 8 chained one-CTA kernels of ~300 us | Poisson | 32 streams busy: 32 / isolated latency |
 //! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
 //! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | the GPU's throughput for this task mix, measured in closed loop |
-//! | `coldstart` | 3 instances each of 8 vision models, LRU within a byte budget | Poisson, uniform over instances | serial capacity of the warm models |
+//! | `coldstart` | 3 instances each of 8 vision models under the engine's weight budget (LRU) | Poisson, uniform over instances | serial capacity of the warm models |
 //! | `custom` | `--models` (`ARCH@bN`: batch N) | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` (closed:N: N x load clients) |
 //!
 //! Sources of the parameters:
@@ -103,7 +103,7 @@ pub struct PresetOptions {
     pub sigmas: Vec<f64>,
     /// Instances per model of `coldstart`.
     pub instances: u32,
-    /// `coldstart`'s budget as a fraction of all instances' footprint (when `budget_bytes` is unset).
+    /// `coldstart`'s weight budget as a fraction of all instances' weights (when `budget_bytes` is unset).
     pub budget_fraction: f64,
     pub budget_bytes: Option<u64>,
     pub custom: CustomSpec,
@@ -471,13 +471,13 @@ impl Preset {
                 for m in COLDSTART_MODELS {
                     for k in 0..opts.instances.max(1) {
                         let name = instance_name(m, k);
-                        total_bytes += catalog.footprint_bytes(m)?;
+                        total_bytes += catalog.weight_bytes(m)?;
                         streams.push((w.stream(Stream::new(&name, &name)), 1.0));
                     }
                 }
                 w.sources.push(Source { arrival: Arrival::Poisson { rate_per_s: load * 1e9 / mean }, streams });
                 let budget_bytes = opts.budget_bytes.unwrap_or((total_bytes as f64 * opts.budget_fraction) as u64);
-                residency = Residency::Lru { budget_bytes };
+                residency = Residency::Budget { weight_bytes: budget_bytes };
             }
             Preset::Custom => custom(&mut w, &opts.custom, load)?,
         }

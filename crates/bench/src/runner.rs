@@ -4,9 +4,11 @@
 //! request `think_ns` after the previous one completed (at least [`RETRY_BACKOFF_NS`] after a
 //! refusal, so a refused client cannot spin). Arrivals stop at the end of the schedule's duration;
 //! requests still outstanding `drain_ns` later are left unfinished and cancelled when the target
-//! stops. With [`Residency::Lru`] models are loaded on first use and the least recently used ones
-//! unloaded to stay within a byte budget (the coldstart workload); a request that had to wait for
-//! its model's load is marked cold, and the load's time counts in its latency.
+//! stops. With [`Residency::Budget`] the dispatcher runs under a weight budget (the coldstart
+//! workload): every model is loaded into pinned host memory, the engine loads a model into the GPU
+//! when a request needs it and evicts the least recently used idle ones; a request that waited for
+//! its model's load is marked cold (`Timing::cold_start`), and the load's time counts in its
+//! latency.
 
 use crate::Error;
 use crate::target::{Completion, Target};
@@ -14,7 +16,7 @@ use crate::workload::{Arrival, Schedule, source_rng};
 use kairos_sched::{Config, ModelSpec};
 use rand::rngs::SmallRng;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// A closed-loop client waits this long after a refused or failed request before the next one.
 pub const RETRY_BACKOFF_NS: u64 = 1_000_000;
@@ -54,9 +56,9 @@ impl Catalog {
     }
 
     /// GPU memory a loaded model holds: weights plus one activation arena.
-    pub fn footprint_bytes(&self, name: &str) -> Result<u64, Error> {
-        let p = &self.get(name)?.plan;
-        Ok(p.weight_bytes + p.arena_bytes)
+    /// Bytes of a model's weights (what a weight budget counts, when every layer is loaded).
+    pub fn weight_bytes(&self, name: &str) -> Result<u64, Error> {
+        Ok(self.get(name)?.plan.weight_bytes)
     }
 }
 
@@ -65,9 +67,10 @@ impl Catalog {
 pub enum Residency {
     /// Every model of the workload is loaded before the run starts.
     All,
-    /// Models load on first use; the least recently used are unloaded to keep the footprint of the
-    /// resident ones (weights + one arena each) within `budget_bytes`.
-    Lru { budget_bytes: u64 },
+    /// The dispatcher's weight budget ([`Config::weight_budget_bytes`]): every model is loaded
+    /// before the run, its weights in pinned host memory, and the engine moves them into the GPU
+    /// on demand within `weight_bytes`, evicting least recently used idle models.
+    Budget { weight_bytes: u64 },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -137,64 +140,6 @@ pub struct RunRecord {
     pub counters: Option<crate::target::DispatcherCounters>,
 }
 
-struct Resident {
-    loaded_as: String,
-    bytes: u64,
-    last_use: u64,
-}
-
-/// The harness' LRU of loaded models.
-struct Lru {
-    budget_bytes: u64,
-    used_bytes: u64,
-    resident: HashMap<String, Resident>,
-    generation: HashMap<String, u32>,
-    clock: u64,
-}
-
-impl Lru {
-    /// The name the model is loaded under, loading it (and evicting others) if needed; true when it
-    /// had to be loaded.
-    fn ensure(
-        &mut self,
-        model: &str,
-        target: &mut dyn Target,
-        catalog: &Catalog,
-        rec: &mut RunRecord,
-    ) -> Result<(String, bool), Error> {
-        self.clock += 1;
-        if let Some(r) = self.resident.get_mut(model) {
-            r.last_use = self.clock;
-            return Ok((r.loaded_as.clone(), false));
-        }
-        let bytes = catalog.footprint_bytes(model)?;
-        if bytes > self.budget_bytes {
-            return Err(Error::Invalid(format!("model '{model}' needs {bytes} bytes, the budget is {}", self.budget_bytes)));
-        }
-        while self.used_bytes + bytes > self.budget_bytes {
-            let victim =
-                self.resident.iter().min_by_key(|(_, r)| r.last_use).map(|(k, _)| k.clone()).expect("over budget: resident");
-            let r = self.resident.remove(&victim).expect("just found");
-            target.unload_model(&r.loaded_as)?;
-            self.used_bytes -= r.bytes;
-            rec.model_unloads += 1;
-        }
-        // A model being unloaded keeps its name until its last request is done: load under a new one.
-        let g = self.generation.entry(model.to_string()).or_insert(0);
-        *g += 1;
-        let loaded_as = format!("{model}@{g}");
-        let mut spec = catalog.get(model)?.clone();
-        spec.name = loaded_as.clone();
-        let t = target.now_ns();
-        target.load_model(&spec)?;
-        rec.load_ns += target.now_ns().saturating_sub(t);
-        rec.model_loads += 1;
-        self.used_bytes += bytes;
-        self.resident.insert(model.to_string(), Resident { loaded_as: loaded_as.clone(), bytes, last_use: self.clock });
-        Ok((loaded_as, true))
-    }
-}
-
 struct Client {
     source: usize,
 }
@@ -213,11 +158,19 @@ pub fn run(
     let wall = std::time::Instant::now();
     let w = &schedule.workload;
     w.validate().map_err(Error::Invalid)?;
-    target.begin(config)?;
+    let config = match opts.residency {
+        Residency::All => config.clone(),
+        Residency::Budget { weight_bytes } => Config { weight_budget_bytes: Some(weight_bytes), ..config.clone() },
+    };
+    target.begin(&config)?;
     let result = generate(target, schedule, catalog, opts, progress);
     let counters = target.counters();
     let ended = target.end();
     let mut rec = result?;
+    if let (Residency::Budget { .. }, Some(c)) = (opts.residency, &counters) {
+        rec.model_loads = c.cold_starts;
+        rec.model_unloads = c.evictions;
+    }
     rec.counters = counters;
     ended?;
     rec.wall_ns = wall.elapsed().as_nanos() as u64;
@@ -233,17 +186,11 @@ fn generate(
 ) -> Result<RunRecord, Error> {
     let w = &schedule.workload;
     let mut rec = RunRecord::default();
-    let mut lru = match opts.residency {
-        Residency::All => {
-            for m in w.models() {
-                target.load_model(catalog.get(&m)?)?;
-            }
-            None
-        }
-        Residency::Lru { budget_bytes } => {
-            Some(Lru { budget_bytes, used_bytes: 0, resident: HashMap::new(), generation: HashMap::new(), clock: 0 })
-        }
-    };
+    // Under a weight budget too: the engine keeps every model's weights in host memory and moves
+    // them into the GPU when a request needs them.
+    for m in w.models() {
+        target.load_model(catalog.get(&m)?)?;
+    }
     let t0 = target.now_ns() + opts.start_delay_ns;
     let end = t0 + schedule.duration_ns;
     let drain_end = end + opts.drain_ns;
@@ -300,21 +247,18 @@ fn generate(
                 )));
             }
             let s = &w.streams[stream as usize];
-            let (name, cold) = match lru.as_mut() {
-                Some(l) => l.ensure(&s.model, target, catalog, &mut rec)?,
-                None => (s.model.clone(), false),
-            };
+            let name = &s.model;
             let tag = rec.outcomes.len() as u64;
             rec.outcomes.push(Outcome {
                 stream,
                 arrival_ns: at - t0,
                 status: Status::Unfinished,
                 closed: client.is_some(),
-                cold,
+                cold: false,
                 first_block_ns: None,
             });
             sender.push(client);
-            target.submit(tag, &name, at, s.options())?;
+            target.submit(tag, name, at, s.options())?;
             outstanding += 1;
         }
         let arrivals_left = next_open < schedule.arrivals.len() || !closed.is_empty();
@@ -346,6 +290,7 @@ fn generate(
                     let latency = done_ns.saturating_sub(o.arrival_ns);
                     let gpu_ns = t.done_ns.saturating_sub(t.first_issue_ns).min(latency);
                     o.first_block_ns = (t.first_start_ns > 0).then(|| t.first_start_ns.saturating_sub(t.arrival_ns));
+                    o.cold = t.cold_start;
                     Status::Done { done_ns, queue_ns: latency - gpu_ns, gpu_ns }
                 }
                 Err(e @ kairos_sched::Error::Overloaded { .. }) => Status::Rejected(e.to_string()),
@@ -399,8 +344,9 @@ mod tests {
         fn simulated(&self) -> bool {
             true
         }
-        fn begin(&mut self, _: &Config) -> Result<(), Error> {
+        fn begin(&mut self, c: &Config) -> Result<(), Error> {
             self.loaded.clear();
+            self.log.push(format!("begin, weight budget {:?}", c.weight_budget_bytes));
             Ok(())
         }
         fn end(&mut self) -> Result<(), Error> {
@@ -507,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn lru_loads_on_first_use_and_evicts_the_least_recent() {
+    fn a_weight_budget_reaches_the_dispatcher_and_every_model_loads_first() {
         let mut w = Workload::default();
         for m in ["a", "b", "c"] {
             w.stream(Stream::new(m, m));
@@ -515,18 +461,20 @@ mod tests {
         w.sources
             .push(Source { arrival: Arrival::Periodic { period_ns: 1_000_000, phase_ns: Some(0) }, streams: vec![(0, 1.0)] });
         let mut s = w.schedule(10_000_000, 1_000_000, 1).unwrap();
-        // Replace the arrivals: a, b, c, a, c.
         s.arrivals = vec![(0, 0), (1_000_000, 1), (2_000_000, 2), (3_000_000, 0), (4_000_000, 2)];
         let cat = catalog(&["a", "b", "c"]);
-        let budget = 2 * cat.footprint_bytes("a").unwrap();
+        let budget = 2 * cat.weight_bytes("a").unwrap();
         let mut t = Fake { service_ns: 100, ..Fake::default() };
-        let opts = RunOptions { drain_ns: 1_000_000, start_delay_ns: 0, residency: Residency::Lru { budget_bytes: budget } };
+        let opts = RunOptions { drain_ns: 1_000_000, start_delay_ns: 0, residency: Residency::Budget { weight_bytes: budget } };
         let rec = run(&mut t, &Config::default(), &s, &cat, &opts, &mut |_| {}).unwrap();
-        assert_eq!(t.log, ["load a@1", "load b@1", "unload a@1", "load c@1", "unload b@1", "load a@2"]);
-        assert_eq!((rec.model_loads, rec.model_unloads), (4, 2));
-        assert_eq!(rec.outcomes.iter().map(|o| o.cold).collect::<Vec<_>>(), [true, true, true, true, false]);
+        assert_eq!(t.log, [format!("begin, weight budget Some({budget})"), "load a".into(), "load b".into(), "load c".into()]);
         assert!(rec.outcomes.iter().all(|o| matches!(o.status, Status::Done { .. })));
-        assert_eq!(rec.load_ns, 4000);
+        // The fake has no counters: cold starts come from the engine (tests/presets.rs).
+        assert_eq!((rec.model_loads, rec.model_unloads), (0, 0));
+        let mut t = Fake { service_ns: 100, ..Fake::default() };
+        let opts = RunOptions { residency: Residency::All, ..opts };
+        run(&mut t, &Config::default(), &s, &cat, &opts, &mut |_| {}).unwrap();
+        assert_eq!(t.log[0], "begin, weight budget None");
     }
 
     #[test]

@@ -67,6 +67,11 @@ pub struct DispatcherCounters {
     /// Launches a policy preempted (`reef`).
     #[serde(default)]
     pub preemptions: u64,
+    /// Under a weight budget: loads a request started (cold starts) and models evicted.
+    #[serde(default)]
+    pub cold_starts: u64,
+    #[serde(default)]
+    pub evictions: u64,
 }
 
 impl DispatcherCounters {
@@ -212,6 +217,8 @@ impl<G: Gpu> Target for VirtualTarget<G> {
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
             preemptions: s.preemptions,
+            cold_starts: s.cold_starts,
+            evictions: s.evictions,
         })
     }
 
@@ -397,6 +404,8 @@ where
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
             preemptions: s.preemptions,
+            cold_starts: s.cold_starts,
+            evictions: s.evictions,
         })
     }
 }

@@ -191,9 +191,10 @@ fn coldstart_loads_and_evicts_within_the_budget() {
     let r = run("coldstart", &opts);
     check_points(&r, min_isolated_ns(&r) / 2);
     for p in &r.points {
-        // 16 instances, a budget of a third: far more loads than instances, and evictions.
+        // 16 instances, a weight budget of a third: the engine's cold starts (warm-up included) and
+        // evictions, and measured requests that waited for a load marked cold.
         assert!(p.model_loads > 16 && p.model_unloads > 0, "{} loads, {} unloads", p.model_loads, p.model_unloads);
-        assert!(p.metrics.overall.cold > 0);
+        assert!(p.metrics.overall.cold > 0, "no measured request was a cold start ({} loads)", p.model_loads);
         assert_eq!(p.metrics.models.len(), 16);
     }
 }

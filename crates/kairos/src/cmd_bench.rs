@@ -293,7 +293,7 @@ pub struct RunArgs {
     /// coldstart: instances of each model.
     #[arg(long, default_value_t = 3)]
     pub instances: u32,
-    /// coldstart: memory budget in MiB (default: a third of all instances' weights and arenas).
+    /// coldstart: the dispatcher's weight budget in MiB (default: a third of all instances' weights).
     #[arg(long)]
     pub budget_mb: Option<f64>,
     /// custom: models, comma-separated; ARCH@bN serves ARCH at batch N (resnet50@b8).
