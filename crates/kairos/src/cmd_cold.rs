@@ -10,16 +10,18 @@
 //! time of the bytes a plan loads comes from the profile's whole-blob copy. Every sample is kept
 //! in the JSON; the table is printed last.
 
-use crate::cmd_run::{Backend, sim_desc};
+use crate::cmd_run::{Backend, random_inputs, sim_desc};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use kairos_gpu::Gpu;
 use kairos_gpu::profile::{LayerProfile, ModelProfile};
+use kairos_ir::DType;
 use kairos_ir::model::ModelSpec as IrModelSpec;
 use kairos_ir::plan::Plan;
-use kairos_ir::{DType, Tensor};
 use kairos_sched::cold::{self, ColdStrategy};
 use kairos_sched::{Config, ModelSpec, PolicyConfig, RequestOptions, VirtualDriver};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -236,27 +238,12 @@ fn write(a: &ColdArgs, device: &str, rows: &[Value], elapsed_s: f64) -> Result<(
     Ok(())
 }
 
-fn inputs(plan: &Plan, seed: u64) -> Vec<Tensor> {
-    // Deterministic, valid for gathers (small non-negative ids), varied for the rest.
-    let mut next = xorshift(seed);
-    plan.inputs
-        .iter()
-        .map(|t| {
-            let n: usize = t.shape.iter().product();
-            match t.dtype {
-                DType::I64 => Tensor::i64(t.shape.clone(), (0..n).map(|_| (next() % 100) as i64).collect()),
-                d => Tensor::f32(t.shape.clone(), (0..n).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect()).cast(d),
-            }
-        })
-        .collect()
-}
-
 fn measure_model<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], opener: &mut O, model: &str) -> Result<Value> {
     let (plan, profile) = prepare(a, opener, model)?;
     let blob_copy_ns: u64 = profile.layers.iter().map(|l| l.load_ns).sum();
     let input = cold::ColdInput::measured(&plan, &profile).map_err(|e| anyhow::anyhow!(e))?;
     let model_profile = profile_of(&plan, &profile, opener.device());
-    let x = inputs(&plan, a.seed);
+    let x = random_inputs(&plan, a.seed);
     let mut results = Vec::new();
     for &strategy in strategies {
         eprintln!("cold: {model}: {strategy}");
@@ -439,17 +426,6 @@ fn profile_of(plan: &Plan, layers: &LayerProfile, device: String) -> ModelProfil
     }
 }
 
-/// A xorshift generator: every random choice of the benchmark from one seed.
-fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
-}
-
 /// Lowers and tunes the model and measures its layer profile (what both experiments start from).
 fn prepare<O: Opener>(a: &ColdArgs, opener: &mut O, model: &str) -> Result<(Arc<Plan>, LayerProfile)> {
     let spec = IrModelSpec { model: model.to_string(), batch: 1, seq_len: a.seq_len, seed: a.seed, dtype: a.dtype };
@@ -546,15 +522,15 @@ fn serve_point<O: Opener>(
             .count()
     };
     // Seeded arrivals: exponential gaps, instances uniform (one seed per point).
-    let mut next = xorshift(a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits());
+    let mut rng = SmallRng::seed_from_u64(a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits());
     let start_ns = d.now_ns() + 50_000_000;
     let mut at = start_ns as f64;
     // Real inputs copied in and outputs copied out, as a server does.
-    let x = inputs(plan, a.seed);
+    let x = random_inputs(plan, a.seed);
     for _ in 0..a.serve_requests {
-        let u = ((next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
         at += -u.ln() / rate * 1e9;
-        let k = (next() % instances as u64) as usize;
+        let k = rng.random_range(0..instances);
         d.submit_at(at as u64, &format!("i{k}"), x.clone(), RequestOptions::default());
     }
     let before = d.dispatcher().stats();
