@@ -634,3 +634,67 @@ pub unsafe fn green_ctx_stream_create(g: CUgreenCtx, priority: i32) -> DResult<C
     check("cuGreenCtxStreamCreate", unsafe { sys::cuGreenCtxStreamCreate(&mut s, g, flags, priority) })?;
     Ok(s)
 }
+
+// ---- Several GPUs: topology and peer access (DeepPlan's parallel transmission) ----
+
+/// Whether contexts on `dev` may map memory of `peer` (`cuDeviceCanAccessPeer`).
+pub fn device_can_access_peer(dev: CUdevice, peer: CUdevice) -> DResult<bool> {
+    let mut can = 0;
+    // SAFETY: the out-pointer is a live local; the driver validates both devices.
+    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer) })?;
+    Ok(can != 0)
+}
+
+/// One attribute of the link from `src` to `dst` (`cuDeviceGetP2PAttribute`).
+pub fn device_p2p_attribute(attr: sys::CUdevice_P2PAttribute, src: CUdevice, dst: CUdevice) -> DResult<i32> {
+    let mut v = 0;
+    // SAFETY: the out-pointer is a live local; the driver validates the devices and the attribute.
+    check("cuDeviceGetP2PAttribute", unsafe { sys::cuDeviceGetP2PAttribute(&mut v, attr, src, dst) })?;
+    Ok(v)
+}
+
+pub use sys::CUdevice_P2PAttribute;
+
+/// The device's PCI address as the driver writes it (`0000:1b:00.0`, domain:bus:device.function).
+pub fn device_pci_bus_id(dev: CUdevice) -> DResult<String> {
+    let mut buf = [0 as std::ffi::c_char; 64];
+    // SAFETY: the buffer is 64 bytes long and we pass that length; the driver NUL-terminates.
+    check("cuDeviceGetPCIBusId", unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) })?;
+    // SAFETY: NUL-terminated by the driver within its length.
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// Lets the current context access `peer`'s memory (`cuCtxEnablePeerAccess`); true if it was
+/// enabled now, false if it already was.
+///
+/// # Safety
+/// 1. A context is current on this thread and `peer` is a live context of another device.
+pub unsafe fn ctx_enable_peer_access(peer: CUcontext) -> DResult<bool> {
+    // SAFETY: contract 1; flags must be 0.
+    let code = unsafe { sys::cuCtxEnablePeerAccess(peer, 0) };
+    if code == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(false);
+    }
+    check("cuCtxEnablePeerAccess", code)?;
+    Ok(true)
+}
+
+/// Copies `bytes` from `src` in context `src_ctx` to `dst` in context `dst_ctx` on `stream`
+/// (`cuMemcpyPeerAsync`: over NVLink or PCIe peer-to-peer where peer access is enabled, through
+/// host memory otherwise).
+///
+/// # Safety
+/// 1. Both ranges lie inside live device allocations of their contexts that stay alive until the
+///    copy has completed on `stream`.
+/// 2. Both contexts and `stream` are live.
+pub unsafe fn memcpy_peer_async(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    bytes: u64,
+    stream: CUstream,
+) -> DResult<()> {
+    // SAFETY: contracts 1 and 2.
+    check("cuMemcpyPeerAsync", unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes as usize, stream) })
+}

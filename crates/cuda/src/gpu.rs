@@ -315,6 +315,8 @@ pub struct CudaGpu {
     partition_by_size: HashMap<u32, PartitionId>,
     /// Why green contexts are unavailable, when they are.
     pub green_note: Option<String>,
+    /// Why secondaries attached before a reset are missing after it, when they are.
+    pub peer_note: Option<String>,
     /// Caller memory mapped for zero-copy I/O (released before the context: field order).
     host_maps: crate::hostmap::HostMaps,
     /// Protocol flags for the next `launch_inner` (taken there): the host-memory fence.
@@ -332,6 +334,12 @@ pub struct CudaGpu {
     bound: Cell<Option<ThreadId>>,
     ordinal: u32,
     dev: CUdevice,
+    /// Secondary GPUs for parallel transmission ([`CudaGpu::attach_peer`]), with the copies in
+    /// flight through each. Their objects belong to the secondaries' contexts; after everything
+    /// of this context above (a peer binds its own context when it drops), before `ctx`.
+    peers: Vec<crate::peer::SecondaryLink>,
+    /// What `attach_peer` was asked for (ordinal, staging bytes), to attach again after a reset.
+    peer_requests: Vec<(u32, u64)>,
     /// Last: every object above belongs to this context and must be gone before it is released.
     ctx: Context,
 }
@@ -443,6 +451,7 @@ impl CudaGpu {
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
             green_note: None,
+            peer_note: None,
             host_maps: Default::default(),
             next_launch_flags: 0,
             next_launch_implied_start: false,
@@ -453,6 +462,8 @@ impl CudaGpu {
             bound: Cell::new(Some(std::thread::current().id())),
             ordinal,
             dev,
+            peers: Vec::new(),
+            peer_requests: Vec::new(),
             ctx,
         };
         // The whole device, as the SM probe sees it.
@@ -1722,6 +1733,13 @@ impl CudaGpu {
             {
                 return Ok(());
             }
+            for p in &self.peers {
+                if let Some((_, e)) = p.copies.front()
+                    && e.is_done().map_err(drv)?
+                {
+                    return Ok(());
+                }
+            }
             if self.now_ns() >= until_ns {
                 return Ok(());
             }
@@ -1732,7 +1750,7 @@ impl CudaGpu {
                     self.last_health_check_ns = now;
                     self.check_streams()?;
                 }
-                if self.protocol.slots_in_flight() == 0 && self.copies.is_empty() {
+                if self.protocol.slots_in_flight() == 0 && self.copies_in_flight() == 0 {
                     // Nothing can arrive: sleep instead of spinning.
                     let left = until_ns.saturating_sub(self.now_ns());
                     std::thread::sleep(std::time::Duration::from_nanos(left.min(1_000_000)));
@@ -1760,6 +1778,56 @@ impl CudaGpu {
 
     /// A normal-priority stream of this GPU's own, made once: for runners that need a stream
     /// for a while (profiles, plan runs) without adding one per call.
+    /// Attaches GPU `ordinal` as a secondary for parallel transmission (DeepPlan 4.3.3; see
+    /// [`crate::peer`]): enables peer access both ways, reserves `staging_bytes` on it (whole
+    /// [`kairos_gpu::PEER_PIECE_BYTES`] pieces, at least one) and measures the two legs of the
+    /// path (host to the secondary, secondary to this GPU, 32 MiB, best of three). The secondary
+    /// keeps serving its own work; its index in [`Gpu::peer_paths`] is the order of attachment.
+    pub fn attach_peer(&mut self, ordinal: u32, staging_bytes: u64) -> Result<PeerPath> {
+        const MEASURE_BYTES: u64 = 32 << 20;
+        self.bind()?;
+        if self.peers.iter().any(|p| p.ordinal == ordinal) {
+            return Err(GpuError::Invalid(format!("GPU {ordinal} is already a secondary of GPU {}", self.ordinal)));
+        }
+        let host = MappedBuffer::new(MEASURE_BYTES).map_err(drv)?;
+        let dst = DeviceBuffer::new(MEASURE_BYTES).map_err(drv)?;
+        let attached = crate::peer::SecondaryLink::open(&self.ctx, self.ordinal, ordinal, staging_bytes).and_then(|mut link| {
+            let bytes = MEASURE_BYTES.min(link.path.staging_bytes);
+            // SAFETY: `host` is pinned portable memory of MEASURE_BYTES and `dst` a live device
+            // buffer of this context of as many; `bytes` fits the staging; both outlive the
+            // measurement, which waits for its copies.
+            let (h2d, fwd) = unsafe { link.measure(host.dev_ptr(), dst.ptr(), bytes, self.ctx.raw()) }?;
+            link.set_rates(h2d, fwd);
+            Ok(link)
+        });
+        // SecondaryLink::open leaves the secondary's context current (on success and on most errors).
+        self.ctx.bind().map_err(drv)?;
+        let link = attached?;
+        let path = link.path;
+        self.peers.push(link);
+        if !self.peer_requests.iter().any(|&(o, _)| o == ordinal) {
+            self.peer_requests.push((ordinal, staging_bytes));
+        }
+        Ok(path)
+    }
+
+    /// Takes the copies in flight off the process-wide link registry (their context is going).
+    fn forget_copies(&mut self) {
+        for _ in self.copies.drain(..) {
+            crate::peer::link_done(self.ordinal);
+        }
+        for p in &mut self.peers {
+            for _ in p.copies.drain(..) {
+                crate::peer::link_done(p.ordinal);
+            }
+        }
+    }
+
+    /// Copies in flight on this GPU's copy engines and through its secondaries.
+    fn copies_in_flight(&self) -> usize {
+        self.copies.len() + self.peers.iter().map(|p| p.copies.len()).sum::<usize>()
+    }
+
     pub fn utility_stream(&mut self) -> Result<StreamId> {
         if let Some(s) = self.utility_stream {
             return Ok(s);
@@ -1796,6 +1864,7 @@ impl Drop for CudaGpu {
         // Let queued work finish before buffers, modules and streams go.
         let _ = self.ctx.bind();
         let _ = self.synchronize();
+        self.forget_copies();
     }
 }
 
@@ -1871,7 +1940,7 @@ impl Gpu for CudaGpu {
         self.flush_launches();
         self.find(dst, bytes)?;
         self.find(src, bytes)?;
-        if self.copies.len() >= COPIES_MAX {
+        if self.copies_in_flight() >= COPIES_MAX {
             return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_MAX as u64 });
         }
         let event = self.take_event(false)?;
@@ -1885,6 +1954,7 @@ impl Gpu for CudaGpu {
         let id = CopyId(self.next_copy);
         self.next_copy += 1;
         self.copies.push_back((id, event));
+        crate::peer::link_add(self.ordinal);
         Ok(id)
     }
 
@@ -1893,14 +1963,73 @@ impl Gpu for CudaGpu {
         if copy.0 == 0 || copy.0 >= self.next_copy {
             return Err(GpuError::Invalid(format!("copy {} was never queued", copy.0)));
         }
-        // Copies leave `copies` when their CopyDone is polled: one no longer there has landed.
-        let Some(pos) = self.copies.iter().position(|(id, _)| *id == copy) else { return Ok(()) };
+        // Copies leave their queue when their CopyDone is polled: one no longer there has landed.
+        // (A copy through a secondary has an event of the secondary's context: a stream may wait
+        // for an event of another device.)
+        let own = self.copies.iter().position(|(id, _)| *id == copy).map(|i| (None, i));
+        let through_peer = || {
+            self.peers.iter().enumerate().find_map(|(k, p)| p.copies.iter().position(|(id, _)| *id == copy).map(|i| (Some(k), i)))
+        };
+        let Some((peer, pos)) = own.or_else(through_peer) else { return Ok(()) };
         // The wait must follow the launches posted to the stream so far (stream_for flushes only
         // when the stream changes partition).
         self.flush_launches();
         self.stream_for(stream, PartitionId::WHOLE.0)?;
         let s = &self.streams[stream.0 as usize].by_partition[&PartitionId::WHOLE.0];
-        s.wait(&self.copies[pos].1).map_err(drv)
+        let event = match peer {
+            None => &self.copies[pos].1,
+            Some(k) => &self.peers[k].copies[pos].1,
+        };
+        s.wait(event).map_err(drv)
+    }
+
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        self.peers.iter().map(|p| p.path).collect()
+    }
+
+    fn copy_via_peer(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, peer: usize) -> Result<CopyId> {
+        self.bind()?;
+        if peer >= self.peers.len() {
+            return Err(GpuError::Invalid(format!(
+                "GPU {} has {} secondary GPU(s), not {}",
+                self.ordinal,
+                self.peers.len(),
+                peer + 1
+            )));
+        }
+        if bytes == 0 {
+            return Err(GpuError::Invalid("copy of 0 bytes".into()));
+        }
+        match (self.find(dst, bytes)?.0, self.find(src, bytes)?.0) {
+            (Allocated::Device(_), Allocated::Host(_)) => {}
+            _ => {
+                return Err(GpuError::Invalid(
+                    "a copy through a secondary GPU goes from pinned host memory to device memory".into(),
+                ));
+            }
+        }
+        if self.copies_in_flight() >= COPIES_MAX {
+            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_MAX as u64 });
+        }
+        let primary = self.ctx.raw();
+        let link = &mut self.peers[peer];
+        link.bind()?;
+        // SAFETY: both ranges were checked to lie inside live allocations of this GPU (a device
+        // buffer, and pinned portable mapped host memory, valid in every context); the caller keeps
+        // them alive until CopyDone (the Gpu trait's contract); `primary` is this GPU's context,
+        // the one the link was opened for.
+        let copied = unsafe { link.copy(dst.0, src.0, bytes, primary) };
+        self.ctx.bind().map_err(drv)?;
+        let event = copied?;
+        let id = CopyId(self.next_copy);
+        self.next_copy += 1;
+        self.peers[peer].copies.push_back((id, event));
+        crate::peer::link_add(self.peers[peer].ordinal);
+        Ok(id)
+    }
+
+    fn peer_busy(&self, peer: usize) -> bool {
+        self.peers.get(peer).is_some_and(|p| crate::peer::link_busy(p.ordinal))
     }
 
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
@@ -2181,6 +2310,12 @@ impl Gpu for CudaGpu {
         self.utility_stream = None;
         self.streams.clear();
         self.partitions.clear();
+        // Secondaries live in their own (healthy) contexts: release them the normal way, and
+        // attach them again to the fresh context below.
+        self.forget_copies();
+        self.peers.clear();
+        self.ctx.bind().map_err(drv)?;
+        let peer_requests = self.peer_requests.clone();
         // SAFETY: every object of the old context is forgotten below, before anything of the new one
         // is created: `old` is never dropped, so none of its handles is used or freed again.
         unsafe { driver::primary_ctx_reset(self.dev) }.map_err(drv)?;
@@ -2198,8 +2333,17 @@ impl Gpu for CudaGpu {
         fresh.time_launches = self.time_launches;
         fresh.quick_builds = self.quick_builds;
         fresh.set_launch_threads(threads)?;
+        let mut failed = Vec::new();
+        for (ordinal, staging_bytes) in peer_requests {
+            if let Err(e) = fresh.attach_peer(ordinal, staging_bytes) {
+                failed.push(format!("GPU {ordinal}: {e}"));
+            }
+        }
         let old = std::mem::replace(self, fresh);
         std::mem::forget(old);
+        // The GPU serves again either way; without its secondaries cold loads go through it alone.
+        self.peer_note =
+            (!failed.is_empty()).then(|| format!("secondary GPUs not attached again after a reset: {}", failed.join("; ")));
         Ok(())
     }
 }
@@ -2390,7 +2534,19 @@ impl CudaGpu {
             }
             let (id, e) = self.copies.pop_front().unwrap();
             self.spare_events.push(e);
+            crate::peer::link_done(self.ordinal);
             events.push(GpuEvent::CopyDone { copy: id, at_ns: self.now_ns() });
+        }
+        for k in 0..self.peers.len() {
+            while let Some((_, e)) = self.peers[k].copies.front() {
+                if !e.is_done().map_err(drv)? {
+                    break;
+                }
+                let (id, e) = self.peers[k].copies.pop_front().expect("front checked");
+                self.peers[k].recycle(e);
+                crate::peer::link_done(self.peers[k].ordinal);
+                events.push(GpuEvent::CopyDone { copy: id, at_ns: self.now_ns() });
+            }
         }
         Ok(())
     }

@@ -27,11 +27,13 @@ pub mod gpu;
 pub mod hostmap;
 pub mod launcher;
 pub mod nvrtc;
+pub mod peer;
 pub mod profile;
 pub mod progress;
 pub mod protocol;
 pub mod safe;
 pub mod suite;
+pub mod topology;
 
 pub use autotune::{TuneOptions, autotune_plan};
 pub use gpu::{

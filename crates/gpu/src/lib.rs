@@ -15,6 +15,7 @@
 pub mod exec;
 pub mod idmap;
 pub mod profile;
+pub mod topology;
 
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, Launch, LaunchShape};
@@ -123,6 +124,25 @@ pub struct PartitionId(pub u32);
 
 impl PartitionId {
     pub const WHOLE: PartitionId = PartitionId(0);
+}
+
+/// Bytes one piece of a copy through a secondary GPU carries (host to the secondary's staging
+/// memory, then forwarded): a copy is cut into pieces so that the forward of one overlaps the
+/// host copy of the next (DeepPlan's parallel-pipeline).
+pub const PEER_PIECE_BYTES: u64 = 4 << 20;
+
+/// A secondary GPU this GPU can copy weights through (DeepPlan's parallel transmission): host to
+/// the secondary over the secondary's own PCIe link, then forwarded to this GPU (NVLink).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerPath {
+    /// The secondary's CUDA ordinal.
+    pub gpu: u32,
+    /// Host to the secondary's staging memory, as measured when it was attached.
+    pub h2d_bytes_per_s: f64,
+    /// Secondary to this GPU, as measured when it was attached.
+    pub forward_bytes_per_s: f64,
+    /// Staging memory reserved on the secondary for this GPU's copies.
+    pub staging_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -455,6 +475,32 @@ pub trait Gpu {
     fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
         let _ = stream;
         Err(GpuError::Unsupported(format!("this backend cannot make a stream wait for copy {}", copy.0)))
+    }
+
+    /// The secondary GPUs attached for parallel transmission (see [`Gpu::copy_via_peer`]), in
+    /// the order their index names them. Backends without them have none (the default).
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        Vec::new()
+    }
+
+    /// Asynchronous copy from pinned host memory (`src`, `MemKind::HostMapped`) into device
+    /// memory of this GPU (`dst`) through secondary `peer` (an index into [`Gpu::peer_paths`]):
+    /// the secondary copies it over its own PCIe link into its staging memory in pieces of
+    /// [`PEER_PIECE_BYTES`] and forwards each piece to this GPU as soon as it has arrived. It
+    /// completes like [`Gpu::copy_async`] ([`GpuEvent::CopyDone`], [`Gpu::wait_copy`]); copies
+    /// through one secondary run in the order they were queued, beside this GPU's own copies.
+    /// Backends without secondaries return [`GpuError::Unsupported`] (the default).
+    fn copy_via_peer(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, peer: usize) -> Result<CopyId> {
+        let _ = (dst, src, bytes);
+        Err(GpuError::Unsupported(format!("this backend has no secondary GPU {peer} to copy through")))
+    }
+
+    /// Whether secondary `peer`'s PCIe link is carrying weight copies now (its own GPU's loads, or
+    /// other GPUs' copies through it): a load that starts then copies through this GPU alone
+    /// instead (parallel transmission helps only over an idle link). Default: never busy.
+    fn peer_busy(&self, peer: usize) -> bool {
+        let _ = peer;
+        false
     }
 
     /// Streams: FIFO queues of launches and copies. `priority` 0 is normal, higher is more urgent.

@@ -1041,8 +1041,17 @@ fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result
                     .map_err(|e| fail(e.to_string()))?;
             }
             let engine = EngineConfig { dispatcher: cfg.clone(), ..EngineConfig::default() };
-            let backend = crate::cmd_serve::make_backend_with(kind, engine, &sim_gpu, seed, false, profiles.clone(), false)
-                .map_err(|e| fail(e.to_string()))?;
+            let backend = crate::cmd_serve::make_backend_with(
+                kind,
+                engine,
+                &sim_gpu,
+                seed,
+                false,
+                profiles.clone(),
+                false,
+                crate::cmd_serve::PEER_STAGING_MIB_DEFAULT << 20,
+            )
+            .map_err(|e| fail(e.to_string()))?;
             let server = kairos_server::RunningServer::start(
                 kairos_server::ServerConfig {
                     state: kairos_server::StateConfig { repository: repo, gpus: 1, load: None },

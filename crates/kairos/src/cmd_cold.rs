@@ -45,7 +45,8 @@ pub struct ColdArgs {
     pub seq_len: usize,
     #[arg(long, env = "KAIROS_DTYPE", default_value = "f16", value_parser = crate::model_args::parse_dtype)]
     pub dtype: DType,
-    /// Cold strategies, comma-separated: load-then-run, pipelined, deepplan.
+    /// Cold strategies, comma-separated: load-then-run, pipelined, deepplan, parallel,
+    /// parallel-deepplan (the parallel ones copy through --peer-gpus).
     #[arg(long, env = "KAIROS_COLD_STRATEGIES", value_delimiter = ',', default_value = "load-then-run,pipelined,deepplan")]
     pub strategies: Vec<String>,
     /// Timed cold starts per model and strategy.
@@ -66,6 +67,18 @@ pub struct ColdArgs {
     /// CUDA device ordinal (cuda backend).
     #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
     pub device: u32,
+    /// Secondary GPUs for parallel transmission (DeepPlan's PT), comma-separated CUDA ordinals
+    /// (cuda backend), or simulated secondaries with this GPU's PCIe rate (sim backend; their
+    /// ordinals only name them). Attached for every strategy; only the parallel ones copy
+    /// through them.
+    #[arg(long, env = "KAIROS_PEER_GPUS", value_delimiter = ',')]
+    pub peer_gpus: Vec<u32>,
+    /// Staging memory reserved on each secondary, MiB.
+    #[arg(long, env = "KAIROS_PEER_STAGING_MIB", default_value_t = crate::cmd_serve::PEER_STAGING_MIB_DEFAULT)]
+    pub peer_staging_mib: u64,
+    /// Forward rate of the simulated secondaries (sim backend), GB/s.
+    #[arg(long, env = "KAIROS_SIM_FORWARD_GBPS", default_value_t = 300.0)]
+    pub sim_forward_gbps: f64,
     /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
@@ -80,7 +93,12 @@ pub struct ColdArgs {
     /// Requests per serving point.
     #[arg(long, env = "KAIROS_COLD_SERVE_REQUESTS", default_value_t = 2000)]
     pub serve_requests: usize,
-    /// The serving experiment's weight budget, in whole copies of the model's weights.
+    /// GPUs of the serving experiment (DeepPlan's Sec. 5.3 on several GPUs): GPU 0..N, one
+    /// dispatcher each in its own thread, instance k on GPU k mod N, one arrival stream; under
+    /// the parallel strategies every GPU has the others as secondaries (--peer-gpus is ignored).
+    #[arg(long, env = "KAIROS_COLD_SERVE_GPUS", default_value_t = 1)]
+    pub serve_gpus: u32,
+    /// The serving experiment's weight budget per GPU, in whole copies of the model's weights.
     #[arg(long, env = "KAIROS_COLD_SERVE_BUDGET_INSTANCES", default_value_t = 8.0)]
     pub serve_budget_instances: f64,
     /// Also serve each rate and instance count with every instance resident (no budget): the
@@ -96,9 +114,13 @@ pub struct ColdArgs {
 }
 
 /// Opens a fresh GPU of the chosen backend.
-trait Opener {
+trait Opener: Send {
     type G: Gpu;
     fn open(&mut self) -> Result<Self::G>;
+    /// An opener of GPU `gpu` of a multi-GPU serving point, with `peers` as its secondaries.
+    fn for_gpu(&self, gpu: u32, peers: Vec<u32>) -> Self
+    where
+        Self: Sized;
     fn tune(&mut self, plan: &mut Plan) -> Result<()>;
     fn device(&self) -> String;
 }
@@ -107,6 +129,8 @@ struct CudaOpener {
     device: u32,
     autotune: bool,
     name: Option<String>,
+    peers: Vec<u32>,
+    staging_bytes: u64,
 }
 
 impl Opener for CudaOpener {
@@ -119,13 +143,29 @@ impl Opener for CudaOpener {
             )
         })?;
         self.name.get_or_insert_with(|| g.info().name.clone());
+        let mut g = g;
+        for &p in &self.peers {
+            let path = g
+                .attach_peer(p, self.staging_bytes)
+                .with_context(|| format!("attaching GPU {p} as a secondary of GPU {}", self.device))?;
+            eprintln!(
+                "cold: GPU {p} attached as a secondary: host to it {:.1} GB/s, forward {:.1} GB/s, {} MiB staging",
+                path.h2d_bytes_per_s / 1e9,
+                path.forward_bytes_per_s / 1e9,
+                path.staging_bytes >> 20
+            );
+        }
         Ok(g)
+    }
+    fn for_gpu(&self, gpu: u32, peers: Vec<u32>) -> Self {
+        CudaOpener { device: gpu, autotune: false, name: self.name.clone(), peers, staging_bytes: self.staging_bytes }
     }
     fn tune(&mut self, plan: &mut Plan) -> Result<()> {
         if !self.autotune {
             return Ok(());
         }
-        let mut gpu = self.open()?;
+        // Without secondaries: tuning needs none.
+        let mut gpu = kairos_cuda::CudaGpu::new(self.device)?;
         let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], progress: false, ..kairos_cuda::TuneOptions::default() };
         kairos_cuda::autotune_plan(&mut gpu, plan, &opts)?;
         Ok(())
@@ -138,12 +178,28 @@ impl Opener for CudaOpener {
 struct SimOpener {
     desc: kairos_sim::GpuDesc,
     seed: u64,
+    peers: Vec<u32>,
+    staging_bytes: u64,
+    forward_bytes_per_s: f64,
 }
 
 impl Opener for SimOpener {
     type G = kairos_sim::SimGpu;
     fn open(&mut self) -> Result<kairos_sim::SimGpu> {
-        Ok(kairos_sim::SimGpu::new(self.desc.clone(), kairos_sim::SimOptions { seed: self.seed, ..Default::default() }))
+        let mut g = kairos_sim::SimGpu::new(self.desc.clone(), kairos_sim::SimOptions { seed: self.seed, ..Default::default() });
+        for &p in &self.peers {
+            g.attach_peer(p, self.desc.h2d_bytes_per_s, self.forward_bytes_per_s, self.staging_bytes)?;
+        }
+        Ok(g)
+    }
+    fn for_gpu(&self, _gpu: u32, peers: Vec<u32>) -> Self {
+        SimOpener {
+            desc: self.desc.clone(),
+            seed: self.seed,
+            peers,
+            staging_bytes: self.staging_bytes,
+            forward_bytes_per_s: self.forward_bytes_per_s,
+        }
     }
     fn tune(&mut self, _plan: &mut Plan) -> Result<()> {
         Ok(())
@@ -170,14 +226,38 @@ pub fn run(a: ColdArgs) -> Result<()> {
         bail!("--serve-instances takes counts in 1..={}", kairos_sched::MODELS_MAX);
     }
     let serve = !a.serve_instances.is_empty();
+    if a.peer_gpus.is_empty() && strategies.iter().any(|s| s.is_parallel()) {
+        eprintln!("cold: no --peer-gpus: the parallel strategies run as their one-GPU counterparts");
+    }
+    if a.peer_gpus.contains(&a.device) {
+        bail!("--peer-gpus must not name --device ({})", a.device);
+    }
+    if a.serve_gpus == 0 || a.serve_gpus > 16 {
+        bail!("--serve-gpus must be in 1..=16");
+    }
+    if a.peer_staging_mib == 0 || a.peer_staging_mib > 1 << 16 {
+        bail!("--peer-staging-mib must be in 1..=65536");
+    }
     match a.backend {
         Backend::Cuda => {
-            let o = CudaOpener { device: a.device, autotune: !a.no_autotune, name: None };
+            let o = CudaOpener {
+                device: a.device,
+                autotune: !a.no_autotune,
+                name: None,
+                peers: a.peer_gpus.clone(),
+                staging_bytes: a.peer_staging_mib << 20,
+            };
             if serve { serve_all(&a, &strategies, o) } else { measure_all(&a, &strategies, o) }
         }
         Backend::Sim => {
             let desc = sim_desc(&a.sim_gpu)?;
-            let o = SimOpener { desc, seed: a.seed };
+            let o = SimOpener {
+                desc,
+                seed: a.seed,
+                peers: a.peer_gpus.clone(),
+                staging_bytes: a.peer_staging_mib << 20,
+                forward_bytes_per_s: a.sim_forward_gbps * 1e9,
+            };
             if serve { serve_all(&a, &strategies, o) } else { measure_all(&a, &strategies, o) }
         }
         Backend::Cpu => bail!("`bench cold` needs a GPU or the simulator (--backend cuda or sim)"),
@@ -247,15 +327,18 @@ fn measure_model<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], opener: &
     let mut results = Vec::new();
     for &strategy in strategies {
         eprintln!("cold: {model}: {strategy}");
-        let cold_plan = cold::plan(&input, strategy);
         let r = (|| -> Result<Value> {
+            let gpu = opener.open()?;
+            let peers = gpu.peer_paths();
+            let input = if strategy.is_parallel() { input.clone().with_peers(&peers) } else { input.clone() };
+            let cold_plan = cold::plan(&input, strategy);
             let mut cfg = Config::default().with_policy(PolicyConfig::by_name(&a.policy).context("policy")?);
             // Room for one instance's loaded layers, never two: every ask of the evicted instance is
             // a cold start (checked below).
             cfg.weight_budget_bytes = Some(cold_plan.load_bytes + cold_plan.load_bytes / 2 + (64 << 10));
             cfg.cold_strategy = strategy;
             cfg.cold_chunk_bytes = a.chunk_bytes;
-            let mut d = VirtualDriver::new(cfg, opener.open()?)?;
+            let mut d = VirtualDriver::new(cfg, gpu)?;
             for name in ["other", "cold"] {
                 d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: Some(model_profile.clone()) })?;
             }
@@ -318,6 +401,8 @@ fn measure_model<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], opener: &
                 "load_bytes": cold_plan.load_bytes,
                 "host_bytes": cold_plan.host_bytes,
                 "host_layers": cold_plan.host.iter().filter(|&&h| h).count(),
+                "forwarded_bytes": cold_plan.forwarded_bytes,
+                "peers": peers,
                 "copy_of_loaded_ms": ms(copy_of_loaded_ns),
                 "cold_starts": s.cold_starts,
                 "evictions": s.evictions,
@@ -365,12 +450,12 @@ fn table(device: &str, a: &ColdArgs, rows: &[Value]) -> String {
         a.chunk_bytes >> 10,
         a.reps
     );
-    t += "| model | MB | blob copy | strategy | cold p50 | p90 | load p50 | warm p50 | copy of loaded | cold / copy | host MB | outputs |\n";
-    t += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    t += "| model | MB | blob copy | strategy | cold p50 | p90 | load p50 | warm p50 | copy of loaded | cold / copy | host MB | via peers MB | outputs |\n";
+    t += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for r in rows {
         let model = r["model"].as_str().unwrap_or("?");
         if let Some(e) = r["error"].as_str() {
-            t += &format!("| {model} | | | error: {} | | | | | | | | |\n", e.lines().next().unwrap_or(""));
+            t += &format!("| {model} | | | error: {} | | | | | | | | | |\n", e.lines().next().unwrap_or(""));
             continue;
         }
         let mb = r["weight_bytes"].as_f64().unwrap_or(0.0) / 1e6;
@@ -385,7 +470,7 @@ fn table(device: &str, a: &ColdArgs, rows: &[Value]) -> String {
             let name = s["strategy"].as_str().unwrap_or("?");
             if let Some(e) = s["error"].as_str() {
                 t += &format!(
-                    "| {model} | {mb:.1} | {blob:.2} | {name}: error {} | | | | | | | |\n",
+                    "| {model} | {mb:.1} | {blob:.2} | {name}: error {} | | | | | | | | |\n",
                     e.lines().next().unwrap_or("")
                 );
                 continue;
@@ -393,13 +478,14 @@ fn table(device: &str, a: &ColdArgs, rows: &[Value]) -> String {
             let p = |k: &str, q: &str| s[k][q].as_f64().unwrap_or(f64::NAN);
             let copy = s["copy_of_loaded_ms"].as_f64().unwrap_or(f64::NAN);
             t += &format!(
-                "| {model} | {mb:.1} | {blob:.2} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {copy:.2} | {:.2} | {:.1} | {} |\n",
+                "| {model} | {mb:.1} | {blob:.2} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {copy:.2} | {:.2} | {:.1} | {:.1} | {} |\n",
                 p("cold_ms", "p50"),
                 p("cold_ms", "p90"),
                 p("load_ms", "p50"),
                 p("warm_ms", "p50"),
                 p("cold_ms", "p50") / copy,
                 s["host_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+                s["forwarded_bytes"].as_f64().unwrap_or(0.0) / 1e6,
                 match (s["outputs_match"].as_bool(), reference, s["outputs_digest"].as_str()) {
                     (Some(true), Some(r), Some(d)) if r == d => "= warm = load-then-run",
                     (Some(true), None, _) => "= warm",
@@ -456,10 +542,19 @@ fn serve_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O
             for strategy in runs {
                 let label = strategy.map_or("resident".to_string(), |s| s.to_string());
                 eprintln!("cold serve: {model} x{n} at {rate}/s, {label}");
-                let p = serve_point(a, &mut opener, &plan, &model_profile, strategy, n, rate, budget_bytes).unwrap_or_else(|e| {
-                    eprintln!("cold serve: {e:#}");
-                    json!({ "strategy": label, "instances": n, "rate_per_s": rate, "error": format!("{e:#}") })
-                });
+                let gpus = a.serve_gpus;
+                let mut openers: Vec<O> = (0..gpus)
+                    .map(|g| {
+                        let parallel = gpus > 1 && strategy.is_some_and(|s| s.is_parallel());
+                        let peers = if parallel { (0..gpus).filter(|&o| o != g).collect() } else { Vec::new() };
+                        if gpus == 1 { opener.for_gpu(a.device, a.peer_gpus.clone()) } else { opener.for_gpu(g, peers) }
+                    })
+                    .collect();
+                let p =
+                    serve_point(a, &mut openers, &plan, &model_profile, strategy, n, rate, budget_bytes).unwrap_or_else(|e| {
+                        eprintln!("cold serve: {e:#}");
+                        json!({ "strategy": label, "instances": n, "rate_per_s": rate, "error": format!("{e:#}") })
+                    });
                 points.push(p);
                 let doc = json!({
                     "schema": "kairos-cold-serve/1",
@@ -470,6 +565,7 @@ fn serve_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O
                     "policy": a.policy,
                     "budget_bytes": budget_bytes,
                     "budget_instances": a.serve_budget_instances,
+                    "gpus": a.serve_gpus,
                     "weight_bytes": plan.weight_bytes,
                     "elapsed_s": started.elapsed().as_secs_f64(),
                     "points": points,
@@ -487,10 +583,107 @@ fn serve_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O
     Ok(())
 }
 
+/// What one GPU's dispatcher of a serving point answered.
+struct GpuServed {
+    /// [instance, arrival after the start (ns), latency (ns), answered, cold start] per request.
+    records: Vec<(String, u64, u64, bool, bool)>,
+    /// From the start to the last completion.
+    span_ns: u64,
+    cold_starts: u64,
+    evictions: u64,
+    /// Loads that copied a secondary's part here because its link was busy.
+    secondary_busy_loads: u64,
+    resident_at_start: usize,
+    load_s: f64,
+    /// Secondaries attached.
+    peers: Vec<kairos_gpu::PeerPath>,
+}
+
+/// One GPU of a serving point: its instances (k mod gpus == gpu) loaded, then at `start` (a
+/// barrier: every GPU starts its clock together) the arrivals of its instances submitted and run;
+/// then `end` (a barrier) before its dispatcher and GPU are released: a GPU tearing down (freeing
+/// gigabytes of pinned host memory takes the driver's locks for up to a second, measured) must
+/// not stall another GPU's last requests.
+#[allow(clippy::too_many_arguments)]
+fn serve_gpu<O: Opener>(
+    a: &ColdArgs,
+    opener: &mut O,
+    cfg: Config,
+    plan: &Arc<Plan>,
+    profile: &ModelProfile,
+    gpu: usize,
+    gpus: usize,
+    instances: usize,
+    arrivals: &[(u64, usize)],
+    start: &std::sync::Barrier,
+    end: &std::sync::Barrier,
+) -> Result<GpuServed> {
+    let resident = cfg.weight_budget_bytes.is_none();
+    let prepared = (|| -> Result<_> {
+        let gpu_handle = opener.open()?;
+        let peers = gpu_handle.peer_paths();
+        let mut d = VirtualDriver::new(cfg, gpu_handle)?;
+        let t_load = Instant::now();
+        let mine: Vec<usize> = (0..instances).filter(|k| k % gpus == gpu).collect();
+        for &k in &mine {
+            d.load_model(ModelSpec { name: format!("i{k}"), plan: plan.clone(), profile: Some(profile.clone()) })?;
+        }
+        let resident_at_start = if resident {
+            mine.len()
+        } else {
+            mine.iter()
+                .filter(|k| d.dispatcher().residency_of(&format!("i{k}")) == Some(kairos_sched::ResidencyState::Resident))
+                .count()
+        };
+        Ok((d, peers, t_load.elapsed().as_secs_f64(), resident_at_start))
+    })();
+    // Every GPU reaches both barriers, also one that failed (the others would wait forever).
+    start.wait();
+    let (mut d, peers, load_s, resident_at_start) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            end.wait();
+            return Err(e);
+        }
+    };
+    let start_ns = d.now_ns() + 50_000_000;
+    // Real inputs copied in and outputs copied out, as a server does.
+    let x = random_inputs(plan, a.seed);
+    for &(at, k) in arrivals.iter().filter(|&&(_, k)| k % gpus == gpu) {
+        d.submit_at(start_ns + at, &format!("i{k}"), x.clone(), RequestOptions::default());
+    }
+    let before = d.dispatcher().stats();
+    let ran = d.run_until_idle();
+    end.wait();
+    ran?;
+    let after = d.dispatcher().stats();
+    let records = d.take_records();
+    let span_ns = records.iter().map(|r| r.done_ns).max().unwrap_or(start_ns).saturating_sub(start_ns);
+    let records = records
+        .iter()
+        .map(|r| {
+            let cold = r.result.as_ref().is_ok_and(|t| t.cold_start);
+            (r.model.to_string(), r.arrival_ns.saturating_sub(start_ns), r.latency_ns(), r.result.is_ok(), cold)
+        })
+        .collect();
+    Ok(GpuServed {
+        records,
+        span_ns,
+        cold_starts: after.cold_starts - before.cold_starts,
+        evictions: after.evictions - before.evictions,
+        secondary_busy_loads: after.secondary_busy_loads - before.secondary_busy_loads,
+        resident_at_start,
+        load_s,
+        peers,
+    })
+}
+
+/// One serving point on `openers.len()` GPUs: one seeded Poisson stream over the instances,
+/// instance k on GPU k mod N, each GPU's dispatcher in a thread of its own.
 #[allow(clippy::too_many_arguments)]
 fn serve_point<O: Opener>(
     a: &ColdArgs,
-    opener: &mut O,
+    openers: &mut [O],
     plan: &Arc<Plan>,
     profile: &ModelProfile,
     strategy: Option<ColdStrategy>,
@@ -508,58 +701,58 @@ fn serve_point<O: Opener>(
     cfg.slots_per_model_max = 4;
     cfg.models_max = instances.max(1);
     cfg.jobs_max = a.serve_requests.clamp(1, kairos_sched::JOBS_MAX);
-    let mut d = VirtualDriver::new(cfg, opener.open()?)?;
-    let t_load = Instant::now();
-    for k in 0..instances {
-        d.load_model(ModelSpec { name: format!("i{k}"), plan: plan.clone(), profile: Some(profile.clone()) })?;
-    }
-    let load_s = t_load.elapsed().as_secs_f64();
-    let resident_at_start = if strategy.is_none() {
-        instances
-    } else {
-        (0..instances)
-            .filter(|k| d.dispatcher().residency_of(&format!("i{k}")) == Some(kairos_sched::ResidencyState::Resident))
-            .count()
-    };
-    // Seeded arrivals: exponential gaps, instances uniform (one seed per point).
+    // Seeded arrivals: exponential gaps, instances uniform (one seed per point), ns after the start.
     let mut rng = SmallRng::seed_from_u64(a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits());
-    let start_ns = d.now_ns() + 50_000_000;
-    let mut at = start_ns as f64;
-    // Real inputs copied in and outputs copied out, as a server does.
-    let x = random_inputs(plan, a.seed);
-    for _ in 0..a.serve_requests {
-        let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
-        at += -u.ln() / rate * 1e9;
-        let k = rng.random_range(0..instances);
-        d.submit_at(at as u64, &format!("i{k}"), x.clone(), RequestOptions::default());
-    }
-    let before = d.dispatcher().stats();
-    d.run_until_idle()?;
-    let after = d.dispatcher().stats();
-    let records = d.take_records();
+    let mut at = 0.0f64;
+    let arrivals: Vec<(u64, usize)> = (0..a.serve_requests)
+        .map(|_| {
+            let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+            at += -u.ln() / rate * 1e9;
+            (at as u64, rng.random_range(0..instances))
+        })
+        .collect();
+    let gpus = openers.len();
+    let (barrier, end) = (std::sync::Barrier::new(gpus), std::sync::Barrier::new(gpus));
+    let served: Vec<Result<GpuServed>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = openers
+            .iter_mut()
+            .enumerate()
+            .map(|(g, opener)| {
+                let (cfg, arrivals, barrier, end) = (cfg.clone(), &arrivals, &barrier, &end);
+                scope.spawn(move || serve_gpu(a, opener, cfg, plan, profile, g, gpus, instances, arrivals, barrier, end))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a GPU's thread panicked")))).collect()
+    });
+    let served: Vec<GpuServed> = served.into_iter().collect::<Result<_>>()?;
+    let records: Vec<&(String, u64, u64, bool, bool)> = served.iter().flat_map(|g| &g.records).collect();
     let mut latency_ns = Vec::with_capacity(records.len());
     let (mut warm_ns, mut cold_ns) = (Vec::new(), Vec::new());
     let mut failed = 0usize;
     let mut raw = Vec::with_capacity(records.len());
-    for r in &records {
-        let cold = r.result.as_ref().is_ok_and(|t| t.cold_start);
-        match &r.result {
-            Ok(_) => {
-                latency_ns.push(r.latency_ns());
-                if cold { &mut cold_ns } else { &mut warm_ns }.push(r.latency_ns());
-            }
-            Err(_) => failed += 1,
+    for &(model, arrival, latency, ok, cold) in &records {
+        if *ok {
+            latency_ns.push(*latency);
+            if *cold { &mut cold_ns } else { &mut warm_ns }.push(*latency);
+        } else {
+            failed += 1;
         }
         // [instance, arrival after the first (ns), latency (ns), answered, cold start]
-        raw.push(json!([r.model.as_ref(), r.arrival_ns.saturating_sub(start_ns), r.latency_ns(), r.result.is_ok(), cold]));
+        raw.push(json!([model, arrival, latency, ok, cold]));
     }
+    let cold_starts: u64 = served.iter().map(|g| g.cold_starts).sum();
+    let evictions: u64 = served.iter().map(|g| g.evictions).sum();
+    let secondary_busy_loads: u64 = served.iter().map(|g| g.secondary_busy_loads).sum();
+    let resident_at_start: usize = served.iter().map(|g| g.resident_at_start).sum();
+    let load_s = served.iter().map(|g| g.load_s).fold(0.0, f64::max);
+    let span_s = served.iter().map(|g| g.span_ns).max().unwrap_or(0) as f64 / 1e9;
+    let peers: Vec<Vec<kairos_gpu::PeerPath>> = served.iter().map(|g| g.peers.clone()).collect();
     let p99_of = |v: &mut Vec<u64>| {
         v.sort_unstable();
         v.get(((v.len().max(1) - 1) as f64 * 0.99).round() as usize).map(|&x| ms(x))
     };
     let n = records.len().max(1) as f64;
     let good = |slo_ms: f64| latency_ns.iter().filter(|&&l| (l as f64) <= slo_ms * 1e6).count() as f64 / n;
-    let span_s = records.iter().map(|r| r.done_ns).max().unwrap_or(start_ns).saturating_sub(start_ns) as f64 / 1e9;
     let mut sorted = latency_ns.clone();
     sorted.sort_unstable();
     let q = |p: f64| sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).map(|&v| ms(v));
@@ -578,9 +771,12 @@ fn serve_point<O: Opener>(
         "max_ms": q(1.0),
         "goodput_100ms": good(100.0),
         "goodput_50ms": good(50.0),
-        "cold_starts": after.cold_starts - before.cold_starts,
-        "cold_start_rate": (after.cold_starts - before.cold_starts) as f64 / n,
-        "evictions": after.evictions - before.evictions,
+        "gpus": gpus,
+        "peers": peers,
+        "cold_starts": cold_starts,
+        "cold_start_rate": cold_starts as f64 / n,
+        "evictions": evictions,
+        "secondary_busy_loads": secondary_busy_loads,
         "resident_at_start": resident_at_start,
         "load_s": load_s,
         "records": raw,
@@ -589,9 +785,12 @@ fn serve_point<O: Opener>(
 
 fn serve_table(doc: &Value) -> String {
     let mut t = format!(
-        "Serving instances of {} (Poisson, uniform over instances; {}; weight budget {:.0} MB = {} copies; policy {})\n\n",
+        "Serving instances of {} (Poisson, uniform over instances; {} x {}, instance k on GPU k mod {}; weight budget {:.0} MB = {} \
+         copies per GPU; policy {})\n\n",
         doc["model"].as_str().unwrap_or("?"),
+        doc["gpus"].as_u64().unwrap_or(1),
         doc["device"].as_str().unwrap_or("?"),
+        doc["gpus"].as_u64().unwrap_or(1),
         doc["budget_bytes"].as_f64().unwrap_or(0.0) / 1e6,
         doc["budget_instances"],
         doc["policy"].as_str().unwrap_or("?"),

@@ -1,13 +1,18 @@
-//! `kairos inspect`: what a model becomes — ops, fused ops, kernels, FLOPs, memory, weight layers.
+//! `kairos inspect`: what a model becomes — ops, fused ops, kernels, FLOPs, memory, weight layers;
+//! or, with `--gpus`, the host's GPUs and how they are connected (no model then).
 
 use crate::model_args::ModelArgs;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use kairos_ir::lower::{LowerOptions, lower, optimized};
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// The model argument is required unless `--gpus` is given (then it is ignored, and empty when
+/// left out: `ModelArgs::model` is a plain `String`, hence the hidden empty default; clap's
+/// `required_unless*` needs `required(false)` first).
 #[derive(Args, Debug)]
+#[command(mut_arg("model", |a| a.required(false).required_unless_present("gpus").default_value("").hide_default_value(true)))]
 pub struct InspectArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -17,9 +22,14 @@ pub struct InspectArgs {
     /// Also list every kernel launch.
     #[arg(long)]
     pub launches: bool,
-    /// Write the whole plan (without weights) as JSON.
+    /// Write the whole plan (without weights) as JSON; with --gpus, the GPU topology instead.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Show the host's GPUs instead of a model: memory, PCI address, NUMA node, PCIe switch and
+    /// link, the peer matrix (NVLink, PCIe or none), and the secondary GPUs DeepPlan's parallel
+    /// transmission would use for each. Needs the NVIDIA driver; no model argument.
+    #[arg(long)]
+    pub gpus: bool,
     /// Explain the model's cold-start plan (DeepPlan): per weight layer, loaded or read in place
     /// from host memory, and the predicted cold latency. Uses the layer profile of --profile
     /// (`kairos profile --layers`) when it was measured on this plan, else roofline estimates.
@@ -33,6 +43,24 @@ pub struct InspectArgs {
     pub profile: Option<PathBuf>,
 }
 
+/// `kairos inspect --gpus`: the topology as a table on stdout, or as JSON in `json`.
+fn gpus(json: Option<&std::path::Path>) -> Result<()> {
+    let topology = match kairos_cuda::topology::read() {
+        Ok(t) => t,
+        Err(kairos_gpu::GpuError::NoDevice(why)) => anyhow::bail!("no CUDA GPU: {why}"),
+        Err(e) => return Err(anyhow::Error::new(e).context("reading the GPU topology")),
+    };
+    match json {
+        Some(path) => {
+            std::fs::write(path, serde_json::to_string_pretty(&topology)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote the GPU topology ({} GPUs) to {}", topology.gpus.len(), path.display());
+        }
+        None => print!("{}", topology.describe()),
+    }
+    Ok(())
+}
+
 fn fmt_hist(h: &[(&str, usize)]) -> String {
     h.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
 }
@@ -42,6 +70,9 @@ pub fn mb(bytes: u64) -> String {
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
+    if args.gpus {
+        return gpus(args.json.as_deref());
+    }
     let spec = args.model.spec();
     let t0 = Instant::now();
     let graph = spec.graph()?;
@@ -145,4 +176,28 @@ pub fn run(args: InspectArgs) -> Result<()> {
         eprintln!("wrote the plan to {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        inspect: InspectArgs,
+    }
+
+    #[test]
+    fn the_model_is_needed_unless_gpus() {
+        let a = Cli::try_parse_from(["inspect", "--gpus"]).unwrap().inspect;
+        assert!(a.gpus && a.model.model.is_empty());
+        let a = Cli::try_parse_from(["inspect", "--gpus", "--json", "t.json"]).unwrap().inspect;
+        assert!(a.gpus && a.json.is_some());
+        let a = Cli::try_parse_from(["inspect", "resnet50", "--layers"]).unwrap().inspect;
+        assert!(!a.gpus && a.layers && a.model.model == "resnet50");
+        let err = Cli::try_parse_from(["inspect", "--layers"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument, "{err}");
+    }
 }

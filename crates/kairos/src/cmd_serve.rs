@@ -101,9 +101,16 @@ pub struct ServeArgs {
     /// How a model not in GPU memory is loaded (with --weight-budget-mib): load-then-run,
     /// pipelined (each kernel waits only for its own layer's copy) or deepplan (pipelined, with the
     /// layers DeepPlan's planner picks read in place from host memory; needs a layer profile from
-    /// `kairos profile --layers`, else it loads every layer).
+    /// `kairos profile --layers`, else it loads every layer), parallel or parallel-deepplan
+    /// (DeepPlan's parallel transmission: the later layers copied by NVLink peer GPUs and
+    /// forwarded; CUDA only; without a peer they are pipelined and deepplan).
     #[arg(long, env = "KAIROS_COLD_STRATEGY", default_value = "deepplan")]
     pub cold_strategy: kairos_sched::cold::ColdStrategy,
+    /// Staging memory, MiB, that each secondary GPU reserves for each GPU it copies for under
+    /// the parallel cold strategies (parallel, parallel-deepplan: DeepPlan's parallel transmission
+    /// through the NVLink peers `kairos inspect --gpus` lists; CUDA backend only).
+    #[arg(long, env = "KAIROS_PEER_STAGING_MIB", default_value_t = PEER_STAGING_MIB_DEFAULT)]
+    pub peer_staging_mib: u64,
     /// Shared-memory clients served at once.
     #[arg(long, env = "KAIROS_SHM_CLIENTS_MAX", default_value_t = 64)]
     pub shm_clients_max: usize,
@@ -151,9 +158,14 @@ fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
     Ok(Some(s.parse().with_context(|| format!("--{what} {s}: expected HOST:PORT or off"))?))
 }
 
+/// Default staging memory a secondary GPU reserves for each primary (parallel transmission).
+pub const PEER_STAGING_MIB_DEFAULT: u64 = 64;
+
 /// Real GPUs through kairos-cuda.
 struct CudaBackend {
     engine: EngineConfig,
+    /// Staging memory each secondary reserves for a primary under a parallel cold strategy.
+    peer_staging_bytes: u64,
     profiles: Option<ProfileSet>,
     /// Autotune fp16 convolution and matrix-product tiles when a model is loaded.
     autotune: bool,
@@ -168,9 +180,14 @@ impl Backend for CudaBackend {
         // Kernel units not compiled yet serve first on their quick builds, swapped for the optimized
         // builds as those finish compiling in the background.
         let quick = crate::paths::quick_builds_wanted();
+        let parallel = self.engine.dispatcher.weight_budget_bytes.is_some() && self.engine.dispatcher.cold_strategy.is_parallel();
+        let staging_bytes = self.peer_staging_bytes;
         let engine = Engine::start(self.engine.clone(), move || {
             kairos_cuda::CudaGpu::new(gpu).map(|mut g| {
                 g.set_quick_builds(quick);
+                if parallel {
+                    attach_secondaries(&mut g, gpu, staging_bytes);
+                }
                 g
             })
         })
@@ -222,6 +239,36 @@ impl Backend for CudaBackend {
     }
 }
 
+/// Attaches the secondaries the topology picks for `gpu` (NVLink peers behind other PCIe
+/// switches, DeepPlan 4.3.3); a secondary that cannot be attached is left out with a warning
+/// (cold loads then go through fewer GPUs, down to this one alone).
+fn attach_secondaries(g: &mut kairos_cuda::CudaGpu, gpu: u32, staging_bytes: u64) {
+    let topology = match kairos_cuda::topology::read() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(gpu, "parallel transmission off: the GPU topology could not be read: {e}");
+            return;
+        }
+    };
+    let secondaries = topology.secondaries_for(gpu, usize::MAX);
+    if secondaries.is_empty() {
+        tracing::warn!(gpu, "parallel transmission off: no secondary GPU with NVLink to this one (see `kairos inspect --gpus`)");
+    }
+    for s in secondaries {
+        match g.attach_peer(s, staging_bytes) {
+            Ok(p) => tracing::info!(
+                gpu,
+                secondary = s,
+                h2d_gbps = p.h2d_bytes_per_s / 1e9,
+                forward_gbps = p.forward_bytes_per_s / 1e9,
+                staging_mib = p.staging_bytes >> 20,
+                "secondary GPU attached for parallel transmission"
+            ),
+            Err(e) => tracing::warn!(gpu, secondary = s, "secondary GPU not attached: {e}"),
+        }
+    }
+}
+
 fn gpu_present() -> bool {
     kairos_cuda::driver::is_present()
         && kairos_cuda::driver::init().is_ok()
@@ -257,10 +304,11 @@ pub fn make_backend(
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
-    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles, autotune)
+    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles, autotune, PEER_STAGING_MIB_DEFAULT << 20)
 }
 
 /// [`make_backend`] with the engine configured by the caller.
+#[allow(clippy::too_many_arguments)]
 pub fn make_backend_with(
     kind: ServeBackend,
     engine: EngineConfig,
@@ -269,13 +317,19 @@ pub fn make_backend_with(
     sim_compute: bool,
     profiles: Option<PathBuf>,
     autotune: bool,
+    peer_staging_bytes: u64,
 ) -> Result<Box<dyn Backend>> {
     let cuda = kind == ServeBackend::Cuda || (kind == ServeBackend::Auto && gpu_present());
     Ok(if cuda {
         if kind == ServeBackend::Auto {
             tracing::info!("an NVIDIA GPU is present: backend cuda");
         }
-        Box::new(CudaBackend { engine, profiles: load_profiles(profiles, crate::paths::cuda_profile_dir(0))?, autotune })
+        Box::new(CudaBackend {
+            engine,
+            peer_staging_bytes,
+            profiles: load_profiles(profiles, crate::paths::cuda_profile_dir(0))?,
+            autotune,
+        })
     } else {
         if kind == ServeBackend::Auto {
             tracing::info!("no NVIDIA GPU: backend sim (--backend cuda to insist)");
@@ -307,6 +361,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.sim_compute,
         args.profiles.clone(),
         !args.no_autotune,
+        args.peer_staging_mib << 20,
     )?;
     let load = match &args.load {
         Some(v) if v.len() == 1 && v[0] == "none" => Some(Vec::new()),

@@ -281,6 +281,21 @@ impl Gpu for Trippable {
     fn wait_copy(&mut self, stream: kairos_gpu::StreamId, copy: kairos_gpu::CopyId) -> kairos_gpu::Result<()> {
         self.inner.wait_copy(stream, copy)
     }
+    fn peer_busy(&self, peer: usize) -> bool {
+        self.inner.peer_busy(peer)
+    }
+    fn peer_paths(&self) -> Vec<kairos_gpu::PeerPath> {
+        self.inner.peer_paths()
+    }
+    fn copy_via_peer(
+        &mut self,
+        dst: kairos_gpu::DevicePtr,
+        src: kairos_gpu::DevicePtr,
+        bytes: u64,
+        peer: usize,
+    ) -> kairos_gpu::Result<kairos_gpu::CopyId> {
+        self.inner.copy_via_peer(dst, src, bytes, peer)
+    }
     fn create_stream(&mut self, priority: i32) -> kairos_gpu::Result<kairos_gpu::StreamId> {
         self.inner.create_stream(priority)
     }

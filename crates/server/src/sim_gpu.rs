@@ -12,7 +12,7 @@
 use kairos_gpu::profile::ModelProfile;
 use kairos_gpu::{
     Allocation, CopyId, DeviceInfo, DevicePtr, Gpu, GpuError, GpuEvent, HostMapping, HostMappingId, HostMemory, KernelResources,
-    LaunchId, LaunchRequest, MemKind, Result, RunId, StreamId,
+    LaunchId, LaunchRequest, MemKind, PeerPath, Result, RunId, StreamId,
 };
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
@@ -123,6 +123,18 @@ impl Gpu for InboxSimGpu {
 
     fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
         self.gpu.wait_copy(stream, copy)
+    }
+
+    fn peer_busy(&self, peer: usize) -> bool {
+        self.gpu.peer_busy(peer)
+    }
+
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        self.gpu.peer_paths()
+    }
+
+    fn copy_via_peer(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, peer: usize) -> Result<CopyId> {
+        self.gpu.copy_via_peer(dst, src, bytes, peer)
     }
 
     fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {

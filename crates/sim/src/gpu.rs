@@ -222,6 +222,17 @@ struct CopyOp {
     generation: u64,
 }
 
+/// A simulated secondary GPU for parallel transmission: its PCIe link and its forward link to
+/// this GPU, each busy until the end of its last piece, and its staging ring (per slot, when the
+/// forward of the piece in it ends).
+struct SimPeer {
+    path: PeerPath,
+    h2d_free_ns: u64,
+    forward_free_ns: u64,
+    slot_free_ns: Vec<u64>,
+    next_slot: usize,
+}
+
 #[derive(Default)]
 struct Engine {
     fifo: VecDeque<u32>,
@@ -275,6 +286,8 @@ enum Ev {
     FlagVisible,
     CopyBegin(u32),
     CopyEnd(u32, u64),
+    /// A copy through a secondary GPU ended.
+    PeerCopyEnd(u32),
 }
 
 struct Scheduled {
@@ -338,6 +351,7 @@ pub struct SimGpu {
     cohorts: Slab<Cohort>,
     copies: Slab<CopyOp>,
     next_copy: u64,
+    peers: Vec<SimPeer>,
     engines: [Engine; 3],
     copies_active: u32,
     copies_epoch: u64,
@@ -429,6 +443,7 @@ impl SimGpu {
             cohorts: Slab::default(),
             copies: Slab::default(),
             next_copy: 1,
+            peers: Vec::new(),
             engines: Default::default(),
             copies_active: 0,
             copies_epoch: 0,
@@ -482,6 +497,39 @@ impl SimGpu {
 
     /// Changes the faults injected from now on (see [`Faults`]); a sticky fault already hit stays
     /// until [`Gpu::reset`].
+    /// Attaches a simulated secondary GPU (ordinal `gpu`) for parallel transmission
+    /// ([`Gpu::copy_via_peer`]): host to it at `h2d_bytes_per_s` over its own PCIe link, forwarded
+    /// to this GPU at `forward_bytes_per_s`, through `staging_bytes` of staging memory (whole
+    /// [`PEER_PIECE_BYTES`] pieces, at least one). The links are independent of this GPU's own
+    /// (no contention at the host is modelled).
+    pub fn attach_peer(
+        &mut self,
+        gpu: u32,
+        h2d_bytes_per_s: f64,
+        forward_bytes_per_s: f64,
+        staging_bytes: u64,
+    ) -> Result<PeerPath> {
+        let ok = |r: f64| r.is_finite() && r > 0.0;
+        if !ok(h2d_bytes_per_s) || !ok(forward_bytes_per_s) {
+            return Err(GpuError::Invalid(format!(
+                "secondary GPU {gpu}: rates must be positive and finite ({h2d_bytes_per_s}, {forward_bytes_per_s} bytes/s)"
+            )));
+        }
+        if self.peers.iter().any(|p| p.path.gpu == gpu) {
+            return Err(GpuError::Invalid(format!("GPU {gpu} is already a secondary")));
+        }
+        let pieces = (staging_bytes / PEER_PIECE_BYTES).max(1);
+        let path = PeerPath { gpu, h2d_bytes_per_s, forward_bytes_per_s, staging_bytes: pieces * PEER_PIECE_BYTES };
+        self.peers.push(SimPeer {
+            path,
+            h2d_free_ns: 0,
+            forward_free_ns: 0,
+            slot_free_ns: vec![0; pieces as usize],
+            next_slot: 0,
+        });
+        Ok(path)
+    }
+
     pub fn set_faults(&mut self, faults: Faults) -> Result<()> {
         faults.validate().map_err(GpuError::Invalid)?;
         self.faults_on = faults.any();
@@ -925,6 +973,7 @@ impl SimGpu {
             Ev::FlagVisible => self.dirty_place = true,
             Ev::CopyBegin(c) => self.copy_begin(c, t),
             Ev::CopyEnd(c, generation) => self.copy_end(c, generation, t),
+            Ev::PeerCopyEnd(c) => self.peer_copy_end(c, t),
         }
     }
 
@@ -1773,6 +1822,16 @@ impl SimGpu {
         self.start_engine(op.dir, t);
     }
 
+    fn peer_copy_end(&mut self, c: u32, t: u64) {
+        let op = self.copies.remove(c);
+        if self.opts.compute {
+            self.mem.copy(op.dst, op.src, op.bytes);
+        }
+        self.notify(GpuEvent::CopyDone { copy: op.id, at_ns: t }, t);
+        // Streams waiting for it may go on.
+        self.dirty_queues = true;
+    }
+
     // ---------------------------------------------------------------- host side
 
     fn check_stream(&self, stream: StreamId) -> Result<u32> {
@@ -2120,6 +2179,76 @@ impl Gpu for SimGpu {
         Ok(())
     }
 
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        self.peers.iter().map(|p| p.path).collect()
+    }
+
+    fn peer_busy(&self, peer: usize) -> bool {
+        // The simulated secondary serves no load of its own: busy with this GPU's copies only.
+        self.peers.get(peer).is_some_and(|p| p.forward_free_ns > self.now_ns)
+    }
+
+    fn copy_via_peer(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, peer: usize) -> Result<CopyId> {
+        self.check_sticky()?;
+        if peer >= self.peers.len() {
+            return Err(GpuError::Invalid(format!("{} secondary GPU(s) attached, not {}", self.peers.len(), peer + 1)));
+        }
+        if bytes == 0 {
+            return Err(GpuError::Invalid("copy of 0 bytes".into()));
+        }
+        let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
+        let r = self.mem.resolve_range(src, bytes, "copy source")?;
+        self.not_mapped(&d, "copy destination")?;
+        self.not_mapped(&r, "copy source")?;
+        if (r.kind, d.kind) != (MemKind::HostMapped, MemKind::Device) {
+            return Err(GpuError::Invalid("a copy through a secondary GPU goes from pinned host memory to device memory".into()));
+        }
+        if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
+            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
+        }
+        // Piece by piece: the secondary's PCIe link, then its forward, a staging slot reused only
+        // after the forward of the piece in it ended.
+        let start_ns = self.now_ns + self.desc.latency.copy_setup_ns;
+        let p = &mut self.peers[peer];
+        let mut left = bytes;
+        let mut end_ns = start_ns;
+        let mut pieces = 0u64;
+        while left > 0 {
+            let len = left.min(PEER_PIECE_BYTES);
+            left -= len;
+            pieces += 1;
+            let slot = p.next_slot;
+            p.next_slot = (slot + 1) % p.slot_free_ns.len();
+            let h2d_start = start_ns.max(p.h2d_free_ns).max(p.slot_free_ns[slot]);
+            p.h2d_free_ns = h2d_start + (len as f64 / p.path.h2d_bytes_per_s * 1e9).ceil() as u64;
+            let forward_start = p.h2d_free_ns.max(p.forward_free_ns);
+            p.forward_free_ns = forward_start + (len as f64 / p.path.forward_bytes_per_s * 1e9).ceil() as u64;
+            p.slot_free_ns[slot] = p.forward_free_ns;
+            end_ns = p.forward_free_ns;
+        }
+        let id = CopyId(self.next_copy);
+        // On no engine and no stream (stream 0 is never marked busy by it): Ev::PeerCopyEnd ends it.
+        let c = self.copies.insert(CopyOp {
+            id,
+            dst: d,
+            src: r,
+            bytes,
+            stream: 0,
+            dir: Dir::H2D,
+            active: false,
+            done_bytes: 0.0,
+            rate: 0.0,
+            last_ns: 0,
+            generation: 0,
+        });
+        self.schedule(end_ns, Ev::PeerCopyEnd(c));
+        self.next_copy += 1;
+        self.stats.copies += 1;
+        // Each piece is a host copy, two event records, a stream wait and a forward.
+        self.host_spend(pieces * self.desc.latency.launch_host_ns);
+        Ok(id)
+    }
+
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
         self.check_sticky()?;
         if self.streams.len() - self.streams_destroyed >= STREAMS_MAX {
@@ -2311,6 +2440,12 @@ impl Gpu for SimGpu {
         fresh.trace = std::mem::take(&mut self.trace);
         fresh.stats = self.stats;
         fresh.next_run = self.next_run;
+        fresh.peers = std::mem::take(&mut self.peers);
+        for p in &mut fresh.peers {
+            p.h2d_free_ns = 0;
+            p.forward_free_ns = 0;
+            p.slot_free_ns.iter_mut().for_each(|t| *t = 0);
+        }
         fresh.stats.resets += 1;
         fresh.record(TraceEvent::Reset { at_ns: self.now_ns });
         *self = fresh;

@@ -328,6 +328,9 @@ pub struct DispatcherStats {
     pub evictions: u64,
     /// Loads whose copies the GPU refused (written synchronously instead).
     pub load_copies_refused: u64,
+    /// Loads planned through secondary GPUs that went through this GPU alone for some part
+    /// because the secondary's link was busy (`Gpu::peer_busy`).
+    pub secondary_busy_loads: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -141,6 +141,25 @@ fn pack(plan: &Plan, host: &[bool]) -> (Vec<Option<u64>>, u64) {
     (offsets, end)
 }
 
+/// The order a load issues its chunks in: round robin over the parts (`part`, per layer; a chunk
+/// never spans two), in layer order within each, so every GPU's link starts at once instead of
+/// waiting behind the host's issue of the parts before its own.
+fn interleave_parts(chunks: &[std::ops::Range<u32>], part: &[u32]) -> Vec<usize> {
+    let part_of = |c: &std::ops::Range<u32>| part.get(c.start as usize).copied().unwrap_or(0) as usize;
+    let parts = chunks.iter().map(part_of).max().map_or(0, |p| p + 1);
+    let mut by_part: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); parts];
+    for (i, c) in chunks.iter().enumerate() {
+        by_part[part_of(c)].push_back(i);
+    }
+    let mut order = Vec::with_capacity(chunks.len());
+    while order.len() < chunks.len() {
+        for q in by_part.iter_mut() {
+            order.extend(q.pop_front());
+        }
+    }
+    order
+}
+
 impl<G: Gpu> Dispatcher<G> {
     /// The residency of a model being loaded under a weight budget: its blob in pinned host memory
     /// and its cold plan (from the profile's layer times when it has them for this plan, else
@@ -162,9 +181,12 @@ impl<G: Gpu> Dispatcher<G> {
                 cold::ColdInput::estimated(plan, &exec, self.gpu.info().h2d_bytes_per_s.max(1.0))
             }
         };
+        // Parallel transmission copies through the secondaries the GPU has attached (none: the
+        // parallel strategies plan as their one-GPU counterparts).
+        let input = if self.cfg.cold_strategy.is_parallel() { input.with_peers(&self.gpu.peer_paths()) } else { input };
         let cold = cold::plan(&input, self.cfg.cold_strategy);
         let (device_offset, device_bytes) = pack(plan, &cold.host);
-        let chunks = cold::copy_chunks(&plan.layers, &cold.host, self.cfg.cold_chunk_bytes);
+        let chunks = cold::copy_chunks(&plan.layers, &cold.host, &cold.part, self.cfg.cold_chunk_bytes);
         let host = upload_weights(&mut self.gpu, plan, MemKind::HostMapped)?;
         Ok(Some(Residency {
             state: ResidencyState::HostOnly,
@@ -302,13 +324,25 @@ impl<G: Gpu> Dispatcher<G> {
         r.copies_queued = true;
         let device = r.device.expect("a loading model has its device allocation");
         let mut refused = None;
-        for c in 0..r.chunks.len() {
+        // A secondary whose link is busy now (its own loads, other GPUs' copies) would make this
+        // load wait behind them: its part goes through this GPU instead, for the whole load.
+        let parts = r.cold.part.iter().copied().max().unwrap_or(0) as usize;
+        let through: Vec<bool> = (0..parts).map(|k| !self.gpu.peer_busy(k)).collect();
+        if through.iter().any(|&t| !t) {
+            self.stats.secondary_busy_loads += 1;
+        }
+        for c in interleave_parts(&r.chunks, &r.cold.part) {
             let range = r.chunks[c].clone();
             let (first, last) = (&m.plan.layers[range.start as usize], &m.plan.layers[range.end as usize - 1]);
             let (from, to) = (first.offset_bytes, last.offset_bytes + last.len_bytes);
             let at = r.device_offset[range.start as usize].expect("chunks hold loaded layers");
             if refused.is_none() {
-                match self.gpu.copy_async(device.ptr.offset(at), r.host.ptr.offset(from), to - from, copy_stream) {
+                let (dst, src) = (device.ptr.offset(at), r.host.ptr.offset(from));
+                let copied = match r.cold.part.get(range.start as usize).copied().unwrap_or(0) as usize {
+                    k if k > 0 && through.get(k - 1) == Some(&true) => self.gpu.copy_via_peer(dst, src, to - from, k - 1),
+                    _ => self.gpu.copy_async(dst, src, to - from, copy_stream),
+                };
+                match copied {
                     Ok(id) => {
                         for l in range {
                             r.layer_copy[l as usize] = Some(id);
@@ -508,5 +542,14 @@ mod tests {
         assert_eq!(layer_at(&plan, 300), 1);
         assert_eq!(layer_at(&plan, 1535), 2);
         assert_eq!(layer_at(&plan, 1599), 3);
+    }
+
+    #[test]
+    fn chunks_go_out_round_robin_over_parts() {
+        assert_eq!(interleave_parts(&[0..1, 1..2, 2..3, 3..4], &[0, 0, 1, 1]), vec![0, 2, 1, 3]);
+        assert_eq!(interleave_parts(&[0..2, 2..3, 3..4], &[0, 0, 1, 2]), vec![0, 1, 2]);
+        assert_eq!(interleave_parts(&[0..1, 1..2, 2..3], &[]), vec![0, 1, 2]);
+        assert_eq!(interleave_parts(&[0..1, 1..2, 2..3], &[0, 1, 1]), vec![0, 1, 2]);
+        assert!(interleave_parts(&[], &[0]).is_empty());
     }
 }

@@ -329,6 +329,15 @@ impl<G: Gpu> Gpu for Audit<G> {
     fn wait_copy(&mut self, stream: StreamId, copy: CopyId) -> Result<()> {
         self.inner.wait_copy(stream, copy)
     }
+    fn peer_busy(&self, peer: usize) -> bool {
+        self.inner.peer_busy(peer)
+    }
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        self.inner.peer_paths()
+    }
+    fn copy_via_peer(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, peer: usize) -> Result<CopyId> {
+        self.inner.copy_via_peer(dst, src, bytes, peer)
+    }
     fn create_stream(&mut self, priority: i32) -> Result<StreamId> {
         self.inner.create_stream(priority)
     }
