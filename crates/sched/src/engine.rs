@@ -104,6 +104,7 @@ struct Shared {
     load_ns: AtomicU64,
     loaded_bytes: AtomicU64,
     evictions: AtomicU64,
+    secondary_busy_loads: AtomicU64,
     resident_weight_bytes: AtomicU64,
     gpu_recoveries: AtomicU64,
     recovering: AtomicBool,
@@ -158,6 +159,8 @@ pub struct EngineStats {
     pub load_ns: u64,
     pub loaded_bytes: u64,
     pub evictions: u64,
+    /// Loads that copied a secondary GPU's part themselves because its link was busy.
+    pub secondary_busy_loads: u64,
     pub resident_weight_bytes: u64,
 }
 
@@ -382,6 +385,7 @@ impl Engine {
             load_ns: s.load_ns.load(Ordering::Relaxed),
             loaded_bytes: s.loaded_bytes.load(Ordering::Relaxed),
             evictions: s.evictions.load(Ordering::Relaxed),
+            secondary_busy_loads: s.secondary_busy_loads.load(Ordering::Relaxed),
             resident_weight_bytes: s.resident_weight_bytes.load(Ordering::Relaxed),
             gpu_recoveries: s.gpu_recoveries.load(Ordering::Relaxed),
             recovering: s.recovering.load(Ordering::Relaxed),
@@ -703,6 +707,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.load_ns.store(s.load_ns, Ordering::Relaxed);
         shared.loaded_bytes.store(s.loaded_bytes, Ordering::Relaxed);
         shared.evictions.store(s.evictions, Ordering::Relaxed);
+        shared.secondary_busy_loads.store(s.secondary_busy_loads, Ordering::Relaxed);
         shared.resident_weight_bytes.store(d.resident_weight_bytes(), Ordering::Relaxed);
         // A turn that found nothing to do only looked: its time is waiting, not work.
         if busy || !out.is_empty() {

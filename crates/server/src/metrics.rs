@@ -19,6 +19,7 @@
 //! | `kairos_launches_lost_total`, `kairos_gpu_recoveries_total` | counter | gpu (lost notifications; GPU resets after a fault) |
 //! | `kairos_engine_jobs`, `kairos_engine_rejected_total` | gauge / counter | gpu |
 //! | `kairos_cold_starts_total`, `kairos_model_evictions_total`, `kairos_weight_loaded_bytes_total`, `kairos_weight_load_seconds_total` | counter | gpu (under a weight budget: loads a request started, models evicted, bytes moved, load time) |
+//! | `kairos_secondary_busy_loads_total` | counter | gpu (parallel transmission: loads that copied a secondary's part themselves, its link busy) |
 //! | `kairos_resident_weight_bytes` | gauge | gpu (device bytes of loaded and loading models' weights) |
 //! | `kairos_models_ready`, `kairos_shm_clients` | gauge | |
 //! | `kairos_shm_requests_total` | counter | path (`zero_copy`: the GPU read and wrote the client's region; `copy`: the server copied) |
@@ -360,6 +361,13 @@ impl Metrics {
             "counter",
             "Idle models whose weights left GPU memory to make room for a load.",
             per_gpu(&|e| e.stats.evictions.to_string()),
+        );
+        gauge(
+            &mut out,
+            "kairos_secondary_busy_loads_total",
+            "counter",
+            "Loads planned through a secondary GPU that copied its part themselves: its link was busy (parallel transmission).",
+            per_gpu(&|e| e.stats.secondary_busy_loads.to_string()),
         );
         gauge(
             &mut out,

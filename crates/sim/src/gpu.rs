@@ -1869,6 +1869,22 @@ impl SimGpu {
         None
     }
 
+    /// The (destination, source) ranges of an asynchronous copy, checked: not empty, inside
+    /// allocations, not in a host mapping, and room for one more copy in flight.
+    fn copy_ranges(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(Resolved, Resolved)> {
+        if bytes == 0 {
+            return Err(GpuError::Invalid("copy of 0 bytes".into()));
+        }
+        let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
+        let r = self.mem.resolve_range(src, bytes, "copy source")?;
+        self.not_mapped(&d, "copy destination")?;
+        self.not_mapped(&r, "copy source")?;
+        if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
+            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
+        }
+        Ok((d, r))
+    }
+
     /// Refuses host and copy-engine access to caller memory mapped with `map_host`.
     fn not_mapped(&self, r: &Resolved, what: &str) -> Result<()> {
         if self.mem.is_mapping(r.base) {
@@ -2123,16 +2139,7 @@ impl Gpu for SimGpu {
     fn copy_async(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<CopyId> {
         self.check_sticky()?;
         let s = self.check_stream(stream)?;
-        if bytes == 0 {
-            return Err(GpuError::Invalid("copy of 0 bytes".into()));
-        }
-        let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
-        let r = self.mem.resolve_range(src, bytes, "copy source")?;
-        self.not_mapped(&d, "copy destination")?;
-        self.not_mapped(&r, "copy source")?;
-        if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
-            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
-        }
+        let (d, r) = self.copy_ranges(dst, src, bytes)?;
         let dir = match (r.kind, d.kind) {
             (MemKind::Device, MemKind::Device) => Dir::D2D,
             (MemKind::Device, MemKind::HostMapped) => Dir::D2H,
@@ -2193,18 +2200,9 @@ impl Gpu for SimGpu {
         if peer >= self.peers.len() {
             return Err(GpuError::Invalid(format!("{} secondary GPU(s) attached, not {}", self.peers.len(), peer + 1)));
         }
-        if bytes == 0 {
-            return Err(GpuError::Invalid("copy of 0 bytes".into()));
-        }
-        let d = self.mem.resolve_range(dst, bytes, "copy destination")?;
-        let r = self.mem.resolve_range(src, bytes, "copy source")?;
-        self.not_mapped(&d, "copy destination")?;
-        self.not_mapped(&r, "copy source")?;
+        let (d, r) = self.copy_ranges(dst, src, bytes)?;
         if (r.kind, d.kind) != (MemKind::HostMapped, MemKind::Device) {
             return Err(GpuError::Invalid("a copy through a secondary GPU goes from pinned host memory to device memory".into()));
-        }
-        if self.copies.len() >= COPIES_IN_FLIGHT_MAX {
-            return Err(GpuError::Exhausted { limit: "copies in flight", max: COPIES_IN_FLIGHT_MAX as u64 });
         }
         // Piece by piece: the secondary's PCIe link, then its forward, a staging slot reused only
         // after the forward of the piece in it ended.
