@@ -352,3 +352,45 @@ fn parallel_transmission_copies_through_the_secondary() {
     assert_eq!(runs[1].2, runs[0].2, "parallel transmission computed something else");
     assert_eq!(runs[2].2, runs[0].2);
 }
+
+/// Two loads at once with one secondary: the second finds the secondary's link busy with the
+/// first's copies and copies its whole model itself (in layer order); both answer what the warm
+/// model answers.
+#[test]
+fn a_load_copies_alone_while_the_secondary_is_busy() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let want: Vec<Vec<u8>> = {
+        let mut d = VirtualDriver::new(Config::default(), sim(seed)).unwrap();
+        d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+        let id = d.submit_at(0, "m", x.clone(), RequestOptions::default());
+        d.run_until_idle().unwrap();
+        d.take_records().into_iter().find(|r| r.id == id).unwrap().outputs.iter().map(|t| t.to_bytes()).collect()
+    };
+    let mut desc = GpuDesc::h100_sxm();
+    desc.h2d_bytes_per_s = 1e9;
+    let mut gpu = SimGpu::new(desc, SimOptions { seed, check_invariants: true, ..SimOptions::default() });
+    gpu.attach_peer(1, 1e9, 300e9, 8 << 20).unwrap();
+    let budget = 2 * (plan.weight_bytes + 4096);
+    let mut d = VirtualDriver::new(budget_config("fifo", ColdStrategy::Parallel, budget), gpu).unwrap();
+    // w1 and w2 take the budget at load; m1 and m2 start in host memory.
+    for name in ["w1", "w2", "m1", "m2"] {
+        d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: None }).unwrap();
+    }
+    assert_eq!(d.dispatcher().residency_of("m2"), Some(ResidencyState::HostOnly));
+    let a = d.submit_at(0, "m1", x.clone(), RequestOptions::default());
+    let b = d.submit_at(1_000, "m2", x.clone(), RequestOptions::default());
+    d.run_until_idle().unwrap();
+    let records: HashMap<RequestId, RequestRecord> = d.take_records().into_iter().map(|r| (r.id, r)).collect();
+    for id in [a, b] {
+        let r = &records[&id];
+        assert!(r.result.as_ref().unwrap().cold_start);
+        let got: Vec<Vec<u8>> = r.outputs.iter().map(|t| t.to_bytes()).collect();
+        assert_eq!(got, want, "seed {seed}");
+    }
+    let s = d.dispatcher().stats();
+    assert_eq!((s.cold_starts, s.loads_completed), (2, 2), "{s:?}");
+    assert_eq!(s.secondary_busy_loads, 1, "the second load found the secondary busy: {s:?}");
+    d.into_gpu().audit().unwrap();
+}

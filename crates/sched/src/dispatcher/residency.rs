@@ -326,21 +326,24 @@ impl<G: Gpu> Dispatcher<G> {
         let mut refused = None;
         // A secondary whose link is busy now (its own loads, other GPUs' copies) would make this
         // load wait behind them: its part goes through this GPU instead, for the whole load.
+        // Who copies each layer now: its part's secondary, or this GPU (part 0) for the parts whose
+        // secondary is busy, so those go out in layer order with this GPU's own.
         let parts = r.cold.part.iter().copied().max().unwrap_or(0) as usize;
         let through: Vec<bool> = (0..parts).map(|k| !self.gpu.peer_busy(k)).collect();
         if through.iter().any(|&t| !t) {
             self.stats.secondary_busy_loads += 1;
         }
-        for c in interleave_parts(&r.chunks, &r.cold.part) {
+        let copier: Vec<u32> = r.cold.part.iter().map(|&k| if k > 0 && through[k as usize - 1] { k } else { 0 }).collect();
+        for c in interleave_parts(&r.chunks, &copier) {
             let range = r.chunks[c].clone();
             let (first, last) = (&m.plan.layers[range.start as usize], &m.plan.layers[range.end as usize - 1]);
             let (from, to) = (first.offset_bytes, last.offset_bytes + last.len_bytes);
             let at = r.device_offset[range.start as usize].expect("chunks hold loaded layers");
             if refused.is_none() {
                 let (dst, src) = (device.ptr.offset(at), r.host.ptr.offset(from));
-                let copied = match r.cold.part.get(range.start as usize).copied().unwrap_or(0) as usize {
-                    k if k > 0 && through.get(k - 1) == Some(&true) => self.gpu.copy_via_peer(dst, src, to - from, k - 1),
-                    _ => self.gpu.copy_async(dst, src, to - from, copy_stream),
+                let copied = match copier.get(range.start as usize).copied().unwrap_or(0) as usize {
+                    0 => self.gpu.copy_async(dst, src, to - from, copy_stream),
+                    k => self.gpu.copy_via_peer(dst, src, to - from, k - 1),
                 };
                 match copied {
                     Ok(id) => {
