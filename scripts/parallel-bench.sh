@@ -91,7 +91,7 @@ if has serve; then
     # per GPU; each GPU loading alone (deepplan) against loading through the other (parallel-deepplan).
     step serve 540 "$BIN/kairos" bench cold --backend cuda --models bert_base --serve-gpus 2 \
         --serve-instances "${SERVE_INSTANCES:-64}" --serve-rate "${SERVE_RATES:-300,600}" --serve-requests "${SERVE_REQUESTS:-2000}" \
-        --serve-budget-instances 8 --strategies "${SERVE_STRATEGIES:-deepplan,parallel-deepplan}" --out "$OUT/serve.json"
+        --serve-budget-instances 8 --serve-slo-ms "${SERVE_SLO_MS:-4}" --strategies "${SERVE_STRATEGIES:-deepplan,parallel-deepplan}" --out "$OUT/serve.json"
 fi
 tar -cf "$OUT/results.tar" -C "$OUT" --exclude results.tar --exclude cubin.tgz . 2>/dev/null
 echo "==== summary"
