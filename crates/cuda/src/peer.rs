@@ -9,9 +9,11 @@
 //! caller makes that context current around each call ([`SecondaryLink::bind`]) and its own again
 //! afterwards.
 //!
-//! Hopper differences from DeepPlan's V100 setting: one NVLink forward (~370 GB/s measured on an
-//! H100 pair by the all-reduce probe) is several times a PCIe Gen5 link, so a secondary's forward
-//! is never the bottleneck; the host side (both GPUs' links into one host's memory) can be.
+//! Hopper differences from DeepPlan's V100 setting: one NVLink forward (334–375 GB/s measured with
+//! copies between two H100s, NV18) is six to seven times a PCIe Gen5 link (52–54 GB/s), so a
+//! secondary's forward is never the bottleneck; the host side can be (two H100s' links together
+//! took 90.8 GB/s from one host's memory, not 104), and so can compute: a cold bert_base start is
+//! 1.5 ms of kernels that no copy speed removes.
 
 use crate::driver::{self, CUcontext};
 use crate::safe::{Context, DeviceBuffer, Event, Stream};
@@ -49,7 +51,8 @@ pub fn link_busy(ordinal: u32) -> bool {
     LINK_COPIES.get(ordinal as usize).is_some_and(|c| c.load(Ordering::Relaxed) > 0)
 }
 
-/// Default staging memory reserved on a secondary for one primary: 16 pieces in flight.
+/// Default staging memory reserved on a secondary for one primary: 16 pieces in flight
+/// (`kairos serve --peer-staging-mib`'s default).
 pub const PEER_STAGING_BYTES_DEFAULT: u64 = 16 * PEER_PIECE_BYTES;
 
 /// One slot of the staging ring.

@@ -159,7 +159,7 @@ fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
 }
 
 /// Default staging memory a secondary GPU reserves for each primary (parallel transmission).
-pub const PEER_STAGING_MIB_DEFAULT: u64 = 64;
+pub const PEER_STAGING_MIB_DEFAULT: u64 = kairos_cuda::peer::PEER_STAGING_BYTES_DEFAULT >> 20;
 
 /// Real GPUs through kairos-cuda.
 struct CudaBackend {
