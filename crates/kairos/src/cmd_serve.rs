@@ -36,7 +36,8 @@ MODEL REPOSITORY
   deadline_ms = 5.0         latency target per request (alias latency_target_ms; default none)
   tenant = 1                fairness account (default 0)
   instances = 2             copies of the model (default 1), spread round robin over `gpus`
-  gpus = [0, 1]             devices of the instances (default [0]; must be < --gpus)
+  gpus = [0, 1]             devices of the instances (default [0]; must be < --gpus); \"auto\": each
+                            instance on the GPU with the fewest weight bytes placed so far
   version = \"1\"             the version clients name (default \"1\")
   seed = 7                  zoo weights seed
   profile = \"p.json\"        a `kairos profile` JSON (default: found in --profiles by name)

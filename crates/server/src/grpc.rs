@@ -267,7 +267,7 @@ fn config(m: &ModelEntry) -> pb::ModelConfig {
         instance_group: vec![pb::ModelInstanceGroup {
             name: format!("{}_0", m.name()),
             count: m.config.instances as i32,
-            gpus: m.config.gpus.iter().map(|&g| g as i32).collect(),
+            gpus: m.instance_gpus().iter().map(|&g| g as i32).collect(),
             kind: pb::model_instance_group::Kind::Gpu as i32,
         }],
         parameters: crate::rest::config_parameters(m)

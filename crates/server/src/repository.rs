@@ -13,7 +13,8 @@
 //! deadline_ms = 5.0         # latency target per request (alias latency_target_ms); none by default
 //! tenant = 1                # fairness account (default 0)
 //! instances = 2             # copies of the model (default 1), spread over `gpus`
-//! gpus = [0, 1]             # devices the instances go to, round robin (default [0])
+//! gpus = [0, 1]             # devices the instances go to, round robin (default [0]); "auto": each
+//!                           # instance on the GPU with the fewest weight bytes placed so far
 //! version = "1"             # the version clients name (default "1")
 //! seed = 7                  # zoo weights seed (default: the zoo's)
 //! profile = "profile.json"  # a `kairos profile` JSON (default: the server's profile folder)
@@ -74,6 +75,8 @@ pub struct ModelConfig {
     pub deadline_ns: Option<u64>,
     pub tenant: u32,
     pub instances: u32,
+    /// The GPUs the instances go to, round robin; empty: placed by the server (`gpus = "auto"`:
+    /// each instance on the GPU with the fewest weight bytes placed so far).
     pub gpus: Vec<u32>,
     pub version: String,
     pub profile: Option<PathBuf>,
@@ -319,7 +322,8 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
                     cfg.gpus = v.iter().map(|&g| g as u32).collect();
                 }
                 Value::Int(g) if (0..=u16::MAX as i64).contains(g) => cfg.gpus = vec![*g as u32],
-                _ => return Err(at("gpus must be a non-empty array of device numbers, like [0, 1]".into())),
+                Value::Str(s) if s == "auto" => cfg.gpus = Vec::new(),
+                _ => return Err(at("gpus must be a non-empty array of device numbers, like [0, 1], or \"auto\"".into())),
             },
             "version" => {
                 let v = string()?;
@@ -496,6 +500,13 @@ mod tests {
         assert_eq!((c.dtype, c.batch, c.class, c.priority, c.tenant), (DType::F16, 2, Class::RealTime, -3, 7));
         assert_eq!(c.deadline_ns, Some(2_500_000));
         assert_eq!((c.instances, c.gpus.clone(), c.version.as_str(), c.seed), (3, vec![0, 1], "2", 1000));
+    }
+
+    #[test]
+    fn gpus_auto_leaves_placement_to_the_server() {
+        let c = parse_config("r18", &dir(), "gpus = \"auto\"\ninstances = 4").unwrap();
+        assert!(c.gpus.is_empty());
+        assert!(parse_config("r18", &dir(), "gpus = \"some\"").unwrap_err().to_string().contains("\"auto\""));
     }
 
     #[test]

@@ -191,7 +191,7 @@ pub fn config_json(m: &ModelEntry) -> Value {
         "max_batch_size": 0,
         "input": m.inputs.iter().map(|t| json!({ "name": t.name, "data_type": triton_type(t.dtype), "dims": t.shape })).collect::<Vec<_>>(),
         "output": m.outputs.iter().map(|t| json!({ "name": t.name, "data_type": triton_type(t.dtype), "dims": t.shape })).collect::<Vec<_>>(),
-        "instance_group": [{ "name": format!("{}_0", m.name()), "kind": "KIND_GPU", "count": c.instances, "gpus": c.gpus }],
+        "instance_group": [{ "name": format!("{}_0", m.name()), "kind": "KIND_GPU", "count": c.instances, "gpus": m.instance_gpus() }],
         "parameters": params,
     })
 }

@@ -155,6 +155,8 @@ pub struct StateConfig {
 pub struct Instance {
     pub gpu: u32,
     pub engine_name: String,
+    /// The model's weight bytes (what `gpus = "auto"` balances over the GPUs).
+    pub weight_bytes: u64,
     outstanding: AtomicU32,
 }
 
@@ -185,6 +187,14 @@ pub struct RequestParams {
 }
 
 impl ModelEntry {
+    /// The GPUs its instances are on, ascending, each once (what Triton's instance group lists).
+    pub fn instance_gpus(&self) -> Vec<u32> {
+        let mut g: Vec<u32> = self.instances.iter().map(|i| i.gpu).collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
+
     pub fn name(&self) -> &str {
         &self.config.name
     }
@@ -875,7 +885,8 @@ impl State {
         }
         self.set_slot(&name, &version, SlotState::Loading);
         if at_start {
-            let mut gpus = p.config.gpus.clone();
+            // Placed by the server: any GPU may get an instance.
+            let mut gpus = if p.config.gpus.is_empty() { (0..self.gpus()).collect() } else { p.config.gpus.clone() };
             gpus.sort_unstable();
             gpus.dedup();
             for g in gpus {
@@ -885,17 +896,30 @@ impl State {
                 }
             }
         }
-        let mut instances = Vec::new();
+        let mut instances: Vec<Instance> = Vec::new();
         let mut info = None;
+        let mut placed_bytes = if p.config.gpus.is_empty() { self.placed_weight_bytes() } else { Vec::new() };
         for i in 0..p.config.instances {
-            let gpu = p.config.gpus[i as usize % p.config.gpus.len()];
+            let gpu = if p.config.gpus.is_empty() {
+                // The GPU with the fewest weight bytes placed (the lowest ordinal on ties).
+                let g = (0..placed_bytes.len()).min_by_key(|&g| (placed_bytes[g], g)).unwrap_or(0);
+                placed_bytes[g] += p.plan.weight_bytes;
+                g as u32
+            } else {
+                p.config.gpus[i as usize % p.config.gpus.len()]
+            };
             let engine_name = if p.config.instances == 1 { name.clone() } else { format!("{name}#{i}") };
             let spec = kairos_sched::ModelSpec { name: engine_name.clone(), plan: p.plan.clone(), profile: p.profile.clone() };
             match self.engines[gpu as usize].engine.load_model(spec) {
                 Ok(mi) => {
                     info!(model = %name, instance = i, gpu, estimated_ms = format!("{:.3}", mi.estimated_ns as f64 / 1e6), "instance loaded");
                     info.get_or_insert(mi);
-                    instances.push(Instance { gpu, engine_name, outstanding: AtomicU32::new(0) });
+                    instances.push(Instance {
+                        gpu,
+                        engine_name,
+                        weight_bytes: p.plan.weight_bytes,
+                        outstanding: AtomicU32::new(0),
+                    });
                 }
                 Err(e) => {
                     for inst in &instances {
@@ -917,6 +941,22 @@ impl State {
         };
         self.set_slot(&name, &version, SlotState::Ready(Arc::new(entry)));
         Ok(())
+    }
+
+    /// Per GPU, the weight bytes of the loaded instances on it (what `gpus = "auto"` balances).
+    pub fn placed_weight_bytes(&self) -> Vec<u64> {
+        let mut bytes = vec![0u64; self.engines.len()];
+        let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+        for slot in m.values() {
+            if let SlotState::Ready(e) = &slot.state {
+                for inst in &e.instances {
+                    if let Some(b) = bytes.get_mut(inst.gpu as usize) {
+                        *b += inst.weight_bytes;
+                    }
+                }
+            }
+        }
+        bytes
     }
 
     /// Unloads a model: new requests are refused at once; blocks until its requests finished.

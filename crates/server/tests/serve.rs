@@ -275,3 +275,38 @@ fn metrics_are_prometheus_text() {
     }
     assert!(text.lines().any(|l| l.starts_with("kairos_launches_total{gpu=\"0\"") && !l.ends_with(" 0")), "{text}");
 }
+
+/// `gpus = "auto"`: on two GPUs, instances go to the GPU with the fewest weight bytes placed (the
+/// tiny repository's models all sit on GPU 0 by default), answer like the CPU reference, and the
+/// model configuration lists the GPUs they went to.
+#[test]
+fn auto_placement_balances_weight_bytes_over_the_gpus() {
+    let s = start_with("auto", |cfg, _| cfg.state.gpus = 2);
+    let state = s.server.as_ref().unwrap().state.clone();
+    let before = state.placed_weight_bytes();
+    assert_eq!(before.len(), 2);
+    assert!(before[0] > 0 && before[1] == 0, "the repository's models default to GPU 0: {before:?}");
+    let rt = runtime();
+    let rest = RestClient::new(&s.http).unwrap();
+    let grpc = rt.block_on(GrpcClient::connect(&s.grpc)).unwrap();
+    let repo = s.repository();
+    std::fs::create_dir_all(repo.join("mlp_auto")).unwrap();
+    std::fs::copy(repo.join("mlp/mlp.onnx"), repo.join("mlp_auto/mlp.onnx")).unwrap();
+    std::fs::write(repo.join("mlp_auto/config.toml"), "instances = 3\ngpus = \"auto\"\n").unwrap();
+    rt.block_on(rest.load_model("mlp_auto")).unwrap();
+    let w = s.plan("mlp").weight_bytes;
+    let after = state.placed_weight_bytes();
+    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 3 * w);
+    // Greedy: each instance went where the fewest bytes were, so GPU 1 got at least the first.
+    assert!(after[1] >= w, "{before:?} -> {after:?}");
+    let imbalance = after[0].abs_diff(after[1]);
+    assert!(imbalance <= before[0].abs_diff(before[1]).max(w), "{before:?} -> {after:?}");
+    let cfg = rt.block_on(grpc.model_config("mlp_auto", "")).unwrap();
+    assert!(cfg.instance_group[0].gpus.contains(&1), "{:?}", cfg.instance_group[0].gpus);
+    let x = s.inputs("mlp", 5);
+    let want = s.reference("mlp", &x);
+    for _ in 0..6 {
+        let r = rt.block_on(grpc.infer("mlp_auto", "", &[("x", &x[0])], &InferOptions::default())).unwrap();
+        assert_same(&r.outputs[0].1, &want[0], "mlp_auto");
+    }
+}
