@@ -1776,8 +1776,6 @@ impl CudaGpu {
         Ok(())
     }
 
-    /// A normal-priority stream of this GPU's own, made once: for runners that need a stream
-    /// for a while (profiles, plan runs) without adding one per call.
     /// Attaches GPU `ordinal` as a secondary for parallel transmission (DeepPlan 4.3.3; see
     /// [`crate::peer`]): enables peer access both ways, reserves `staging_bytes` on it (whole
     /// [`kairos_gpu::PEER_PIECE_BYTES`] pieces, at least one) and measures the two legs of the
@@ -1828,6 +1826,8 @@ impl CudaGpu {
         self.copies.len() + self.peers.iter().map(|p| p.copies.len()).sum::<usize>()
     }
 
+    /// A normal-priority stream of this GPU's own, made once: for runners that need a stream
+    /// for a while (profiles, plan runs) without adding one per call.
     pub fn utility_stream(&mut self) -> Result<StreamId> {
         if let Some(s) = self.utility_stream {
             return Ok(s);
@@ -2334,11 +2334,13 @@ impl Gpu for CudaGpu {
         fresh.quick_builds = self.quick_builds;
         fresh.set_launch_threads(threads)?;
         let mut failed = Vec::new();
-        for (ordinal, staging_bytes) in peer_requests {
+        for &(ordinal, staging_bytes) in &peer_requests {
             if let Err(e) = fresh.attach_peer(ordinal, staging_bytes) {
                 failed.push(format!("GPU {ordinal}: {e}"));
             }
         }
+        // Every secondary asked for stays asked for: a later reset tries those that failed again.
+        fresh.peer_requests = peer_requests;
         let old = std::mem::replace(self, fresh);
         std::mem::forget(old);
         // The GPU serves again either way; without its secondaries cold loads go through it alone.
