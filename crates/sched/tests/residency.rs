@@ -52,6 +52,17 @@ fn inputs(plan: &Plan, seed: u64) -> Vec<Tensor> {
         .collect()
 }
 
+/// What the model answers with every weight resident (no budget): the bytes cold answers must equal.
+fn warm_outputs(plan: &Arc<Plan>, x: &[Tensor], seed: u64) -> Vec<Vec<u8>> {
+    let mut d = VirtualDriver::new(Config::default(), sim(seed)).unwrap();
+    d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
+    let id = d.submit_at(0, "m", x.to_vec(), RequestOptions::default());
+    d.run_until_idle().unwrap();
+    let r = d.take_records().into_iter().find(|r| r.id == id).unwrap();
+    r.result.unwrap();
+    r.outputs.iter().map(|t| t.to_bytes()).collect()
+}
+
 /// A layer profile in which the first three weight layers cost as much from host memory as from
 /// device memory and take long to copy (embedding-like: DeepPlan keeps them in host memory), the
 /// rest twelve times more (dense layers: loaded).
@@ -99,15 +110,7 @@ fn cold_requests_compute_what_warm_ones_do() {
     let seed = seed();
     let plan = plan();
     let x = inputs(&plan, seed);
-    let want: Vec<Vec<u8>> = {
-        let mut d = VirtualDriver::new(Config::default(), sim(seed)).unwrap();
-        d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
-        let id = d.submit_at(0, "m", x.clone(), RequestOptions::default());
-        d.run_until_idle().unwrap();
-        let r = d.take_records().into_iter().find(|r| r.id == id).unwrap();
-        r.result.unwrap();
-        r.outputs.iter().map(|t| t.to_bytes()).collect()
-    };
+    let want = warm_outputs(&plan, &x, seed);
     for policy in ["fifo", "paella"] {
         for strategy in ColdStrategy::ALL {
             let what = format!("{policy} {strategy:?} (seed {seed})");
@@ -361,13 +364,7 @@ fn a_load_copies_alone_while_the_secondary_is_busy() {
     let seed = seed();
     let plan = plan();
     let x = inputs(&plan, seed);
-    let want: Vec<Vec<u8>> = {
-        let mut d = VirtualDriver::new(Config::default(), sim(seed)).unwrap();
-        d.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
-        let id = d.submit_at(0, "m", x.clone(), RequestOptions::default());
-        d.run_until_idle().unwrap();
-        d.take_records().into_iter().find(|r| r.id == id).unwrap().outputs.iter().map(|t| t.to_bytes()).collect()
-    };
+    let want = warm_outputs(&plan, &x, seed);
     let mut desc = GpuDesc::h100_sxm();
     desc.h2d_bytes_per_s = 1e9;
     let mut gpu = SimGpu::new(desc, SimOptions { seed, check_invariants: true, ..SimOptions::default() });

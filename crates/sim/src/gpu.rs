@@ -233,6 +233,13 @@ struct SimPeer {
     next_slot: usize,
 }
 
+impl CopyOp {
+    /// A copy not started yet.
+    fn new(id: CopyId, dst: Resolved, src: Resolved, bytes: u64, stream: u32, dir: Dir) -> CopyOp {
+        CopyOp { id, dst, src, bytes, stream, dir, active: false, done_bytes: 0.0, rate: 0.0, last_ns: 0, generation: 0 }
+    }
+}
+
 #[derive(Default)]
 struct Engine {
     fifo: VecDeque<u32>,
@@ -2146,19 +2153,7 @@ impl Gpu for SimGpu {
             (MemKind::HostMapped, _) => Dir::H2D,
         };
         let id = CopyId(self.next_copy);
-        let c = self.copies.insert(CopyOp {
-            id,
-            dst: d,
-            src: r,
-            bytes,
-            stream: s,
-            dir,
-            active: false,
-            done_bytes: 0.0,
-            rate: 0.0,
-            last_ns: 0,
-            generation: 0,
-        });
+        let c = self.copies.insert(CopyOp::new(id, d, r, bytes, s, dir));
         let (queue, arrive) = match self.enqueue(s, Cmd::Copy(c)) {
             Ok(x) => x,
             Err(e) => {
@@ -2226,19 +2221,7 @@ impl Gpu for SimGpu {
         }
         let id = CopyId(self.next_copy);
         // On no engine and no stream (stream 0 is never marked busy by it): Ev::PeerCopyEnd ends it.
-        let c = self.copies.insert(CopyOp {
-            id,
-            dst: d,
-            src: r,
-            bytes,
-            stream: 0,
-            dir: Dir::H2D,
-            active: false,
-            done_bytes: 0.0,
-            rate: 0.0,
-            last_ns: 0,
-            generation: 0,
-        });
+        let c = self.copies.insert(CopyOp::new(id, d, r, bytes, 0, Dir::H2D));
         self.schedule(end_ns, Ev::PeerCopyEnd(c));
         self.next_copy += 1;
         self.stats.copies += 1;
