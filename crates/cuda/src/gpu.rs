@@ -264,6 +264,8 @@ pub struct CudaGpu {
     launch_costs: LaunchCosts,
     /// Whether launch calls are timed into `launch_costs` (see `set_launch_timing`).
     time_launches: bool,
+    /// Tests only: the launch call (counted in `launch_costs.launches`) that faults.
+    fault_at_launch: Option<u64>,
     next_copy: u64,
     copies: VecDeque<(CopyId, Event)>,
     spare_events: Vec<Event>,
@@ -421,6 +423,7 @@ impl CudaGpu {
             next_launch: 1,
             launch_costs: LaunchCosts::default(),
             time_launches: false,
+            fault_at_launch: None,
             next_copy: 1,
             copies: VecDeque::new(),
             spare_events: Vec::new(),
@@ -1260,6 +1263,16 @@ impl CudaGpu {
 
     pub fn launch_with(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
         self.launch_costs.launches += 1;
+        if self.fault_at_launch.is_some_and(|n| self.launch_costs.launches >= n) {
+            self.fault_at_launch = None;
+            // The last argument is the output: 64 KiB into the address space, which nothing maps.
+            let mut args = request.args.to_vec();
+            if let Some(out) = args.last_mut() {
+                *out = DevicePtr(0x10000);
+            }
+            eprintln!("kairos: test fault: launch {} writes to an unmapped address", self.launch_costs.launches);
+            return self.launch_with_inner(&LaunchRequest { args: &args, ..*request }, sm_bitmap);
+        }
         if !self.time_launches {
             return self.launch_with_inner(request, sm_bitmap);
         }
@@ -1267,6 +1280,14 @@ impl CudaGpu {
         let r = self.launch_with_inner(request, sm_bitmap);
         self.launch_costs.total_ns += t0.elapsed().as_nanos() as u64;
         r
+    }
+
+    /// Tests only: the `n`-th launch call from the context's start (one-based, protocol launches
+    /// through [`Gpu::launch`]; replays of recorded runs do not count) writes its output to an
+    /// address nothing maps: an illegal-address fault, sticky for the life of the process. Proves
+    /// the server's recovery on a real device.
+    pub fn inject_fault_at_launch(&mut self, n: u64) {
+        self.fault_at_launch = Some(n.max(1));
     }
 
     /// Times every launch call and its driver call into [`CudaGpu::launch_costs`] (off by default:

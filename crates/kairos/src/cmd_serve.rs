@@ -7,9 +7,23 @@ use clap::{ArgAction, Args, ValueEnum};
 use kairos_gpu::profile::ProfileSet;
 use kairos_sched::{Engine, EngineConfig, PolicyConfig};
 use kairos_server::state::PlannedModel;
-use kairos_server::{Backend, RunningServer, ServeError, ServerConfig, ShmConfig, SimBackend, StateConfig};
+use kairos_server::{
+    Backend, EngineHandle, RunningServer, ServeError, ServerConfig, ShmConfig, SimBackend, StateConfig, WorkerBackend,
+    WorkerSpawn,
+};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+
+/// Where each GPU's engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuWorkers {
+    /// In worker processes with the CUDA backend, in the server's process on the simulator.
+    Auto,
+    /// In a worker process per GPU, restarted after a GPU fault.
+    On,
+    /// In the server's process (a sticky CUDA fault then stops the server's GPU for good).
+    Off,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ServeBackend {
@@ -150,6 +164,22 @@ pub struct ServeArgs {
     /// Log filter (tracing's env-filter syntax), also read from RUST_LOG.
     #[arg(long, env = "KAIROS_LOG", default_value = "info")]
     pub log: String,
+    /// Each GPU's engine in a worker process that the server restarts after a GPU fault (a sticky
+    /// CUDA error lasts as long as the process that hit it): auto (on with CUDA, off on the
+    /// simulator), on, off. A worker costs each request a pipe hop both ways, and shared-memory
+    /// requests are copied instead of read in place.
+    #[arg(long, value_enum, env = "KAIROS_GPU_WORKERS", default_value = "auto")]
+    pub gpu_workers: GpuWorkers,
+    /// Internal: run as the worker of this GPU (the server starts its workers with it).
+    #[arg(long, hide = true)]
+    pub worker_gpu: Option<u32>,
+    /// Internal: how many workers of this GPU ran before this one.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub worker_generation: u64,
+    /// Tests only: the CUDA backend's N-th kernel launch writes to an address nothing maps (a
+    /// sticky GPU fault); in a worker, only the first worker of each GPU does.
+    #[arg(long, hide = true)]
+    pub test_fault_at_launch: Option<u64>,
 }
 
 fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
@@ -170,6 +200,8 @@ struct CudaBackend {
     profiles: Option<ProfileSet>,
     /// Autotune fp16 convolution and matrix-product tiles when a model is loaded.
     autotune: bool,
+    /// Tests only: the launch that faults (see `--test-fault-at-launch`).
+    fault_at_launch: Option<u64>,
 }
 
 impl Backend for CudaBackend {
@@ -177,24 +209,29 @@ impl Backend for CudaBackend {
         "cuda".into()
     }
 
-    fn start(&self, gpu: u32, _models: &[&PlannedModel]) -> Result<(Engine, String), ServeError> {
+    fn start(&self, gpu: u32, _models: &[&PlannedModel]) -> Result<(EngineHandle, String), ServeError> {
         // Kernel units not compiled yet serve first on their quick builds, swapped for the optimized
         // builds as those finish compiling in the background.
         let quick = crate::paths::quick_builds_wanted();
         let parallel = self.engine.dispatcher.weight_budget_bytes.is_some() && self.engine.dispatcher.cold_strategy.is_parallel();
         let staging_bytes = self.peer_staging_bytes;
+        let fault_at_launch = self.fault_at_launch;
         let engine = Engine::start(self.engine.clone(), move || {
             kairos_cuda::CudaGpu::new(gpu).map(|mut g| {
                 g.set_quick_builds(quick);
                 if parallel {
                     attach_secondaries(&mut g, gpu, staging_bytes);
                 }
+                if let Some(n) = fault_at_launch {
+                    tracing::warn!(gpu, launch = n, "test fault armed: this launch will write to an unmapped address");
+                    g.inject_fault_at_launch(n);
+                }
                 g
             })
         })
         .map_err(|e| ServeError::Internal(format!("GPU {gpu}: {e}")))?;
         let name = engine.device().name.clone();
-        Ok((engine, name))
+        Ok((EngineHandle::InProcess(engine), name))
     }
 
     fn profiles(&self) -> Option<&ProfileSet> {
@@ -270,6 +307,23 @@ fn attach_secondaries(g: &mut kairos_cuda::CudaGpu, gpu: u32, staging_bytes: u64
     }
 }
 
+/// `args` without the option `name` (`name value` or `name=value`): clap refuses an option given twice.
+fn without_option(args: Vec<std::ffi::OsString>, name: &str) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut skip_value = false;
+    for a in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        match a.to_str() {
+            Some(s) if s == name => skip_value = true,
+            Some(s) if s.strip_prefix(name).is_some_and(|rest| rest.starts_with('=')) => {}
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
 fn gpu_present() -> bool {
     kairos_cuda::driver::is_present()
         && kairos_cuda::driver::init().is_ok()
@@ -305,7 +359,7 @@ pub fn make_backend(
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
-    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles, autotune, PEER_STAGING_MIB_DEFAULT << 20)
+    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles, autotune, PEER_STAGING_MIB_DEFAULT << 20, None)
 }
 
 /// [`make_backend`] with the engine configured by the caller.
@@ -319,6 +373,7 @@ pub fn make_backend_with(
     profiles: Option<PathBuf>,
     autotune: bool,
     peer_staging_bytes: u64,
+    fault_at_launch: Option<u64>,
 ) -> Result<Box<dyn Backend>> {
     let cuda = kind == ServeBackend::Cuda || (kind == ServeBackend::Auto && gpu_present());
     Ok(if cuda {
@@ -330,6 +385,7 @@ pub fn make_backend_with(
             peer_staging_bytes,
             profiles: load_profiles(profiles, crate::paths::cuda_profile_dir(0))?,
             autotune,
+            fault_at_launch,
         })
     } else {
         if kind == ServeBackend::Auto {
@@ -354,6 +410,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine.dispatcher.jobs_max = args.jobs_max;
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
     engine.dispatcher.cold_strategy = args.cold_strategy;
+    if let Some(gpu) = args.worker_gpu {
+        // A GPU worker: one reset attempt in place (a sticky CUDA fault outlives any), then the
+        // server starts a new worker.
+        engine.recovery_attempts_max = 1;
+        let fault = if args.worker_generation == 0 { args.test_fault_at_launch } else { None };
+        let backend = make_backend_with(
+            args.backend,
+            engine,
+            &args.sim_gpu,
+            args.seed,
+            args.sim_compute,
+            args.profiles.clone(),
+            !args.no_autotune,
+            args.peer_staging_mib << 20,
+            fault,
+        )?;
+        return kairos_server::worker::run_worker(std::sync::Arc::from(backend), gpu)
+            .map_err(|e| anyhow::anyhow!("GPU worker {gpu}: {e}"));
+    }
     let backend = make_backend_with(
         args.backend,
         engine,
@@ -363,7 +438,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.profiles.clone(),
         !args.no_autotune,
         args.peer_staging_mib << 20,
+        args.test_fault_at_launch,
     )?;
+    let cuda = backend.describe() == "cuda";
+    let workers = match args.gpu_workers {
+        GpuWorkers::On => true,
+        GpuWorkers::Off => false,
+        GpuWorkers::Auto => cuda,
+    };
+    let backend: Box<dyn Backend> = if workers {
+        // The workers get this server's arguments, with the backend it settled on.
+        let mut worker_args = without_option(std::env::args_os().skip(1).collect(), "--backend");
+        worker_args.extend(["--backend".into(), if cuda { "cuda" } else { "sim" }.into()]);
+        let exe = std::env::current_exe().context("the GPU workers run this binary: cannot find it")?;
+        tracing::info!("GPU engines in worker processes (--gpu-workers off keeps them in this process)");
+        Box::new(WorkerBackend {
+            inner: backend,
+            spawn: WorkerSpawn { exe, args: worker_args },
+            requests_max: args.submit_queue_max + args.jobs_max,
+        })
+    } else {
+        backend
+    };
     let load = match &args.load {
         Some(v) if v.len() == 1 && v[0] == "none" => Some(Vec::new()),
         other => other.clone(),
@@ -414,4 +510,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
     server.wait_for_signal();
     server.shutdown();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_option;
+
+    #[test]
+    fn a_workers_arguments_drop_the_backend_given() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            without_option(args(&["serve", "--backend", "auto", "-r", "m", "--backend=sim", "--backendx", "1"]), "--backend"),
+            args(&["serve", "-r", "m", "--backendx", "1"])
+        );
+    }
 }

@@ -17,7 +17,7 @@
 //! with [`Dispatcher::recover`]: the requests it held fail with [`Error::GpuFailed`], the models
 //! and host mappings come back, and serving goes on; commands wait in the queue meanwhile. A
 //! line on stderr and [`Engine::recoveries`] say what happened; [`EngineStats`] counts it. Only
-//! when [`RECOVERY_ATTEMPTS_MAX`] resets in a row fail does the engine stop (every request then
+//! when `EngineConfig::recovery_attempts_max` resets ([`RECOVERY_ATTEMPTS_MAX`] by default) in a row fail does the engine stop (every request then
 //! fails).
 
 use crate::SUBMIT_QUEUE_MAX;
@@ -51,11 +51,21 @@ pub struct EngineConfig {
     pub gpu_wait_ns: u64,
     /// With nothing in flight, the thread sleeps on the queue this long at most.
     pub idle_wait_ms: u64,
+    /// Resets tried in a row after a GPU fault before the engine stops (at least 1). A GPU worker
+    /// process tries once: a sticky CUDA fault outlives any reset, and restarting the process is
+    /// the way back.
+    pub recovery_attempts_max: u32,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { dispatcher: Config::default(), submit_queue_max: 4096, gpu_wait_ns: 2_000, idle_wait_ms: 50 }
+        EngineConfig {
+            dispatcher: Config::default(),
+            submit_queue_max: 4096,
+            gpu_wait_ns: 2_000,
+            idle_wait_ms: 50,
+            recovery_attempts_max: RECOVERY_ATTEMPTS_MAX,
+        }
     }
 }
 
@@ -114,7 +124,7 @@ struct Shared {
 }
 
 /// A snapshot of the engine's counters (for metrics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EngineStats {
     /// Requests accepted into the queue.
     pub submitted: u64,
@@ -625,14 +635,22 @@ fn take<G: Gpu>(mut e: Envelope, d: &mut Dispatcher<G>, out: &mut Vec<Output>, w
 
 /// Resets the GPU after `fault` (see the module docs); false when it could not be brought back,
 /// and then every waiter has been answered with the error.
-fn recover<G: Gpu>(d: &mut Dispatcher<G>, fault: &Error, out: &mut Vec<Output>, waiters: &mut Waiters, shared: &Shared) -> bool {
+fn recover<G: Gpu>(
+    d: &mut Dispatcher<G>,
+    fault: &Error,
+    out: &mut Vec<Output>,
+    waiters: &mut Waiters,
+    shared: &Shared,
+    cfg: &EngineConfig,
+) -> bool {
     let cause = match fault {
         Error::GpuFailed(c) => c.clone(),
         e => e.to_string(),
     };
     shared.recovering.store(true, Ordering::Relaxed);
+    let attempts = cfg.recovery_attempts_max.max(1);
     let mut result = d.recover(&cause, out);
-    for _ in 1..RECOVERY_ATTEMPTS_MAX {
+    for _ in 1..attempts {
         if result.is_ok() {
             break;
         }
@@ -645,7 +663,7 @@ fn recover<G: Gpu>(d: &mut Dispatcher<G>, fault: &Error, out: &mut Vec<Output>, 
     match result {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("kairos: the GPU could not be reset after {RECOVERY_ATTEMPTS_MAX} attempts ({e}); the engine stops");
+            eprintln!("kairos: the GPU could not be reset after {attempts} attempt(s) ({e}); the engine stops");
             *shared.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
             waiters.abandon(&e);
             false
@@ -681,7 +699,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             Ok(n) => busy |= n > 0,
             Err(e) => {
                 waiters.deliver(&mut out, shared);
-                if !recover(&mut d, &e, &mut out, &mut waiters, shared) {
+                if !recover(&mut d, &e, &mut out, &mut waiters, shared, cfg) {
                     return;
                 }
                 continue;
@@ -736,7 +754,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             let until = d.gpu().now_ns().saturating_add(cfg.gpu_wait_ns);
             if let Err(e) = d.gpu_mut().wait(until) {
                 let e = Error::GpuFailed(format!("waiting on the GPU failed: {e}"));
-                if !recover(&mut d, &e, &mut out, &mut waiters, shared) {
+                if !recover(&mut d, &e, &mut out, &mut waiters, shared, cfg) {
                     return;
                 }
             }

@@ -5,18 +5,19 @@ use kairos_gpu::profile::ModelProfile;
 use kairos_gpu::{HostMapping, HostMappingId, HostMemory};
 use kairos_ir::Tensor;
 use kairos_ir::plan::Plan;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// A request's identity, unique for the lifetime of one engine or driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RequestId(pub u64);
 
 /// Who a request is for: the unit the fairness counters are kept per.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TenantId(pub u32);
 
 /// REEF's two classes: real-time work is latency-critical, best-effort work fills the rest.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Class {
     RealTime,
     #[default]
@@ -25,7 +26,7 @@ pub enum Class {
 
 /// How a request wants to be served. Every field has a default, so later features add fields
 /// without breaking callers that write `RequestOptions { tenant, ..Default::default() }`.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestOptions {
     pub class: Class,
     /// Higher is more urgent; policies that read it compare it within a class.
@@ -123,7 +124,7 @@ pub struct ModelSpec {
 }
 
 /// Where a model's kernel time estimates started from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EstimateSource {
     /// Per-launch durations of a `kairos profile` JSON.
     Profile,
@@ -131,7 +132,7 @@ pub enum EstimateSource {
     Roofline,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     pub name: String,
     pub launches: u32,
@@ -143,7 +144,7 @@ pub struct ModelInfo {
 }
 
 /// When things happened to a request, on the GPU's clock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timing {
     pub arrival_ns: u64,
     /// When it got its buffers and became schedulable.

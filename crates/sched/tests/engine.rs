@@ -112,6 +112,7 @@ fn config(policy: &str, queue: usize) -> EngineConfig {
         submit_queue_max: queue,
         gpu_wait_ns: 20_000,
         idle_wait_ms: 5,
+        ..EngineConfig::default()
     }
 }
 

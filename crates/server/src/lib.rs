@@ -31,12 +31,14 @@ pub mod rest;
 pub mod shm;
 mod sim_gpu;
 pub mod state;
+pub mod worker;
 
 pub use control::ControlAccess;
 pub use error::ServeError;
 pub use repository::{ModelConfig, ModelSource, Repository};
 pub use shm::ShmConfig;
-pub use state::{Backend, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
+pub use state::{Backend, EngineHandle, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
+pub use worker::{WorkerBackend, WorkerSpawn};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -47,7 +47,7 @@ pub trait Backend: Send + Sync {
     /// The engine of device `gpu`, and a name for the device. `models` are models already planned
     /// for it; the server passes none (it starts the engines first) and announces each start-up
     /// model with [`Backend::register_start_model`] instead.
-    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(Engine, String), ServeError>;
+    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(EngineHandle, String), ServeError>;
     /// Kernel profiles for the dispatcher's estimates, if the backend has a folder of them.
     fn profiles(&self) -> Option<&ProfileSet> {
         None
@@ -69,6 +69,128 @@ pub trait Backend: Send + Sync {
     /// ready ("compiling kernels 3/7"); `None` when nothing worth saying.
     fn activity(&self) -> Option<String> {
         None
+    }
+}
+
+/// The engine of one GPU as the server drives it: in this process, or in a GPU worker process
+/// ([`crate::worker`]) that the server restarts after a fault. The same calls either way.
+pub enum EngineHandle {
+    InProcess(Engine),
+    Worker(crate::worker::WorkerEngine),
+}
+
+impl EngineHandle {
+    pub fn device(&self) -> &kairos_gpu::DeviceInfo {
+        match self {
+            EngineHandle::InProcess(e) => e.device(),
+            EngineHandle::Worker(w) => w.device(),
+        }
+    }
+
+    pub fn load_model(&self, spec: kairos_sched::ModelSpec) -> Result<ModelInfo, kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.load_model(spec),
+            EngineHandle::Worker(w) => w.load_model(spec),
+        }
+    }
+
+    pub fn unload_model(&self, name: &str) -> Result<(), kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.unload_model(name),
+            EngineHandle::Worker(w) => w.unload_model(name),
+        }
+    }
+
+    /// Submits a request (see [`Engine::submit_with`] and [`Engine::submit_notify`]).
+    pub fn submit(
+        &self,
+        model: &str,
+        inputs: Vec<Tensor>,
+        options: RequestOptions,
+        before_done: Option<Box<dyn FnOnce() + Send>>,
+        on_done: impl FnOnce(Result<kairos_sched::Response, kairos_sched::Error>) + Send + 'static,
+    ) -> Result<kairos_sched::RequestId, kairos_sched::Error> {
+        match (self, before_done) {
+            (EngineHandle::InProcess(e), Some(n)) => e.submit_notify(model, inputs, options, n, on_done),
+            (EngineHandle::InProcess(e), None) => e.submit_with(model, inputs, options, on_done),
+            (EngineHandle::Worker(w), n) => w.submit(model, inputs, options, n, Box::new(on_done)),
+        }
+    }
+
+    /// A request bound to a host mapping (only in process: a worker maps no host memory, so it
+    /// has no mapping to bind to).
+    pub fn submit_bound(
+        &self,
+        model: &str,
+        inputs: Vec<Tensor>,
+        binding: IoBinding,
+        options: RequestOptions,
+        before_done: Option<Box<dyn FnOnce() + Send>>,
+        on_done: impl FnOnce(Result<kairos_sched::Response, kairos_sched::Error>) + Send + 'static,
+    ) -> Result<kairos_sched::RequestId, kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.submit_bound(model, inputs, binding, options, before_done, on_done),
+            EngineHandle::Worker(_) => {
+                Err(kairos_sched::Error::InvalidInput("a GPU worker process has no host mappings to bind a request to".into()))
+            }
+        }
+    }
+
+    /// Cancels a request; it completes with `Error::Cancelled` (nothing for finished ones).
+    pub fn cancel(&self, id: kairos_sched::RequestId) -> Result<(), kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.cancel(id),
+            EngineHandle::Worker(w) => w.cancel(id),
+        }
+    }
+
+    /// Maps host memory for zero-copy requests. A worker cannot see the server's memory: it
+    /// answers with the reason, and requests take the copy path.
+    pub fn map_host(&self, memory: Arc<dyn HostMemory>) -> Result<kairos_gpu::HostMapping, kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.map_host(memory),
+            EngineHandle::Worker(_) => Err(kairos_sched::Error::Gpu(
+                "zero-copy needs the engine in the server's process (--gpu-workers off); requests copy their tensors".into(),
+            )),
+        }
+    }
+
+    pub fn unmap_host(&self, id: kairos_gpu::HostMappingId) -> Result<(), kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.unmap_host(id),
+            EngineHandle::Worker(_) => Ok(()),
+        }
+    }
+
+    pub fn stats(&self) -> kairos_sched::EngineStats {
+        match self {
+            EngineHandle::InProcess(e) => e.stats(),
+            EngineHandle::Worker(w) => w.stats(),
+        }
+    }
+
+    /// Why the engine stopped serving for good, if it did.
+    pub fn stopped(&self) -> Option<String> {
+        match self {
+            EngineHandle::InProcess(e) => e.stopped(),
+            EngineHandle::Worker(w) => w.stopped(),
+        }
+    }
+
+    /// The latest recoveries (in-process resets, or worker restarts), oldest first.
+    pub fn recoveries(&self) -> Vec<kairos_sched::RecoveryReport> {
+        match self {
+            EngineHandle::InProcess(e) => e.recoveries(),
+            EngineHandle::Worker(w) => w.recoveries(),
+        }
+    }
+
+    /// The worker's process id, when the engine runs in one.
+    pub fn worker_pid(&self) -> Option<u32> {
+        match self {
+            EngineHandle::InProcess(_) => None,
+            EngineHandle::Worker(w) => w.worker_pid(),
+        }
     }
 }
 
@@ -104,7 +226,7 @@ impl Backend for SimBackend {
         format!("sim ({}, seed {}, compute {})", self.desc.name, self.seed, if self.compute { "on" } else { "off" })
     }
 
-    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(Engine, String), ServeError> {
+    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(EngineHandle, String), ServeError> {
         let desc = self.desc.clone();
         let opts = kairos_sim::SimOptions {
             seed: self.seed.wrapping_add(gpu as u64),
@@ -124,7 +246,7 @@ impl Backend for SimBackend {
             Ok(InboxSimGpu { gpu: g, inbox })
         })
         .map_err(|e| ServeError::Internal(format!("cannot start the simulated GPU {gpu}: {e}")))?;
-        Ok((engine, name))
+        Ok((EngineHandle::InProcess(engine), name))
     }
 
     fn profiles(&self) -> Option<&ProfileSet> {
@@ -384,7 +506,7 @@ pub struct IndexRow {
 }
 
 struct EngineSlot {
-    engine: Engine,
+    engine: EngineHandle,
     device: String,
 }
 
@@ -1090,13 +1212,10 @@ impl State {
             on_done(r);
         };
         let engine = &self.engines[inst.gpu as usize].engine;
-        let r = match (io, before_done) {
-            (EngineIo::Tensors(inputs), Some(n)) => engine.submit_notify(&inst.engine_name, inputs, options, n, done),
-            (EngineIo::Tensors(inputs), None) => engine.submit_with(&inst.engine_name, inputs, options, done),
-            (EngineIo::Bound { inputs, binding }, n) => {
-                let n = n.map(|n| Box::new(n) as Box<dyn FnOnce() + Send>);
-                engine.submit_bound(&inst.engine_name, inputs, binding, options, n, done)
-            }
+        let n = before_done.map(|n| Box::new(n) as Box<dyn FnOnce() + Send>);
+        let r = match io {
+            EngineIo::Tensors(inputs) => engine.submit(&inst.engine_name, inputs, options, n, done),
+            EngineIo::Bound { inputs, binding } => engine.submit_bound(&inst.engine_name, inputs, binding, options, n, done),
         };
         if let Err(e) = r {
             inst.outstanding.fetch_sub(1, Ordering::Relaxed);

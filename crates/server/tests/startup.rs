@@ -12,7 +12,7 @@ use kairos_client::rest::{HttpReply, RestClient};
 use kairos_client::{Code, InferOptions};
 use kairos_gpu::profile::ProfileSet;
 use kairos_ir::plan::Plan;
-use kairos_sched::Engine;
+use kairos_server::EngineHandle;
 use kairos_server::state::PlannedModel;
 use kairos_server::{Backend, ServeError, SimBackend, State};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -38,7 +38,7 @@ impl Backend for Gated {
         format!("gated {}", self.inner.describe())
     }
 
-    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(Engine, String), ServeError> {
+    fn start(&self, gpu: u32, models: &[&PlannedModel]) -> Result<(EngineHandle, String), ServeError> {
         self.inner.start(gpu, models)
     }
 

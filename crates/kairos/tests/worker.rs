@@ -1,0 +1,173 @@
+//! GPU worker processes (`kairos serve --gpu-workers on`, here on the simulator): the real binary
+//! serves through a worker; the worker is killed with requests in flight; every request gets an
+//! answer (a result, or 503 with the cause), the server restarts the worker, loads the models
+//! again, and serves the same answers as before. The front ends never stop.
+
+use kairos_client::rest::RestClient;
+use kairos_client::{ClientError, Code, InferOptions};
+use kairos_ir::Tensor;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the server may take to be ready (a debug build plans and loads the tiny models).
+const READY_WAIT: Duration = Duration::from_secs(120);
+/// Every request in flight at the fault is answered within this.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+struct Server {
+    child: Child,
+    http: String,
+    dir: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start(dir: &Path) -> Server {
+    let repo = dir.join("models");
+    std::fs::create_dir_all(&repo).unwrap();
+    kairos_server::fixtures::write_tiny_repository(&repo).unwrap();
+    // A slower model, so that requests are in flight when the worker dies.
+    let slow = repo.join("slow");
+    std::fs::create_dir_all(&slow).unwrap();
+    std::fs::write(slow.join("slow.onnx"), kairos_server::fixtures::mlp_sized_onnx("slow", 512, 8)).unwrap();
+    std::fs::write(slow.join("config.toml"), "model = \"slow.onnx\"\n").unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["serve", "--backend", "sim", "--gpu-workers", "on", "--grpc", "off", "--shm-socket", "off", "--log", "warn"])
+        .arg("--repository")
+        .arg(&repo)
+        .arg("--http")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kairos serve starts");
+    Server { child, http: format!("http://127.0.0.1:{port}"), dir: dir.to_path_buf() }
+}
+
+/// The worker processes of `pid` (its children).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(1).and_then(|f| f.parse::<u32>().ok()) == Some(pid) && fields.first() != Some(&"Z") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+async fn wait_ready(c: &RestClient, within: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        if c.server_ready().await.unwrap_or(false) {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < within, "the server was not ready within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn input(width: usize, seed: f32) -> Tensor {
+    Tensor::f32(vec![1, width], (0..width).map(|i| (i as f32 * 0.37 + seed).sin()).collect())
+}
+
+#[test]
+fn a_killed_worker_is_restarted_and_every_request_is_answered() {
+    let dir = std::env::temp_dir().join(format!("kairos-worker-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut server = start(&dir);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = RestClient::new(&server.http).unwrap();
+        let started = Instant::now();
+        loop {
+            if c.server_live().await.unwrap_or(false) {
+                break;
+            }
+            assert!(started.elapsed() < READY_WAIT, "the server did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        wait_ready(&c, READY_WAIT).await;
+        let workers = children_of(server.child.id());
+        assert_eq!(workers.len(), 1, "one GPU, one worker process (found {workers:?})");
+        let x = input(64, 0.5);
+        let opts = InferOptions::default();
+        let before = c.infer("mlp", "", &[("x", &x)], &opts, false).await.expect("mlp through the worker").outputs;
+        let xs = input(512, 1.5);
+        let slow_before = c.infer("slow", "", &[("x", &xs)], &opts, true).await.expect("slow through the worker").outputs;
+
+        // Requests in flight, then the worker dies.
+        let mut inflight = Vec::new();
+        for i in 0..24 {
+            let c = RestClient::new(&server.http).unwrap();
+            let (xs, model) = if i % 2 == 0 { (input(512, 1.5), "slow") } else { (input(64, 0.5), "mlp") };
+            inflight.push(tokio::spawn(async move {
+                let name = "x";
+                tokio::time::timeout(ANSWER_WITHIN, c.infer(model, "", &[(name, &xs)], &InferOptions::default(), false)).await
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let killed_at = Instant::now();
+        let status = Command::new("kill").args(["-9", &workers[0].to_string()]).status().unwrap();
+        assert!(status.success(), "kill -9 of the worker");
+        let (mut served, mut unavailable) = (0, 0);
+        for h in inflight {
+            match h.await.unwrap().expect("a request in flight at the fault got no answer") {
+                Ok(r) => {
+                    let want = if r.model_name == "slow" { &slow_before } else { &before };
+                    assert_eq!(&r.outputs, want, "a request served around the fault is wrong");
+                    served += 1;
+                }
+                Err(ClientError::Server { code: Code::Unavailable, message }) => {
+                    assert!(message.contains("worker"), "the 503 names the cause: {message}");
+                    unavailable += 1;
+                }
+                Err(e) => panic!("a request in flight at the fault got {e}"),
+            }
+        }
+        eprintln!("worker test: {served} served, {unavailable} answered 503 around the kill");
+
+        // Serving again: a new worker, the same answers.
+        let ready_after = wait_ready(&c, Duration::from_secs(30)).await.max(killed_at.elapsed());
+        let t = Instant::now();
+        let again = loop {
+            match c.infer("mlp", "", &[("x", &x)], &opts, false).await {
+                Ok(r) => break r.outputs,
+                Err(e) => {
+                    assert!(t.elapsed() < Duration::from_secs(30), "the server does not serve after the restart: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        eprintln!("worker test: ready again {:.0} ms after the kill", ready_after.as_secs_f64() * 1e3);
+        assert_eq!(again, before, "mlp answers differently after the restart");
+        let slow_again = c.infer("slow", "", &[("x", &xs)], &opts, true).await.expect("slow after the restart").outputs;
+        assert_eq!(slow_again, slow_before, "slow answers differently after the restart");
+        let now = children_of(server.child.id());
+        assert_eq!(now.len(), 1, "one worker after the restart (found {now:?})");
+        assert_ne!(now[0], workers[0], "the worker was restarted");
+        let metrics = c.metrics().await.unwrap();
+        let line =
+            metrics.lines().find(|l| l.starts_with("kairos_gpu_recoveries_total")).expect("the recoveries counter").to_string();
+        assert!(line.ends_with(" 1"), "one recovery counted: {line}");
+        assert!(c.server_live().await.unwrap(), "the server stayed live");
+    });
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+}
