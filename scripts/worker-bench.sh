@@ -9,7 +9,7 @@
 #   inproc    the same fault with --gpu-workers off: what happens without workers
 #   soak      `kairos bench soak --backend cuda` for SOAK_S seconds (if the binary has it)
 #
-# WORKER_STEPS (default overhead,fault,inproc) picks steps. Results are packed into $OUT/results.tar;
+# WORKER_STEPS (default overhead,fault,inproc) picks steps. Results are packed into $OUT/results.tar.xz;
 # a short summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +59,7 @@ if has fault; then
         step fault 90 python3 scripts/worker_driver.py fault --model resnet18 --concurrency 4 --duration-s 60 --label "workers on, fault at launch $fault_at" --out "$OUT/fault.json"
         curl -s http://127.0.0.1:8000/metrics | grep -E "^kairos_(gpu_recoveries|launches_lost)" | tee "$OUT/fault-metrics.txt"
         curl -s http://127.0.0.1:8000/v2/health/live -o /dev/null -w "live %{http_code}\n" | tee -a "$OUT/fault-metrics.txt"
+        grep -v " INFO " "$OUT/serve-fault.log" | tail -12
         stop
     fi
 fi
@@ -66,16 +67,18 @@ if has inproc; then
     if serve serve-inproc.log --gpu-workers off --load resnet18 --test-fault-at-launch "$fault_at"; then
         step inproc 60 python3 scripts/worker_driver.py fault --model resnet18 --concurrency 4 --duration-s 15 --label "workers off, fault at launch $fault_at" --out "$OUT/inproc.json"
         curl -s http://127.0.0.1:8000/v2/health/live -o /dev/null -w "live %{http_code}\n" | tee "$OUT/inproc-live.txt"
+        kill -0 $PID 2>/dev/null && echo "server process alive" || { wait $PID; echo "server process gone: exit status $?"; }
+        grep -v " INFO " "$OUT/serve-inproc.log" | tail -25
         stop
     fi
 fi
 if has soak; then
     step soak $(( ${SOAK_S:-540} + 60 )) "$BIN/kairos" bench soak --backend cuda --duration-s "${SOAK_S:-540}" --out "$OUT/soak"
 fi
-tar -cf "$OUT/results.tar" -C "$OUT" --exclude results.tar . && find "$OUT" -mindepth 1 ! -name results.tar ! -name summary.txt -delete
+tar -cJf "$OUT/results.tar.xz" -C "$OUT" --exclude results.tar.xz . ; find "$OUT" -mindepth 1 ! -name results.tar.xz ! -name summary.txt -delete
 echo "== summary"
 cat "$OUT/summary.txt"
-python3 - "$OUT/results.tar" <<'PY'
+python3 - "$OUT/results.tar.xz" <<'PY'
 import json, sys, tarfile
 t = tarfile.open(sys.argv[1])
 for m in sorted(t.getnames()):

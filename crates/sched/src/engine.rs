@@ -671,6 +671,15 @@ fn recover<G: Gpu>(
     }
 }
 
+/// Leaves a GPU that could not be reset without cleaning it up: its driver state is broken (on
+/// CUDA a sticky error), and freeing through it is unsafe — measured on an H100: after an illegal
+/// address, dropping the context's buffers and streams crashed the process with a segmentation
+/// fault inside the driver, taking the server's front ends with it. The engine has stopped and
+/// answered every request; the process's exit (or the GPU worker's restart) reclaims the rest.
+fn abandon_gpu<G: Gpu>(d: Dispatcher<G>) {
+    std::mem::forget(d);
+}
+
 fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cfg: &EngineConfig) {
     let mut out = Vec::new();
     let mut waiters = Waiters::default();
@@ -700,6 +709,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             Err(e) => {
                 waiters.deliver(&mut out, shared);
                 if !recover(&mut d, &e, &mut out, &mut waiters, shared, cfg) {
+                    abandon_gpu(d);
                     return;
                 }
                 continue;
@@ -755,6 +765,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             if let Err(e) = d.gpu_mut().wait(until) {
                 let e = Error::GpuFailed(format!("waiting on the GPU failed: {e}"));
                 if !recover(&mut d, &e, &mut out, &mut waiters, shared, cfg) {
+                    abandon_gpu(d);
                     return;
                 }
             }
