@@ -15,6 +15,8 @@
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
 //! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory
 //!   channel with hybrid wait or polling, its Unix socket), with the client's CPU use.
+//! - [`soak`]: constant open-loop load on a running server through REST and gRPC with a flood of
+//!   bad input mixed in, every good answer checked; the server's memory read from `/proc`.
 //! - [`breakdown`]: where a request's time goes, launch by launch (launch call, hardware queue,
 //!   execution, the record's way back, the GPU's gaps between a request's kernels), each model
 //!   alone and in a mix; the one module that drives the dispatcher directly, to read its issue
@@ -38,6 +40,7 @@ pub mod remote;
 pub mod report;
 pub mod runner;
 pub mod serving;
+pub mod soak;
 pub mod target;
 pub mod trace;
 pub mod workload;

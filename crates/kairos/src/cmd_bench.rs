@@ -6,6 +6,7 @@
 //! - `kairos bench report`: merges peer results (`scripts/peer_replay.py`) into a results file and
 //!   redraws its tables and plots.
 //! - `kairos bench serve`: the front ends' overhead and the client's CPU use (cmd_bench_serve).
+//! - `kairos bench soak`: constant load with bad input mixed in on a child `kairos serve` (cmd_soak).
 //! - `kairos bench paella`: Paella's four experiments as first written (kept for the fidelity runs).
 
 use crate::cmd_run::{Backend, sim_desc};
@@ -47,6 +48,10 @@ pub enum BenchCommand {
     Cold(Box<crate::cmd_cold::ColdArgs>),
     /// Serving overhead per front end (REST, gRPC, shared memory) and the client's CPU use per wait scheme.
     Serve(Box<crate::cmd_bench_serve::ServeBenchArgs>),
+    /// A soak: `kairos serve` as a child process under constant REST and gRPC load with bad input
+    /// mixed in; every answer checked, the server's memory sampled (fails on a lost or wrong
+    /// answer, a 5xx or hang for bad input, a dead server, or memory growth past the limit).
+    Soak(Box<crate::cmd_soak::SoakArgs>),
     /// Where a request's time goes, kernel by kernel (launch call, hardware queue, execution, the
     /// record's way back, the GPU's gaps between a request's kernels): models alone and in a mix.
     Breakdown(Box<BreakdownArgs>),
@@ -651,6 +656,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Latency(a) => crate::cmd_latency::run(*a),
         BenchCommand::Cold(a) => crate::cmd_cold::run(*a),
         BenchCommand::Serve(a) => crate::cmd_bench_serve::run(*a),
+        BenchCommand::Soak(a) => crate::cmd_soak::run(*a),
         BenchCommand::Breakdown(a) => run_breakdown(*a),
     }
 }

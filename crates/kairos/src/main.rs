@@ -10,6 +10,7 @@ mod cmd_latency;
 mod cmd_profile;
 mod cmd_run;
 mod cmd_serve;
+mod cmd_soak;
 mod cmd_zoo;
 mod cpu_profile;
 mod model_args;
