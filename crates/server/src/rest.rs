@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load or a GPU is being reset; live: 503 with the reason once a GPU failed for good (restart the process) |
+//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load, a GPU is being reset or the server drains; live: 503 with the reason once a GPU failed for good (restart the process) |
 //! | GET | `/v2` | server metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]` | model metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]/ready` | 200 when ready, else 404/503 |
@@ -117,8 +117,8 @@ async fn live(AxState(app): AxState<App>) -> Response {
     }
 }
 
-/// 200 once the start-up loading has finished; until then (and during the shutdown) 503 with the
-/// reason ("loading models: 2 of 5 done (now: resnet50, 12.3 s)").
+/// 200 once the start-up loading has finished; until then (and during a drain or the shutdown) 503
+/// with the reason ("loading models: 2 of 5 done (now: resnet50, 12.3 s)").
 async fn ready(AxState(app): AxState<App>) -> Response {
     match app.state.not_ready_reason() {
         None => StatusCode::OK.into_response(),
