@@ -7,7 +7,8 @@
 #             launch writes to an unmapped address (a sticky CUDA fault); 4 clients send requests
 #             throughout; every outcome kept; the outage measured (worker_driver.py fault)
 #   inproc    the same fault with --gpu-workers off: what happens without workers
-#   soak      `kairos bench soak --backend cuda` for SOAK_S seconds (if the binary has it)
+#   soak      `kairos bench soak --backend cuda` for SOAK_S seconds (default 540) at SOAK_RATE requests/s
+#             (default 100) over SOAK_MODELS, through the GPU worker (the default with CUDA)
 #
 # WORKER_STEPS (default overhead,fault,inproc) picks steps. Results are packed into $OUT/results.tar.xz;
 # a short summary is printed last.
@@ -73,7 +74,8 @@ if has inproc; then
     fi
 fi
 if has soak; then
-    step soak $(( ${SOAK_S:-540} + 60 )) "$BIN/kairos" bench soak --backend cuda --duration-s "${SOAK_S:-540}" --out "$OUT/soak"
+    step soak $(( ${SOAK_S:-540} + 60 )) "$BIN/kairos" bench soak --backend cuda --duration-s "${SOAK_S:-540}" \
+        --models "${SOAK_MODELS:-mlp,pair,embed,resnet18,resnet50}" --rate "${SOAK_RATE:-100}" --out "$OUT/soak"
 fi
 tar -cJf "$OUT/results.tar.xz" -C "$OUT" --exclude results.tar.xz . ; find "$OUT" -mindepth 1 ! -name results.tar.xz ! -name summary.txt -delete
 echo "== summary"

@@ -139,7 +139,8 @@ pub struct ServerTiming {
 pub struct InferOptions {
     /// Triton's convention: 0 = the model's priority, 1 = the most urgent, larger = less urgent.
     pub priority: u32,
-    /// Deadline (latency target) in microseconds; 0: the model's.
+    /// Deadline (latency target) in microseconds; 0: the model's. The server also cancels a request
+    /// not answered within it (504 / DEADLINE_EXCEEDED).
     pub timeout_us: u64,
     /// Overrides the model's class.
     pub real_time: Option<bool>,

@@ -60,7 +60,8 @@ REQUESTS
   Open Inference Protocol (KServe v2) over REST (/v2/...) and gRPC (inference.GRPCInferenceService),
   with Triton's repository (index/load/unload), model configuration and statistics extensions; the
   binary tensor data extension on REST. Request parameters: priority (Triton's levels: 1 is the most
-  urgent, 0 the model's own), timeout (microseconds: becomes the request's deadline), kairos_class
+  urgent, 0 the model's own), timeout (microseconds: the request's deadline, and past it the request is
+  cancelled and answered 504 / DEADLINE_EXCEEDED), kairos_class
   (real-time / best-effort), kairos_tenant. Responses carry kairos_engine_ns, kairos_gpu_ns,
   kairos_queue_ns and kairos_deadline_missed. Prometheus metrics on GET /metrics (REST port).
   Local clients: the shared-memory channel on --shm-socket (kairos_client::shm::ShmClient).";
@@ -143,6 +144,11 @@ pub struct ServeArgs {
     /// tokio worker threads for REST and gRPC.
     #[arg(long, env = "KAIROS_THREADS", default_value_t = 2)]
     pub threads: usize,
+    /// On SIGTERM or Ctrl-C, drain: not ready at once, new requests refused (503 / UNAVAILABLE),
+    /// requests in flight finish, and those still running after this many seconds are cancelled;
+    /// then the process exits with status 0. 0: cancel at once. A second signal stops at once.
+    #[arg(long, env = "KAIROS_DRAIN_TIMEOUT_S", default_value_t = kairos_server::DRAIN_TIMEOUT_S_DEFAULT)]
+    pub drain_timeout_s: u64,
     /// Simulated GPU: h100-sxm, h100-pcie or h200.
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
@@ -483,8 +489,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         control: args.control_api.clone(),
     };
     let server = RunningServer::start(cfg, backend).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Caught from here on, so that a SIGTERM always drains.
+    let signals = server.signals().map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!(
-        "kairos serve: listening (REST {}, gRPC {}, shared memory {}); loading {} model(s) in the background (Ctrl-C stops)",
+        "kairos serve: listening (REST {}, gRPC {}, shared memory {}); loading {} model(s) in the background (Ctrl-C or SIGTERM drains and stops)",
         server.http_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.grpc_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.shm_socket().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
@@ -507,7 +515,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Err(e) = announce {
         tracing::warn!(error = %e, "cannot start the thread that announces readiness");
     }
-    server.wait_for_signal();
+    signals.wait();
+    eprintln!(
+        "kairos serve: draining ({} request(s) in flight, {} s at most; a second signal stops at once)",
+        server.state.in_flight(),
+        args.drain_timeout_s
+    );
+    let report = server.drain(std::time::Duration::from_secs(args.drain_timeout_s), signals.again());
+    eprintln!(
+        "kairos serve: drained in {:.1} s ({} in flight at the start, {} cancelled{}); stopping",
+        report.took.as_secs_f64(),
+        report.in_flight_at_start,
+        report.cancelled,
+        if report.interrupted { ", stopped early by a second signal" } else { "" }
+    );
     server.shutdown();
     Ok(())
 }

@@ -94,6 +94,7 @@ struct Shared {
     submitted: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
+    cancelled: AtomicU64,
     rejected: AtomicU64,
     jobs: AtomicU64,
     launches_in_flight: AtomicU64,
@@ -131,6 +132,8 @@ pub struct EngineStats {
     pub completed: u64,
     /// Completed with an error (cancelled, invalid, GPU error, shutdown).
     pub failed: u64,
+    /// Of `failed`, those answered [`Error::Cancelled`] (a [`Command::Cancel`] stopped them).
+    pub cancelled: u64,
     /// Refused at the queue (overloaded).
     pub rejected: u64,
     /// Requests in the dispatcher (waiting or admitted), as of the last turn of its loop.
@@ -365,8 +368,19 @@ impl Engine {
     }
 
     /// Cancels a request (see [`Command::Cancel`]); its completion reports [`Error::Cancelled`].
+    /// Blocks while the submission queue is full.
     pub fn cancel(&self, id: RequestId) -> Result<(), Error> {
         self.send_blocking(Envelope { command: Command::Cancel(id), reply: Reply::None })
+    }
+
+    /// [`Engine::cancel`] without blocking: [`Error::Overloaded`] when the submission queue is full
+    /// (try again later), [`Error::ShuttingDown`] when the engine has stopped.
+    pub fn try_cancel(&self, id: RequestId) -> Result<(), Error> {
+        match self.tx.try_send(Envelope { command: Command::Cancel(id), reply: Reply::None }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(Error::Overloaded { what: "submission queue", max: self.submit_queue_max as u64 }),
+            Err(TrySendError::Disconnected(_)) => Err(Error::ShuttingDown),
+        }
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -375,6 +389,7 @@ impl Engine {
             submitted: s.submitted.load(Ordering::Relaxed),
             completed: s.completed.load(Ordering::Relaxed),
             failed: s.failed.load(Ordering::Relaxed),
+            cancelled: s.cancelled.load(Ordering::Relaxed),
             rejected: s.rejected.load(Ordering::Relaxed),
             jobs: s.jobs.load(Ordering::Relaxed),
             launches_in_flight: s.launches_in_flight.load(Ordering::Relaxed),
@@ -542,11 +557,15 @@ impl Waiters {
         for o in out.drain(..) {
             match o {
                 Output::Done { id, result } => {
-                    if result.is_ok() {
-                        shared.completed.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        shared.failed.fetch_add(1, Ordering::Relaxed);
-                    }
+                    match &result {
+                        Ok(_) => shared.completed.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            if *e == Error::Cancelled {
+                                shared.cancelled.fetch_add(1, Ordering::Relaxed);
+                            }
+                            shared.failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
                     self.almost.remove(&id);
                     if let Some(c) = self.requests.remove(&id) {
                         c(result);

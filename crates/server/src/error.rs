@@ -22,6 +22,9 @@ pub enum ServeError {
     Unavailable(String),
     #[error("{0}")]
     Cancelled(String),
+    /// The request ran past its `timeout` and was cancelled.
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// A feature of the protocol kairos does not implement.
     #[error("{0}")]
     Unsupported(String),
@@ -48,11 +51,12 @@ pub enum Outcome {
     Overloaded,
     Unavailable,
     Cancelled,
+    DeadlineExceeded,
     Internal,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Ok,
         Outcome::Invalid,
         Outcome::NotFound,
@@ -60,6 +64,7 @@ impl Outcome {
         Outcome::Overloaded,
         Outcome::Unavailable,
         Outcome::Cancelled,
+        Outcome::DeadlineExceeded,
         Outcome::Internal,
     ];
 
@@ -72,6 +77,7 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::Unavailable => "unavailable",
             Outcome::Cancelled => "cancelled",
+            Outcome::DeadlineExceeded => "deadline_exceeded",
             Outcome::Internal => "internal",
         }
     }
@@ -91,6 +97,7 @@ impl ServeError {
             ServeError::Overloaded(_) => (429, Code::ResourceExhausted, Outcome::Overloaded),
             ServeError::Unavailable(_) => (503, Code::Unavailable, Outcome::Unavailable),
             ServeError::Cancelled(_) => (499, Code::Cancelled, Outcome::Cancelled),
+            ServeError::DeadlineExceeded(_) => (504, Code::DeadlineExceeded, Outcome::DeadlineExceeded),
             ServeError::Unsupported(_) => (400, Code::Unimplemented, Outcome::Invalid),
             ServeError::Internal(_) => (500, Code::Internal, Outcome::Internal),
         };
@@ -134,11 +141,12 @@ mod tests {
             (E::Gpu("boom".into()).into(), 500, Code::Internal),
             (E::GpuFailed("launch 3 hung".into()).into(), 503, Code::Unavailable),
             (ServeError::TooLarge("big".into()), 413, Code::InvalidArgument),
+            (ServeError::DeadlineExceeded("late".into()), 504, Code::DeadlineExceeded),
         ];
         for (e, http, grpc) in cases {
             let s = e.status();
             assert_eq!((s.http, s.grpc), (http, grpc), "{e:?}");
         }
-        assert_eq!(Outcome::ALL.iter().map(|o| o.index()).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+        assert_eq!(Outcome::ALL.iter().map(|o| o.index()).collect::<Vec<_>>(), (0..9).collect::<Vec<_>>());
     }
 }

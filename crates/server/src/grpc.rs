@@ -10,7 +10,7 @@
 use crate::control::{CONTROL_KEY_HEADER, ControlAccess};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{ModelEntry, RequestParams, State};
+use crate::state::{CancelOnDrop, ModelEntry, RequestParams, State, SubmitOptions};
 use kairos_ir::{DType, Tensor};
 use kairos_sched::Class;
 use std::collections::HashMap;
@@ -123,7 +123,7 @@ fn request_params(p: &HashMap<String, pb::InferParameter>) -> Result<RequestPara
 /// A decoded `ModelInferRequest`.
 #[derive(Debug)]
 pub struct Decoded {
-    pub options: kairos_sched::RequestOptions,
+    pub options: SubmitOptions,
     /// In the model's input order.
     pub inputs: Vec<Tensor>,
     /// Indices of the outputs to send back.
@@ -135,7 +135,7 @@ pub struct Decoded {
 /// panics; errors name what is wrong. The message's own size is bounded by tonic's decoding limit.
 pub fn decode_infer_request(m: &ModelEntry, r: &mut pb::ModelInferRequest) -> Result<Decoded, ServeError> {
     let params = request_params(&r.parameters)?;
-    let options = m.options(&params)?;
+    let options = m.submit_options(&params)?;
     let inputs = decode_inputs(m, r)?;
     let mut outputs = Vec::new();
     for o in &r.outputs {
@@ -322,13 +322,17 @@ impl Service {
         let Decoded { options, inputs, outputs: wanted } = decode_infer_request(&m, &mut r).map_err(|e| fail(class, e))?;
         m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        state
+        let ticket = state
             .submit(&m, inputs, options, move |r| {
                 let _ = tx.send(r);
             })
             .map_err(|e| fail(class, e))?;
-        let done = rx
-            .await
+        // Dropped with this future when the client cancels the call or goes away: the request
+        // is cancelled, its GPU work stopped.
+        let guard = CancelOnDrop::new(state.clone(), ticket);
+        let done = rx.await;
+        guard.disarm();
+        let done = done
             .map_err(|_| fail(class, ServeError::Internal("the engine dropped the request".into())))?
             .map_err(|e| fail(class, e))?;
         let t_out = Instant::now();

@@ -25,6 +25,7 @@ pub mod control;
 pub mod error;
 pub mod fixtures;
 pub mod grpc;
+pub mod inflight;
 pub mod metrics;
 pub mod repository;
 pub mod rest;
@@ -37,13 +38,57 @@ pub use control::ControlAccess;
 pub use error::ServeError;
 pub use repository::{ModelConfig, ModelSource, Repository};
 pub use shm::ShmConfig;
-pub use state::{Backend, EngineHandle, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
+pub use state::{Backend, CancelCause, EngineHandle, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
 pub use worker::{WorkerBackend, WorkerSpawn};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-use tracing::info;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Default of [`RunningServer::drain`]'s timeout in `kairos serve` (`--drain-timeout-s`).
+pub const DRAIN_TIMEOUT_S_DEFAULT: u64 = 30;
+/// How long a drain waits for the requests it cancelled at its deadline to be answered.
+pub const DRAIN_CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// A drain logs the requests still in flight this often.
+const DRAIN_LOG_PERIOD: Duration = Duration::from_secs(1);
+/// A drain looks at its stop flag this often.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
+
+/// What [`RunningServer::drain`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Requests in flight when the drain began.
+    pub in_flight_at_start: usize,
+    /// Of those (and any accepted while the drain began), cancelled at the deadline.
+    pub cancelled: usize,
+    /// Requests still not answered when the drain returned (cancelled ones whose answer did not
+    /// come within [`DRAIN_CANCEL_WAIT`], or everything when it was stopped early).
+    pub left: usize,
+    /// A stop (a second signal) cut the drain short.
+    pub interrupted: bool,
+    pub took: Duration,
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM, caught from [`RunningServer::signals`] on: the first one is
+/// waited for with [`Signals::wait`], every later one sets [`Signals::again`].
+pub struct Signals {
+    first: std::sync::mpsc::Receiver<()>,
+    again: Arc<AtomicBool>,
+}
+
+impl Signals {
+    /// Blocks until the first signal.
+    pub fn wait(&self) {
+        let _ = self.first.recv();
+    }
+
+    /// Set by a signal after the first (stop at once).
+    pub fn again(&self) -> &Arc<AtomicBool> {
+        &self.again
+    }
+}
 
 /// Everything `kairos serve` configures.
 #[derive(Clone, Debug)]
@@ -181,16 +226,103 @@ impl RunningServer {
         self.shm.as_ref().map(|s| s.path())
     }
 
-    /// Blocks until SIGINT (Ctrl-C) or SIGTERM.
-    pub fn wait_for_signal(&self) {
-        let Some(rt) = &self.runtime else { return };
-        rt.block_on(async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+    /// Catches SIGINT (Ctrl-C) and SIGTERM from now on (they no longer end the process): see
+    /// [`Signals`].
+    pub fn signals(&self) -> Result<Signals, ServeError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let rt = self.runtime.as_ref().ok_or_else(|| ServeError::Unavailable("the server has stopped".into()))?;
+        let (mut int, mut term) = {
+            let _in_runtime = rt.enter();
+            let e = |e: std::io::Error| ServeError::Internal(format!("cannot catch signals: {e}"));
+            (signal(SignalKind::interrupt()).map_err(e)?, signal(SignalKind::terminate()).map_err(e)?)
+        };
+        let (tx, first) = std::sync::mpsc::sync_channel(1);
+        let again = Arc::new(AtomicBool::new(false));
+        let flag = again.clone();
+        rt.spawn(async move {
+            let mut seen = 0u32;
+            loop {
+                let name = tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                };
+                seen += 1;
+                if seen == 1 {
+                    info!(signal = name, "signal received: draining");
+                    let _ = tx.try_send(());
+                } else {
+                    warn!(signal = name, "another signal during the drain: stopping at once");
+                    flag.store(true, Ordering::Release);
+                }
             }
         });
+        Ok(Signals { first, again })
+    }
+
+    /// Blocks until SIGINT (Ctrl-C) or SIGTERM; the flag is set by any later one.
+    pub fn wait_for_signal(&self) -> Result<Arc<AtomicBool>, ServeError> {
+        let s = self.signals()?;
+        s.wait();
+        Ok(s.again)
+    }
+
+    /// Drains, as a supervisor (Kubernetes) expects on SIGTERM: readiness turns false at once
+    /// (REST `/v2/health/ready` 503 "the server is draining", gRPC ServerReady false) while
+    /// liveness stays true; new inference requests (REST, gRPC, shared memory) are refused with
+    /// 503 / UNAVAILABLE; the requests in flight go on until they are all answered or `timeout`
+    /// has passed, and then whatever is left is cancelled (its GPU work stopped) and answered 503 /
+    /// UNAVAILABLE. Returns once nothing is in flight (waiting [`DRAIN_CANCEL_WAIT`] at most for
+    /// the cancelled ones), or at once when `stop` is set (everything left is cancelled then, its
+    /// answer not waited for). The listeners stay open: call
+    /// [`RunningServer::shutdown`] next. Progress in the log every second.
+    pub fn drain(&self, timeout: Duration, stop: &AtomicBool) -> DrainReport {
+        let t0 = Instant::now();
+        let state = &self.state;
+        state.begin_drain();
+        let in_flight_at_start = state.in_flight();
+        info!(
+            requests_in_flight = in_flight_at_start,
+            timeout_s = timeout.as_secs_f64(),
+            "draining: not ready, new requests refused"
+        );
+        let deadline = t0 + timeout;
+        let mut next_log = t0 + DRAIN_LOG_PERIOD;
+        let mut left = in_flight_at_start;
+        // Stopped early: everything still in flight is cancelled, and the drain returns at once.
+        let stopped = |left: usize, cancelled: usize| {
+            let now = state.cancel_all(CancelCause::Drain);
+            warn!(requests_in_flight = left, cancelled = now, "drain stopped early: cancelling what is left");
+            DrainReport { in_flight_at_start, cancelled: cancelled + now, left, interrupted: true, took: t0.elapsed() }
+        };
+        while left > 0 && Instant::now() < deadline {
+            if stop.load(Ordering::Acquire) {
+                return stopped(left, 0);
+            }
+            left = state.wait_in_flight((Instant::now() + DRAIN_POLL).min(deadline));
+            if left > 0 && Instant::now() >= next_log {
+                info!(
+                    requests_in_flight = left,
+                    remaining_s = deadline.saturating_duration_since(Instant::now()).as_secs_f64(),
+                    "draining"
+                );
+                next_log += DRAIN_LOG_PERIOD;
+            }
+        }
+        let mut cancelled = 0;
+        if left > 0 {
+            cancelled = state.cancel_all(CancelCause::Drain);
+            warn!(requests = cancelled, "drain deadline reached: cancelling the requests still in flight");
+            let until = Instant::now() + DRAIN_CANCEL_WAIT;
+            while left > 0 && Instant::now() < until {
+                if stop.load(Ordering::Acquire) {
+                    return stopped(left, cancelled);
+                }
+                left = state.wait_in_flight((Instant::now() + DRAIN_POLL).min(until));
+            }
+        }
+        let report = DrainReport { in_flight_at_start, cancelled, left, interrupted: false, took: t0.elapsed() };
+        info!(took_s = report.took.as_secs_f64(), cancelled, left, "drained");
+        report
     }
 
     /// Stops accepting requests, lets the listeners finish their connections (5 s at most), stops

@@ -3,7 +3,7 @@
 //! Recording is lock-free (atomics in per-model structures created when a model is first loaded and
 //! kept for the server's lifetime, so counters never go backwards); only `/metrics` rendering and
 //! the first load of a model name take a lock. Label values are bounded: models of the repository,
-//! two classes, three protocols, eight outcomes; requests naming an unknown model are counted under
+//! two classes, three protocols, nine outcomes, three cancellation causes; requests naming an unknown model are counted under
 //! `model=""`, so a client cannot grow the label set.
 //!
 //! | metric | type | labels |
@@ -13,6 +13,8 @@
 //! | `kairos_request_queue_seconds` | histogram | model, class (arrival to first kernel, engine clock) |
 //! | `kairos_request_gpu_seconds` | histogram | model, class (first kernel to done, engine clock) |
 //! | `kairos_deadline_misses_total` | counter | model, class |
+//! | `kairos_requests_cancelled_total` | counter | model, cause (`client_gone`, `timeout`, `drain`: requests the server cancelled, GPU work stopped) |
+//! | `kairos_requests_in_flight`, `kairos_draining` | gauge | (requests handed to an engine and not answered; 1 while a drain is under way) |
 //! | `kairos_gpu_busy_ratio` | gauge | gpu (share of 1 ms samples with kernels in flight, last second) |
 //! | `kairos_gpu_busy_seconds_total` | counter | gpu |
 //! | `kairos_preemptions_total`, `kairos_launches_total` | counter | gpu |
@@ -26,6 +28,7 @@
 //! | `kairos_shm_mapped_regions` | gauge | (clients' regions mapped into a GPU, one per client and GPU) |
 
 use crate::error::Outcome;
+use crate::inflight::CancelCause;
 use kairos_sched::Class;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -124,6 +127,7 @@ pub struct ModelMetrics {
     queue: [Histogram; 2],
     gpu: [Histogram; 2],
     deadline_misses: [AtomicU64; 2],
+    cancelled: [AtomicU64; CancelCause::ALL.len()],
     // Triton's statistics extension.
     pub success: Duration,
     pub fail: Duration,
@@ -136,6 +140,15 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
+    /// A request the server cancelled (its engine answered the cancel).
+    pub fn cancelled(&self, cause: CancelCause) {
+        self.cancelled[cause.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cancellations(&self, cause: CancelCause) -> u64 {
+        self.cancelled[cause.index()].load(Ordering::Relaxed)
+    }
+
     pub fn count(&self, class: Class, protocol: Protocol, outcome: Outcome) {
         self.requests[class_index(class)][protocol as usize][outcome.index()].fetch_add(1, Ordering::Relaxed);
     }
@@ -291,6 +304,18 @@ impl Metrics {
                 );
             }
         }
+        out.push_str("# HELP kairos_requests_cancelled_total Requests the server cancelled, by cause: client_gone (the client closed its connection), timeout (past the request's timeout), drain (left at the drain's deadline).\n");
+        out.push_str("# TYPE kairos_requests_cancelled_total counter\n");
+        for (name, m) in all.iter().filter(|(n, _)| !n.is_empty()) {
+            for cause in CancelCause::ALL {
+                let _ = writeln!(
+                    out,
+                    "kairos_requests_cancelled_total{{model=\"{name}\",cause=\"{}\"}} {}",
+                    cause.label(),
+                    m.cancellations(cause)
+                );
+            }
+        }
         let gauge = |out: &mut String, metric: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
             let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} {kind}");
             for (labels, v) in rows {
@@ -436,6 +461,19 @@ impl Metrics {
             vec![(String::new(), self.shm_mapped_regions.load(Ordering::Relaxed).to_string())],
         );
         out
+    }
+
+    /// The serving gauges of the state: requests in flight, and whether a drain is under way.
+    pub fn render_serving(out: &mut String, in_flight: usize, draining: bool) {
+        let _ = writeln!(
+            out,
+            "# HELP kairos_requests_in_flight Inference requests handed to an engine and not answered yet.\n# TYPE kairos_requests_in_flight gauge\nkairos_requests_in_flight {in_flight}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kairos_draining 1 while the server drains (not ready, new requests refused).\n# TYPE kairos_draining gauge\nkairos_draining {}",
+            draining as u8
+        );
     }
 }
 

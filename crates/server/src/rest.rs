@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load or a GPU is being reset; live: 503 with the reason once a GPU failed for good (restart the process) |
+//! | GET | `/v2/health/live`, `/v2/health/ready` | 200; ready: 503 with the reason while the start-up models load, a GPU is being reset or the server drains; live: 503 with the reason once a GPU failed for good (restart the process) |
 //! | GET | `/v2` | server metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]` | model metadata |
 //! | GET | `/v2/models/{m}[/versions/{v}]/ready` | 200 when ready, else 404/503 |
@@ -22,7 +22,7 @@
 use crate::control::{CONTROL_KEY_HEADER, ControlAccess};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{InferDone, ModelEntry, RequestParams, State};
+use crate::state::{CancelOnDrop, InferDone, ModelEntry, RequestParams, State};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State as AxState};
@@ -117,8 +117,8 @@ async fn live(AxState(app): AxState<App>) -> Response {
     }
 }
 
-/// 200 once the start-up loading has finished; until then (and during the shutdown) 503 with the
-/// reason ("loading models: 2 of 5 done (now: resnet50, 12.3 s)").
+/// 200 once the start-up loading has finished; until then (and during a drain or the shutdown) 503
+/// with the reason ("loading models: 2 of 5 done (now: resnet50, 12.3 s)").
 async fn ready(AxState(app): AxState<App>) -> Response {
     match app.state.not_ready_reason() {
         None => StatusCode::OK.into_response(),
@@ -739,15 +739,20 @@ async fn infer_impl(app: App, model: String, version: String, headers: HeaderMap
         let t_in = Instant::now();
         let mut decoded = decode_infer_request(&m, &headers, &bytes)?;
         drop(bytes);
-        let options = m.options(&decoded.params)?;
-        class = options.class;
+        let options = m.submit_options(&decoded.params)?;
+        class = options.engine.class;
         m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let inputs = std::mem::take(&mut decoded.inputs);
-        state.submit(&m, inputs, options, move |r| {
+        let ticket = state.submit(&m, inputs, options, move |r| {
             let _ = tx.send(r);
         })?;
-        let done = rx.await.map_err(|_| ServeError::Internal("the engine dropped the request".into()))??;
+        // Dropped with this future when the client's connection goes away: the request is
+        // cancelled, its GPU work stopped.
+        let guard = CancelOnDrop::new(state.clone(), ticket);
+        let done = rx.await.map_err(|_| ServeError::Internal("the engine dropped the request".into()));
+        guard.disarm();
+        let done = done??;
         let t_out = Instant::now();
         let resp = encode(&decoded, &done);
         m.metrics.compute_output.add(t_out.elapsed().as_nanos() as u64);

@@ -45,7 +45,7 @@ pub const ZERO_COPY_BYTES_MAX: u64 = 64 * 1024;
 
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{EngineIo, HostRegion, InferDone, ModelEntry, RequestParams, State};
+use crate::state::{CancelCause, EngineIo, HostRegion, InferDone, ModelEntry, RequestParams, State};
 use kairos_client::Code;
 use kairos_client::shm::layout::*;
 use kairos_client::shm::region::{DataArea, Region};
@@ -378,6 +378,8 @@ struct Client<'a> {
     /// Handle -> (name, version), as opened.
     handles: Vec<(String, String)>,
     recv_buf: Vec<u8>,
+    /// This connection's id for the requests it sends ([`State::cancel_owner`]).
+    owner: u64,
 }
 
 fn serve_client(state: &Arc<State>, cfg: &ShmConfig, sock: OwnedFd, stop: &AtomicBool) -> Result<(), String> {
@@ -400,8 +402,15 @@ fn serve_client(state: &Arc<State>, cfg: &ShmConfig, sock: OwnedFd, stop: &Atomi
         sq: Consumer::new(),
         handles: Vec::new(),
         recv_buf: vec![0u8; wire::MESSAGE_BYTES_MAX + 1],
+        owner: state.new_owner(),
     };
     let r = c.serve(cfg, stop);
+    // Nobody will read the answers of the requests still in flight: stop their GPU work.
+    let cause = if stop.load(Ordering::Acquire) { CancelCause::Drain } else { CancelCause::ClientGone };
+    let cancelled = state.cancel_owner(c.owner, cause);
+    if cancelled > 0 {
+        info!(requests = cancelled, "shared-memory client gone: its requests in flight are cancelled");
+    }
     // The engines unmap the region once the requests in flight that use it have completed; this
     // waits for that.
     let host = std::mem::replace(&mut c.host, HostRegion { mappings: Vec::new() });
@@ -620,8 +629,9 @@ impl Client<'_> {
             class = m.config.class;
             entry = Some(m.clone());
             let t_in = Instant::now();
-            let options = m.options(&Self::params(s.priority, s.timeout_us, s.class, s.flags, s.tenant)?)?;
-            class = options.class;
+            let mut options = m.submit_options(&Self::params(s.priority, s.timeout_us, s.class, s.flags, s.tenant)?)?;
+            options.owner = Some(self.owner);
+            class = options.engine.class;
             let (ni, no) = (s.input_count as usize, s.output_count as usize);
             if ni != m.inputs.len() || no != m.outputs.len() {
                 return Err(ServeError::invalid(format!(
@@ -708,7 +718,7 @@ impl Client<'_> {
                 complete_ring(&conn, tag, &outputs[..no], &out_lens[..no], &metrics, r)
             });
             m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
-            submitted
+            submitted.map(|_| ())
         })();
         if let Some(Err(why)) = path
             && r.is_ok()
@@ -742,8 +752,9 @@ impl Client<'_> {
         };
         let mut class = m.config.class;
         let submitted = (|| -> Result<(), ServeError> {
-            let options = m.options(&Self::params(priority, timeout_us, class_code, flags, tenant)?)?;
-            class = options.class;
+            let mut options = m.submit_options(&Self::params(priority, timeout_us, class_code, flags, tenant)?)?;
+            options.owner = Some(self.owner);
+            class = options.engine.class;
             if count != m.inputs.len() {
                 return Err(ServeError::invalid(format!(
                     "model '{}' takes {} inputs, the message carries {count}",
@@ -808,7 +819,7 @@ impl Client<'_> {
             if r.is_err() {
                 self.conn.socket_in_flight.fetch_sub(1, Ordering::AcqRel);
             }
-            r
+            r.map(|_| ())
         })();
         if let Err(e) = &submitted {
             m.metrics.count(class, Protocol::Shm, e.status().outcome);

@@ -90,6 +90,22 @@ impl SimStartProfiles {
 pub(crate) struct InboxSimGpu {
     pub(crate) gpu: SimGpu,
     pub(crate) inbox: Arc<ProfileInbox>,
+    /// With [`crate::SimBackend::real_time`]: the wall clock and the simulated clock when the GPU
+    /// first waited; the simulated clock is kept from running ahead of the wall clock since then.
+    pub(crate) pace: Option<Option<(std::time::Instant, u64)>>,
+}
+
+impl InboxSimGpu {
+    /// Sleeps while the simulated clock is ahead of the wall clock (real-time pacing only).
+    fn pace(&mut self) {
+        let Some(start) = &mut self.pace else { return };
+        let now_ns = self.gpu.now_ns();
+        let (wall, v0) = *start.get_or_insert((std::time::Instant::now(), now_ns));
+        let ahead_ns = now_ns.saturating_sub(v0).saturating_sub(wall.elapsed().as_nanos() as u64);
+        if ahead_ns > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(ahead_ns));
+        }
+    }
 }
 
 impl Gpu for InboxSimGpu {
@@ -175,7 +191,9 @@ impl Gpu for InboxSimGpu {
     }
 
     fn wait(&mut self, until_ns: u64) -> Result<()> {
-        self.gpu.wait(until_ns)
+        let r = self.gpu.wait(until_ns);
+        self.pace();
+        r
     }
 
     fn map_host(&mut self, memory: Arc<dyn HostMemory>) -> Result<HostMapping> {

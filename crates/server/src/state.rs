@@ -3,6 +3,8 @@
 //! their decoded tensors to its inputs, and hand the request to an engine as a command.
 
 use crate::error::{Outcome, ServeError};
+use crate::inflight::InFlight;
+pub use crate::inflight::{CancelCause, Ticket};
 use crate::metrics::{EngineView, Metrics, ModelMetrics, Protocol};
 use crate::repository::{ModelConfig, Repository};
 use crate::sim_gpu::InboxSimGpu;
@@ -13,7 +15,7 @@ use kairos_ir::plan::{IoTensor, Plan};
 use kairos_ir::{DType, Tensor};
 use kairos_sched::{Class, Engine, EngineConfig, IoBinding, ModelInfo, RequestOptions, TenantId, Timing};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -29,6 +31,12 @@ pub const GPUS_MAX: u32 = 64;
 pub const BUSY_SAMPLE_PERIOD_US: u64 = 1000;
 /// Samples per busy-ratio window (one second).
 pub const BUSY_WINDOW_SAMPLES: u64 = 1000;
+/// What a request refused or cancelled by a drain is told.
+pub const DRAINING: &str = "the server is draining";
+/// The timeout watchdog looks at least this often when it has nothing to wait for.
+const WATCHDOG_IDLE: Duration = Duration::from_secs(1);
+/// It sends a cancel that an engine's full queue refused again after this long.
+const CANCEL_RETRY: Duration = Duration::from_millis(1);
 
 /// A model lowered to its plan, ready to load.
 #[derive(Clone, Debug)]
@@ -144,6 +152,15 @@ impl EngineHandle {
         }
     }
 
+    /// [`EngineHandle::cancel`] without waiting on a full submission queue (`Overloaded`: try
+    /// again later). A worker's cancel is one small write to its pipe.
+    pub fn try_cancel(&self, id: kairos_sched::RequestId) -> Result<(), kairos_sched::Error> {
+        match self {
+            EngineHandle::InProcess(e) => e.try_cancel(id),
+            EngineHandle::Worker(w) => w.cancel(id),
+        }
+    }
+
     /// Maps host memory for zero-copy requests. A worker cannot see the server's memory: it
     /// answers with the reason, and requests take the copy path.
     pub fn map_host(&self, memory: Arc<dyn HostMemory>) -> Result<kairos_gpu::HostMapping, kairos_sched::Error> {
@@ -204,6 +221,10 @@ pub struct SimBackend {
     pub compute: bool,
     pub engine: EngineConfig,
     pub profiles: Option<ProfileSet>,
+    /// Keep the simulated clock from running ahead of the wall clock, so that a kernel takes its
+    /// simulated time in real time (off by default: the simulator runs as fast as it can). Tests of
+    /// timeouts, drains and cancellations use it to make requests that last.
+    pub real_time: bool,
     /// Filled when the server starts the engines; leave it at its default.
     pub start_profiles: SimStartProfiles,
 }
@@ -216,6 +237,7 @@ impl SimBackend {
             compute: true,
             engine: EngineConfig::default(),
             profiles: None,
+            real_time: false,
             start_profiles: SimStartProfiles::default(),
         }
     }
@@ -236,6 +258,7 @@ impl Backend for SimBackend {
         let pairs: Vec<(Arc<Plan>, Option<ModelProfile>)> = models.iter().map(|m| (m.plan.clone(), m.profile.clone())).collect();
         let name = format!("simulated {}", desc.name);
         let inbox = self.start_profiles.open(gpu);
+        let pace = self.real_time.then_some(None);
         let engine = Engine::start(self.engine.clone(), move || {
             let mut g = kairos_sim::SimGpu::new(desc, opts);
             for (plan, profile) in &pairs {
@@ -243,7 +266,7 @@ impl Backend for SimBackend {
                     g.register_plan(plan, p).map_err(kairos_gpu::GpuError::Invalid)?;
                 }
             }
-            Ok(InboxSimGpu { gpu: g, inbox })
+            Ok(InboxSimGpu { gpu: g, inbox, pace })
         })
         .map_err(|e| ServeError::Internal(format!("cannot start the simulated GPU {gpu}: {e}")))?;
         Ok((EngineHandle::InProcess(engine), name))
@@ -308,6 +331,24 @@ pub struct RequestParams {
     pub tenant: Option<u32>,
 }
 
+/// How a request goes to its engine: the engine's options, plus what the server itself watches.
+#[derive(Clone, Debug, Default)]
+pub struct SubmitOptions {
+    pub engine: RequestOptions,
+    /// Cancelled and answered DEADLINE_EXCEEDED (504) when not answered this long after its
+    /// submission (the request's `timeout` parameter).
+    pub timeout: Option<Duration>,
+    /// The shared-memory connection that sent it ([`State::new_owner`]), whose requests are
+    /// cancelled when it closes ([`State::cancel_owner`]).
+    pub owner: Option<u64>,
+}
+
+impl From<RequestOptions> for SubmitOptions {
+    fn from(engine: RequestOptions) -> SubmitOptions {
+        SubmitOptions { engine, timeout: None, owner: None }
+    }
+}
+
 impl ModelEntry {
     /// The GPUs its instances are on, ascending, each once (what Triton's instance group lists).
     pub fn instance_gpus(&self) -> Vec<u32> {
@@ -347,6 +388,14 @@ impl ModelEntry {
             Some(t) => return Err(ServeError::invalid(format!("timeout {t} us exceeds {TIMEOUT_US_MAX} us"))),
         }
         Ok(o)
+    }
+
+    /// [`ModelEntry::options`] and the request's timeout (`timeout`, microseconds; 0: none): the
+    /// engine's deadline (a scheduling target) and the server's cancellation.
+    pub fn submit_options(&self, p: &RequestParams) -> Result<SubmitOptions, ServeError> {
+        let engine = self.options(p)?;
+        let timeout = p.timeout_us.filter(|&t| t > 0).map(Duration::from_micros);
+        Ok(SubmitOptions { engine, timeout, owner: None })
     }
 
     /// The input index of a name.
@@ -567,7 +616,12 @@ pub struct State {
     /// The start-up loading finished.
     ready: AtomicBool,
     shutting_down: AtomicBool,
+    /// A drain began ([`State::begin_drain`]): not ready, new requests refused.
+    draining: AtomicBool,
     sampler_stop: Arc<AtomicBool>,
+    /// The requests handed to an engine and not answered yet.
+    inflight: Arc<InFlight>,
+    next_owner: AtomicU64,
     pub started: Instant,
 }
 
@@ -621,7 +675,10 @@ impl State {
             startup_changed: Condvar::new(),
             ready: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             sampler_stop: Arc::new(AtomicBool::new(false)),
+            inflight: Arc::new(InFlight::default()),
+            next_owner: AtomicU64::new(0),
             started: Instant::now(),
         });
         let names = state.lock_startup().names.clone();
@@ -630,6 +687,7 @@ impl State {
             state.set_slot(name, &version, SlotState::Loading);
         }
         state.start_sampler();
+        state.start_watchdog()?;
         Ok(state)
     }
 
@@ -773,6 +831,9 @@ impl State {
     fn reason_locked(&self, s: &Startup) -> Option<String> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Some("the server is shutting down".into());
+        }
+        if self.draining.load(Ordering::Acquire) {
+            return Some(DRAINING.into());
         }
         if let Some(why) = self.not_live_reason() {
             return Some(why);
@@ -1156,9 +1217,9 @@ impl State {
         &self,
         model: &Arc<ModelEntry>,
         inputs: Vec<Tensor>,
-        options: RequestOptions,
+        options: impl Into<SubmitOptions>,
         on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
-    ) -> Result<(), ServeError> {
+    ) -> Result<Ticket, ServeError> {
         self.submit_notify(model, inputs, options, None::<fn()>, on_done)
     }
 
@@ -1168,25 +1229,33 @@ impl State {
         &self,
         model: &Arc<ModelEntry>,
         inputs: Vec<Tensor>,
-        options: RequestOptions,
+        options: impl Into<SubmitOptions>,
         before_done: Option<N>,
         on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
-    ) -> Result<(), ServeError> {
+    ) -> Result<Ticket, ServeError> {
         self.submit_io(model, |_| Ok(EngineIo::Tensors(inputs)), options, before_done, on_done)
     }
 
     /// [`State::submit_notify`] with the request's tensors chosen once its GPU is known: `io`
     /// gets the GPU the request goes to (zero-copy needs that GPU's mapping of the caller's memory).
+    ///
+    /// The request is in flight from here until `on_done` runs (exactly once): [`State::cancel`]
+    /// with the returned ticket stops it (its GPU work too), and a request with a timeout is
+    /// cancelled when it runs past it (`on_done` then gets 504 / DEADLINE_EXCEEDED).
     pub fn submit_io<N: FnOnce() + Send + 'static>(
         &self,
         model: &Arc<ModelEntry>,
         io: impl FnOnce(u32) -> Result<EngineIo, ServeError>,
-        options: RequestOptions,
+        options: impl Into<SubmitOptions>,
         before_done: Option<N>,
         on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
-    ) -> Result<(), ServeError> {
+    ) -> Result<Ticket, ServeError> {
+        let SubmitOptions { engine: options, timeout, owner } = options.into();
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ServeError::Unavailable("the server is shutting down".into()));
+        }
+        if self.draining.load(Ordering::Acquire) {
+            return Err(ServeError::Unavailable(DRAINING.into()));
         }
         let inst = model.pick_instance();
         let io = io(inst.gpu)?;
@@ -1195,10 +1264,13 @@ impl State {
         let class = options.class;
         let entry = model.clone();
         let index = model.instances.iter().position(|i| std::ptr::eq(i, inst)).unwrap();
+        let ticket = self.inflight.register(inst.gpu, timeout, owner);
+        let inflight = self.inflight.clone();
         let t0 = Instant::now();
         let done = move |r: Result<kairos_sched::Response, kairos_sched::Error>| {
             let engine_ns = t0.elapsed().as_nanos() as u64;
             entry.instances[index].outstanding.fetch_sub(1, Ordering::Relaxed);
+            let left = inflight.finish(ticket);
             let r = match r {
                 Ok(resp) => {
                     entry.metrics.completed(class, true, engine_ns, Some(&resp.timing));
@@ -1206,7 +1278,14 @@ impl State {
                 }
                 Err(e) => {
                     entry.metrics.completed(class, false, engine_ns, None);
-                    Err(ServeError::from(e))
+                    // A cancel of the server's own answers with its cause.
+                    match (e, left.and_then(|l| l.cause.map(|c| (c, l.timeout)))) {
+                        (kairos_sched::Error::Cancelled, Some((cause, timeout))) => {
+                            entry.metrics.cancelled(cause);
+                            Err(cancel_error(cause, timeout))
+                        }
+                        (e, _) => Err(ServeError::from(e)),
+                    }
                 }
             };
             on_done(r);
@@ -1217,11 +1296,147 @@ impl State {
             EngineIo::Tensors(inputs) => engine.submit(&inst.engine_name, inputs, options, n, done),
             EngineIo::Bound { inputs, binding } => engine.submit_bound(&inst.engine_name, inputs, binding, options, n, done),
         };
-        if let Err(e) = r {
-            inst.outstanding.fetch_sub(1, Ordering::Relaxed);
-            return Err(e.into());
+        match r {
+            Ok(id) => {
+                if let Some((gpu, id)) = self.inflight.accepted(ticket, id) {
+                    self.send_cancel(gpu, id);
+                }
+                Ok(ticket)
+            }
+            Err(e) => {
+                // Refused: the engine never calls `done`.
+                self.inflight.finish(ticket);
+                inst.outstanding.fetch_sub(1, Ordering::Relaxed);
+                Err(e.into())
+            }
         }
-        Ok(())
+    }
+
+    /// Cancels a request in flight for `cause` (nothing if it was answered already, or cancelled
+    /// before): the engine stops its GPU work and it is answered with the cause's error. Never
+    /// blocks (a cancel the engine's full queue refuses is sent again shortly).
+    pub fn cancel(&self, ticket: Ticket, cause: CancelCause) {
+        let due = InFlight::mark(&mut self.inflight.lock(), ticket.0, cause);
+        if let Some((gpu, id)) = due {
+            self.send_cancel(gpu, id);
+        }
+    }
+
+    /// Cancels every request in flight that the shared-memory connection `owner` sent; how many.
+    pub fn cancel_owner(&self, owner: u64, cause: CancelCause) -> usize {
+        self.cancel_where(|e| e.owner == Some(owner), cause)
+    }
+
+    /// Cancels every request in flight; how many.
+    pub fn cancel_all(&self, cause: CancelCause) -> usize {
+        self.cancel_where(|_| true, cause)
+    }
+
+    fn cancel_where(&self, pick: impl Fn(&crate::inflight::Entry) -> bool, cause: CancelCause) -> usize {
+        let (n, due) = {
+            let mut t = self.inflight.lock();
+            let tickets: Vec<u64> = t.entries.iter().filter(|(_, e)| e.cause.is_none() && pick(e)).map(|(&k, _)| k).collect();
+            let due: Vec<_> = tickets.iter().filter_map(|&k| InFlight::mark(&mut t, k, cause)).collect();
+            (tickets.len(), due)
+        };
+        for (gpu, id) in due {
+            self.send_cancel(gpu, id);
+        }
+        n
+    }
+
+    fn send_cancel(&self, gpu: u32, id: kairos_sched::RequestId) {
+        match self.engines[gpu as usize].engine.try_cancel(id) {
+            Ok(()) => {}
+            Err(kairos_sched::Error::Overloaded { .. }) => {
+                self.inflight.lock().retry.push((gpu, id));
+                self.inflight.changed.notify_all();
+            }
+            // The engine stopped: it answers (fails) every request it held.
+            Err(_) => {}
+        }
+    }
+
+    /// A fresh id for a shared-memory connection ([`SubmitOptions::owner`]).
+    pub fn new_owner(&self) -> u64 {
+        self.next_owner.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The counters of each GPU's engine (requests completed, failed, cancelled, ...).
+    pub fn engine_stats(&self) -> Vec<kairos_sched::EngineStats> {
+        self.engines.iter().map(|e| e.engine.stats()).collect()
+    }
+
+    /// Requests handed to an engine and not answered yet (every front end).
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Blocks until no request is in flight or `until`, whichever comes first; the requests left.
+    pub fn wait_in_flight(&self, until: Instant) -> usize {
+        let mut t = self.inflight.lock();
+        loop {
+            let left = t.entries.len();
+            let now = Instant::now();
+            if left == 0 || now >= until {
+                return left;
+            }
+            t = self.inflight.changed.wait_timeout(t, until - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Starts a drain: readiness turns false ("the server is draining") and new inference
+    /// requests are refused with 503 / UNAVAILABLE; requests in flight go on. Liveness is not
+    /// touched. See [`crate::RunningServer::drain`].
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// The thread that cancels requests past their timeout and sends again the cancels a full
+    /// queue refused. Holds the state only while it sends.
+    fn start_watchdog(self: &Arc<Self>) -> Result<(), ServeError> {
+        let weak = Arc::downgrade(self);
+        let inflight = self.inflight.clone();
+        std::thread::Builder::new()
+            .name("kairos-timeouts".into())
+            .spawn(move || {
+                let mut t = inflight.lock();
+                loop {
+                    if t.stop {
+                        return;
+                    }
+                    let now = Instant::now();
+                    let mut due = std::mem::take(&mut t.retry);
+                    while let Some(&(d, ticket)) = t.deadlines.first() {
+                        if d > now {
+                            break;
+                        }
+                        t.deadlines.pop_first();
+                        due.extend(InFlight::mark(&mut t, ticket, CancelCause::Timeout));
+                    }
+                    if !due.is_empty() {
+                        drop(t);
+                        let Some(state) = weak.upgrade() else { return };
+                        for (gpu, id) in due {
+                            state.send_cancel(gpu, id);
+                        }
+                        drop(state);
+                        t = inflight.lock();
+                    }
+                    let mut wait =
+                        t.deadlines.first().map_or(WATCHDOG_IDLE, |&(d, _)| d.saturating_duration_since(Instant::now()));
+                    if !t.retry.is_empty() {
+                        wait = wait.min(CANCEL_RETRY);
+                    }
+                    t = inflight.changed.wait_timeout(t, wait).unwrap_or_else(|e| e.into_inner()).0;
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| ServeError::Internal(format!("cannot start the timeout thread: {e}")))
     }
 
     /// Counts a request's final outcome (every front end calls this exactly once per request).
@@ -1244,7 +1459,9 @@ impl State {
                 sample_period_s: BUSY_SAMPLE_PERIOD_US as f64 * 1e-6,
             })
             .collect();
-        self.metrics.render(&views, self.ready_models().len())
+        let mut out = self.metrics.render(&views, self.ready_models().len());
+        Metrics::render_serving(&mut out, self.in_flight(), self.is_draining());
+        out
     }
 
     fn start_sampler(self: &Arc<Self>) {
@@ -1283,6 +1500,48 @@ impl State {
 impl Drop for State {
     fn drop(&mut self) {
         self.sampler_stop.store(true, Ordering::Release);
+        self.inflight.lock().stop = true;
+        self.inflight.changed.notify_all();
+    }
+}
+
+/// Cancels a request in flight ([`CancelCause::ClientGone`]) when dropped before
+/// [`CancelOnDrop::disarm`]: REST and gRPC hold one while they await the engine's answer, and the
+/// server drops their future when the client's connection or stream goes away.
+pub struct CancelOnDrop {
+    state: Arc<State>,
+    ticket: Ticket,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    pub fn new(state: Arc<State>, ticket: Ticket) -> CancelOnDrop {
+        CancelOnDrop { state, ticket, armed: true }
+    }
+
+    /// The request was answered: nothing to cancel.
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.state.cancel(self.ticket, CancelCause::ClientGone);
+        }
+    }
+}
+
+/// What a request the server cancelled is answered.
+fn cancel_error(cause: CancelCause, timeout: Option<Duration>) -> ServeError {
+    match cause {
+        CancelCause::Timeout => ServeError::DeadlineExceeded(format!(
+            "the request ran past its timeout of {} us and was cancelled",
+            timeout.map_or(0, |t| t.as_micros())
+        )),
+        CancelCause::Drain => ServeError::Unavailable(format!("{DRAINING}: the request was cancelled at the drain's deadline")),
+        CancelCause::ClientGone => ServeError::Cancelled("the client went away".into()),
     }
 }
 

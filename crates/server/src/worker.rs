@@ -911,6 +911,7 @@ fn add_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
         submitted: a.submitted + b.submitted,
         completed: a.completed + b.completed,
         failed: a.failed + b.failed,
+        cancelled: a.cancelled + b.cancelled,
         rejected: a.rejected + b.rejected,
         jobs: b.jobs,
         launches_in_flight: b.launches_in_flight,

@@ -311,47 +311,6 @@ fn waiting_for_readiness_times_out_with_the_reason() {
     s.server.as_ref().unwrap().wait_until_ready(WAIT).expect("ready");
 }
 
-/// Writes a profile that times every kernel of `model`'s plan at `kernel_ns` into its folder, and
-/// names it in its config.
-fn write_profile(repo: &std::path::Path, model: &str, kernel_ns: u64) {
-    use kairos_gpu::profile::{KernelProfile, ModelProfile};
-    let plan = kairos_server::state::plan_model(&kairos_server::Repository::new(repo), model, None).unwrap().plan;
-    let profile = ModelProfile {
-        model: plan.model.clone(),
-        dtype: plan.dtype,
-        batch: 1,
-        device: "NVIDIA H100 80GB HBM3".into(),
-        sm_count: 132,
-        latency_ns: kernel_ns * plan.launches.len() as u64,
-        kernels: plan
-            .launches
-            .iter()
-            .enumerate()
-            .map(|(i, l)| KernelProfile {
-                launch: i as u32,
-                name: l.name.clone(),
-                kernel: l.kernel.name().into(),
-                duration_ns: kernel_ns,
-                logical_blocks: l.shape.logical_blocks,
-                ctas: l.shape.logical_blocks,
-                threads_per_cta: 0,
-                registers_per_thread: 0,
-                shared_mem_bytes: 0,
-                ctas_per_sm_max: 0,
-                occupancy: 0.0,
-                min_sms: 0,
-                duration_by_sms: vec![],
-            })
-            .collect(),
-        layers: None,
-    };
-    let dir = repo.join(model);
-    profile.save(&dir.join("profile.json")).unwrap();
-    let mut config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
-    config.push_str("profile = \"profile.json\"\n");
-    std::fs::write(dir.join("config.toml"), config).unwrap();
-}
-
 #[test]
 fn start_up_models_run_on_their_measured_profiles() {
     // The simulator times a start-up model's kernels from its profile (registered as the model
