@@ -17,10 +17,100 @@ use kairos_ir::Tensor;
 use std::collections::HashMap;
 use tonic::transport::Channel;
 
-/// A gRPC client; cheap to clone (clones share one HTTP/2 connection).
-#[derive(Clone, Debug)]
+/// A gRPC client; cheap to clone (clones share one HTTP/2 connection). [`GrpcClient::connect`] for
+/// plain HTTP/2; [`GrpcClient::builder`] for TLS (a CA certificate to trust) or a model-control key.
+#[derive(Clone)]
 pub struct GrpcClient {
     inner: GrpcInferenceServiceClient<Channel>,
+    control_key: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+impl std::fmt::Debug for GrpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("GrpcClient").field("control_key", &self.control_key.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// Options of a [`GrpcClient`]: see [`GrpcClient::builder`].
+#[derive(Clone, Default)]
+pub struct GrpcClientBuilder {
+    url: String,
+    control_key: Option<String>,
+    ca_pem: Option<Vec<u8>>,
+    tls_domain: Option<String>,
+}
+
+impl GrpcClientBuilder {
+    /// Sends `key` in the `x-kairos-control-key` metadata of the model-control calls (repository
+    /// index, load, unload), for servers started with `--control-api KEY`.
+    pub fn control_key(mut self, key: impl Into<String>) -> Self {
+        self.control_key = Some(key.into());
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` (PEM text) for an `https://` url; only these, not the
+    /// system's roots.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// [`GrpcClientBuilder::tls_ca_pem`] with the contents of a file.
+    pub fn tls_ca_file(self, path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let pem = std::fs::read(path).map_err(|e| ClientError::Usage(format!("CA certificate file {}: {e}", path.display())))?;
+        Ok(self.tls_ca_pem(pem))
+    }
+
+    /// The name the server's certificate must carry (default: the url's host).
+    pub fn tls_domain(mut self, name: impl Into<String>) -> Self {
+        self.tls_domain = Some(name.into());
+        self
+    }
+
+    /// Connects (and, over TLS, shakes hands): fails if the server cannot be reached or its
+    /// certificate is not signed by the given CA.
+    pub async fn connect(self) -> Result<GrpcClient> {
+        let url = self.url;
+        let https = url.starts_with("https://");
+        let control_key = match self.control_key {
+            Some(k) => Some(
+                k.parse::<tonic::metadata::AsciiMetadataValue>()
+                    .map_err(|_| ClientError::Usage("a control key must be printable ASCII (it travels in metadata)".into()))?,
+            ),
+            None => None,
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+            .map_err(|e| ClientError::Usage(format!("bad url '{url}': {e}")))?
+            .tcp_nodelay(true);
+        match (self.ca_pem, https) {
+            (Some(pem), true) => {
+                // Checked here for a clear error; tonic parses it again.
+                crate::tls::ca_certificates(&pem)?;
+                let mut tls =
+                    tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                if let Some(d) = self.tls_domain {
+                    tls = tls.domain_name(d);
+                }
+                endpoint = endpoint.tls_config(tls).map_err(|e| ClientError::Usage(format!("TLS for '{url}': {e}")))?;
+            }
+            (None, true) => {
+                return Err(ClientError::Usage(format!(
+                    "'{url}' is an https:// url: give the CA certificate to trust (GrpcClient::builder(url).tls_ca_pem(..))"
+                )));
+            }
+            (Some(_), false) => {
+                return Err(ClientError::Usage(format!("a CA certificate was given but '{url}' is not an https:// url")));
+            }
+            (None, false) => {}
+        }
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| ClientError::Transport(format!("connect to {url}: {}", crate::error_chain(&e))))?;
+        Ok(GrpcClient { inner: GrpcInferenceServiceClient::new(channel).max_decoding_message_size(usize::MAX), control_key })
+    }
 }
 
 fn status(s: tonic::Status) -> ClientError {
@@ -123,13 +213,34 @@ pub fn decode_response(r: pb::ModelInferResponse) -> Result<InferResult> {
 }
 
 impl GrpcClient {
-    /// Connects to `url` (for example `http://127.0.0.1:8001`).
+    /// Connects to `url` (for example `http://127.0.0.1:8001`), plain HTTP/2, no control key.
     pub async fn connect(url: &str) -> Result<GrpcClient> {
-        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-            .map_err(|e| ClientError::Usage(format!("bad url '{url}': {e}")))?
-            .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|e| ClientError::Transport(format!("connect to {url}: {e}")))?;
-        Ok(GrpcClient { inner: GrpcInferenceServiceClient::new(channel).max_decoding_message_size(usize::MAX) })
+        GrpcClient::builder(url).connect().await
+    }
+
+    /// Options for a client of `url`: `https://` with [`GrpcClientBuilder::tls_ca_pem`], and
+    /// [`GrpcClientBuilder::control_key`]. Finish with [`GrpcClientBuilder::connect`].
+    ///
+    /// ```no_run
+    /// # async fn f(ca_pem: &[u8]) -> kairos_client::Result<()> {
+    /// let client = kairos_client::grpc::GrpcClient::builder("https://kairos.local:8001")
+    ///     .tls_ca_pem(ca_pem)
+    ///     .control_key("a-key-of-16-characters-or-more")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(url: &str) -> GrpcClientBuilder {
+        GrpcClientBuilder { url: url.to_string(), ..GrpcClientBuilder::default() }
+    }
+
+    /// `msg` as a request carrying the control key (if this client has one).
+    fn control_request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(k) = &self.control_key {
+            r.metadata_mut().insert(crate::CONTROL_KEY_HEADER, k.clone());
+        }
+        r
     }
 
     /// The generated client, for calls this wrapper does not cover.
@@ -187,7 +298,7 @@ impl GrpcClient {
 
     pub async fn repository_index(&self, ready_only: bool) -> Result<pb::RepositoryIndexResponse> {
         let r = pb::RepositoryIndexRequest { repository_name: String::new(), ready: ready_only };
-        Ok(self.raw().repository_index(r).await.map_err(status)?.into_inner())
+        Ok(self.raw().repository_index(self.control_request(r)).await.map_err(status)?.into_inner())
     }
 
     pub async fn load_model(&self, name: &str) -> Result<()> {
@@ -196,7 +307,7 @@ impl GrpcClient {
             model_name: name.into(),
             parameters: HashMap::new(),
         };
-        self.raw().repository_model_load(r).await.map_err(status)?;
+        self.raw().repository_model_load(self.control_request(r)).await.map_err(status)?;
         Ok(())
     }
 
@@ -206,7 +317,7 @@ impl GrpcClient {
             model_name: name.into(),
             parameters: HashMap::new(),
         };
-        self.raw().repository_model_unload(r).await.map_err(status)?;
+        self.raw().repository_model_unload(self.control_request(r)).await.map_err(status)?;
         Ok(())
     }
 

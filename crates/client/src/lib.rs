@@ -7,6 +7,10 @@
 //! - [`grpc`] and [`rest`] (feature `remote`, on by default): the Open Inference Protocol (KServe
 //!   v2) over gRPC (tonic) and HTTP/JSON with the binary tensor extension (hyper).
 //!
+//! Both remote clients can connect over TLS (`https://` urls, trusting a CA certificate given as
+//! PEM: rustls with the ring provider) and send the model-control key on repository calls; see
+//! [`rest::RestClient::builder`] and [`grpc::GrpcClient::builder`].
+//!
 //! Errors carry the server's status as a [`Code`] (gRPC numbering; HTTP statuses map onto it).
 //! Tensors are `kairos_ir::Tensor`s (f32, f16, i64).
 
@@ -16,6 +20,12 @@ pub mod shm;
 pub mod grpc;
 #[cfg(feature = "remote")]
 pub mod rest;
+#[cfg(feature = "remote")]
+mod tls;
+
+/// The REST header and gRPC metadata key that carries the model-control key (servers started with
+/// `kairos serve --control-api KEY` want it on repository index, load and unload).
+pub const CONTROL_KEY_HEADER: &str = "x-kairos-control-key";
 
 /// The generated gRPC types of `proto/inference.proto` (package `inference`).
 #[cfg(feature = "remote")]
@@ -81,6 +91,8 @@ impl Code {
         match status {
             200..=299 => Code::Ok,
             400 | 413 | 415 => Code::InvalidArgument,
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
             404 => Code::NotFound,
             429 => Code::ResourceExhausted,
             499 => Code::Cancelled,
@@ -120,6 +132,24 @@ impl ClientError {
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// An error with its sources (transport errors of hyper and tonic say little at the top: the
+/// reason, a refused connection or a certificate the client does not trust, is further down).
+#[cfg(feature = "remote")]
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        // Some errors already print their source.
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = c.source();
+    }
+    s
+}
 
 /// What the server measured about one request (REST and gRPC carry it in the response's
 /// parameters, the shared-memory channel in its completion).

@@ -5,6 +5,7 @@
 use crate::{ClientError, Code, InferOptions, InferResult, ModelMetadata, Result, ServerTiming, TensorMetadata};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -14,11 +15,88 @@ use serde_json::{Map, Value, json};
 /// The header that gives the JSON part's length in binary requests and responses.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
-/// A REST client with a pool of keep-alive connections; cheap to clone.
-#[derive(Clone, Debug)]
+/// A REST client with a pool of keep-alive connections; cheap to clone. [`RestClient::new`] for
+/// plain HTTP; [`RestClient::builder`] for HTTPS (a CA certificate to trust) or a model-control key.
+#[derive(Clone)]
 pub struct RestClient {
     base: String,
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    control_key: Option<hyper::header::HeaderValue>,
+}
+
+impl std::fmt::Debug for RestClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("RestClient").field("base", &self.base).field("control_key", &self.control_key.is_some()).finish()
+    }
+}
+
+/// Options of a [`RestClient`]: see [`RestClient::builder`].
+#[derive(Clone, Default)]
+pub struct RestClientBuilder {
+    base: String,
+    control_key: Option<String>,
+    ca_pem: Option<Vec<u8>>,
+}
+
+impl RestClientBuilder {
+    /// Sends `key` in the `x-kairos-control-key` header of the model-control calls (repository
+    /// index, load, unload), for servers started with `--control-api KEY`.
+    pub fn control_key(mut self, key: impl Into<String>) -> Self {
+        self.control_key = Some(key.into());
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` (PEM text) for an `https://` url; only these, not the
+    /// system's roots.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// [`RestClientBuilder::tls_ca_pem`] with the contents of a file.
+    pub fn tls_ca_file(self, path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let pem = std::fs::read(path).map_err(|e| ClientError::Usage(format!("CA certificate file {}: {e}", path.display())))?;
+        Ok(self.tls_ca_pem(pem))
+    }
+
+    pub fn build(self) -> Result<RestClient> {
+        let base = self.base;
+        let https = base.starts_with("https://");
+        if !https && !base.starts_with("http://") {
+            return Err(ClientError::Usage(format!("'{base}' is not an http:// or https:// url")));
+        }
+        let tls = match (&self.ca_pem, https) {
+            // hyper-rustls sets ALPN (http/1.1) itself.
+            (Some(pem), true) => crate::tls::client_config(pem, &[])?,
+            (None, true) => {
+                return Err(ClientError::Usage(format!(
+                    "'{base}' is an https:// url: give the CA certificate to trust (RestClient::builder(url).tls_ca_pem(..))"
+                )));
+            }
+            (Some(_), false) => {
+                return Err(ClientError::Usage(format!("a CA certificate was given but '{base}' is not an https:// url")));
+            }
+            // Never used (plain http:// only), but the connector wants one.
+            (None, false) => crate::tls::client_config(b"", &[])?,
+        };
+        let control_key = match self.control_key {
+            Some(k) => Some(
+                hyper::header::HeaderValue::from_str(&k)
+                    .map_err(|_| ClientError::Usage("a control key must be printable ASCII (it travels in a header)".into()))?,
+            ),
+            None => None,
+        };
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+        let connector = if https { builder.https_only() } else { builder.https_or_http() };
+        let connector = connector.enable_http1().wrap_connector(http);
+        let http = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(RestClient { base: base.trim_end_matches('/').to_string(), http, control_key })
+    }
 }
 
 /// A raw HTTP answer.
@@ -189,28 +267,66 @@ fn model_path(model: &str, version: &str, what: &str) -> String {
 }
 
 impl RestClient {
-    /// A client of the server at `base_url` (for example `http://127.0.0.1:8000`). Connects lazily.
+    /// A client of the server at `base_url` (for example `http://127.0.0.1:8000`), plain HTTP, no
+    /// control key. Connects lazily.
     pub fn new(base_url: &str) -> Result<RestClient> {
-        if !base_url.starts_with("http://") {
-            return Err(ClientError::Usage(format!("'{base_url}' is not an http:// url")));
+        RestClient::builder(base_url).build()
+    }
+
+    /// Options for a client of `base_url`: `https://` with [`RestClientBuilder::tls_ca_pem`], and
+    /// [`RestClientBuilder::control_key`]. Finish with [`RestClientBuilder::build`].
+    ///
+    /// ```no_run
+    /// # fn f(ca_pem: &[u8]) -> kairos_client::Result<()> {
+    /// let client = kairos_client::rest::RestClient::builder("https://kairos.local:8000")
+    ///     .tls_ca_pem(ca_pem)
+    ///     .control_key("a-key-of-16-characters-or-more")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(base_url: &str) -> RestClientBuilder {
+        RestClientBuilder { base: base_url.to_string(), ..RestClientBuilder::default() }
+    }
+
+    /// A request with the control key's header (if this client has a key).
+    async fn control_request(&self, path: &str, body: &Value) -> Result<Value> {
+        let mut headers = Vec::new();
+        if let Some(k) = &self.control_key {
+            headers.push((crate::CONTROL_KEY_HEADER, k.clone()));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let http = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(RestClient { base: base_url.trim_end_matches('/').to_string(), http })
+        let reply = self.request_with("POST", path, serde_json::to_vec(body).unwrap(), None, &headers).await?;
+        if let Some(e) = reply.error() {
+            return Err(e);
+        }
+        if reply.body.is_empty() { Ok(Value::Null) } else { reply.json() }
     }
 
     /// Sends one request; `header_length` adds the binary extension's header.
     pub async fn request(&self, method: &str, path: &str, body: Vec<u8>, header_length: Option<usize>) -> Result<HttpReply> {
+        self.request_with(method, path, body, header_length, &[]).await
+    }
+
+    async fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        header_length: Option<usize>,
+        headers: &[(&str, hyper::header::HeaderValue)],
+    ) -> Result<HttpReply> {
         let method = hyper::Method::from_bytes(method.as_bytes()).map_err(|e| ClientError::Usage(e.to_string()))?;
         let mut b = hyper::Request::builder().method(method).uri(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            b = b.header(*k, v.clone());
+        }
         if let Some(n) = header_length {
             b = b.header(HEADER_LENGTH, n.to_string()).header("content-type", "application/octet-stream");
         } else if !body.is_empty() {
             b = b.header("content-type", "application/json");
         }
         let req = b.body(Full::new(Bytes::from(body))).map_err(|e| ClientError::Usage(e.to_string()))?;
-        let resp = self.http.request(req).await.map_err(|e| ClientError::Transport(format!("{path}: {e}")))?;
+        let resp =
+            self.http.request(req).await.map_err(|e| ClientError::Transport(format!("{path}: {}", crate::error_chain(&e))))?;
         let status = resp.status().as_u16();
         let header = |k: &str| resp.headers().get(k).and_then(|v| v.to_str().ok()).map(str::to_string);
         let header_length = header(HEADER_LENGTH).and_then(|v| v.parse().ok());
@@ -279,15 +395,15 @@ impl RestClient {
     }
 
     pub async fn repository_index(&self, ready_only: bool) -> Result<Value> {
-        self.post_json("/v2/repository/index", &json!({ "ready": ready_only })).await
+        self.control_request("/v2/repository/index", &json!({ "ready": ready_only })).await
     }
 
     pub async fn load_model(&self, model: &str) -> Result<()> {
-        self.post_json(&format!("/v2/repository/models/{model}/load"), &json!({})).await.map(|_| ())
+        self.control_request(&format!("/v2/repository/models/{model}/load"), &json!({})).await.map(|_| ())
     }
 
     pub async fn unload_model(&self, model: &str) -> Result<()> {
-        self.post_json(&format!("/v2/repository/models/{model}/unload"), &json!({})).await.map(|_| ())
+        self.control_request(&format!("/v2/repository/models/{model}/unload"), &json!({})).await.map(|_| ())
     }
 
     /// The Prometheus text of `/metrics`.

@@ -1068,6 +1068,7 @@ fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result
                     request_bytes_max: 64 << 20,
                     threads: 4,
                     control: kairos_server::ControlAccess::On,
+                    tls: None,
                 },
                 backend,
             )

@@ -108,6 +108,7 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
             request_bytes_max: 64 << 20,
             threads: a.threads,
             control: kairos_server::ControlAccess::On,
+            tls: None,
         };
         eprintln!("starting a server in-process ({}), loading {}", backend.describe(), a.models.join(", "));
         let t = Instant::now();

@@ -103,6 +103,14 @@ pub struct ServeArgs {
     /// variable for a key: command lines are visible to other users.
     #[arg(long, env = "KAIROS_CONTROL_API", default_value = "on", hide_env_values = true)]
     pub control_api: kairos_server::ControlAccess,
+    /// TLS certificate chain (PEM, the server's certificate first) for the REST and gRPC
+    /// listeners; needs --tls-key. With both, those listeners speak only TLS (rustls; HTTPS and
+    /// gRPC over TLS); without, plain TCP. The shared-memory channel is local and unaffected.
+    #[arg(long, env = "KAIROS_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert's certificate (PEM: PKCS#8, PKCS#1 or SEC1); needs --tls-cert.
+    #[arg(long, env = "KAIROS_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Commands waiting for each dispatcher thread; more is 429 / RESOURCE_EXHAUSTED.
     #[arg(long, env = "KAIROS_SUBMIT_QUEUE_MAX", default_value_t = 4096)]
     pub submit_queue_max: usize,
@@ -409,6 +417,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(kairos_server::TlsConfig { cert: cert.clone(), key: key.clone() }),
+        (None, None) => None,
+        // clap's `requires` refuses these already; kept for callers that build ServeArgs.
+        _ => bail!("--tls-cert and --tls-key go together: give both (TLS) or neither (plain TCP)"),
+    };
+    // The files are checked before any GPU work starts (RunningServer::start checks them again).
+    if let Some(t) = &tls {
+        t.load().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let policy = PolicyConfig::by_name(&args.policy)
         .with_context(|| format!("unknown policy {}: use fifo, streams, streams-kernel, paella, sjf or rr", args.policy))?;
     let mut engine = EngineConfig { submit_queue_max: args.submit_queue_max, ..EngineConfig::default() };
@@ -487,14 +505,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         request_bytes_max: args.request_bytes_max,
         threads: args.threads,
         control: args.control_api.clone(),
+        tls,
     };
+    let tls_note = if cfg.tls.is_some() { " over TLS" } else { "" };
     let server = RunningServer::start(cfg, backend).map_err(|e| anyhow::anyhow!("{e}"))?;
     // Caught from here on, so that a SIGTERM always drains.
     let signals = server.signals().map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!(
         "kairos serve: listening (REST {}, gRPC {}, shared memory {}); loading {} model(s) in the background (Ctrl-C or SIGTERM drains and stops)",
-        server.http_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
-        server.grpc_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        server.http_addr().map(|a| format!("{a}{tls_note}")).unwrap_or_else(|| "off".into()),
+        server.grpc_addr().map(|a| format!("{a}{tls_note}")).unwrap_or_else(|| "off".into()),
         server.shm_socket().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
         server.state.startup_progress().total,
     );

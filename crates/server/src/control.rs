@@ -6,7 +6,7 @@
 use std::str::FromStr;
 
 /// The REST header and gRPC metadata key that carries the control key.
-pub const CONTROL_KEY_HEADER: &str = "x-kairos-control-key";
+pub const CONTROL_KEY_HEADER: &str = kairos_client::CONTROL_KEY_HEADER;
 /// The shortest key accepted: a short key is guessable.
 pub const CONTROL_KEY_BYTES_MIN: usize = 16;
 /// The longest key accepted (it travels in a header).

@@ -11,6 +11,7 @@
 //! - [`repository`]: the model repository folder and its `config.toml` format; paths never leave
 //!   the repository's root.
 //! - [`control`]: who may use the model-control API (`on`, `off`, or a key).
+//! - [`tls`]: TLS for the REST and gRPC listeners (rustls, ring), handshakes off the accept path.
 //! - [`state`]: one engine per GPU, the model table, load/unload, and the one submission path all
 //!   front ends share; [`metrics`]: Prometheus text; [`error`]: one error enum and the table that
 //!   maps it to HTTP statuses and gRPC codes.
@@ -32,6 +33,7 @@ pub mod rest;
 pub mod shm;
 mod sim_gpu;
 pub mod state;
+pub mod tls;
 pub mod worker;
 
 pub use control::ControlAccess;
@@ -39,6 +41,7 @@ pub use error::ServeError;
 pub use repository::{ModelConfig, ModelSource, Repository};
 pub use shm::ShmConfig;
 pub use state::{Backend, CancelCause, EngineHandle, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
+pub use tls::TlsConfig;
 pub use worker::{WorkerBackend, WorkerSpawn};
 
 use std::net::SocketAddr;
@@ -106,6 +109,9 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Who may use the model-control API (repository index, load, unload) over REST and gRPC.
     pub control: ControlAccess,
+    /// TLS certificate and key (`None`: plain TCP). When set, the REST and gRPC listeners speak
+    /// only TLS; the shared-memory channel is local and unaffected.
+    pub tls: Option<TlsConfig>,
 }
 
 impl ServerConfig {
@@ -119,6 +125,7 @@ impl ServerConfig {
             request_bytes_max: 64 << 20,
             threads: 2,
             control: ControlAccess::On,
+            tls: None,
         }
     }
 }
@@ -141,7 +148,18 @@ impl RunningServer {
     /// `/v2/health/ready`, gRPC ServerReady) once all were dealt with; until then readiness says
     /// why not ([`State::not_ready_reason`]). Callers that need every model loaded before they go
     /// on call [`RunningServer::wait_until_ready`].
+    ///
+    /// With [`ServerConfig::tls`], the certificate and key are read and checked first: a file that
+    /// cannot be read or parsed, or a key that does not fit the certificate, fails here naming the
+    /// file (before any engine starts).
     pub fn start(cfg: ServerConfig, backend: Box<dyn Backend>) -> Result<RunningServer, ServeError> {
+        let tls_acceptors = match &cfg.tls {
+            Some(t) => {
+                let identity = t.load()?;
+                Some((identity.acceptor(&[b"http/1.1"])?, identity.acceptor(&[b"h2"])?))
+            }
+            None => None,
+        };
         let state = State::new(cfg.state.clone(), backend)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.threads.max(1))
@@ -164,19 +182,29 @@ impl RunningServer {
                 rest::App { state: state.clone(), body_bytes_max: cfg.request_bytes_max, control: Arc::new(cfg.control.clone()) };
             let mut rx = rx.clone();
             let router = rest::router(app);
+            let tls = tls_acceptors.as_ref().map(|(rest, _)| rest.clone());
             tasks.push(runtime.spawn(async move {
-                use axum::serve::ListenerExt;
-                let listener = listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
                 let signal = async move {
                     let _ = rx.wait_for(|&stop| stop).await;
                 };
-                if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(signal).await {
+                let r = match tls {
+                    Some(acceptor) => match tls::TlsListener::spawn(listener, acceptor, "REST") {
+                        Ok(l) => axum::serve(l, router).with_graceful_shutdown(signal).await,
+                        Err(e) => Err(e),
+                    },
+                    None => {
+                        use axum::serve::ListenerExt;
+                        let listener = listener.tap_io(|tcp| {
+                            let _ = tcp.set_nodelay(true);
+                        });
+                        axum::serve(listener, router).with_graceful_shutdown(signal).await
+                    }
+                };
+                if let Err(e) = r {
                     tracing::error!(error = %e, "the REST server failed");
                 }
             }));
-            info!(address = %http_addr.unwrap_or(addr), "REST (Open Inference Protocol) listening");
+            info!(address = %http_addr.unwrap_or(addr), tls = tls_acceptors.is_some(), "REST (Open Inference Protocol) listening");
         }
         let mut grpc_addr = None;
         if let Some(addr) = cfg.grpc {
@@ -184,17 +212,30 @@ impl RunningServer {
             grpc_addr = listener.local_addr().ok();
             let svc = grpc::service(state.clone(), cfg.request_bytes_max, cfg.control.clone());
             let mut rx = rx.clone();
+            let tls = tls_acceptors.as_ref().map(|(_, grpc)| grpc.clone());
             tasks.push(runtime.spawn(async move {
-                let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
                 let signal = async move {
                     let _ = rx.wait_for(|&stop| stop).await;
                 };
-                let r = tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(incoming, signal).await;
+                let server = tonic::transport::Server::builder().add_service(svc);
+                let r = match tls {
+                    Some(acceptor) => match tls::TlsListener::spawn(listener, acceptor, "gRPC") {
+                        Ok(l) => server.serve_with_incoming_shutdown(l.into_stream(), signal).await,
+                        Err(e) => {
+                            tracing::error!(error = %e, "the gRPC server failed");
+                            return;
+                        }
+                    },
+                    None => {
+                        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                        server.serve_with_incoming_shutdown(incoming, signal).await
+                    }
+                };
                 if let Err(e) = r {
                     tracing::error!(error = %e, "the gRPC server failed");
                 }
             }));
-            info!(address = %grpc_addr.unwrap_or(addr), "gRPC (Open Inference Protocol) listening");
+            info!(address = %grpc_addr.unwrap_or(addr), tls = tls_acceptors.is_some(), "gRPC (Open Inference Protocol) listening");
         }
         let shm = match &cfg.shm {
             Some(c) => Some(
