@@ -89,5 +89,7 @@ for m in sorted(t.getnames()):
         extra = ""
         if s["mode"] == "fault":
             extra = f" failed {s.get('failed')} outage {s.get('outage_ms')} ms served_after {s.get('served_after_recovery')} wrong_after {s.get('wrong_after_recovery')}"
+        if s["mode"] == "latency":
+            extra = " server p50: engine {:.0f} gpu {:.0f} queue {:.0f} us".format(s.get("engine_p50_us", 0), s.get("gpu_p50_us", 0), s.get("queue_p50_us", 0))
         print(f"{m:28s} {s['label']:34s} c{s['concurrency']} n {s['requests']} served {s['served']} wrong {s['wrong']} lost {s['lost']} p50 {s['p50_us']:.0f} us p99 {s['p99_us']:.0f} us{extra}")
 PY

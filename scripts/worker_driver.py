@@ -48,7 +48,7 @@ def infer(conn, model, body, head_len):
     r = conn.getresponse()
     data = r.read()
     if r.status != 200:
-        return r.status, data[:400].decode(errors="replace"), None
+        return r.status, data[:400].decode(errors="replace"), None, {}
     hl = int(r.getheader("Inference-Header-Content-Length") or len(data))
     head = json.loads(data[:hl])
     outs, off = [], hl
@@ -56,7 +56,7 @@ def infer(conn, model, body, head_len):
         n = o["parameters"]["binary_data_size"]
         outs.append(np.frombuffer(data[off:off + n], dtype=DT[o["datatype"]]).astype(np.float32))
         off += n
-    return 200, "", outs
+    return 200, "", outs, head.get("parameters", {})
 
 
 def rel_err(a, b):
@@ -81,7 +81,7 @@ def main():
     meta = metadata(a.host, a.port, a.model)
     body, head_len = make_request(meta, 7)
     warm = http.client.HTTPConnection(a.host, a.port, timeout=a.timeout_s)
-    st, msg, reference = infer(warm, a.model, body, head_len)
+    st, msg, reference, _ = infer(warm, a.model, body, head_len)
     if st != 200:
         raise SystemExit(f"the first request failed: {st} {msg}")
     for _ in range(50):
@@ -98,12 +98,18 @@ def main():
             i += 1
             s = time.perf_counter()
             try:
-                st, msg, outs = infer(conn, a.model, body, head_len)
+                st, msg, outs, p = infer(conn, a.model, body, head_len)
             except Exception as e:  # no answer: lost (timeout) or a broken connection
-                st, msg, outs = (-1 if isinstance(e, TimeoutError) else -2), repr(e), None
+                st, msg, outs, p = (-1 if isinstance(e, TimeoutError) else -2), repr(e), None, {}
                 conn = http.client.HTTPConnection(a.host, a.port, timeout=a.timeout_s)
             e = time.perf_counter()
             rec = {"t_ms": (s - t0) * 1e3, "latency_us": (e - s) * 1e6, "status": st}
+            if st == 200:
+                # The server's own account: engine_ns (submission to answer, in the server),
+                # gpu_ns (first kernel to last, device), queue_ns (arrival to first kernel).
+                for k in ("kairos_engine_ns", "kairos_gpu_ns", "kairos_queue_ns"):
+                    if k in p:
+                        rec[k[7:]] = p[k]
             if outs is not None:
                 rec["rel_err"] = rel_err(outs, reference)
             else:
@@ -163,6 +169,10 @@ def main():
         "p50_us": float(np.percentile(lat, 50)), "p99_us": float(np.percentile(lat, 99)), "mean_us": float(lat.mean()),
         "wall_s": time.perf_counter() - t0,
     }
+    for k in ("engine_ns", "gpu_ns", "queue_ns"):
+        v = [r[k] for r in ok if k in r]
+        if v:
+            summary[k.replace("_ns", "_p50_us")] = float(np.percentile(v, 50)) / 1e3
     if a.mode == "fault":
         fails = sorted((r for r in records if r["status"] != 200), key=lambda r: r["t_ms"])
         if fails:

@@ -73,15 +73,9 @@ pub const WORKER_EXIT_ENGINE_STOPPED: i32 = 3;
 /// Recovery reports kept per GPU (the latest).
 const REPORTS_MAX: usize = 16;
 /// The pipes' buffer (Linux's default is 64 KiB; 1 MiB is the default most an unprivileged
-/// process may ask for): a request's tensors then go through without the writer waiting on the
-/// reader chunk by chunk (measured on an H100 with resnet50's 294 KiB input: +0.63 ms a request
-/// at 64 KiB).
+/// process may ask for): a request's tensors (resnet50's input: 294 KiB) go through in one write
+/// instead of the writer waiting on the reader chunk by chunk.
 const PIPE_BYTES: usize = 1 << 20;
-/// Both readers (the worker's, of requests; the supervisor's, of results) poll an empty pipe this
-/// long before they block in `read`: a blocked reader costs a thread wake-up per frame, which on
-/// an idle server core adds up (measured on an H100 host, one request at a time through a worker:
-/// +0.73 ms a request at the median with blocking reads).
-const PIPE_SPIN: Duration = Duration::from_micros(200);
 
 // ---------------------------------------------------------------------------------------------
 // The wire.
@@ -232,19 +226,6 @@ fn write_parts<W: Write>(w: &mut W, head: &[u8], blobs: &[&[u8]]) -> std::io::Re
 
 fn write_frame<W: Write, H: Serialize>(w: &mut W, header: &H, blobs: &[&[u8]]) -> std::io::Result<()> {
     write_parts(w, &frame_head(header, blobs.len())?, blobs)
-}
-
-/// Returns once `fd` has something to read, or after `spin` (the caller then blocks in `read`).
-fn spin_until_readable(fd: std::os::fd::BorrowedFd<'_>, spin: Duration) {
-    let t = Instant::now();
-    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
-    loop {
-        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
-        match rustix::event::poll(&mut fds, Some(&zero)) {
-            Ok(0) if t.elapsed() < spin => std::hint::spin_loop(),
-            _ => return,
-        }
-    }
 }
 
 /// The next frame's header and its blob count (its blobs follow on the stream: the caller reads
@@ -399,12 +380,8 @@ pub fn run_worker(backend: Arc<dyn Backend>, gpu: u32) -> Result<(), ServeError>
     }
     // Requests the engine holds: the server's tag -> the engine's id (for cancellation).
     let tags: Arc<Mutex<HashMap<u64, RequestId>>> = Arc::default();
-    let stdin = std::io::stdin();
-    let mut input = BufReader::with_capacity(1 << 20, stdin.lock());
+    let mut input = BufReader::with_capacity(1 << 20, std::io::stdin().lock());
     loop {
-        if input.buffer().is_empty() {
-            spin_until_readable(stdin.as_fd(), PIPE_SPIN);
-        }
         let (msg, blobs) = match read_head::<_, ToWorker>(&mut input) {
             Ok(Some(f)) => f,
             Ok(None) => break,
@@ -988,9 +965,6 @@ fn apply<R: Read>(s: &Shared, r: &mut R, msg: FromWorker, blobs: u32) -> std::io
 /// Reads the running worker's frames until it ends; returns why it ended.
 fn serve_until_end(s: &Shared, stdout: &mut BufReader<ChildStdout>) -> String {
     loop {
-        if stdout.buffer().is_empty() {
-            spin_until_readable(stdout.get_ref().as_fd(), PIPE_SPIN);
-        }
         match read_head::<_, FromWorker>(stdout) {
             Ok(Some((msg, blobs))) => match apply(s, stdout, msg, blobs) {
                 Ok(Ok(())) => {}
