@@ -434,25 +434,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine.dispatcher.jobs_max = args.jobs_max;
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
     engine.dispatcher.cold_strategy = args.cold_strategy;
-    if let Some(gpu) = args.worker_gpu {
+    if args.worker_gpu.is_some() {
         // A GPU worker: one reset attempt in place (a sticky CUDA fault outlives any), then the
         // server starts a new worker.
         engine.recovery_attempts_max = 1;
-        let fault = if args.worker_generation == 0 { args.test_fault_at_launch } else { None };
-        let backend = make_backend_with(
-            args.backend,
-            engine,
-            &args.sim_gpu,
-            args.seed,
-            args.sim_compute,
-            args.profiles.clone(),
-            !args.no_autotune,
-            args.peer_staging_mib << 20,
-            fault,
-        )?;
-        return kairos_server::worker::run_worker(std::sync::Arc::from(backend), gpu)
-            .map_err(|e| anyhow::anyhow!("GPU worker {gpu}: {e}"));
     }
+    // The test fault hits the first worker of each GPU only (or the in-process engine).
+    let fault = if args.worker_generation == 0 { args.test_fault_at_launch } else { None };
     let backend = make_backend_with(
         args.backend,
         engine,
@@ -462,8 +450,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.profiles.clone(),
         !args.no_autotune,
         args.peer_staging_mib << 20,
-        args.test_fault_at_launch,
+        fault,
     )?;
+    if let Some(gpu) = args.worker_gpu {
+        return kairos_server::worker::run_worker(std::sync::Arc::from(backend), gpu)
+            .map_err(|e| anyhow::anyhow!("GPU worker {gpu}: {e}"));
+    }
     let cuda = backend.describe() == "cuda";
     let workers = match args.gpu_workers {
         GpuWorkers::On => true,
