@@ -93,17 +93,27 @@ def run(mod, client, kind):
         if model == "pair":
             r = client.infer(model, inputs, outputs=[mod.InferRequestedOutput("relu")])
             check(r.as_numpy("y") is None and np.array_equal(r.as_numpy("relu"), outs["relu"]), "output selection")
-    # priority and timeout: a 1 us timeout is a deadline no request meets.
+    # priority and timeout: a 1 us timeout is a deadline no request meets; the server cancels a
+    # request past its timeout (504 / DEADLINE_EXCEEDED) unless it was served first, late.
     ins, outs = case("mlp")
     x = mod.InferInput("x", [1, 64], "FP32")
     x.set_data_from_numpy(ins["x"])
-    r = client.infer("mlp", [x], priority=1, timeout=1)
-    resp = r.get_response()
-    if kind == "http":
-        missed = resp["parameters"]["kairos_deadline_missed"]
-    else:
-        missed = resp.parameters["kairos_deadline_missed"].bool_param
-    check(missed is True, f"deadline missed flag: {missed}")
+
+    def missed_flag(r):
+        resp = r.get_response()
+        if kind == "http":
+            return resp["parameters"]["kairos_deadline_missed"]
+        return resp.parameters["kairos_deadline_missed"].bool_param
+
+    try:
+        r = client.infer("mlp", [x], priority=1, timeout=1)
+        check(missed_flag(r) is True, f"deadline missed flag: {missed_flag(r)}")
+        check(np.array_equal(r.as_numpy("y"), outs["y"]), "priority request result")
+    except InferenceServerException as e:
+        check(e.status() in {"504", "StatusCode.DEADLINE_EXCEEDED"}, f"1 us timeout: status {e.status()}: {e.message()}")
+    # A timeout of 10 s: served, in time.
+    r = client.infer("mlp", [x], priority=1, timeout=10_000_000)
+    check(missed_flag(r) is False, f"deadline missed flag with a 10 s timeout: {missed_flag(r)}")
     check(np.array_equal(r.as_numpy("y"), outs["y"]), "priority request result")
     # Errors: unknown model, unknown version, wrong datatype, wrong shape.
     nf = {"404", "StatusCode.NOT_FOUND"}
