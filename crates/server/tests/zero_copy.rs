@@ -140,9 +140,17 @@ fn a_disconnect_with_requests_in_flight_does_not_unmap_early() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let ok = metric(&text, "kairos_requests_total{model=\"squeeze\",class=\"best-effort\",protocol=\"shm\",outcome=\"ok\"}");
-    println!("ok when the client left: {ok_at_leave:?}; when its region was unmapped: {ok:?}");
+    // A client that leaves has its requests cancelled (their GPU work stopped); either way each is
+    // answered — served or cancelled — before the region it reads and writes is unmapped.
+    let cancelled =
+        metric(&text, "kairos_requests_total{model=\"squeeze\",class=\"best-effort\",protocol=\"shm\",outcome=\"cancelled\"}");
+    println!("ok when the client left: {ok_at_leave:?}; when its region was unmapped: {ok:?} ok, {cancelled:?} cancelled");
     assert_eq!(metric(&text, "kairos_shm_requests_total{path=\"zero_copy\"}"), Some(N), "{text}");
-    assert_eq!(ok, Some(N), "every request in flight completed before the region went\n{text}");
+    assert_eq!(
+        ok.unwrap_or(0) + cancelled.unwrap_or(0),
+        N,
+        "every request in flight was answered before the region went\n{text}"
+    );
     assert!(ok_at_leave.unwrap_or(0) < N, "the client left after all requests were done: the test proves nothing");
 }
 
