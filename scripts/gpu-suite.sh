@@ -63,7 +63,6 @@ mkdir -p "$BIN"
 for f in kairos-cuda-gpu-tests kairos-cuda-recovery-test kairos-cuda-cold-test gpu_suite kernel_speed profile_zoo; do
     gunzip -c "$CARRY/$f.gz" >"$BIN/$f" && chmod +x "$BIN/$f" || { echo "missing $CARRY/$f.gz: run scripts/gpu-suite.sh build first"; exit 1; }
 done
-export KAIROS_GPU_TESTS=1
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
 # The CUBIN cache compiled ahead of time here, when carried (scripts/cubin-carry.sh).
 . scripts/cubin-carry.sh
@@ -74,7 +73,7 @@ export RUST_BACKTRACE=1
 # The recovery test resets the device's primary context: its own process, before the others.
 recovery_rc=0
 if [ "$mode" != speed ]; then
-    "$BIN/kairos-cuda-recovery-test" --test-threads=1 --nocapture 2>&1 | tee "$OUT/recovery.log"
+    "$BIN/kairos-cuda-recovery-test" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/recovery.log"
     recovery_rc=${PIPESTATUS[0]}
     if [ "$mode" = recovery ]; then
         echo
@@ -87,7 +86,7 @@ fi
 if [ "$mode" = speed ]; then
     export KAIROS_ZOO_MODELS=${KAIROS_ZOO_MODELS:-resnet50,mobilenet_v2,bert_base,gpt2}
     t0=$(date +%s)
-    "$BIN/kairos-cuda-gpu-tests" --test-threads=1 --nocapture kernels_match_cpu_reference preempted_launches_resume_exactly \
+    "$BIN/kairos-cuda-gpu-tests" --include-ignored --test-threads=1 --nocapture kernels_match_cpu_reference preempted_launches_resume_exactly \
         protocol_and_plain_builds_agree zoo_models_match 2>&1 | tee "$OUT/tests.log"
     tests_rc=${PIPESTATUS[0]}
     t1=$(date +%s)
@@ -119,10 +118,10 @@ else
 fi
 
 t0=$(date +%s)
-"$BIN/kairos-cuda-gpu-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
+"$BIN/kairos-cuda-gpu-tests" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 # Cold starts under a weight budget (crates/cuda/tests/cold.rs): answers of every strategy.
-"$BIN/kairos-cuda-cold-test" --test-threads=1 --nocapture 2>&1 | tee -a "$OUT/tests.log"
+"$BIN/kairos-cuda-cold-test" --include-ignored --test-threads=1 --nocapture 2>&1 | tee -a "$OUT/tests.log"
 tests_rc=$((tests_rc | PIPESTATUS[0]))
 t1=$(date +%s)
 # shellcheck disable=SC2086

@@ -135,6 +135,7 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
     let streams: Vec<StreamId> = (0..models.len()).map(|_| gpu.create_stream(0)).collect::<Result<_>>()?;
     // Warm up every variant once, capture the graphs, and check that plain grids compute what
     // the protocol launches compute (within the fp16 kernel tolerance).
+    #[allow(clippy::needless_range_loop)] // models[i] is updated inside the loop
     for i in 0..models.len() {
         let m = &models[i];
         let record = |gpu: &mut CudaGpu, plain: bool| {
@@ -174,6 +175,7 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
             gpu.time_held(&streams[..1], HOLD_NS, |g| queue(g, m, v, streams[0]))?;
             let out = m.bufs.outputs(&mut gpu, &m.plan)?;
             let e = suite::outputs_error(&plain_out, &out);
+            #[allow(clippy::neg_cmp_op_on_partial_ord)] // a NaN error fails too
             if !(e <= suite::tolerance(DType::F16)) {
                 return Err(GpuError::Driver(format!("{}: plain grids and {v} launches disagree (error {e:.3e})", m.name)));
             }

@@ -101,7 +101,7 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, pla
         };
         slowest.push((ns, format!("#{i} {}", l.name), format!("{tile}{both}")));
     }
-    slowest.sort_by(|a, b| b.0.cmp(&a.0));
+    slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
     slowest.truncate(top);
     Ok(Timing { latency_ns, kernel_ns, by_kind, by_shape, slowest, plain: plain_ns })
 }
@@ -109,12 +109,12 @@ fn time_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, top: usize, pla
 fn print_timing(label: &str, t: &Timing) {
     println!("  {label}: latency {:.3} ms, kernel time {:.3} ms", t.latency_ns as f64 / 1e6, t.kernel_ns as f64 / 1e6);
     let mut kinds: Vec<_> = t.by_kind.iter().collect();
-    kinds.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1.0));
     for (k, (ns, n)) in kinds {
         println!("    {k:<10} {:>9.1} us  {n:>4} launches", *ns as f64 / 1e3);
     }
     let mut shapes: Vec<_> = t.by_shape.iter().collect();
-    shapes.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+    shapes.sort_by_key(|s| std::cmp::Reverse(s.1.0));
     for (shape, (ns, n)) in shapes.iter().take(12) {
         println!("    {:>9.1} us  {n:>3} x {:>7.1} us  {shape}", *ns as f64 / 1e3, *ns as f64 / 1e3 / *n as f64);
     }

@@ -1248,7 +1248,7 @@ impl CudaGpu {
 
     /// Turns overlapped launches on or off (on is refused before sm_90, which lacks them).
     pub fn set_overlap_launches(&mut self, on: bool) -> Result<()> {
-        if on && !self.info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90) {
+        if on && self.info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_none_or(|cc| cc < 90) {
             return Err(GpuError::Unsupported(format!("overlapped launches need sm_90 or newer, this is {}", self.info.arch)));
         }
         self.overlap_launches = on;

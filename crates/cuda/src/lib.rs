@@ -41,8 +41,3 @@ pub use gpu::{
 };
 pub use nvrtc::Variant;
 pub use profile::profile_plan;
-
-/// Whether the GPU tests should run (`KAIROS_GPU_TESTS=1`); they need a driver and a GPU.
-pub fn gpu_tests_enabled() -> bool {
-    std::env::var("KAIROS_GPU_TESTS").is_ok_and(|v| v == "1")
-}

@@ -145,6 +145,7 @@ impl Protocol {
     }
 
     /// The protocol parameters of a launch in `slot`.
+    #[allow(clippy::too_many_arguments)]
     pub fn params(
         &self,
         slot: u32,

@@ -1,5 +1,5 @@
 //! The GPU suite: correctness checks and measurements that need a real GPU, shared by
-//! `tests/gpu.rs` (run when `KAIROS_GPU_TESTS=1`) and `examples/gpu_suite.rs` (what
+//! `tests/gpu.rs` (`#[ignore]`d without a GPU; run with `--include-ignored`) and `examples/gpu_suite.rs` (what
 //! `scripts/gpu-suite.sh` runs on the device).
 //!
 //! Kernel checks run one case list against the CPU reference (`kairos_kernels::cpu::run_blocks`)

@@ -235,16 +235,14 @@ mod tests {
         assert_eq!(link_kind(false, false), LinkKind::None);
     }
 
-    /// On a GPU machine (`KAIROS_GPU_TESTS=1`): the topology reads, lists every GPU and every
-    /// ordered pair, and describes itself.
+    /// On a GPU machine: the topology reads, lists every GPU and every ordered pair, and
+    /// describes itself.
     #[test]
+    #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a GPU machine"]
     fn reads_this_host() {
-        if !crate::gpu_tests_enabled() {
-            return;
-        }
         let t = match read() {
             Ok(t) => t,
-            Err(e) => panic!("KAIROS_GPU_TESTS=1 but the topology did not read: {e}"),
+            Err(e) => panic!("the topology did not read: {e}"),
         };
         let n = t.gpus.len();
         assert!(n >= 1);

@@ -6,10 +6,10 @@
 //! that explanation and answer every later request at once (a server then reports itself not
 //! live, so that its supervisor restarts it).
 //!
-//! Runs when `KAIROS_GPU_TESTS=1` (scripts/gpu-suite.sh, as its own process: a reset of the
+//! `#[ignore]`d without a GPU; scripts/gpu-suite.sh runs it with `--include-ignored` (as its own process: a reset of the
 //! primary context would take every other test's objects with it). Prints the times it measured.
 
-use kairos_cuda::{CudaGpu, gpu_tests_enabled, suite};
+use kairos_cuda::{CudaGpu, suite};
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape};
@@ -92,11 +92,8 @@ impl Gpu for Faulting {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
 fn the_engine_recovers_from_an_illegal_address() {
-    if !gpu_tests_enabled() {
-        eprintln!("note: KAIROS_GPU_TESTS is not 1; skipping a GPU test");
-        return;
-    }
     let name = "resnet18";
     let m = suite::zoo_model(name, DType::F32, 1, 32).unwrap();
     let trip = Arc::new(AtomicBool::new(false));

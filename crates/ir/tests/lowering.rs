@@ -96,6 +96,7 @@ fn weight_layers_tile_the_blob_in_launch_order() {
 }
 
 #[test]
+#[allow(clippy::needless_range_loop)] // a relation matrix, indexed both ways
 fn arena_is_reused_and_hazards_are_dependencies() {
     let (_, p) = plan_of("resnet50", DType::F32);
     let total: u64 = p.launches.iter().flat_map(|l| l.args.last()).filter(|a| a.space == Space::Arena).map(|a| a.len_bytes).sum();

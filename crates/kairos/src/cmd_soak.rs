@@ -192,6 +192,8 @@ fn exit_status(s: std::process::ExitStatus) -> String {
     }
 }
 
+// `!(x > 0.0)` and `!(growth <= limit)` reject NaN too.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn run(a: SoakArgs) -> Result<()> {
     if !(a.duration_s > 0.0) || !(a.rate > 0.0) || a.clients == 0 || !(0.0..=1.0).contains(&a.bad_fraction) {
         bail!("--duration-s and --rate must be positive, --clients at least 1, --bad-fraction in [0, 1]");

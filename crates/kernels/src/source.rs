@@ -474,8 +474,7 @@ pub const DYNAMIC_SMEM_MAX_BYTES: u32 = 200 * 1024;
 /// Whether a launch runs on the tensor-core engine (fp16 convolutions of one group, fp16 gemm),
 /// whose operand pipeline lives in the launch's dynamic shared memory.
 pub fn uses_tensor_cores(kernel: &Kernel, dtype: DType) -> bool {
-    dtype == DType::F16 && matches!(kernel, Kernel::Conv2d(p) if p.groups == 1)
-        || dtype == DType::F16 && matches!(kernel, Kernel::Gemm(_))
+    dtype == DType::F16 && (matches!(kernel, Kernel::Conv2d(p) if p.groups == 1) || matches!(kernel, Kernel::Gemm(_)))
 }
 
 /// Dynamic shared memory to launch with: the plan's `shared_mem_bytes`, raised to the
@@ -1157,9 +1156,9 @@ mod tests {
         let lowered =
             kairos_ir::lower::lower(&split_graph(), &kairos_ir::lower::LowerOptions { dtype: DType::F16, split_k: false })
                 .unwrap();
-        let gemm = lowered.launches.iter().find(|l| matches!(l.kernel, Kernel::Gemm(_))).expect("a gemm").kernel.clone();
+        let gemm = lowered.launches.iter().find(|l| matches!(l.kernel, Kernel::Gemm(_))).expect("a gemm").kernel;
         let tiled = |tm: u32, tn: u32| {
-            let mut k = gemm.clone();
+            let mut k = gemm;
             if let Kernel::Gemm(p) = &mut k {
                 (p.tile_m, p.tile_n) = (tm, tn);
             }

@@ -72,6 +72,7 @@ fn check_opset(
     reference.into_iter().next().expect("one output")
 }
 
+#[allow(clippy::too_many_arguments)]
 fn conv_case(
     name: &str,
     cin: usize,

@@ -370,7 +370,7 @@ pub fn partition(bytes: &[u64], parts: u32) -> Vec<u32> {
     bytes
         .iter()
         .map(|&b| {
-            let part = if total == 0 { 0 } else { ((start * parts as u128) / total).min(parts as u128 - 1) as u32 };
+            let part = (start * parts as u128).checked_div(total).map_or(0, |p| p.min(parts as u128 - 1) as u32);
             start += b as u128;
             part
         })

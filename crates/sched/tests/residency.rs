@@ -122,7 +122,7 @@ fn cold_requests_compute_what_warm_ones_do() {
             }
             let cold = d.dispatcher().cold_plan_of("m0").unwrap().clone();
             if strategy.is_parallel() {
-                assert!(cold.part.iter().any(|&p| p == 1), "{what}: the later layers go through the secondary: {:?}", cold.part);
+                assert!(cold.part.contains(&1), "{what}: the later layers go through the secondary: {:?}", cold.part);
                 assert!(cold.forwarded_bytes > 0 && cold.forwarded_bytes < plan.weight_bytes, "{what}: {cold:?}");
             } else {
                 assert!(cold.part.is_empty(), "{what}: one GPU copies everything");

@@ -143,6 +143,8 @@ impl From<WireError> for Error {
 }
 
 /// The server to a worker.
+// `Load` carries a whole plan; a message is built, written and dropped, never stored in bulk.
+#[allow(clippy::large_enum_variant)]
 #[derive(Serialize, Deserialize)]
 enum ToWorker {
     /// Blob 0: the plan's weights.

@@ -55,7 +55,9 @@ fn index_req() -> pb::RepositoryIndexRequest {
 
 /// The three control calls over both front ends with `key` (or none): the REST statuses and the
 /// gRPC codes, in the order index, load, unload.
-fn control_calls(s: &TestServer, key: Option<&str>) -> (Vec<(u16, String)>, Vec<Result<(), tonic::Status>>) {
+type ControlAnswers = (Vec<(u16, String)>, Vec<Result<(), tonic::Status>>);
+
+fn control_calls(s: &TestServer, key: Option<&str>) -> ControlAnswers {
     let headers: Vec<(&str, &str)> = key.map(|k| vec![(CONTROL_KEY_HEADER, k)]).unwrap_or_default();
     let rest = vec![
         http(&s.http, "POST", "/v2/repository/index", &headers, b""),

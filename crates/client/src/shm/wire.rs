@@ -234,7 +234,7 @@ mod tests {
         let spec = TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![1 << 40, 1 << 40] };
         assert_eq!(spec.len_bytes(), u64::MAX);
         let mut w = Writer::new(OP_OPEN_MODEL);
-        w.tensor_specs(&[spec.clone()]);
+        w.tensor_specs(std::slice::from_ref(&spec));
         let got = Reader::new(&w.buf[1..]).tensor_specs().unwrap();
         assert_eq!(got[0].len_bytes(), u64::MAX);
         assert_eq!(TensorSpec { shape: vec![], ..spec.clone() }.len_bytes(), 4);

@@ -586,7 +586,7 @@ impl Emitter<'_> {
     fn copy(&mut self, name: &str, src: &View, dst: Option<View>, order: &[usize], dtype: DType) -> View {
         let dst = dst.unwrap_or_else(|| self.fresh(&src.shape, order, dtype));
         let mut out = dst.clone();
-        let l = self.eltwise(name, EltFunc::Copy, Act::None, &[src.clone()], &dst, [0.0; 2]);
+        let l = self.eltwise(name, EltFunc::Copy, Act::None, std::slice::from_ref(src), &dst, [0.0; 2]);
         out.writers = vec![l];
         out
     }
@@ -1408,8 +1408,8 @@ impl Emitter<'_> {
             placed.push((offset, offset + size, first, last));
             arena_bytes = arena_bytes.max(offset + size);
         }
-        for b in 0..self.bufs.len() {
-            if let BufKind::Weights(e) = self.bufs[b].kind {
+        for (b, buf) in self.bufs.iter().enumerate() {
+            if let BufKind::Weights(e) = buf.kind {
                 buf_offset[b] = entry_offset[e];
             }
         }

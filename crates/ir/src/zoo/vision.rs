@@ -9,6 +9,7 @@ const GAMMA: (f32, f32) = (0.8, 1.2);
 /// Scale range of the last BatchNorm in a residual branch: keeps deep residual stacks from growing.
 const GAMMA_RESIDUAL: (f32, f32) = (0.1, 0.3);
 
+#[allow(clippy::too_many_arguments)]
 fn conv_bn(
     b: &mut OnnxBuilder,
     x: &str,

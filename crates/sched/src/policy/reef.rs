@@ -83,10 +83,11 @@ impl Policy for Reef {
             return gated_pick(view, true, |j: &JobView| (j.last_issue_seq, j.seq));
         }
         // 1. A new RT job: every running BE launch stops (one decision each).
-        if self.kill && arriving {
-            if let Some(j) = view.jobs.iter().find(|j| j.class != Class::RealTime && j.running.is_some()) {
-                return Some(Decision::Preempt { job: j.key, launch: j.running? });
-            }
+        if self.kill
+            && arriving
+            && let Some(j) = view.jobs.iter().find(|j| j.class != Class::RealTime && j.running.is_some())
+        {
+            return Some(Decision::Preempt { job: j.key, launch: j.running? });
         }
         // 2. The first RT job without the gate, the others gated, in rank order.
         let head = view.jobs.iter().filter(is_rt).min_by_key(|j| Self::rt_rank(j))?;
