@@ -234,6 +234,8 @@ fn preemption_latency(
 }
 
 fn main() {
+    // The CUDA backend's settings from KAIROS_CACHE_DIR, KAIROS_PROGRESS, ... (README).
+    kairos_cuda::settings::configure_from_env();
     let a = args();
     let t_start = Instant::now();
     std::fs::create_dir_all(&a.out).expect("cannot create the output folder");

@@ -96,6 +96,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // The CUDA backend's settings from KAIROS_CACHE_DIR, KAIROS_PROGRESS, ... (README).
+    kairos_cuda::settings::configure_from_env();
     let mut models = "resnet18,mobilenet_v2,resnet34,squeezenet1_1,resnet50,densenet121,googlenet,inception_v3".to_string();
     let mut reps = 20usize;
     let mut out = std::path::PathBuf::from("held_bench.json");

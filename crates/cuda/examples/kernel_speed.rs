@@ -134,6 +134,8 @@ fn print_timing(label: &str, t: &Timing) {
 }
 
 fn main() {
+    // The CUDA backend's settings from KAIROS_CACHE_DIR, KAIROS_PROGRESS, ... (README).
+    kairos_cuda::settings::configure_from_env();
     let mut dtype = DType::F16;
     let mut seq = 128usize;
     let mut batch = 1usize;

@@ -11,6 +11,8 @@ use kairos_ir::model::ModelSpec;
 use std::path::PathBuf;
 
 fn main() {
+    // The CUDA backend's settings from KAIROS_CACHE_DIR, KAIROS_PROGRESS, ... (README).
+    kairos_cuda::settings::configure_from_env();
     let mut args = std::env::args().skip(1);
     let out = PathBuf::from(args.next().expect("usage: profile_zoo OUT_DIR [--dtype f16|f32] [MODEL...]"));
     let mut dtype = DType::F16;

@@ -18,7 +18,7 @@
 //!   observed device-to-host delay, so a mapped time is never early by more than ~1 us).
 
 use crate::driver::{self, CUdevice, CUdevice_attribute as A, DriverError};
-use crate::launcher::{Failure, Job, LAUNCH_THREADS_MAX, Launchers};
+use crate::launcher::{Failure, Job, Launchers};
 use crate::nvrtc::{self, KernelCache, Variant};
 use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_TIMEOUT_NS, Record, RingError};
 use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
@@ -44,19 +44,11 @@ use std::time::Instant;
 pub const STREAMS_MAX: usize = 1024;
 /// Copies in flight.
 pub const COPIES_MAX: usize = 4096;
-/// Set to 1 to launch each protocol kernel as a programmatic dependent of the kernel before it on
-/// its stream (sm_90+), overlapping its start with that kernel's end. Off by default: on the
-/// H200 it did not lower latency (docs/benchmarks.md, "Overlapped launches").
-pub const OVERLAP_ENV: &str = "KAIROS_OVERLAP_LAUNCHES";
-/// Set to 0 to run every launch under the full protocol, including those the caller will not
-/// preempt (which otherwise run as light launches: protocol.cuh, point 7).
-pub const LIGHT_ENV: &str = "KAIROS_LIGHT_LAUNCHES";
 /// How fast the tracked device-clock offset is let down between records (see `track_clock`), in
 /// parts per million of elapsed host time: above the drift seen (~10 ppm).
 const CLOCK_DRIFT_PPM: i64 = 50;
-/// Launcher threads that make the driver call of each protocol launch (see [`crate::launcher`]):
-/// the variable's value (0: every launch on the caller's thread), else [`LAUNCH_THREADS_DEFAULT`].
-pub const LAUNCH_THREADS_ENV: &str = "KAIROS_LAUNCH_THREADS";
+/// Launcher threads that make the driver call of each protocol launch (see [`crate::launcher`] and
+/// [`crate::settings::Settings::launch_threads`]) unless the settings say otherwise.
 pub const LAUNCH_THREADS_DEFAULT: usize = 2;
 /// Partitions (green contexts) a `CudaGpu` will create.
 pub const PARTITIONS_MAX: usize = 64;
@@ -177,12 +169,11 @@ struct RecordedRun {
 /// Recorded runs one GPU holds at most (each is a CUDA graph instance in device memory).
 pub const RUNS_MAX: usize = 16_384;
 
-/// Recorded runs replay the kernels built without the protocol (one CTA per logical block,
-/// nothing but the kernel's blocks: on an H100 the 8 mix models' whole jobs took 3.21 ms all at
-/// once so, against 3.77 ms as light protocol launches in a graph and 3.70 ms for PyTorch's CUDA
-/// graphs) when their units are at hand without compiling; `KAIROS_RUN_KERNELS=light` records
-/// light, silent protocol launches instead.
-pub const RUN_KERNELS_ENV: &str = "KAIROS_RUN_KERNELS";
+// Recorded runs replay the kernels built without the protocol (one CTA per logical block,
+// nothing but the kernel's blocks: on an H100 the 8 mix models' whole jobs took 3.21 ms all at
+// once so, against 3.77 ms as light protocol launches in a graph and 3.70 ms for PyTorch's CUDA
+// graphs) when their units are at hand without compiling; `KAIROS_RUN_KERNELS=light`
+// (`settings::Settings::run_kernels_plain`) records light, silent protocol launches instead.
 
 /// Device-measured spans (first placement to LaunchDone) kept for lookups.
 const SPANS_MAX: usize = 4096;
@@ -274,7 +265,7 @@ pub struct CudaGpu {
     runs: HashMap<u64, RecordedRun>,
     next_run: u64,
     /// Runs are recorded with plain grids where their units are ready, else light protocol launches
-    /// ([`RUN_KERNELS_ENV`]).
+    /// (`KAIROS_RUN_KERNELS`, [`crate::settings::Settings::run_kernels_plain`]).
     run_kernels_plain: bool,
     /// A background compilation of plain units for runs was started (once per process).
     run_plain_compiling: bool,
@@ -308,7 +299,7 @@ pub struct CudaGpu {
     /// Gate words of destroyed streams, with the stream's last launch: free once it is done.
     retired_gate_words: Vec<(u32, Option<LaunchId>)>,
     /// Protocol launches go out as programmatic dependents of the kernel before them on their
-    /// stream (sm_90+, opt-in through OVERLAP_ENV; protocol.cuh, "Overlapped launches").
+    /// stream (sm_90+, opt-in through `KAIROS_OVERLAP_LAUNCHES=1`; protocol.cuh, "Overlapped launches").
     overlap_launches: bool,
     helper_stream: Stream,
     /// Carries `Gpu::write`'s copies (each waited for; nothing else runs on it).
@@ -328,7 +319,7 @@ pub struct CudaGpu {
     /// Launches issued so far, in order (silent launches end before any reporting one after them).
     issue_order: u64,
     /// Launches the caller will not preempt run as light launches (protocol.cuh, point 7);
-    /// [`LIGHT_ENV`]`=0` turns this off (every launch under the full protocol).
+    /// `KAIROS_LIGHT_LAUNCHES=0` ([`crate::settings::Settings::light_launches`]) turns this off (every launch under the full protocol).
     light_launches: bool,
     /// CTAs per SM of the next launch's entry when the caller already knows them.
     next_launch_per_sm: Option<u32>,
@@ -396,7 +387,7 @@ impl CudaGpu {
             memory_bytes: driver::device_total_mem(dev).map_err(drv)?,
             partitions: Vec::new(),
             partition_granularity_sms: sm_count,
-            hardware_queues: std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
+            hardware_queues: crate::settings::settings().hardware_queues,
             h2d_bytes_per_s: 0.0,
             d2h_bytes_per_s: 0.0,
             device_mem_bytes_per_s: 0.0,
@@ -429,7 +420,7 @@ impl CudaGpu {
             spare_events: Vec::new(),
             runs: HashMap::new(),
             next_run: 1,
-            run_kernels_plain: std::env::var(RUN_KERNELS_ENV).map_or(true, |v| v != "light"),
+            run_kernels_plain: crate::settings::settings().run_kernels_plain,
             run_plain_compiling: false,
             capture_stream: None,
             allocations: BTreeMap::new(),
@@ -448,7 +439,7 @@ impl CudaGpu {
             streams: Vec::new(),
             streams_destroyed: 0,
             retired_gate_words: Vec::new(),
-            overlap_launches: major >= 9 && std::env::var(OVERLAP_ENV).is_ok_and(|v| v == "1"),
+            overlap_launches: major >= 9 && crate::settings::settings().overlap_launches,
             helper_stream,
             write_stream,
             partitions: Vec::new(),
@@ -459,7 +450,7 @@ impl CudaGpu {
             next_launch_flags: 0,
             next_launch_implied_start: false,
             issue_order: 0,
-            light_launches: std::env::var(LIGHT_ENV).map_or(true, |v| v != "0"),
+            light_launches: crate::settings::settings().light_launches,
             next_launch_per_sm: None,
             protocol,
             bound: Cell::new(Some(std::thread::current().id())),
@@ -482,13 +473,7 @@ impl CudaGpu {
         gpu.calibrate_clock()?;
         gpu.measure_bandwidths()?;
         gpu.sync_info();
-        let threads = match std::env::var(LAUNCH_THREADS_ENV) {
-            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
-                GpuError::Invalid(format!("{LAUNCH_THREADS_ENV}={v}: a number of launcher threads (0 to {LAUNCH_THREADS_MAX})"))
-            })?,
-            Err(_) => LAUNCH_THREADS_DEFAULT,
-        };
-        gpu.set_launch_threads(threads)?;
+        gpu.set_launch_threads(crate::settings::settings().launch_threads)?;
         Ok(gpu)
     }
 
@@ -1241,7 +1226,7 @@ impl CudaGpu {
     }
 
     /// Whether protocol launches overlap their start with the end of the kernel before them on
-    /// their stream (see [`OVERLAP_ENV`]).
+    /// their stream (see [`crate::settings::Settings::overlap_launches`]).
     pub fn overlaps_launches(&self) -> bool {
         self.overlap_launches
     }
@@ -1476,12 +1461,12 @@ impl CudaGpu {
     }
 
     /// Records runs from now on with plain grids where their units are ready (true, the default)
-    /// or light, silent protocol launches (false; see [`RUN_KERNELS_ENV`]).
+    /// or light, silent protocol launches (false; see [`crate::settings::Settings::run_kernels_plain`]).
     pub fn set_run_kernels_plain(&mut self, plain: bool) {
         self.run_kernels_plain = plain;
     }
 
-    /// Whether launches the caller will not preempt run light (see [`LIGHT_ENV`]).
+    /// Whether launches the caller will not preempt run light (see [`crate::settings::Settings::light_launches`]).
     pub fn light_launches(&self) -> bool {
         self.light_launches
     }
@@ -2139,7 +2124,7 @@ impl Gpu for CudaGpu {
     }
 
     /// Captures the launches into a CUDA graph on a capture stream of its own, as plain grids (or
-    /// light, silent protocol launches: [`RUN_KERNELS_ENV`]): their parameters hold no launch
+    /// light, silent protocol launches: `KAIROS_RUN_KERNELS`): their parameters hold no launch
     /// slot, sequence number or gate, so one instance replays them any number of times.
     fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
         if launches.is_empty() || launches.len() > RUN_LAUNCHES_MAX {
@@ -2174,7 +2159,9 @@ impl Gpu for CudaGpu {
             }
         }
         if !plain && !self.light_launches {
-            return Err(GpuError::Unsupported(format!("runs are recorded from light launches, which {LIGHT_ENV}=0 turned off")));
+            return Err(GpuError::Unsupported(
+                "runs are recorded from light launches, which KAIROS_LIGHT_LAUNCHES=0 turned off".to_string(),
+            ));
         }
         let whole = self.partitions[0].sms;
         for (i, l) in launches.iter().enumerate() {

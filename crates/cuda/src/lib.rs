@@ -16,6 +16,8 @@
 //! - [`hostmap`]: caller memory mapped into the device for zero-copy I/O (`Gpu::map_host`).
 //! - [`launcher`]: launcher threads that make the driver call of each launch beside the
 //!   dispatcher thread (`KAIROS_LAUNCH_THREADS`, default 2; 0 launches on the caller's thread).
+//! - [`settings`]: the process-wide settings a program installs once ([`configure`]); this crate
+//!   never reads the environment on its own ([`Settings::from_env`] does, when a program asks).
 //!
 //! Entry points for the binary: [`CudaGpu::new`] (a clear `GpuError::NoDevice` without a driver
 //! or GPU), then `kairos_gpu::exec::{upload_weights, execute_plan}` for `kairos run --backend
@@ -32,12 +34,12 @@ pub mod profile;
 pub mod progress;
 pub mod protocol;
 pub mod safe;
+pub mod settings;
 pub mod suite;
 pub mod topology;
 
 pub use autotune::{TuneOptions, autotune_plan};
-pub use gpu::{
-    CudaGpu, HeldTiming, LAUNCH_THREADS_DEFAULT, LAUNCH_THREADS_ENV, LaunchCosts, LaunchOptions, OVERLAP_ENV, read_sm_bitmap,
-};
+pub use gpu::{CudaGpu, HeldTiming, LAUNCH_THREADS_DEFAULT, LaunchCosts, LaunchOptions, read_sm_bitmap};
 pub use nvrtc::Variant;
 pub use profile::profile_plan;
+pub use settings::{Settings, configure, settings};

@@ -247,22 +247,16 @@ pub struct KernelCache {
     pub quick: bool,
 }
 
-/// Extra NVRTC options for every build (space-separated, e.g. `--Ofast-compile=min`); they enter
+/// Extra NVRTC options for every build ([`crate::settings::Settings::nvrtc_options`]); they enter
 /// the cache keys, so images built with and without them never mix. For measuring what an option
 /// does to compile time and kernel speed.
-pub const OPTIONS_ENV: &str = "KAIROS_NVRTC_OPTIONS";
-
 fn extra_options() -> &'static [String] {
-    static EXTRA: OnceLock<Vec<String>> = OnceLock::new();
-    EXTRA.get_or_init(|| std::env::var(OPTIONS_ENV).unwrap_or_default().split_whitespace().map(str::to_string).collect())
+    &crate::settings::settings().nvrtc_options
 }
 
-/// The cache folder: `$KAIROS_CACHE_DIR`, else `~/.cache/kairos/cubin`.
+/// The cache folder of the settings in force ([`crate::settings::Settings::cache_dir`]).
 pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("KAIROS_CACHE_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("kairos").join("cubin"))
+    crate::settings::settings().cache_dir.clone()
 }
 
 /// 128-bit FNV-1a (two 64-bit lanes with different offsets), hex: a content key, not a MAC.
@@ -588,19 +582,15 @@ impl Drop for Claim {
     }
 }
 
-/// Threads for parallel compilation: `$KAIROS_COMPILE_JOBS`, else every core.
+/// Threads for parallel compilation: the settings' `compile_jobs`, else every core.
 pub fn compile_workers() -> usize {
-    std::env::var("KAIROS_COMPILE_JOBS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1)
+    crate::settings::settings().compile_jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1)
 }
 
 /// Threads for compilations in the background while the process serves: every core but
 /// [`BACKGROUND_SPARE_CORES`] (at least one), or `$KAIROS_COMPILE_JOBS`.
 pub fn background_workers() -> usize {
-    if std::env::var("KAIROS_COMPILE_JOBS").is_ok() {
+    if crate::settings::settings().compile_jobs.is_some() {
         return compile_workers();
     }
     compile_workers().saturating_sub(BACKGROUND_SPARE_CORES).max(1)

@@ -5,6 +5,7 @@
 //! and the elapsed time); otherwise, for logs, one line when the work starts, one per unit done and
 //! one at the end. Nothing is printed when nothing needs compiling.
 
+use crate::settings::ProgressMode;
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -44,14 +45,14 @@ impl Drop for Activity {
     }
 }
 
-/// Whether progress is drawn in place: stderr is a terminal and `KAIROS_PROGRESS` is not `lines`.
+/// Whether progress is drawn in place: stderr is a terminal and the settings ask for no lines.
 fn in_place() -> bool {
-    std::io::stderr().is_terminal() && std::env::var("KAIROS_PROGRESS").map_or(true, |v| v != "lines")
+    std::io::stderr().is_terminal() && crate::settings::settings().progress == ProgressMode::Auto
 }
 
-/// Whether progress is printed at all (`KAIROS_PROGRESS=off` silences it).
+/// Whether progress is printed at all (the settings' [`ProgressMode::Off`] silences it).
 fn enabled() -> bool {
-    std::env::var("KAIROS_PROGRESS").map_or(true, |v| v != "off")
+    crate::settings::settings().progress != ProgressMode::Off
 }
 
 struct State {

@@ -26,6 +26,7 @@ fn answer(d: &mut VirtualDriver<CudaGpu>, name: &str, inputs: &[kairos_ir::Tenso
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
 fn cold_starts_answer_what_resident_models_answer() {
+    kairos_cuda::settings::configure_from_env();
     for (model, dtype) in [("resnet18", DType::F16), ("distilbert", DType::F16), ("distilbert", DType::F32)] {
         let m = suite::zoo_model(model, dtype, 1, 32).unwrap();
         let plan = Arc::new(m.plan);

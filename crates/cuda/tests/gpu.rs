@@ -15,7 +15,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// run with `--include-ignored`, a missing GPU or driver is a failure.
 fn gpu() -> MutexGuard<'static, CudaGpu> {
     static GPU: OnceLock<Mutex<CudaGpu>> = OnceLock::new();
-    let m = GPU.get_or_init(|| Mutex::new(CudaGpu::new(0).unwrap_or_else(|e| panic!("this GPU test needs a GPU: {e}"))));
+    let m = GPU.get_or_init(|| {
+        kairos_cuda::settings::configure_from_env();
+        Mutex::new(CudaGpu::new(0).unwrap_or_else(|e| panic!("this GPU test needs a GPU: {e}")))
+    });
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

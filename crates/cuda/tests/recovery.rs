@@ -94,6 +94,7 @@ impl Gpu for Faulting {
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
 fn the_engine_recovers_from_an_illegal_address() {
+    kairos_cuda::settings::configure_from_env();
     let name = "resnet18";
     let m = suite::zoo_model(name, DType::F32, 1, 32).unwrap();
     let trip = Arc::new(AtomicBool::new(false));

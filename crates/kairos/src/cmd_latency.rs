@@ -167,16 +167,16 @@ impl EngineRunner {
         let engine = Self::engine(&config, device)?;
         let info = engine.device();
         let overlap_capable = info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90);
-        let overlap_on = std::env::var(kairos_cuda::OVERLAP_ENV).is_ok_and(|v| v == "1");
+        let overlap_on = kairos_cuda::settings().overlap_launches;
         // Named in the table when launches overlap (opt-in on sm_90+).
         let mut name = if overlap_capable && overlap_on {
-            format!("{} (overlapped launches: {}=1)", info.name, kairos_cuda::OVERLAP_ENV)
+            format!("{} (overlapped launches: KAIROS_OVERLAP_LAUNCHES=1)", info.name)
         } else {
             info.name.clone()
         };
         // And when plans are lowered with split-K (opt-in).
         if kairos_ir::lower::LowerOptions::new(kairos_ir::DType::F16).split_k {
-            name = format!("{name} (split-K: {}=1)", kairos_ir::lower::SPLIT_K_ENV);
+            name = format!("{name} (split-K: KAIROS_SPLIT_K=1)");
         }
         Ok(EngineRunner { engine: Some(engine), config, device, name, tune, tuner: None })
     }

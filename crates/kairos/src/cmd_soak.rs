@@ -212,6 +212,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
     outcome
 }
 
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN fails the checks too
 fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
     write_repository(repo, &a.models, a.dtype)?;
     let models = expected_outputs(repo, &a.models, a.inputs_per_model, a.seed)?;

@@ -13,6 +13,7 @@ mod cmd_serve;
 mod cmd_soak;
 mod cmd_zoo;
 mod cpu_profile;
+mod env;
 mod model_args;
 mod paths;
 
@@ -22,7 +23,7 @@ mod prebuilt_kernels {
     include!(concat!(env!("OUT_DIR"), "/prebuilt_kernels.rs"));
 }
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(name = "kairos", version, about = "A GPU inference server whose dispatcher owns every kernel launch.")]
@@ -56,8 +57,13 @@ enum Command {
 }
 
 fn main() {
+    let matches = Cli::command().after_help(env::help_text()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = env::install() {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
     kairos_cuda::nvrtc::register_prebuilt(prebuilt_kernels::IMAGES);
-    let cli = Cli::parse();
     let profile = cpu_profile::start();
     let result = match cli.command {
         Command::Demo(a) => cmd_demo::run(a),

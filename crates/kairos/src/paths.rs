@@ -60,14 +60,11 @@ pub fn cuda_profile_dir(device: u32) -> PathBuf {
     profile_dir_for_device(name.as_deref().unwrap_or("H100"))
 }
 
-/// Set to 0 to make `kairos serve` and `kairos run` wait for the optimized build of every kernel
-/// unit they need instead of starting on quick builds (`CudaGpu::set_quick_builds`).
-pub const QUICK_BUILDS_ENV: &str = "KAIROS_QUICK_BUILDS";
-
 /// Whether `serve` and `run` start kernel units on their quick builds (on unless
-/// [`QUICK_BUILDS_ENV`]` = 0`).
+/// `KAIROS_QUICK_BUILDS=0`, which makes them wait for the optimized build of every kernel unit
+/// they need: `CudaGpu::set_quick_builds`; the value was checked at start-up, `crate::env`).
 pub fn quick_builds_wanted() -> bool {
-    std::env::var(QUICK_BUILDS_ENV).map_or(true, |v| v.trim() != "0")
+    crate::env::flag("KAIROS_QUICK_BUILDS", true).unwrap_or(true)
 }
 
 #[cfg(test)]

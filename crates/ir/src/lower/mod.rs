@@ -14,6 +14,7 @@ use crate::Error;
 use crate::graph::Graph;
 use crate::plan::Plan;
 use crate::tensor::DType;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Clone, Copy, Debug)]
 pub struct LowerOptions {
@@ -25,14 +26,20 @@ pub struct LowerOptions {
     pub split_k: bool,
 }
 
-/// Set to `1` to lower with split-K (the latency benchmark's A/B); read by [`LowerOptions::new`].
-pub const SPLIT_K_ENV: &str = "KAIROS_SPLIT_K";
+/// Whether [`LowerOptions::new`] turns split-K on: off unless a program sets it with
+/// [`set_split_k_default`] (the binary does for `KAIROS_SPLIT_K=1`, the latency benchmark's A/B).
+/// This crate never reads the environment.
+static SPLIT_K_DEFAULT: AtomicBool = AtomicBool::new(false);
+
+/// Sets what [`LowerOptions::new`] chooses for split-K in this process (before planning models).
+pub fn set_split_k_default(on: bool) {
+    SPLIT_K_DEFAULT.store(on, Ordering::Relaxed);
+}
 
 impl LowerOptions {
-    /// Options at `dtype`; split-K only with `KAIROS_SPLIT_K=1`.
+    /// Options at `dtype`; split-K as [`set_split_k_default`] chose (off by default).
     pub fn new(dtype: DType) -> LowerOptions {
-        let split_k = std::env::var(SPLIT_K_ENV).is_ok_and(|v| v.trim() == "1");
-        LowerOptions { dtype, split_k }
+        LowerOptions { dtype, split_k: SPLIT_K_DEFAULT.load(Ordering::Relaxed) }
     }
 }
 
