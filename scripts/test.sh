@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's test command: formatting, lints, then every test of the workspace (no GPU needed;
+# GPU and NVRTC tests are #[ignore]d and listed as such: scripts/gpu-suite.sh runs them on a GPU).
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p kairos-sched`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+if [ $# -gt 0 ]; then
+    cargo test "$@"
+else
+    cargo test --workspace
+fi
