@@ -29,6 +29,8 @@
 //! (no coordinated omission); every random choice comes from the run's seed; every collection a
 //! run grows has a `*_MAX` limit, and exceeding it is an error, not a stall.
 
+#![forbid(unsafe_code)]
+
 pub mod azure;
 pub mod breakdown;
 pub mod experiment;

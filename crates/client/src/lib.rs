@@ -14,6 +14,12 @@
 //! Errors carry the server's status as a [`Code`] (gRPC numbering; HTTP statuses map onto it).
 //! Tensors are `kairos_ir::Tensor`s (f32, f16, i64).
 
+// Unsafe code only where an item says why (allow(unsafe_code) beside its SAFETY contract).
+#![deny(unsafe_code)]
+
+// Shared memory: mapping a region another process writes, and a lock-free ring in it (SAFETY
+// comments at each block; loom tests for the ring).
+#[allow(unsafe_code)]
 pub mod shm;
 
 #[cfg(feature = "remote")]

@@ -12,6 +12,9 @@
 //! the launch's SM mask exit at once. CTAs report placement and completion per SM, which the
 //! dispatcher uses to account occupancy.
 
+// Unsafe code only where an item says why (allow(unsafe_code) beside its SAFETY contract).
+#![deny(unsafe_code)]
+
 pub mod exec;
 pub mod idmap;
 pub mod profile;
@@ -415,6 +418,7 @@ impl<'a> HostRange<'a> {
     ///    directly during all that time.
     /// 2. Nothing in this process holds a Rust reference (`&[u8]`, `&mut [u8]`) into the range
     ///    while a device may write it: the owner accesses it through raw pointers only.
+    #[allow(unsafe_code)] // a contract for the caller; the body itself does nothing unsafe
     pub unsafe fn new(addr: usize, len: usize) -> HostRange<'a> {
         HostRange { addr, len, _owner: std::marker::PhantomData }
     }

@@ -1,5 +1,7 @@
 //! kairos-ir: tensors, the graph IR, the ONNX front door, the model zoo, lowering and kernel plans.
 
+#![forbid(unsafe_code)]
+
 pub mod graph;
 pub mod interp;
 pub mod lower;

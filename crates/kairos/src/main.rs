@@ -1,5 +1,7 @@
 //! kairos: a GPU inference server whose dispatcher owns every kernel launch.
 
+#![forbid(unsafe_code)]
+
 mod cmd_bench;
 mod cmd_bench_serve;
 mod cmd_cold;

@@ -6,5 +6,8 @@
 //! - [`source`]: the CUDA C sources (one protocol header, one file per kernel family), embedded
 //!   with `include_str!`, and the mapping from a plan's kernel to its CUDA function and parameter block.
 
+// Unsafe code only where an item says why (allow(unsafe_code) beside its SAFETY contract).
+#![deny(unsafe_code)]
+
 pub mod cpu;
 pub mod source;

@@ -26,6 +26,8 @@
 //! wall clock (time is the GPU's `now_ns`); policies never mutate anything; every queue and pool
 //! has a `*_max` limit below.
 
+#![forbid(unsafe_code)]
+
 pub mod cold;
 pub mod dispatcher;
 pub mod driver;

@@ -22,6 +22,8 @@
 //! limit: the engine's submission queue and job limit (429 / RESOURCE_EXHAUSTED when full), the
 //! body and message limits (413), the shared-memory rings (back-pressure) and client count.
 
+#![forbid(unsafe_code)]
+
 pub mod control;
 pub mod error;
 pub mod fixtures;

@@ -101,6 +101,8 @@
 //! simulator. Synchronous reads and writes do not wait for GPU work. A full hardware queue is an
 //! error, where a real driver would block the host.
 
+#![forbid(unsafe_code)]
+
 pub mod bandwidth;
 pub mod desc;
 pub mod faults;

@@ -34,6 +34,7 @@ pub(crate) fn sgemm(
     assert!((k - 1) * rsb + (n - 1) * csb < b.len(), "sgemm: B view exceeds its slice");
     assert!((m - 1) * ldc + n <= c.len(), "sgemm: C view exceeds its slice");
     assert!(ldc >= n, "sgemm: C rows overlap");
+    #[allow(unsafe_code)]
     // SAFETY: matrixmultiply reads A at i*rsa + p*csa for i < m, p < k, B at p*rsb + j*csb for p < k,
     // j < n, and writes C at i*ldc + j for i < m, j < n. The asserts above bound every such index by
     // its slice's length, the strides fit in isize because the slices' lengths do, and `c` is a
