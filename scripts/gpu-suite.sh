@@ -29,7 +29,7 @@ if [ "$mode" = build ]; then
     set -e
     mkdir -p "$CARRY"
     test_bin() {
-        cargo test --release -p kairos-cuda --test "$1" --no-run --message-format=json 2>/dev/null |
+        cargo test --release -p kairos-gputest --test "$1" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -39,7 +39,7 @@ for l in sys.stdin:
     gpu_bin=$(test_bin gpu)
     recovery_bin=$(test_bin recovery)
     cold_bin=$(test_bin cold)
-    cargo build --release -p kairos-cuda --example gpu_suite --example kernel_speed --example profile_zoo
+    cargo build --release -p kairos-gputest --example gpu_suite --example kernel_speed --example profile_zoo
     strip -o "$CARRY/kairos-cuda-gpu-tests" "$gpu_bin"
     strip -o "$CARRY/kairos-cuda-recovery-test" "$recovery_bin"
     strip -o "$CARRY/kairos-cuda-cold-test" "$cold_bin"
@@ -120,7 +120,7 @@ fi
 t0=$(date +%s)
 "$BIN/kairos-cuda-gpu-tests" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
-# Cold starts under a weight budget (crates/cuda/tests/cold.rs): answers of every strategy.
+# Cold starts under a weight budget (crates/gputest/tests/cold.rs): answers of every strategy.
 "$BIN/kairos-cuda-cold-test" --include-ignored --test-threads=1 --nocapture 2>&1 | tee -a "$OUT/tests.log"
 tests_rc=$((tests_rc | PIPESTATUS[0]))
 t1=$(date +%s)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the GPU does with a forward pass's kernels once they are all queued, kairos against
-# PyTorch's CUDA graphs, in one device call: crates/cuda/examples/held_bench.rs (protocol, plain
+# PyTorch's CUDA graphs, in one device call: crates/gputest/examples/held_bench.rs (protocol, plain
 # grids, CUDA graphs of kairos' kernels; alone and 8 models at once) and scripts/held_peer.py
 # (PyTorch graphs, the same way). docs/benchmarks.md, "Where the GPU time goes".
 #
@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-run}" = build ]; then
     set -e
-    cargo build --release -p kairos-cuda --example held_bench
+    cargo build --release -p kairos-gputest --example held_bench
     mkdir -p .carry-gpu
     strip -o .carry-gpu/held_bench target/release/examples/held_bench
     gzip -9f .carry-gpu/held_bench

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch half of `held_bench` (crates/cuda/examples/held_bench.rs): device-side time of one
+"""The PyTorch half of `held_bench` (crates/gputest/examples/held_bench.rs): device-side time of one
 forward pass replayed from a captured CUDA graph, with the GPU handed all the work at once.
 
 A stream is held by `torch.cuda._sleep` (a spin of HOLD_MS), the work is queued behind it (other

@@ -14,7 +14,7 @@
 #   secondary  the secondary's own warm requests (scripts/warm_loop.py, resnet50 CUDA graph on
 #              GPU 1) alone, then while GPU 0 cold-starts through it (parallel, many reps)
 #
-#   gputest    the GPU test of cold starts (crates/cuda/tests/cold.rs), carried as .carry-gpu/kairos-cuda-cold-test.gz
+#   gputest    the GPU test of cold starts (crates/gputest/tests/cold.rs), carried as .carry-gpu/kairos-cuda-cold-test.gz
 #   compile    the kernel library compiled on the device's cores, returned as $OUT/cubin.tgz
 #
 # PARALLEL_STEPS (default links,cold,peer) picks steps; PARALLEL_PEERS (default 1) the secondaries of the cold step. Results are packed into $OUT/results.tar;
@@ -49,8 +49,8 @@ if has links; then
     step links 120 python3 scripts/links_peer.py --out "$OUT/links_peer.json" --reps 20
 fi
 if has gputest; then
-    # crates/cuda/tests/cold.rs: answers of every cold strategy, the parallel ones through GPU 1
-    # (the test binary built here: `cargo test --release -p kairos-cuda --test cold --no-run`, stripped and gzipped).
+    # crates/gputest/tests/cold.rs: answers of every cold strategy, the parallel ones through GPU 1
+    # (the test binary built here: `cargo test --release -p kairos-gputest --test cold --no-run`, stripped and gzipped).
     gunzip -c .carry-gpu/kairos-cuda-cold-test.gz >"$BIN/cold-test" && chmod +x "$BIN/cold-test"
     step gputest 300 "$BIN/cold-test" --include-ignored --test-threads=1 --nocapture
 fi

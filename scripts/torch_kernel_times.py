@@ -2,7 +2,7 @@
 """Where PyTorch's time goes, kernel by kernel: the CUDA kernels of one forward pass of zoo models
 (fp16, eval, cudnn.benchmark on; the same builds as scripts/pytorch_peer.py) with their device
 durations (torch.profiler, the median of 5 profiled passes after warm-up), grouped by kernel name,
-slowest groups first. The peer side of `kernel_speed --plain` (crates/cuda/examples), which lists
+slowest groups first. The peer side of `kernel_speed --plain` (crates/gputest/examples), which lists
 kairos' launches the same way.
 
     python3 scripts/torch_kernel_times.py [--batch 1] [--seq 128] [--top 12] MODEL...

@@ -344,6 +344,19 @@ pub struct CudaGpu {
 unsafe impl Send for CudaGpu {}
 
 impl CudaGpu {
+    /// Default launch options on the whole device, on `stream` (for the helpers' one-CTA launches).
+    fn whole_device(&self, stream: StreamId) -> LaunchOptions {
+        LaunchOptions {
+            first_block: 0,
+            ctas: 0,
+            sm_mask: self.info.partitions[0].sms,
+            partition: PartitionId::WHOLE,
+            stream,
+            sm_bitmap: None,
+            after: None,
+        }
+    }
+
     /// Opens GPU `ordinal`. Without a driver, a GPU or NVRTC this is `GpuError::NoDevice`, never a panic.
     pub fn new(ordinal: u32) -> Result<CudaGpu> {
         CudaGpu::open(ordinal, Instant::now())
@@ -1538,7 +1551,7 @@ impl CudaGpu {
         let counts = self.alloc(4, MemKind::Device)?;
         let inline = std::mem::replace(&mut self.launch_inline, true);
         let timed = (|| {
-            let o = LaunchOptions { ctas: 1, ..crate::suite::whole_device(self, gate) };
+            let o = LaunchOptions { ctas: 1, ..self.whole_device(gate) };
             let spin = self.launch_spin(counts.ptr, 1, hold_ns, &o)?;
             let start = Self::event_in(&self.ctx, &self.partitions[0], true)?;
             start.record(self.stream_for(gate, 0)?).map_err(drv)?;
@@ -2430,7 +2443,7 @@ impl CudaGpu {
         if self.streams.get(stream.0 as usize).is_none_or(|st| st.silent.is_empty() || !st.alive) {
             return;
         }
-        let o = LaunchOptions { ctas: 1, ..crate::suite::whole_device(self, stream) };
+        let o = LaunchOptions { ctas: 1, ..self.whole_device(stream) };
         match self.launch_noop(1, 32, &o) {
             Ok(id) => {
                 if let Some(f) = self.slot_of.get(&id).and_then(|&s| self.in_flight[s as usize].as_mut()) {

@@ -35,7 +35,6 @@ pub mod progress;
 pub mod protocol;
 pub mod safe;
 pub mod settings;
-pub mod suite;
 pub mod topology;
 
 pub use autotune::{TuneOptions, autotune_plan};

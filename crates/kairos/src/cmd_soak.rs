@@ -162,7 +162,7 @@ fn expected_outputs(repo: &Path, models: &[String], per_model: usize, seed: u64)
             let expected = plan.outputs.iter().map(|o| o.name.clone()).zip(outs).collect();
             cases.push(SoakCase { inputs, expected });
         }
-        let tolerance = kairos_cuda::suite::tolerance(plan.dtype);
+        let tolerance = kairos_kernels::cpu::tolerance(plan.dtype);
         eprintln!(
             "{name}: {} input set(s), expected outputs from the CPU reference in {:.2} s (tolerance: relative L2 {tolerance:.0e}, {})",
             cases.len(),

@@ -18,6 +18,17 @@ use std::ops::Range;
 
 pub use plan::{PlanMemory, execute_plan};
 
+/// Relative L2 error a GPU result may have against this reference, for fp32 kernels and plans.
+pub const TOL_F32: f64 = 1e-4;
+/// Relative L2 error a GPU result may have against this reference with fp16 storage (fp32
+/// accumulation on both sides).
+pub const TOL_F16: f64 = 1e-2;
+
+/// The named tolerance of `dtype` ([`TOL_F32`] or [`TOL_F16`]).
+pub fn tolerance(dtype: kairos_ir::DType) -> f64 {
+    if dtype == kairos_ir::DType::F16 { TOL_F16 } else { TOL_F32 }
+}
+
 /// Memory a kernel runs on: argument `i` of the launch, as bytes from the argument's start to the
 /// end of its allocation. Arguments may share an allocation (views into one arena buffer, such as
 /// channel slices of a concatenation), so kernels read what a block needs before writing its output.

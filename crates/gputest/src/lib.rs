@@ -1,14 +1,15 @@
-//! The GPU suite: correctness checks and measurements that need a real GPU, shared by
-//! `tests/gpu.rs` (`#[ignore]`d without a GPU; run with `--include-ignored`) and `examples/gpu_suite.rs` (what
-//! `scripts/gpu-suite.sh` runs on the device).
+//! kairos-gputest: the GPU suite, test support that needs a real GPU (a dev-only crate: the binary
+//! never depends on it). Correctness checks and measurements shared by `tests/gpu.rs`
+//! (`#[ignore]`d without a GPU; run with `--include-ignored`), `tests/cold.rs`, `tests/recovery.rs`
+//! and `examples/gpu_suite.rs` (what `scripts/gpu-suite.sh` runs on the device).
 //!
 //! Kernel checks run one case list against the CPU reference (`kairos_kernels::cpu::run_blocks`)
 //! on random inputs, with the named tolerances [`TOL_F32`] and [`TOL_F16`] on the relative L2
 //! error of the output. Outputs start from the same random poison on both sides, so an element
 //! the GPU fails to write shows up as an error.
 
-use crate::gpu::{CudaGpu, LaunchOptions};
-use crate::profile::{PlanBuffers, run_plan, synthetic_input};
+use kairos_cuda::profile::{PlanBuffers, run_plan, synthetic_input};
+use kairos_cuda::{CudaGpu, LaunchOptions};
 use kairos_gpu::*;
 use kairos_ir::graph::Act;
 use kairos_ir::plan::*;
@@ -16,14 +17,7 @@ use kairos_ir::tensor::relative_l2_error;
 use kairos_ir::{DType, Tensor};
 use kairos_kernels::cpu::{KernelMemory, run_blocks};
 
-/// Relative L2 error allowed for fp32 kernels and plans against the CPU reference.
-pub const TOL_F32: f64 = 1e-4;
-/// Relative L2 error allowed for fp16 storage (fp32 accumulation).
-pub const TOL_F16: f64 = 1e-2;
-
-pub fn tolerance(dtype: DType) -> f64 {
-    if dtype == DType::F16 { TOL_F16 } else { TOL_F32 }
-}
+pub use kairos_kernels::cpu::{TOL_F16, TOL_F32, tolerance};
 
 /// xorshift64*: the suite's only source of randomness; every case prints its seed.
 #[derive(Clone)]

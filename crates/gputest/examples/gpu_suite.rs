@@ -5,10 +5,10 @@
 //!
 //! usage: gpu_suite [--out DIR] [--smoke] [--models a,b,..] [--dtypes f16,f32] [--repeats N] [--profile-budget-s S]
 
-use kairos_cuda::suite::{self, percentile};
 use kairos_cuda::{CudaGpu, LaunchOptions, Variant, profile};
 use kairos_gpu::profile::ProfileSet;
 use kairos_gpu::*;
+use kairos_gputest::{self as suite, percentile};
 use kairos_ir::DType;
 use serde_json::json;
 use std::time::Instant;

@@ -7,8 +7,9 @@
 //! parallel transmission: the later layers copied by GPU 1 and forwarded). `#[ignore]`d
 //! without a GPU; scripts/gpu-suite.sh and scripts/parallel-bench.sh run it with `--include-ignored`.
 
-use kairos_cuda::{CudaGpu, suite};
+use kairos_cuda::CudaGpu;
 use kairos_gpu::profile::ModelProfile;
+use kairos_gputest as suite;
 use kairos_ir::DType;
 use kairos_sched::cold::ColdStrategy;
 use kairos_sched::{Config, ModelSpec, PolicyConfig, RequestOptions, ResidencyState, VirtualDriver};

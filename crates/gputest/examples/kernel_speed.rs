@@ -3,7 +3,7 @@
 //! lowering's tiles and again after the autotuner, plus both plans' outputs against the CPU
 //! reference (computed on the other cores meanwhile). A table is printed last.
 //!
-//!   cargo run --release -p kairos-cuda --example kernel_speed -- [--dtype f16|f32] [--seq 128] [--batch 1]
+//!   cargo run --release -p kairos-gputest --example kernel_speed -- [--dtype f16|f32] [--seq 128] [--batch 1]
 //!       [--no-check] [--no-tune] [--tune-log] [--top 8] [--plain] [--ptxas] MODEL...
 //!
 //! `--tune-log` prints every autotuner candidate's time, not only the choice.
@@ -18,8 +18,8 @@
 use kairos_cuda::CudaGpu;
 use kairos_cuda::autotune::{TuneOptions, autotune_plan};
 use kairos_cuda::profile::{PlanBuffers, run_plan};
-use kairos_cuda::suite;
 use kairos_gpu::*;
+use kairos_gputest as suite;
 use kairos_ir::DType;
 use kairos_ir::plan::Plan;
 use std::collections::BTreeMap;

@@ -9,8 +9,9 @@
 //! `#[ignore]`d without a GPU; scripts/gpu-suite.sh runs it with `--include-ignored` (as its own process: a reset of the
 //! primary context would take every other test's objects with it). Prints the times it measured.
 
-use kairos_cuda::{CudaGpu, suite};
+use kairos_cuda::CudaGpu;
 use kairos_gpu::*;
+use kairos_gputest as suite;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape};
 use kairos_sched::{Engine, EngineConfig, Error, ModelSpec, RequestOptions};

@@ -22,9 +22,9 @@
 //!
 //! usage: held_bench [--models a,b,..] [--reps N] [--out FILE]
 
-use kairos_cuda::suite;
 use kairos_cuda::{CudaGpu, Variant, profile};
 use kairos_gpu::*;
+use kairos_gputest as suite;
 use kairos_ir::DType;
 use serde_json::json;
 

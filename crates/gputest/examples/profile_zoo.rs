@@ -2,7 +2,7 @@
 //! right sizes of the lowering's plan, `kairos_cuda::profile_plan`) and writes one JSON per model
 //! in the layout of data/profiles/<gpu>/ (`<model>-<dtype>-b<batch>.json`), for the simulator.
 //!
-//!   cargo run --release -p kairos-cuda --example profile_zoo -- OUT_DIR [--dtype f16|f32] [MODEL...]
+//!   cargo run --release -p kairos-gputest --example profile_zoo -- OUT_DIR [--dtype f16|f32] [MODEL...]
 //!
 //! Without models, every zoo model. Needs a GPU.
 

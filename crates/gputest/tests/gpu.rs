@@ -4,9 +4,9 @@
 //! scripts/gpu-suite.sh runs them on the device with `--include-ignored`, where a missing GPU fails. The GPU is shared by the tests
 //! through one mutex; run them with `--test-threads=1` when timing matters.
 
-use kairos_cuda::suite::{self, Rng};
 use kairos_cuda::{CudaGpu, LaunchOptions, Variant, read_sm_bitmap};
 use kairos_gpu::*;
+use kairos_gputest::{self as suite, Rng};
 use kairos_ir::DType;
 use kairos_ir::plan::*;
 use std::sync::{Mutex, MutexGuard, OnceLock};
