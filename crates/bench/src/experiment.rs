@@ -163,7 +163,7 @@ pub fn register_on_sim(sim: &mut kairos_sim::SimGpu, catalog: &Catalog) -> Resul
     let mut n = 0;
     for s in catalog.specs() {
         if let Some(p) = &s.profile {
-            sim.register_plan(&s.plan, p).map_err(|e| Error::Model { model: s.name.clone(), message: e })?;
+            sim.register_plan(&s.plan, p).map_err(|e| Error::Model { model: s.name.clone(), message: e.to_string() })?;
             n += 1;
         }
     }

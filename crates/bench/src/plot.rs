@@ -127,6 +127,22 @@ where
     Ok(())
 }
 
+/// Ticks of a logarithmic axis: 1, 2 and 5 times each power of ten within [lo, hi].
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(lo.log10().floor());
+    while decade <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let t = decade * m;
+            if t >= lo && t <= hi {
+                ticks.push(t);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,20 +171,4 @@ mod tests {
         assert!(draw(&empty, &dir.join("e.png")).is_err());
         std::fs::remove_dir_all(dir).ok();
     }
-}
-
-/// Ticks of a logarithmic axis: 1, 2 and 5 times each power of ten within [lo, hi].
-fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
-    let mut ticks = Vec::new();
-    let mut decade = 10f64.powf(lo.log10().floor());
-    while decade <= hi {
-        for m in [1.0, 2.0, 5.0] {
-            let t = decade * m;
-            if t >= lo && t <= hi {
-                ticks.push(t);
-            }
-        }
-        decade *= 10.0;
-    }
-    ticks
 }

@@ -72,6 +72,20 @@ impl Default for Settings {
     }
 }
 
+/// A variable whose value does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value}: {expected}")]
+pub struct SettingsError {
+    pub variable: &'static str,
+    pub value: String,
+    /// What it takes ("0 or 1", ...).
+    pub expected: String,
+}
+
+fn bad(variable: &'static str, value: &str, expected: impl Into<String>) -> SettingsError {
+    SettingsError { variable, value: value.to_string(), expected: expected.into() }
+}
+
 /// One environment variable [`Settings::from_env`] reads.
 #[derive(Clone, Copy, Debug)]
 pub struct EnvVar {
@@ -100,12 +114,12 @@ impl Settings {
     /// The settings the variables of [`ENV_VARS`] give, each missing one at its default (the cache
     /// folder defaults to `~/.cache/kairos/cubin` when `HOME` is set). A value that does not parse
     /// is an error naming the variable.
-    pub fn from_env() -> Result<Settings, String> {
+    pub fn from_env() -> Result<Settings, SettingsError> {
         Settings::from_vars(|name| std::env::var(name).ok(), std::env::var_os("HOME").map(PathBuf::from))
     }
 
     /// [`Settings::from_env`] over any source of variables (`get(name)`), for tests.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>, home: Option<PathBuf>) -> Result<Settings, String> {
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>, home: Option<PathBuf>) -> Result<Settings, SettingsError> {
         let cache_dir = match get("KAIROS_CACHE_DIR") {
             Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
             _ => home.map(|h| h.join(".cache").join("kairos").join("cubin")),
@@ -113,7 +127,7 @@ impl Settings {
         let mut s = Settings { cache_dir, ..Settings::default() };
         if let Some(v) = get("KAIROS_COMPILE_JOBS") {
             let n = v.trim().parse::<usize>().ok().filter(|&n| n > 0);
-            s.compile_jobs = Some(n.ok_or_else(|| format!("KAIROS_COMPILE_JOBS={v}: a number of threads, at least 1"))?);
+            s.compile_jobs = Some(n.ok_or_else(|| bad("KAIROS_COMPILE_JOBS", &v, "a number of threads, at least 1"))?);
         }
         if let Some(v) = get("KAIROS_NVRTC_OPTIONS") {
             s.nvrtc_options = v.split_whitespace().map(str::to_string).collect();
@@ -123,14 +137,14 @@ impl Settings {
                 "lines" => ProgressMode::Lines,
                 "off" => ProgressMode::Off,
                 "" | "auto" => ProgressMode::Auto,
-                _ => return Err(format!("KAIROS_PROGRESS={v}: lines, off or auto")),
+                _ => return Err(bad("KAIROS_PROGRESS", &v, "lines, off or auto")),
             };
         }
         if let Some(v) = get("KAIROS_RUN_KERNELS") {
             s.run_kernels_plain = match v.trim() {
                 "light" => false,
                 "plain" | "" => true,
-                _ => return Err(format!("KAIROS_RUN_KERNELS={v}: plain or light")),
+                _ => return Err(bad("KAIROS_RUN_KERNELS", &v, "plain or light")),
             };
         }
         if let Some(v) = get("KAIROS_OVERLAP_LAUNCHES") {
@@ -140,10 +154,9 @@ impl Settings {
             s.light_launches = flag("KAIROS_LIGHT_LAUNCHES", &v)?;
         }
         if let Some(v) = get("KAIROS_LAUNCH_THREADS") {
-            s.launch_threads =
-                v.trim().parse::<usize>().ok().filter(|&n| n <= LAUNCH_THREADS_MAX).ok_or_else(|| {
-                    format!("KAIROS_LAUNCH_THREADS={v}: a number of launcher threads (0 to {LAUNCH_THREADS_MAX})")
-                })?;
+            s.launch_threads = v.trim().parse::<usize>().ok().filter(|&n| n <= LAUNCH_THREADS_MAX).ok_or_else(|| {
+                bad("KAIROS_LAUNCH_THREADS", &v, format!("a number of launcher threads (0 to {LAUNCH_THREADS_MAX})"))
+            })?;
         }
         if let Some(v) = get("CUDA_DEVICE_MAX_CONNECTIONS") {
             s.hardware_queues = v
@@ -151,17 +164,17 @@ impl Settings {
                 .parse::<u32>()
                 .ok()
                 .filter(|&n| (1..=32).contains(&n))
-                .ok_or_else(|| format!("CUDA_DEVICE_MAX_CONNECTIONS={v}: 1 to 32"))?;
+                .ok_or_else(|| bad("CUDA_DEVICE_MAX_CONNECTIONS", &v, "1 to 32"))?;
         }
         Ok(s)
     }
 }
 
-fn flag(name: &str, v: &str) -> Result<bool, String> {
+fn flag(name: &'static str, v: &str) -> Result<bool, SettingsError> {
     match v.trim() {
         "1" => Ok(true),
         "0" => Ok(false),
-        _ => Err(format!("{name}={v}: 0 or 1")),
+        _ => Err(bad(name, v, "0 or 1")),
     }
 }
 
@@ -169,15 +182,20 @@ static SETTINGS: OnceLock<Settings> = OnceLock::new();
 
 /// Installs the process's settings. Call it once, before the first GPU or compilation; a second
 /// call, or one after [`settings`] has been read, is refused (the settings in force are kept).
-pub fn configure(settings: Settings) -> Result<(), String> {
+pub fn configure(settings: Settings) -> Result<(), AlreadyConfigured> {
     let mut wanted = Some(settings);
     SETTINGS.get_or_init(|| wanted.take().expect("taken once"));
     match wanted {
         None => Ok(()),
         Some(w) if SETTINGS.get() == Some(&w) => Ok(()),
-        Some(_) => Err("the CUDA backend's settings were already in force; configure them before opening a GPU".into()),
+        Some(_) => Err(AlreadyConfigured),
     }
 }
+
+/// [`configure`] came too late: other settings were already in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the CUDA backend's settings were already in force; configure them before opening a GPU")]
+pub struct AlreadyConfigured;
 
 /// The settings in force ([`configure`]'s, else the defaults).
 pub fn settings() -> &'static Settings {
@@ -196,7 +214,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn from(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+    fn from(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Settings::from_vars(|k| m.get(k).cloned(), Some(PathBuf::from("/home/u")))
     }
@@ -250,7 +268,8 @@ mod tests {
             ("CUDA_DEVICE_MAX_CONNECTIONS", "0"),
         ] {
             let e = from(&[(k, v)]).unwrap_err();
-            assert!(e.starts_with(&format!("{k}={v}:")), "{e}");
+            assert_eq!((e.variable, e.value.as_str()), (k, v));
+            assert!(e.to_string().starts_with(&format!("{k}={v}: ")), "{e}");
         }
     }
 }

@@ -5,6 +5,26 @@ use kairos_ir::DType;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// What can go wrong with a profile: reading or writing it, parsing it, or using it for a plan it
+/// was not measured on.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("cannot {what} profile {}: {source}", path.display())]
+    Io { what: &'static str, path: std::path::PathBuf, source: std::io::Error },
+    #[error("profile {} is not valid: {source}", path.display())]
+    Invalid { path: std::path::PathBuf, source: serde_json::Error },
+    /// Measured on another lowering of the model (other dtype, tiles or launches): the message says
+    /// what differs.
+    #[error("{0}")]
+    Stale(String),
+}
+
+impl From<ProfileError> for crate::GpuError {
+    fn from(e: ProfileError) -> Self {
+        crate::GpuError::Invalid(e.to_string())
+    }
+}
+
 /// One launch of a plan, as measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KernelProfile {
@@ -79,22 +99,22 @@ pub struct LayerLoad {
 
 impl LayerProfile {
     /// Whether it was measured on `plan`: one entry per launch and per layer, same layer sizes.
-    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), String> {
+    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), ProfileError> {
         if self.launches.len() != plan.launches.len() || self.launches.iter().enumerate().any(|(i, l)| l.launch as usize != i) {
-            return Err(format!(
+            return Err(ProfileError::Stale(format!(
                 "layer profile has {} launches, the plan {}: profile and plan differ",
                 self.launches.len(),
                 plan.launches.len()
-            ));
+            )));
         }
         if self.layers.len() != plan.layers.len()
             || self.layers.iter().zip(&plan.layers).enumerate().any(|(i, (p, l))| p.layer as usize != i || p.bytes != l.len_bytes)
         {
-            return Err(format!(
+            return Err(ProfileError::Stale(format!(
                 "layer profile has {} weight layers, the plan {} (or their sizes differ): profile and plan differ",
                 self.layers.len(),
                 plan.layers.len()
-            ));
+            )));
         }
         Ok(())
     }
@@ -104,37 +124,40 @@ impl ModelProfile {
     /// Whether this profile was measured on `plan`: same dtype, and every profiled launch exists in
     /// the plan with the same logical block count. A profile of another lowering of the model
     /// (other tiles, other launches) is stale and must not be used for that plan.
-    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), String> {
+    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), ProfileError> {
         if self.dtype != plan.dtype {
-            return Err(format!("profile of '{}' is {:?}, the plan is {:?}", self.model, self.dtype, plan.dtype));
+            return Err(ProfileError::Stale(format!(
+                "profile of '{}' is {:?}, the plan is {:?}",
+                self.model, self.dtype, plan.dtype
+            )));
         }
         for k in &self.kernels {
             let Some(l) = plan.launches.get(k.launch as usize) else {
-                return Err(format!(
+                return Err(ProfileError::Stale(format!(
                     "profile of '{}' names launch {} of a plan of {}",
                     self.model,
                     k.launch,
                     plan.launches.len()
-                ));
+                )));
             };
             if l.shape.logical_blocks != k.logical_blocks {
-                return Err(format!(
+                return Err(ProfileError::Stale(format!(
                     "profile of '{}' launch {} has {} logical blocks, the plan's has {}: profile and plan differ",
                     self.model, k.launch, k.logical_blocks, l.shape.logical_blocks
-                ));
+                )));
             }
         }
         Ok(())
     }
 
-    pub fn load(path: &Path) -> Result<ModelProfile, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read profile {}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| format!("profile {} is not valid: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<ModelProfile, ProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ProfileError::Io { what: "read", path: path.into(), source: e })?;
+        serde_json::from_str(&text).map_err(|e| ProfileError::Invalid { path: path.into(), source: e })
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("cannot write profile {}: {e}", path.display()))
+    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| ProfileError::Invalid { path: path.into(), source: e })?;
+        std::fs::write(path, text).map_err(|e| ProfileError::Io { what: "write", path: path.into(), source: e })
     }
 
     /// Sum of kernel durations: the GPU time of one request on an otherwise idle GPU.
@@ -151,12 +174,12 @@ pub struct ProfileSet {
 
 impl ProfileSet {
     /// Loads every *.json profile in a folder; a missing folder is an empty set.
-    pub fn load_dir(dir: &Path) -> Result<ProfileSet, String> {
+    pub fn load_dir(dir: &Path) -> Result<ProfileSet, ProfileError> {
         let mut models = Vec::new();
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProfileSet::default()),
-            Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
+            Err(e) => return Err(ProfileError::Io { what: "list", path: dir.to_path_buf(), source: e }),
         };
         let mut paths: Vec<_> =
             entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();

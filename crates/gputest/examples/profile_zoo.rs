@@ -35,7 +35,7 @@ fn main() {
         let r = spec.plan().map_err(|e| e.to_string()).and_then(|plan| {
             let p = kairos_cuda::profile_plan(&mut gpu, &plan, 5).map_err(|e| e.to_string())?;
             let path = out.join(format!("{}-{}-b{}.json", plan.model, dtype.name(), spec.batch));
-            p.save(&path)?;
+            p.save(&path).map_err(|e| e.to_string())?;
             Ok((plan.launches.len(), p.latency_ns, p.kernel_time_ns(), path))
         });
         match r {

@@ -35,8 +35,7 @@ pub fn help_text() -> String {
 /// Reads the process-wide variables and installs the libraries' settings. A value that does not
 /// parse is an error naming the variable.
 pub fn install() -> Result<()> {
-    let cuda = kairos_cuda::Settings::from_env().map_err(anyhow::Error::msg)?;
-    kairos_cuda::configure(cuda).map_err(anyhow::Error::msg)?;
+    kairos_cuda::configure(kairos_cuda::Settings::from_env()?)?;
     kairos_ir::lower::set_split_k_default(flag("KAIROS_SPLIT_K", false)?);
     flag("KAIROS_QUICK_BUILDS", true)?;
     Ok(())

@@ -230,7 +230,7 @@ impl Step {
 impl ColdInput {
     /// From a plan and its measured layer profile (`kairos profile --layers`). Errors if the
     /// profile was not measured on this plan.
-    pub fn measured(plan: &Plan, profile: &LayerProfile) -> Result<ColdInput, String> {
+    pub fn measured(plan: &Plan, profile: &LayerProfile) -> Result<ColdInput, kairos_gpu::profile::ProfileError> {
         profile.check_plan(plan)?;
         let steps = plan
             .launches

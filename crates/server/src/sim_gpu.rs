@@ -11,8 +11,8 @@
 
 use kairos_gpu::profile::ModelProfile;
 use kairos_gpu::{
-    Allocation, CopyId, DeviceInfo, DevicePtr, Gpu, GpuError, GpuEvent, HostMapping, HostMappingId, HostMemory, KernelResources,
-    LaunchId, LaunchRequest, MemKind, PeerPath, Result, RunId, StreamId,
+    Allocation, CopyId, DeviceInfo, DevicePtr, Gpu, GpuEvent, HostMapping, HostMappingId, HostMemory, KernelResources, LaunchId,
+    LaunchRequest, MemKind, PeerPath, Result, RunId, StreamId,
 };
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
@@ -45,7 +45,7 @@ impl ProfileInbox {
             std::mem::take(&mut *p)
         };
         for (plan, profile) in pending {
-            gpu.register_plan(&plan, &profile).map_err(GpuError::Invalid)?;
+            gpu.register_plan(&plan, &profile)?;
         }
         Ok(())
     }

@@ -263,7 +263,7 @@ impl Backend for SimBackend {
             let mut g = kairos_sim::SimGpu::new(desc, opts);
             for (plan, profile) in &pairs {
                 if let Some(p) = profile {
-                    g.register_plan(plan, p).map_err(kairos_gpu::GpuError::Invalid)?;
+                    g.register_plan(plan, p)?;
                 }
             }
             Ok(InboxSimGpu { gpu: g, inbox, pace })

@@ -8,7 +8,7 @@ use crate::memory::{Memory, Resolved};
 use crate::slab::Slab;
 use crate::timing::{self, BlockModel, CtaResources, HostSplit, LaunchSpec, MeasuredKernel, TimingTable};
 use crate::trace::{TraceEvent, TraceHasher};
-use kairos_gpu::profile::{ModelProfile, ProfileSet};
+use kairos_gpu::profile::{ModelProfile, ProfileError, ProfileSet};
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
@@ -581,7 +581,7 @@ impl SimGpu {
     /// Registers the measured kernels of `profile`, which must have been taken on `plan`.
     /// Later launches of those kernels (same parameters and dtype) take their measured durations
     /// and resources. Returns the number of kernels registered.
-    pub fn register_plan(&mut self, plan: &Plan, profile: &ModelProfile) -> Result<usize, String> {
+    pub fn register_plan(&mut self, plan: &Plan, profile: &ModelProfile) -> Result<usize, ProfileError> {
         self.resource_cache = None;
         self.timing.insert_plan(plan, profile, self.desc.latency.profiled_launch_tail_ns)
     }
@@ -597,7 +597,7 @@ impl SimGpu {
         &mut self,
         plans: impl IntoIterator<Item = &'a Plan>,
         set: &ProfileSet,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, ProfileError> {
         let mut matched = 0;
         for plan in plans {
             let batch = plan.inputs.first().and_then(|t| t.shape.first().copied()).unwrap_or(1);
@@ -621,7 +621,7 @@ impl SimGpu {
         &mut self,
         dir: &std::path::Path,
         plans: impl IntoIterator<Item = &'a Plan>,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, ProfileError> {
         let set = ProfileSet::load_dir(dir)?;
         self.register_profiles(plans, &set)
     }

@@ -20,7 +20,7 @@
 //! a roofline of the kernel's FLOPs and bytes gives the block time.
 
 use crate::desc::GpuDesc;
-use kairos_gpu::profile::{KernelProfile, ModelProfile};
+use kairos_gpu::profile::{KernelProfile, ModelProfile, ProfileError};
 use kairos_gpu::{KernelResources, SmLimits};
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
@@ -171,7 +171,12 @@ impl TimingTable {
     /// and for each profiled launch the same logical block count. Every launch gets a completion
     /// tail: `fixed_tail_ns`, else what the profile's kernel-by-kernel latency adds to its
     /// kernels' durations, per launch.
-    pub fn insert_plan(&mut self, plan: &Plan, profile: &ModelProfile, fixed_tail_ns: Option<u64>) -> Result<usize, String> {
+    pub fn insert_plan(
+        &mut self,
+        plan: &Plan,
+        profile: &ModelProfile,
+        fixed_tail_ns: Option<u64>,
+    ) -> Result<usize, ProfileError> {
         check_profile(plan, profile)?;
         // What the kernel-by-kernel latency adds to the kernels' durations, per launch.
         let kernel_sum: u64 = profile.kernels.iter().map(|k| k.duration_ns).sum();
@@ -192,7 +197,7 @@ impl TimingTable {
 }
 
 /// Whether `profile` was measured on `plan` (see [`ModelProfile::check_plan`]).
-pub fn check_profile(plan: &Plan, profile: &ModelProfile) -> Result<(), String> {
+pub fn check_profile(plan: &Plan, profile: &ModelProfile) -> Result<(), ProfileError> {
     profile.check_plan(plan)
 }
 
