@@ -38,8 +38,9 @@ pub enum ServeBackend {
 const REPOSITORY_HELP: &str = "\
 MODEL REPOSITORY
   One folder per model; the folder's name is the model's name. A folder holds an .onnx file and/or
-  a config.toml (flat `key = value` lines, # comments). Without config.toml, a folder with one .onnx
-  file serves it, and any other folder is the zoo model of its name (`kairos zoo list`).
+  a config.toml (TOML: top-level `key = value` lines, # comments, no tables; unknown keys are
+  refused). Without config.toml, a folder with one .onnx file serves it, and any other folder is the
+  zoo model of its name (`kairos zoo list`).
 
   model = \"resnet18\"        zoo name, or an .onnx file in this folder
   dtype = \"f16\"             f32 (default) or f16

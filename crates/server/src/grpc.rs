@@ -8,9 +8,10 @@
 //! [`crate::control`]).
 
 use crate::control::{CONTROL_KEY_HEADER, ControlAccess};
+use crate::decode::{self, Param, Params, RequestedOutput};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{CancelOnDrop, ModelEntry, RequestParams, State, SubmitOptions};
+use crate::state::{CancelOnDrop, ModelEntry, State, SubmitOptions};
 use kairos_ir::{DType, Tensor};
 use kairos_sched::Class;
 use std::collections::HashMap;
@@ -92,32 +93,17 @@ pub fn service(state: Arc<State>, message_bytes_max: usize, control: ControlAcce
         .max_encoding_message_size(usize::MAX)
 }
 
-fn param_u64(p: &HashMap<String, pb::InferParameter>, key: &str) -> Result<Option<u64>, ServeError> {
-    match p.get(key).and_then(|v| v.parameter_choice.as_ref()) {
-        None => Ok(None),
-        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
-        Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
-        Some(_) => Err(ServeError::invalid(format!("parameter '{key}' must be a non-negative integer"))),
-    }
-}
-
-fn request_params(p: &HashMap<String, pb::InferParameter>) -> Result<RequestParams, ServeError> {
-    let class = match p.get("kairos_class").and_then(|v| v.parameter_choice.as_ref()) {
-        None => None,
-        Some(ParameterChoice::StringParam(s)) => Some(
-            crate::repository::parse_class(s)
-                .ok_or_else(|| ServeError::invalid(format!("kairos_class '{s}': use real-time or best-effort")))?,
-        ),
-        Some(_) => return Err(ServeError::invalid("kairos_class must be a string")),
+/// An `InferParameter` map in the decoder's neutral form.
+fn params_of(p: &HashMap<String, pb::InferParameter>) -> Params {
+    let param = |v: &pb::InferParameter| match &v.parameter_choice {
+        None => Param::Null,
+        Some(ParameterChoice::BoolParam(b)) => Param::Bool(*b),
+        Some(ParameterChoice::Int64Param(i)) => Param::Int(*i),
+        Some(ParameterChoice::Uint64Param(u)) => Param::Uint(*u),
+        Some(ParameterChoice::DoubleParam(f)) => Param::Float(*f),
+        Some(ParameterChoice::StringParam(s)) => Param::Str(s.clone()),
     };
-    let tenant = match param_u64(p, "kairos_tenant")? {
-        None => None,
-        Some(t) => Some(u32::try_from(t).map_err(|_| ServeError::invalid(format!("kairos_tenant {t} does not fit u32")))?),
-    };
-    if param_u64(p, "sequence_id").ok().flatten().is_some_and(|s| s != 0) {
-        return Err(ServeError::Unsupported("sequence batching (sequence_id) is not supported".into()));
-    }
-    Ok(RequestParams { priority_level: param_u64(p, "priority")?, timeout_us: param_u64(p, "timeout")?, class, tenant })
+    p.iter().map(|(k, v)| (k.clone(), param(v))).collect()
 }
 
 /// A decoded `ModelInferRequest`.
@@ -134,27 +120,13 @@ pub struct Decoded {
 /// against the model's declaration before its data is looked at) and the outputs asked for. Never
 /// panics; errors name what is wrong. The message's own size is bounded by tonic's decoding limit.
 pub fn decode_infer_request(m: &ModelEntry, r: &mut pb::ModelInferRequest) -> Result<Decoded, ServeError> {
-    let params = request_params(&r.parameters)?;
-    let options = m.submit_options(&params)?;
+    let params = params_of(&r.parameters);
+    let requested: Vec<RequestedOutput> =
+        r.outputs.iter().map(|o| RequestedOutput { name: o.name.clone(), params: params_of(&o.parameters) }).collect();
+    // Outputs go back as raw bytes whatever their binary flags say.
+    let decode::Decoded { options, outputs } = decode::decode(m, &params, &requested)?;
     let inputs = decode_inputs(m, r)?;
-    let mut outputs = Vec::new();
-    for o in &r.outputs {
-        let i = m.output_index(&o.name).ok_or_else(|| {
-            ServeError::invalid(format!(
-                "model '{}' has no output '{}' (outputs: {})",
-                m.name(),
-                o.name,
-                m.outputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
-            ))
-        })?;
-        if o.parameters.contains_key("classification") {
-            return Err(ServeError::Unsupported("the classification extension is not supported".into()));
-        }
-        outputs.push(i);
-    }
-    if outputs.is_empty() {
-        outputs = (0..m.outputs.len()).collect();
-    }
+    let outputs = outputs.iter().map(|o| o.index).collect();
     Ok(Decoded { options, inputs, outputs })
 }
 
@@ -318,7 +290,7 @@ impl Service {
         let fail = |class: Class, e: ServeError| (Some(m.clone()), class, e);
         let t_in = Instant::now();
         // The class of a request whose parameters do not decode is the model's.
-        let class = request_params(&r.parameters).and_then(|p| m.options(&p)).map_or(m.config.class, |o| o.class);
+        let class = decode::class_of(&m, &params_of(&r.parameters));
         let Decoded { options, inputs, outputs: wanted } = decode_infer_request(&m, &mut r).map_err(|e| fail(class, e))?;
         m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
         let (tx, rx) = tokio::sync::oneshot::channel();

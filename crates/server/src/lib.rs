@@ -8,6 +8,8 @@
 //!   build.rs: no protoc).
 //! - [`shm`]: the local shared-memory channel (Paella's client path; wire layout and ring in
 //!   `kairos_client::shm`).
+//! - [`decode`]: the one decoder of request parameters and output selection; each front end
+//!   converts its wire form into its neutral form.
 //! - [`repository`]: the model repository folder and its `config.toml` format; paths never leave
 //!   the repository's root.
 //! - [`control`]: who may use the model-control API (`on`, `off`, or a key).
@@ -25,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod control;
+pub mod decode;
 pub mod error;
 pub mod fixtures;
 pub mod grpc;

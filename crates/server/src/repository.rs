@@ -1,6 +1,6 @@
 //! The model repository: a folder with one subfolder per model, each with an optional
-//! `config.toml` in a flat TOML subset (`key = value` lines, `#` comments, strings in double
-//! quotes, integers, decimals, booleans, arrays of integers; no tables).
+//! `config.toml`: TOML with the top-level keys below and no tables (read with serde and the `toml`
+//! crate; each key is documented on `ConfigFile`, unknown keys are refused).
 //!
 //! ```toml
 //! # models/resnet18/config.toml
@@ -30,7 +30,9 @@
 use crate::error::ServeError;
 use kairos_ir::DType;
 use kairos_sched::Class;
+use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
+use toml::Spanned;
 
 pub const CONFIG_FILE: &str = "config.toml";
 /// Bytes of a config file (it is a handful of lines).
@@ -147,194 +149,160 @@ pub fn valid_model_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-#[derive(Clone, Debug, PartialEq)]
-enum Value {
-    Str(String),
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-    Ints(Vec<i64>),
+/// `config.toml` as written: every key is optional (the defaults are [`ModelConfig::defaults`]'s).
+/// Integers are read as `i64` and range-checked here, so that an error names the key and its range.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    /// A zoo name (`kairos zoo list`), or an `.onnx` file in the model's folder (a relative path
+    /// without `..`). Default: the folder's only `.onnx` file, else the zoo model of the folder's name.
+    model: Option<Spanned<String>>,
+    /// `"f32"` (default) or `"f16"`.
+    dtype: Option<Spanned<String>>,
+    /// Batch size (zoo models; the dynamic batch dimension of `.onnx` files), 1..=[`BATCH_MAX`];
+    /// default 1.
+    batch: Option<Spanned<i64>>,
+    /// Sequence length of transformers and other dynamic dimensions, 1..=[`SEQ_LEN_MAX`]; default
+    /// the zoo's.
+    seq_len: Option<Spanned<i64>>,
+    /// Seed of a zoo model's weights, non-negative; default the zoo's.
+    seed: Option<Spanned<i64>>,
+    /// `"real-time"` or `"best-effort"` (default; also `rt`, `be`, `realtime`, `best_effort`).
+    class: Option<Spanned<String>>,
+    /// Higher is more urgent, any `i32`; default 0.
+    priority: Option<Spanned<i64>>,
+    /// Latency target per request in milliseconds (integer or decimal), in
+    /// [`DEADLINE_MS_MIN`, `DEADLINE_MS_MAX`]; none by default. Alias `latency_target_ms`.
+    #[serde(alias = "latency_target_ms")]
+    deadline_ms: Option<Spanned<f64>>,
+    /// Fairness account, any `u32`; default 0.
+    tenant: Option<Spanned<i64>>,
+    /// Copies of the model, 1..=[`INSTANCES_MAX`], spread round robin over `gpus`; default 1.
+    instances: Option<Spanned<i64>>,
+    /// The devices the instances go to: an array of device numbers (`[0, 1]`), one number, or
+    /// `"auto"` (each instance on the GPU with the fewest weight bytes placed so far); default `[0]`.
+    gpus: Option<Spanned<toml::Value>>,
+    /// The version clients name: letters, digits, `_`, `.`, `-`; default `"1"`.
+    version: Option<Spanned<String>>,
+    /// A `kairos profile` JSON in the model's folder (a relative path without `..`); default: the
+    /// server's profile folder, by model name.
+    profile: Option<Spanned<String>>,
 }
 
-fn parse_value(s: &str) -> Result<Value, String> {
-    let s = s.trim();
-    if let Some(rest) = s.strip_prefix('"') {
-        let mut out = String::new();
-        let mut chars = rest.chars();
-        loop {
-            match chars.next() {
-                None => return Err("unterminated string".into()),
-                Some('"') => break,
-                Some('\\') => match chars.next() {
-                    Some('"') => out.push('"'),
-                    Some('\\') => out.push('\\'),
-                    Some('n') => out.push('\n'),
-                    Some('t') => out.push('\t'),
-                    other => return Err(format!("unknown escape \\{}", other.map(String::from).unwrap_or_default())),
-                },
-                Some(c) => out.push(c),
-            }
-        }
-        if !chars.as_str().trim().is_empty() {
-            return Err(format!("unexpected '{}' after the string", chars.as_str().trim()));
-        }
-        return Ok(Value::Str(out));
-    }
-    if let Some(inner) = s.strip_prefix('[') {
-        let inner = inner.strip_suffix(']').ok_or("an array must end with ']'")?;
-        let mut v = Vec::new();
-        for item in inner.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-            match parse_value(item)? {
-                Value::Int(i) => v.push(i),
-                _ => return Err(format!("array items must be integers, got '{item}'")),
-            }
-        }
-        return Ok(Value::Ints(v));
-    }
-    match s {
-        "true" => return Ok(Value::Bool(true)),
-        "false" => return Ok(Value::Bool(false)),
-        _ => {}
-    }
-    let plain = s.replace('_', "");
-    if let Ok(i) = plain.parse::<i64>() {
-        return Ok(Value::Int(i));
-    }
-    if let Ok(f) = plain.parse::<f64>()
-        && f.is_finite()
-    {
-        return Ok(Value::Float(f));
-    }
-    Err(format!("'{s}' is not a string, number, boolean or integer array (strings need double quotes)"))
+/// `config.toml:LINE:COLUMN: message` for a byte offset of `text`.
+fn at(text: &str, offset: usize, m: impl std::fmt::Display) -> String {
+    let before = &text[..text.floor_char_boundary(offset.min(text.len()))];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("{CONFIG_FILE}:{line}:{column}: {m}")
 }
 
-/// Strips a `#` comment that is not inside a string.
-fn strip_comment(line: &str) -> &str {
-    let mut in_str = false;
-    let mut escaped = false;
-    for (i, c) in line.char_indices() {
-        match c {
-            '\\' if in_str => escaped = !escaped,
-            '"' if !escaped => in_str = !in_str,
-            '#' if !in_str => return &line[..i],
-            _ => escaped = false,
-        }
-        if c != '\\' {
-            escaped = false;
-        }
+/// A toml error as `config.toml:LINE:COLUMN: key: message`, the key found in `doc` by the span.
+fn toml_error(text: &str, doc: Option<&toml::de::DeTable<'_>>, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else { return format!("{CONFIG_FILE}: {}", e.message()) };
+    let key = doc.and_then(|d| {
+        d.iter()
+            .find(|(k, v)| k.span().contains(&span.start) || v.span().contains(&span.start))
+            .map(|(k, _)| k.get_ref().to_string())
+    });
+    match key {
+        Some(k) if !e.message().contains(&format!("`{k}`")) => at(text, span.start, format!("{k}: {}", e.message())),
+        _ => at(text, span.start, e.message()),
     }
-    line
 }
-
-const KEYS: &[&str] = &[
-    "model",
-    "dtype",
-    "batch",
-    "seq_len",
-    "seed",
-    "class",
-    "priority",
-    "deadline_ms",
-    "latency_target_ms",
-    "tenant",
-    "instances",
-    "gpus",
-    "version",
-    "profile",
-];
 
 /// Parses a config file's text for the model in `dir` named `name`.
 pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, String> {
     let mut cfg = ModelConfig::defaults(name, default_source(name, dir)?);
-    let mut seen: Vec<&str> = Vec::new();
-    for (lineno, raw) in text.lines().enumerate() {
-        let at = |m: String| format!("{CONFIG_FILE}:{}: {m}", lineno + 1);
-        let line = strip_comment(raw).trim();
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with('[') {
-            return Err(at("tables are not supported: use plain `key = value` lines".into()));
-        }
-        let (key, value) = line.split_once('=').ok_or_else(|| at(format!("expected `key = value`, got '{line}'")))?;
-        let key = key.trim();
-        let Some(&known) = KEYS.iter().find(|k| **k == key) else {
-            return Err(at(format!("unknown key '{key}' (known: {})", KEYS.join(", "))));
-        };
-        let canonical = if known == "latency_target_ms" { "deadline_ms" } else { known };
-        if seen.contains(&canonical) {
-            return Err(at(format!("'{key}' is set twice")));
-        }
-        seen.push(canonical);
-        let value = parse_value(value).map_err(&at)?;
-        let int = |lo: i64, hi: i64| match &value {
-            Value::Int(i) if (lo..=hi).contains(i) => Ok(*i),
-            Value::Int(i) => Err(at(format!("{key} = {i} must be in {lo}..={hi}"))),
-            _ => Err(at(format!("{key} must be an integer"))),
-        };
-        let string = || match &value {
-            Value::Str(s) => Ok(s.clone()),
-            _ => Err(at(format!("{key} must be a string in double quotes"))),
-        };
-        match canonical {
-            "model" => {
-                let m = string()?;
-                cfg.source = if m.ends_with(".onnx") {
-                    let p = dir.join(relative_path(key, &m).map_err(&at)?);
-                    if !p.is_file() {
-                        return Err(at(format!("model file {} does not exist", p.display())));
-                    }
-                    ModelSource::Onnx(p)
-                } else {
-                    ModelSource::Zoo(m)
-                };
+    let doc = toml::de::DeTable::parse(text).map_err(|e| toml_error(text, None, &e))?;
+    if let Some((k, _)) = doc.get_ref().iter().find(|(_, v)| matches!(v.get_ref(), toml::de::DeValue::Table(_))) {
+        return Err(at(text, k.span().start, "tables are not supported: use plain `key = value` lines"));
+    }
+    let file: ConfigFile = toml::from_str(text).map_err(|e| toml_error(text, Some(doc.get_ref()), &e))?;
+    let int = |key: &str, v: &Spanned<i64>, lo: i64, hi: i64| {
+        let i = *v.get_ref();
+        if (lo..=hi).contains(&i) { Ok(i) } else { Err(at(text, v.span().start, format!("{key} = {i} must be in {lo}..={hi}"))) }
+    };
+    let path = |key: &str, v: &Spanned<String>| {
+        relative_path(key, v.get_ref()).map(|p| dir.join(p)).map_err(|m| at(text, v.span().start, m))
+    };
+    if let Some(m) = &file.model {
+        cfg.source = if m.get_ref().ends_with(".onnx") {
+            let p = path("model", m)?;
+            if !p.is_file() {
+                return Err(at(text, m.span().start, format!("model file {} does not exist", p.display())));
             }
-            "dtype" => {
-                let s = string()?;
-                cfg.dtype = match DType::parse(&s) {
-                    Some(d @ (DType::F32 | DType::F16)) => d,
-                    _ => return Err(at(format!("dtype '{s}': use f32 or f16"))),
-                };
+            ModelSource::Onnx(p)
+        } else {
+            ModelSource::Zoo(m.get_ref().clone())
+        };
+    }
+    if let Some(s) = &file.dtype {
+        cfg.dtype = match DType::parse(s.get_ref()) {
+            Some(d @ (DType::F32 | DType::F16)) => d,
+            _ => return Err(at(text, s.span().start, format!("dtype '{}': use f32 or f16", s.get_ref()))),
+        };
+    }
+    if let Some(v) = &file.batch {
+        cfg.batch = int("batch", v, 1, BATCH_MAX as i64)? as usize;
+    }
+    if let Some(v) = &file.seq_len {
+        cfg.seq_len = int("seq_len", v, 1, SEQ_LEN_MAX as i64)? as usize;
+    }
+    if let Some(v) = &file.seed {
+        cfg.seed = int("seed", v, 0, i64::MAX)? as u64;
+    }
+    if let Some(s) = &file.class {
+        cfg.class = parse_class(s.get_ref())
+            .ok_or_else(|| at(text, s.span().start, format!("class '{}': use real-time or best-effort", s.get_ref())))?;
+    }
+    if let Some(v) = &file.priority {
+        cfg.priority = int("priority", v, i32::MIN as i64, i32::MAX as i64)? as i32;
+    }
+    if let Some(v) = &file.deadline_ms {
+        let ms = *v.get_ref();
+        if !(DEADLINE_MS_MIN..=DEADLINE_MS_MAX).contains(&ms) {
+            return Err(at(
+                text,
+                v.span().start,
+                format!("deadline_ms = {ms} must be in [{DEADLINE_MS_MIN}, {DEADLINE_MS_MAX}]"),
+            ));
+        }
+        cfg.deadline_ns = Some((ms * 1e6).round() as u64);
+    }
+    if let Some(v) = &file.tenant {
+        cfg.tenant = int("tenant", v, 0, u32::MAX as i64)? as u32;
+    }
+    if let Some(v) = &file.instances {
+        cfg.instances = int("instances", v, 1, INSTANCES_MAX as i64)? as u32;
+    }
+    if let Some(v) = &file.gpus {
+        let device = |g: &toml::Value| g.as_integer().filter(|g| (0..=u16::MAX as i64).contains(g)).map(|g| g as u32);
+        cfg.gpus = match v.get_ref() {
+            toml::Value::Array(a) if !a.is_empty() && a.iter().all(|g| device(g).is_some()) => {
+                a.iter().filter_map(device).collect()
             }
-            "batch" => cfg.batch = int(1, BATCH_MAX as i64)? as usize,
-            "seq_len" => cfg.seq_len = int(1, SEQ_LEN_MAX as i64)? as usize,
-            "seed" => cfg.seed = int(0, i64::MAX)? as u64,
-            "class" => {
-                let s = string()?;
-                cfg.class = parse_class(&s).ok_or_else(|| at(format!("class '{s}': use real-time or best-effort")))?;
-            }
-            "priority" => cfg.priority = int(i32::MIN as i64, i32::MAX as i64)? as i32,
-            "deadline_ms" => {
-                let ms = match value {
-                    Value::Int(i) => i as f64,
-                    Value::Float(f) => f,
-                    _ => return Err(at(format!("{key} must be a number of milliseconds"))),
-                };
-                if !(DEADLINE_MS_MIN..=DEADLINE_MS_MAX).contains(&ms) {
-                    return Err(at(format!("{key} = {ms} must be in [{DEADLINE_MS_MIN}, {DEADLINE_MS_MAX}]")));
+            toml::Value::String(s) if s == "auto" => Vec::new(),
+            g => match device(g) {
+                Some(g) => vec![g],
+                None => {
+                    return Err(at(
+                        text,
+                        v.span().start,
+                        "gpus must be a non-empty array of device numbers, like [0, 1], or \"auto\"",
+                    ));
                 }
-                cfg.deadline_ns = Some((ms * 1e6).round() as u64);
-            }
-            "tenant" => cfg.tenant = int(0, u32::MAX as i64)? as u32,
-            "instances" => cfg.instances = int(1, INSTANCES_MAX as i64)? as u32,
-            "gpus" => match &value {
-                Value::Ints(v) if !v.is_empty() && v.iter().all(|&g| (0..=u16::MAX as i64).contains(&g)) => {
-                    cfg.gpus = v.iter().map(|&g| g as u32).collect();
-                }
-                Value::Int(g) if (0..=u16::MAX as i64).contains(g) => cfg.gpus = vec![*g as u32],
-                Value::Str(s) if s == "auto" => cfg.gpus = Vec::new(),
-                _ => return Err(at("gpus must be a non-empty array of device numbers, like [0, 1], or \"auto\"".into())),
             },
-            "version" => {
-                let v = string()?;
-                if !valid_model_name(&v) {
-                    return Err(at(format!("version '{v}' must be letters, digits, '_', '.' or '-'")));
-                }
-                cfg.version = v;
-            }
-            "profile" => cfg.profile = Some(dir.join(relative_path(key, &string()?).map_err(&at)?)),
-            _ => unreachable!("every known key is handled"),
+        };
+    }
+    if let Some(v) = &file.version {
+        if !valid_model_name(v.get_ref()) {
+            return Err(at(text, v.span().start, format!("version '{}' must be letters, digits, '_', '.' or '-'", v.get_ref())));
         }
+        cfg.version = v.get_ref().clone();
+    }
+    if let Some(p) = &file.profile {
+        cfg.profile = Some(path("profile", p)?);
     }
     Ok(cfg)
 }
@@ -520,24 +488,34 @@ mod tests {
     #[test]
     fn errors_name_the_line() {
         for (text, want) in [
-            ("colour = \"red\"", "1: unknown key 'colour'"),
-            ("\n\nbatch = 0", "3: batch = 0 must be in"),
-            ("batch = \"2\"", "batch must be an integer"),
+            ("colour = \"red\"", "1:1: unknown field `colour`"),
+            ("\n\nbatch = 0", "3:9: batch = 0 must be in"),
+            ("batch = \"2\"", "1:9: batch: invalid type: string \"2\", expected i64"),
             ("dtype = \"i64\"", "use f32 or f16"),
             ("class = \"urgent\"", "use real-time or best-effort"),
+            ("priority = 3_000_000_000", "priority = 3000000000 must be in"),
             ("deadline_ms = -1", "must be in [0.001"),
+            ("deadline_ms = \"5\"", "deadline_ms: invalid type: string"),
             // Regression (fuzzing): a positive deadline below 1 ns rounded to a deadline of 0 ns.
             ("deadline_ms = 0.0000000000001", "must be in [0.001"),
             ("deadline_ms = 0", "must be in [0.001"),
-            ("deadline_ms = 1\nlatency_target_ms = 2", "set twice"),
-            ("[model]", "tables are not supported"),
+            ("deadline_ms = nan", "must be in [0.001"),
+            ("deadline_ms = 1\nlatency_target_ms = 2", "duplicate field `deadline_ms`"),
+            ("batch = 1\nbatch = 2", "2:1: duplicate key"),
+            ("[model]", "1:2: tables are not supported"),
+            ("model = { a = 1 }", "tables are not supported"),
             ("model = \"x.onnx\"", "does not exist"),
+            ("model = \"../x.onnx\"", "must be a relative path"),
+            ("profile = \"/etc/passwd\"", "must be a relative path"),
             ("gpus = []", "non-empty array"),
-            ("name = unquoted", "unknown key 'name'"),
-            ("model = resnet18", "not a string"),
-            ("model = \"resnet18", "unterminated string"),
+            ("gpus = [0, -1]", "non-empty array"),
+            ("gpus = 70000", "non-empty array"),
+            ("tenant = 4294967296", "tenant = 4294967296 must be in 0..=4294967295"),
+            ("name = unquoted", "1:8:"),
+            ("model = resnet18", "1:9:"),
+            ("model = \"resnet18", "1:18: invalid basic string"),
             ("version = \"../x\"", "letters, digits"),
-            ("just words", "expected `key = value`"),
+            ("just words", "1:"),
         ] {
             let e = parse_config("m", &dir(), text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
@@ -547,8 +525,40 @@ mod tests {
 
     #[test]
     fn comments_inside_strings_stay() {
-        assert_eq!(strip_comment(r#"version = "a#b" # c"#).trim(), r#"version = "a#b""#);
-        assert_eq!(parse_value(r#""a\"b""#).unwrap(), Value::Str("a\"b".into()));
+        let c = parse_config("m", &dir(), r#"version = "a#b" # c"#).unwrap_err();
+        assert!(c.contains("version 'a#b'"), "{c}");
+        let c = parse_config("m", &dir(), "version = \"v.2\" # c\nseed = 1_000 # d").unwrap();
+        assert_eq!((c.version.as_str(), c.seed), ("v.2", 1000));
+    }
+
+    #[test]
+    fn accepted_forms() {
+        // One device number, a decimal or integer deadline, either alias, TOML's other string forms.
+        let c = parse_config("m", &dir(), "gpus = 3\ndeadline_ms = 2\nmodel = 'resnet18'").unwrap();
+        assert_eq!((c.gpus.clone(), c.deadline_ns), (vec![3], Some(2_000_000)));
+        assert_eq!(c.source, ModelSource::Zoo("resnet18".into()));
+        let c = parse_config("m", &dir(), "latency_target_ms = 0.5\ngpus = [0, 1,]\r\n").unwrap();
+        assert_eq!((c.gpus.clone(), c.deadline_ns), (vec![0, 1], Some(500_000)));
+    }
+
+    /// The sample in this module's documentation parses, so the docs and the parser cannot drift.
+    #[test]
+    fn documented_samples_parse() {
+        let src = include_str!("repository.rs");
+        let start = src.find("//! ```toml\n").unwrap() + "//! ```toml\n".len();
+        let end = start + src[start..].find("//! ```\n").unwrap();
+        let sample: String = src[start..end].lines().map(|l| format!("{}\n", l.strip_prefix("//!").unwrap())).collect();
+        assert!(sample.contains("gpus = [0, 1]"), "{sample}");
+        let c = parse_config("resnet18", &dir(), &sample).unwrap_or_else(|e| panic!("{e}\n{sample}"));
+        assert_eq!((c.dtype, c.batch, c.seq_len, c.class, c.priority), (DType::F16, 1, 128, Class::RealTime, 10));
+        assert_eq!((c.deadline_ns, c.tenant, c.instances, c.gpus.clone()), (Some(5_000_000), 1, 2, vec![0, 1]));
+        assert_eq!((c.version.as_str(), c.seed, c.profile.clone()), ("1", 7, Some(dir().join("profile.json"))));
+        // README.md's: `printf '...' > models/resnet18/config.toml`.
+        let readme = include_str!("../../../README.md");
+        let line = readme.lines().find(|l| l.contains("> models/resnet18/config.toml")).unwrap();
+        let quoted = line.split('\'').nth(1).unwrap().replace("\\n", "\n");
+        let c = parse_config("resnet18", &dir(), &quoted).unwrap_or_else(|e| panic!("{e}\n{quoted}"));
+        assert_eq!((c.dtype, c.class), (DType::F16, Class::RealTime));
     }
 
     #[test]

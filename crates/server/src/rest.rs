@@ -20,9 +20,10 @@
 //! [`App::control`] refuses the request (see [`crate::control`]).
 
 use crate::control::{CONTROL_KEY_HEADER, ControlAccess};
+use crate::decode::{self, OutputChoice, Param, Params, RequestedOutput};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{CancelOnDrop, InferDone, ModelEntry, RequestParams, State};
+use crate::state::{CancelOnDrop, InferDone, ModelEntry, State, SubmitOptions};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State as AxState};
@@ -53,12 +54,12 @@ pub const INDEX_BODY_BYTES_MAX: usize = 64 * 1024;
 /// The largest body of a load or unload request.
 pub const ADMIN_BODY_BYTES_MAX: usize = 1 << 20;
 
-/// 403 with the reason when the control API refuses a request with these headers.
-fn check_control(app: &App, headers: &HeaderMap) -> Result<(), Response> {
-    app.control.check(headers.get(CONTROL_KEY_HEADER).map(HeaderValue::as_bytes)).map_err(|reason| {
-        let body = serde_json::to_vec(&json!({ "error": reason })).unwrap_or_default();
-        (StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-    })
+/// 403 with the reason when the control API refuses a request with these headers; `None` when it
+/// accepts it.
+fn control_refusal(app: &App, headers: &HeaderMap) -> Option<Response> {
+    let reason = app.control.check(headers.get(CONTROL_KEY_HEADER).map(HeaderValue::as_bytes)).err()?;
+    let body = serde_json::to_vec(&json!({ "error": reason })).unwrap_or_default();
+    Some((StatusCode::FORBIDDEN, [(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 pub fn router(app: App) -> Router {
@@ -260,7 +261,7 @@ async fn model_stats_v(AxState(app): AxState<App>, Path((model, version)): Path<
 }
 
 async fn repository_index(AxState(app): AxState<App>, headers: HeaderMap, body: Body) -> Response {
-    if let Err(refused) = check_control(&app, &headers) {
+    if let Some(refused) = control_refusal(&app, &headers) {
         return refused;
     }
     let r = async {
@@ -284,7 +285,7 @@ async fn repository_index(AxState(app): AxState<App>, headers: HeaderMap, body: 
 }
 
 async fn admin(app: App, headers: HeaderMap, body: Body, model: String, load: bool) -> Response {
-    if let Err(refused) = check_control(&app, &headers) {
+    if let Some(refused) = control_refusal(&app, &headers) {
         return refused;
     }
     let r = async {
@@ -458,42 +459,20 @@ struct InferRequestJson {
     outputs: Option<Vec<OutputJson>>,
 }
 
-fn param_u64(p: &Map<String, Value>, key: &str) -> Result<Option<u64>, ServeError> {
-    match p.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => {
-            v.as_u64().map(Some).ok_or_else(|| ServeError::invalid(format!("parameter '{key}' must be a non-negative integer")))
-        }
-    }
-}
-
-fn param_bool(p: Option<&Map<String, Value>>, key: &str) -> Result<bool, ServeError> {
-    match p.and_then(|p| p.get(key)) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ServeError::invalid(format!("parameter '{key}' must be a boolean"))),
-    }
-}
-
-/// The request-level parameters kairos reads.
-fn request_params(p: Option<&Map<String, Value>>) -> Result<RequestParams, ServeError> {
-    let Some(p) = p else { return Ok(RequestParams::default()) };
-    let class = match p.get("kairos_class") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(
-            crate::repository::parse_class(s)
-                .ok_or_else(|| ServeError::invalid(format!("kairos_class '{s}': use real-time or best-effort")))?,
-        ),
-        Some(_) => return Err(ServeError::invalid("kairos_class must be a string")),
+/// A JSON `parameters` object in the decoder's neutral form.
+fn params_of(p: Option<&Map<String, Value>>) -> Params {
+    let param = |v: &Value| match v {
+        Value::Null => Param::Null,
+        Value::Bool(b) => Param::Bool(*b),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Param::Uint(u),
+            (None, Some(i)) => Param::Int(i),
+            (None, None) => Param::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => Param::Str(s.clone()),
+        Value::Array(_) | Value::Object(_) => Param::Other,
     };
-    let tenant = match param_u64(p, "kairos_tenant")? {
-        None => None,
-        Some(t) => Some(u32::try_from(t).map_err(|_| ServeError::invalid(format!("kairos_tenant {t} does not fit u32")))?),
-    };
-    if p.get("sequence_id").is_some_and(|v| !v.is_null() && v != &json!(0)) {
-        return Err(ServeError::Unsupported("sequence batching (sequence_id) is not supported".into()));
-    }
-    Ok(RequestParams { priority_level: param_u64(p, "priority")?, timeout_us: param_u64(p, "timeout")?, class, tenant })
+    p.map(|p| p.iter().map(|(k, v)| (k.clone(), param(v))).collect()).unwrap_or_default()
 }
 
 fn tensor_from_nums(name: &str, dtype: DType, shape: Vec<usize>, count: usize, nums: Vec<Num>) -> Result<Tensor, ServeError> {
@@ -525,17 +504,11 @@ fn tensor_from_nums(name: &str, dtype: DType, shape: Vec<usize>, count: usize, n
     })
 }
 
-/// Which outputs go back, and which of them as binary data.
-pub struct OutputChoice {
-    pub index: usize,
-    pub binary: bool,
-}
-
 /// A decoded inference request.
 pub struct Decoded {
     pub id: Option<String>,
     pub model: Arc<ModelEntry>,
-    pub params: RequestParams,
+    pub options: SubmitOptions,
     /// In the model's input order.
     pub inputs: Vec<Tensor>,
     pub outputs: Vec<OutputChoice>,
@@ -563,22 +536,26 @@ pub fn decode_infer_request(model: &Arc<ModelEntry>, headers: &HeaderMap, body: 
                 body.len()
             )));
         }
-        None => (&body[..], &[]),
+        None => (body, &[]),
     };
     let values_max = model.inputs.iter().map(|t| t.shape.iter().product::<usize>()).max().unwrap_or(0);
     let previous = DATA_VALUES_MAX.with(|m| m.replace(values_max));
     let req = serde_json::from_slice::<InferRequestJson>(head);
     DATA_VALUES_MAX.with(|m| m.set(previous));
     let req = req.map_err(|e| ServeError::invalid(format!("malformed inference request JSON: {e}")))?;
-    let params = request_params(req.parameters.as_ref())?;
+    let params = params_of(req.parameters.as_ref());
+    let requested: Vec<RequestedOutput> = req
+        .outputs
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| RequestedOutput { params: params_of(o.parameters.as_ref()), name: o.name })
+        .collect();
+    let decode::Decoded { options, outputs } = decode::decode(model, &params, &requested)?;
     let mut slots: Vec<Option<Tensor>> = vec![None; model.inputs.len()];
     for input in req.inputs {
         let (count, dtype) = model.check_declared(&input.name, &input.datatype, &input.shape)?;
         let shape: Vec<usize> = input.shape.iter().map(|&d| d as usize).collect();
-        let binary_size = match input.parameters.as_ref() {
-            Some(p) => param_u64(p, "binary_data_size")?,
-            None => None,
-        };
+        let binary_size = decode::uint(&params_of(input.parameters.as_ref()), "binary_data_size")?;
         let t = match (binary_size, input.data) {
             (Some(_), Some(_)) => {
                 return Err(ServeError::invalid(format!("input '{}' has both data and binary_data_size", input.name)));
@@ -613,37 +590,7 @@ pub fn decode_infer_request(model: &Arc<ModelEntry>, headers: &HeaderMap, body: 
         return Err(ServeError::invalid(format!("{} binary bytes after the last input", binary.len())));
     }
     let inputs = model.finish_inputs(slots)?;
-    let default_binary = param_bool(req.parameters.as_ref(), "binary_data_output")?;
-    let outputs = match req.outputs {
-        None => (0..model.outputs.len()).map(|index| OutputChoice { index, binary: default_binary }).collect(),
-        Some(list) if list.is_empty() => {
-            (0..model.outputs.len()).map(|index| OutputChoice { index, binary: default_binary }).collect()
-        }
-        Some(list) => {
-            let mut v = Vec::new();
-            for o in list {
-                let index = model.output_index(&o.name).ok_or_else(|| {
-                    ServeError::invalid(format!(
-                        "model '{}' has no output '{}' (outputs: {})",
-                        model.name(),
-                        o.name,
-                        model.outputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
-                    ))
-                })?;
-                if o.parameters.as_ref().and_then(|p| p.get("classification")).is_some() {
-                    return Err(ServeError::Unsupported("the classification extension is not supported".into()));
-                }
-                let binary = match o.parameters.as_ref().and_then(|p| p.get("binary_data")) {
-                    None | Some(Value::Null) => default_binary,
-                    Some(Value::Bool(b)) => *b,
-                    Some(_) => return Err(ServeError::invalid("binary_data must be a boolean")),
-                };
-                v.push(OutputChoice { index, binary });
-            }
-            v
-        }
-    };
-    Ok(Decoded { id: req.id, model: model.clone(), params, inputs, outputs })
+    Ok(Decoded { id: req.id, model: model.clone(), options, inputs, outputs })
 }
 
 #[derive(Serialize)]
@@ -739,7 +686,7 @@ async fn infer_impl(app: App, model: String, version: String, headers: HeaderMap
         let t_in = Instant::now();
         let mut decoded = decode_infer_request(&m, &headers, &bytes)?;
         drop(bytes);
-        let options = m.submit_options(&decoded.params)?;
+        let options = std::mem::take(&mut decoded.options);
         class = options.engine.class;
         m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
         let (tx, rx) = tokio::sync::oneshot::channel();

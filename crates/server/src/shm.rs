@@ -43,9 +43,10 @@
 /// costs instead (`kairos bench serve`, docs/benchmarks.md).
 pub const ZERO_COPY_BYTES_MAX: u64 = 64 * 1024;
 
+use crate::decode::{self, Param, Params};
 use crate::error::{Outcome, ServeError};
 use crate::metrics::Protocol;
-use crate::state::{CancelCause, EngineIo, HostRegion, InferDone, ModelEntry, RequestParams, State};
+use crate::state::{CancelCause, EngineIo, HostRegion, InferDone, ModelEntry, State, SubmitOptions};
 use kairos_client::Code;
 use kairos_client::shm::layout::*;
 use kairos_client::shm::region::{DataArea, Region};
@@ -603,21 +604,26 @@ impl Client<'_> {
         Ok((taken, false))
     }
 
-    fn params(priority: i32, timeout_us: u64, class: u8, flags: u32, tenant: u32) -> Result<RequestParams, ServeError> {
-        Ok(RequestParams {
-            priority_level: match priority {
-                p if p < 0 => return Err(ServeError::invalid(format!("priority {p} is negative"))),
-                p => Some(p as u64),
-            },
-            timeout_us: Some(timeout_us),
-            class: match class {
-                CLASS_MODEL_DEFAULT => None,
-                CLASS_REAL_TIME => Some(Class::RealTime),
-                CLASS_BEST_EFFORT => Some(Class::BestEffort),
-                c => return Err(ServeError::invalid(format!("class code {c}"))),
-            },
-            tenant: (flags & FLAG_TENANT != 0).then_some(tenant),
-        })
+    /// A submission's fields in the decoder's neutral form, decoded against `m`.
+    fn options(
+        m: &ModelEntry,
+        priority: i32,
+        timeout_us: u64,
+        class: u8,
+        flags: u32,
+        tenant: u32,
+    ) -> Result<SubmitOptions, ServeError> {
+        let mut p = Params::new();
+        p.insert("priority".into(), Param::Int(priority.into()));
+        p.insert("timeout".into(), Param::Uint(timeout_us));
+        if let Some(c) = decode::class_code(class)? {
+            p.insert("kairos_class".into(), c);
+        }
+        if flags & FLAG_TENANT != 0 {
+            p.insert("kairos_tenant".into(), Param::Uint(tenant.into()));
+        }
+        // Every output goes back, each into its span.
+        Ok(decode::decode(m, &p, &[])?.options)
     }
 
     fn submission(&mut self, s: Submission) {
@@ -629,7 +635,7 @@ impl Client<'_> {
             class = m.config.class;
             entry = Some(m.clone());
             let t_in = Instant::now();
-            let mut options = m.submit_options(&Self::params(s.priority, s.timeout_us, s.class, s.flags, s.tenant)?)?;
+            let mut options = Self::options(&m, s.priority, s.timeout_us, s.class, s.flags, s.tenant)?;
             options.owner = Some(self.owner);
             class = options.engine.class;
             let (ni, no) = (s.input_count as usize, s.output_count as usize);
@@ -752,7 +758,7 @@ impl Client<'_> {
         };
         let mut class = m.config.class;
         let submitted = (|| -> Result<(), ServeError> {
-            let mut options = m.submit_options(&Self::params(priority, timeout_us, class_code, flags, tenant)?)?;
+            let mut options = Self::options(&m, priority, timeout_us, class_code, flags, tenant)?;
             options.owner = Some(self.owner);
             class = options.engine.class;
             if count != m.inputs.len() {
