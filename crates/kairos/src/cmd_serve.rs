@@ -47,7 +47,7 @@ MODEL REPOSITORY
   batch = 1                 batch size (zoo models; the dynamic batch dimension of .onnx files)
   seq_len = 128             transformers' sequence length / other dynamic dimensions
   class = \"real-time\"       real-time or best-effort (default)
-  priority = 10             higher is more urgent (default 0)
+  priority_level = 10       1 is the most urgent, 1000 the least, as in requests (default 0: none)
   deadline_ms = 5.0         latency target per request (alias latency_target_ms; default none)
   tenant = 1                fairness account (default 0)
   instances = 2             copies of the model (default 1), spread round robin over `gpus`

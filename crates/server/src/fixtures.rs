@@ -3,7 +3,7 @@
 //!
 //! | model | inputs | outputs | config |
 //! |---|---|---|---|
-//! | `mlp` | `x` FP32 [1, 64] | `y` FP32 [1, 10] | real-time, priority 5 |
+//! | `mlp` | `x` FP32 [1, 64] | `y` FP32 [1, 10] | real-time, priority level 995 |
 //! | `mlp_f16` | `x` FP32 [1, 64] | `y` FP32 [1, 10] | the same file, an f16 plan |
 //! | `pair` | `a`, `b` FP32 [1, 16] | `y` FP32 [1, 8], `relu` FP32 [1, 16] | best-effort, tenant 3 |
 //! | `embed` | `ids` INT64 [1, 8] | `emb` FP32 [1, 8, 16] | best-effort |
@@ -57,7 +57,7 @@ fn write(dir: &Path, name: &str, onnx: &[u8], file: &str, config: &str) -> std::
 
 /// Writes the four tiny models into `dir` (a model repository); returns their names.
 pub fn write_tiny_repository(dir: &Path) -> std::io::Result<Vec<String>> {
-    write(dir, "mlp", &mlp_onnx(), "mlp.onnx", "model = \"mlp.onnx\"\nclass = \"real-time\"\npriority = 5\n")?;
+    write(dir, "mlp", &mlp_onnx(), "mlp.onnx", "model = \"mlp.onnx\"\nclass = \"real-time\"\npriority_level = 995\n")?;
     write(dir, "mlp_f16", &mlp_onnx(), "mlp.onnx", "model = \"mlp.onnx\"\ndtype = \"f16\"\n")?;
     write(dir, "pair", &pair_onnx(), "pair.onnx", "tenant = 3\n")?;
     write(dir, "embed", &embed_onnx(), "embed.onnx", "# defaults\n")?;

@@ -9,7 +9,7 @@
 //! batch = 1                 # batch size (zoo models; the dynamic batch dimension of .onnx files)
 //! seq_len = 128             # sequence length of transformers / other dynamic dimensions
 //! class = "real-time"       # real-time or best-effort (default)
-//! priority = 10             # higher is more urgent (default 0)
+//! priority_level = 10       # as requests number it: 1 is the most urgent, 1000 the least (default 0: none)
 //! deadline_ms = 5.0         # latency target per request (alias latency_target_ms); none by default
 //! tenant = 1                # fairness account (default 0)
 //! instances = 2             # copies of the model (default 1), spread over `gpus`
@@ -28,6 +28,7 @@
 //! profile file that resolves (through symbolic links) outside the root is refused with an error.
 
 use crate::error::ServeError;
+use crate::state::PRIORITY_LEVELS_MAX;
 use kairos_ir::DType;
 use kairos_sched::Class;
 use serde::Deserialize;
@@ -73,7 +74,8 @@ pub struct ModelConfig {
     pub seq_len: usize,
     pub seed: u64,
     pub class: Class,
-    pub priority: i32,
+    /// Priority level as requests number it (1 most urgent, 0 none); see `state::priority_of_level`.
+    pub priority_level: u64,
     pub deadline_ns: Option<u64>,
     pub tenant: u32,
     pub instances: u32,
@@ -94,7 +96,7 @@ impl ModelConfig {
             seq_len: kairos_ir::zoo::DEFAULT_SEQ_LEN,
             seed: kairos_ir::zoo::DEFAULT_SEED,
             class: Class::BestEffort,
-            priority: 0,
+            priority_level: 0,
             deadline_ns: None,
             tenant: 0,
             instances: 1,
@@ -169,8 +171,12 @@ struct ConfigFile {
     seed: Option<Spanned<i64>>,
     /// `"real-time"` or `"best-effort"` (default; also `rt`, `be`, `realtime`, `best_effort`).
     class: Option<Spanned<String>>,
-    /// Higher is more urgent, any `i32`; default 0.
-    priority: Option<Spanned<i64>>,
+    /// The model's priority level, numbered as requests number theirs (Triton's `priority`): 1 is
+    /// the most urgent, [`PRIORITY_LEVELS_MAX`] the least, 0 none (the default); a request's own
+    /// level overrides it.
+    priority_level: Option<Spanned<i64>>,
+    /// Refused with a pointer to `priority_level` (it counted the other way round).
+    priority: Option<Spanned<toml::Value>>,
     /// Latency target per request in milliseconds (integer or decimal), in
     /// [`DEADLINE_MS_MIN`, `DEADLINE_MS_MAX`]; none by default. Alias `latency_target_ms`.
     #[serde(alias = "latency_target_ms")]
@@ -257,7 +263,14 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
             .ok_or_else(|| at(text, s.span().start, format!("class '{}': use real-time or best-effort", s.get_ref())))?;
     }
     if let Some(v) = &file.priority {
-        cfg.priority = int("priority", v, i32::MIN as i64, i32::MAX as i64)? as i32;
+        return Err(at(
+            text,
+            v.span().start,
+            "`priority` is now `priority_level`, numbered as requests number theirs: 1 is the most urgent, 1000 the least",
+        ));
+    }
+    if let Some(v) = &file.priority_level {
+        cfg.priority_level = int("priority_level", v, 0, PRIORITY_LEVELS_MAX as i64)? as u64;
     }
     if let Some(v) = &file.deadline_ms {
         let ms = *v.get_ref();
@@ -455,7 +468,7 @@ mod tests {
             dtype = "f16"
             batch = 2
             class = "real-time"
-            priority = -3
+            priority_level = 3
             latency_target_ms = 2.5
             tenant = 7
             instances = 3
@@ -465,7 +478,7 @@ mod tests {
         "#;
         let c = parse_config("r18", &dir(), text).unwrap();
         assert_eq!(c.source, ModelSource::Zoo("resnet18".into()));
-        assert_eq!((c.dtype, c.batch, c.class, c.priority, c.tenant), (DType::F16, 2, Class::RealTime, -3, 7));
+        assert_eq!((c.dtype, c.batch, c.class, c.priority_level, c.tenant), (DType::F16, 2, Class::RealTime, 3, 7));
         assert_eq!(c.deadline_ns, Some(2_500_000));
         assert_eq!((c.instances, c.gpus.clone(), c.version.as_str(), c.seed), (3, vec![0, 1], "2", 1000));
     }
@@ -493,7 +506,8 @@ mod tests {
             ("batch = \"2\"", "1:9: batch: invalid type: string \"2\", expected i64"),
             ("dtype = \"i64\"", "use f32 or f16"),
             ("class = \"urgent\"", "use real-time or best-effort"),
-            ("priority = 3_000_000_000", "priority = 3000000000 must be in"),
+            ("priority_level = 1001", "priority_level = 1001 must be in"),
+            ("priority = 5", "`priority` is now `priority_level`"),
             ("deadline_ms = -1", "must be in [0.001"),
             ("deadline_ms = \"5\"", "deadline_ms: invalid type: string"),
             // Regression (fuzzing): a positive deadline below 1 ns rounded to a deadline of 0 ns.
@@ -550,7 +564,7 @@ mod tests {
         let sample: String = src[start..end].lines().map(|l| format!("{}\n", l.strip_prefix("//!").unwrap())).collect();
         assert!(sample.contains("gpus = [0, 1]"), "{sample}");
         let c = parse_config("resnet18", &dir(), &sample).unwrap_or_else(|e| panic!("{e}\n{sample}"));
-        assert_eq!((c.dtype, c.batch, c.seq_len, c.class, c.priority), (DType::F16, 1, 128, Class::RealTime, 10));
+        assert_eq!((c.dtype, c.batch, c.seq_len, c.class, c.priority_level), (DType::F16, 1, 128, Class::RealTime, 10));
         assert_eq!((c.deadline_ns, c.tenant, c.instances, c.gpus.clone()), (Some(5_000_000), 1, 2, vec![0, 1]));
         assert_eq!((c.version.as_str(), c.seed, c.profile.clone()), ("1", 7, Some(dir().join("profile.json"))));
         // README.md's: `printf '...' > models/resnet18/config.toml`.

@@ -205,7 +205,7 @@ pub fn config_parameters(m: &ModelEntry) -> Vec<(String, String)> {
         ("dtype".to_string(), c.dtype.to_string()),
         ("batch".to_string(), c.batch.to_string()),
         ("class".to_string(), c.class_name().to_string()),
-        ("priority".to_string(), c.priority.to_string()),
+        ("priority_level".to_string(), c.priority_level.to_string()),
         ("tenant".to_string(), c.tenant.to_string()),
         ("kernels".to_string(), m.info.launches.to_string()),
         ("weight_bytes".to_string(), m.info.weight_bytes.to_string()),

@@ -23,6 +23,12 @@ use tracing::{info, warn};
 /// Request priority levels as Triton numbers them: 1 is the most urgent, `PRIORITY_LEVELS_MAX` the
 /// least; level L becomes kairos priority `PRIORITY_LEVELS_MAX - L` (higher is more urgent).
 pub const PRIORITY_LEVELS_MAX: u64 = 1000;
+
+/// kairos' priority (higher is more urgent) of a priority level (1 is the most urgent; 0: none,
+/// kairos priority 0). `level` is at most [`PRIORITY_LEVELS_MAX`].
+pub fn priority_of_level(level: u64) -> i32 {
+    if level == 0 { 0 } else { (PRIORITY_LEVELS_MAX - level.min(PRIORITY_LEVELS_MAX)) as i32 }
+}
 /// Request timeouts beyond an hour are refused.
 pub const TIMEOUT_US_MAX: u64 = 3_600_000_000;
 /// GPUs one server drives.
@@ -367,7 +373,7 @@ impl ModelEntry {
         let c = &self.config;
         let mut o = RequestOptions {
             class: p.class.unwrap_or(c.class),
-            priority: c.priority,
+            priority: priority_of_level(c.priority_level),
             deadline_ns: c.deadline_ns,
             tenant: TenantId(p.tenant.unwrap_or(c.tenant)),
             skip_io: false,
@@ -375,7 +381,7 @@ impl ModelEntry {
         };
         match p.priority_level {
             None | Some(0) => {}
-            Some(l) if l <= PRIORITY_LEVELS_MAX => o.priority = (PRIORITY_LEVELS_MAX - l) as i32,
+            Some(l) if l <= PRIORITY_LEVELS_MAX => o.priority = priority_of_level(l),
             Some(l) => {
                 return Err(ServeError::invalid(format!(
                     "priority {l} is outside 1..={PRIORITY_LEVELS_MAX} (1 is the most urgent)"

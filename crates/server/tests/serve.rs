@@ -130,7 +130,7 @@ fn metadata_configuration_statistics_and_index() {
     let c = rt.block_on(rest.model_config("mlp", "")).unwrap();
     assert_eq!(c["input"][0]["data_type"], "TYPE_FP32");
     assert_eq!(c["parameters"]["class"]["string_value"], "real-time");
-    assert_eq!(c["parameters"]["priority"]["string_value"], "5");
+    assert_eq!(c["parameters"]["priority_level"]["string_value"], "995");
     let c = rt.block_on(grpc.model_config("pair", "")).unwrap();
     assert_eq!(c.input.len(), 2);
     assert_eq!(c.parameters["tenant"].string_value, "3");
