@@ -2,8 +2,9 @@
 //! the same tensors, the numbers are consistent with each other, and a transport that cannot carry
 //! a model is reported as such instead of stopping the run.
 
+use kairos_backends::SimBackend;
 use kairos_bench::serving::{self, Endpoints, Options, Transport};
-use kairos_server::{RunningServer, ServerConfig, ShmConfig, SimBackend, fixtures};
+use kairos_server::{RunningServer, ServerConfig, ShmConfig, fixtures};
 use std::net::SocketAddr;
 
 fn start(tag: &str) -> (RunningServer, Endpoints, std::path::PathBuf) {

@@ -36,7 +36,6 @@ pub mod metrics;
 pub mod repository;
 pub mod rest;
 pub mod shm;
-mod sim_gpu;
 pub mod state;
 pub mod tls;
 pub mod worker;
@@ -45,7 +44,7 @@ pub use control::ControlAccess;
 pub use error::ServeError;
 pub use repository::{ModelConfig, ModelSource, Repository};
 pub use shm::ShmConfig;
-pub use state::{Backend, CancelCause, EngineHandle, SimBackend, SimStartProfiles, StartupProgress, State, StateConfig};
+pub use state::{Backend, CancelCause, EngineHandle, StartupProgress, State, StateConfig};
 pub use tls::TlsConfig;
 pub use worker::{WorkerBackend, WorkerSpawn};
 

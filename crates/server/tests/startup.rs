@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use kairos_backends::SimBackend;
 use kairos_client::grpc::GrpcClient;
 use kairos_client::rest::{HttpReply, RestClient};
 use kairos_client::{Code, InferOptions};
@@ -14,7 +15,7 @@ use kairos_gpu::profile::ProfileSet;
 use kairos_ir::plan::Plan;
 use kairos_server::EngineHandle;
 use kairos_server::state::PlannedModel;
-use kairos_server::{Backend, ServeError, SimBackend, State};
+use kairos_server::{Backend, ServeError, State};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

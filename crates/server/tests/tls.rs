@@ -6,10 +6,11 @@
 mod common;
 
 use common::*;
+use kairos_backends::SimBackend;
 use kairos_client::grpc::GrpcClient;
 use kairos_client::rest::RestClient;
 use kairos_client::{ClientError, Code, InferOptions};
-use kairos_server::{ControlAccess, RunningServer, ServerConfig, SimBackend, TlsConfig};
+use kairos_server::{ControlAccess, RunningServer, ServerConfig, TlsConfig};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -2,9 +2,10 @@
 //! with its shared-memory socket in a temporary folder; and the CPU reference to check answers.
 #![allow(dead_code)]
 
+use kairos_backends::SimBackend;
 use kairos_ir::{DType, Tensor};
 use kairos_server::state::{PlannedModel, plan_model};
-use kairos_server::{Backend, Repository, RunningServer, ServerConfig, ShmConfig, SimBackend, fixtures};
+use kairos_server::{Backend, Repository, RunningServer, ServerConfig, ShmConfig, fixtures};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 //! The server starts its engines before it plans any model, so the simulator cannot register the
 //! profiles of the start-up models when its GPU is built (it did when every model was planned
 //! first). Instead the loader puts a start-up model's plan and profile in the inbox of each of its
-//! GPUs ([`crate::Backend::register_start_model`]) before the model loads, and the GPU registers
+//! GPUs ([`kairos_server::Backend::register_start_model`]) before the model loads, and the GPU registers
 //! them on its dispatcher thread at its next [`Gpu::kernel_resources`] call — the first thing the
 //! dispatcher asks of a model it loads, so the model's kernels are timed from its profile from its
 //! first launch on.
