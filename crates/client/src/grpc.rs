@@ -5,7 +5,7 @@
 //! use kairos_client::{InferOptions, grpc::GrpcClient};
 //! let client = GrpcClient::connect("http://127.0.0.1:8001").await?;
 //! let meta = client.model_metadata("resnet18", "").await?;
-//! let x = kairos_ir::Tensor::zeros(kairos_ir::DType::F32, vec![1, 3, 224, 224]);
+//! let x = kairos_core::Tensor::zeros(kairos_core::DType::F32, vec![1, 3, 224, 224]);
 //! let r = client.infer("resnet18", "", &[(&meta.inputs[0].name, &x)], &InferOptions::default()).await?;
 //! println!("{:?} in {} ns of engine time", r.outputs[0].1.shape, r.timing.engine_ns);
 //! # Ok(()) }
@@ -13,7 +13,7 @@
 
 use crate::pb::{self, grpc_inference_service_client::GrpcInferenceServiceClient, infer_parameter::ParameterChoice};
 use crate::{ClientError, Code, InferOptions, InferResult, ModelMetadata, Result, ServerTiming, TensorMetadata};
-use kairos_ir::Tensor;
+use kairos_core::Tensor;
 use std::collections::HashMap;
 use tonic::transport::Channel;
 
@@ -195,7 +195,7 @@ pub fn decode_response(r: pb::ModelInferResponse) -> Result<InferResult> {
             Tensor::from_bytes(dtype, shape, raw).map_err(ClientError::Protocol)?
         } else if let Some(c) = &o.contents {
             match dtype {
-                kairos_ir::DType::I64 => Tensor::i64(shape, c.int64_contents.clone()),
+                kairos_core::DType::I64 => Tensor::i64(shape, c.int64_contents.clone()),
                 _ => Tensor::f32(shape, c.fp32_contents.clone()).cast(dtype),
             }
         } else {

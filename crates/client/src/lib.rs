@@ -12,7 +12,7 @@
 //! [`rest::RestClient::builder`] and [`grpc::GrpcClient::builder`].
 //!
 //! Errors carry the server's status as a [`Code`] (gRPC numbering; HTTP statuses map onto it).
-//! Tensors are `kairos_ir::Tensor`s (f32, f16, i64).
+//! Tensors are `kairos_core::Tensor`s (f32, f16, i64).
 
 // Unsafe code only where an item says why (allow(unsafe_code) beside its SAFETY contract).
 #![deny(unsafe_code)]
@@ -207,22 +207,22 @@ pub struct InferResult {
     pub model_version: String,
     pub id: String,
     /// Outputs in the order the server sent them, by name.
-    pub outputs: Vec<(String, kairos_ir::Tensor)>,
+    pub outputs: Vec<(String, kairos_core::Tensor)>,
     pub timing: ServerTiming,
 }
 
 impl InferResult {
-    pub fn output(&self, name: &str) -> Option<&kairos_ir::Tensor> {
+    pub fn output(&self, name: &str) -> Option<&kairos_core::Tensor> {
         self.outputs.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 }
 
 /// The kairos element type of a protocol datatype string.
-pub fn dtype_of(datatype: &str) -> Option<kairos_ir::DType> {
+pub fn dtype_of(datatype: &str) -> Option<kairos_core::DType> {
     match datatype {
-        "FP32" => Some(kairos_ir::DType::F32),
-        "FP16" => Some(kairos_ir::DType::F16),
-        "INT64" => Some(kairos_ir::DType::I64),
+        "FP32" => Some(kairos_core::DType::F32),
+        "FP16" => Some(kairos_core::DType::F16),
+        "INT64" => Some(kairos_core::DType::I64),
         _ => None,
     }
 }

@@ -9,7 +9,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kairos_ir::{DType, Tensor};
+use kairos_core::{DType, Tensor};
 use serde_json::{Map, Value, json};
 
 /// The header that gives the JSON part's length in binary requests and responses.

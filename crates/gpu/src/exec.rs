@@ -3,8 +3,8 @@
 //! kernel by kernel for many requests at once; this runner keeps one request and one stream.
 
 use crate::*;
-use kairos_ir::Tensor;
-use kairos_ir::plan::{BufRef, Plan, Space};
+use kairos_core::Tensor;
+use kairos_core::plan::{BufRef, Plan, Space};
 
 /// Where each memory space of a plan lives on the device.
 #[derive(Clone, Debug)]

@@ -6,7 +6,7 @@
 //! over it, and so is [`exec::execute_plan`], the simple plan runner used by `kairos run` and tests.
 //!
 //! # The kernel protocol, as seen from here
-//! A launch has N logical blocks (see `kairos_ir::plan`). Physical CTAs take logical blocks from a
+//! A launch has N logical blocks (see `kairos_core::plan`). Physical CTAs take logical blocks from a
 //! counter until none are left or the launch's preempt flag is set; a stopped launch reports the
 //! first block never taken, and a new launch with that `first_block` resumes it exactly. CTAs outside
 //! the launch's SM mask exit at once. CTAs report placement and completion per SM, which the
@@ -20,8 +20,8 @@ pub mod idmap;
 pub mod profile;
 pub mod topology;
 
-use kairos_ir::DType;
-use kairos_ir::plan::{Kernel, Launch, LaunchShape};
+use kairos_core::DType;
+use kairos_core::plan::{Kernel, Launch, LaunchShape};
 use serde::{Deserialize, Serialize};
 
 /// The most SMs a mask can name.
@@ -518,7 +518,7 @@ pub trait Gpu {
     /// Makes ready every kernel a plan launches before its launches are looked at one by one (the
     /// CUDA backend compiles the kernel units they need in parallel, with progress); kernels not
     /// prepared are still compiled on first use. Nothing to do by default.
-    fn prepare_plan(&mut self, plan: &kairos_ir::plan::Plan) -> Result<()> {
+    fn prepare_plan(&mut self, plan: &kairos_core::plan::Plan) -> Result<()> {
         let _ = plan;
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Kernel profiles: what `kairos profile` measures on a real GPU, and what the dispatcher (SRPT
 //! estimates, right-sizing) and the simulator (kernel durations) read.
 
-use kairos_ir::DType;
+use kairos_core::DType;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -99,7 +99,7 @@ pub struct LayerLoad {
 
 impl LayerProfile {
     /// Whether it was measured on `plan`: one entry per launch and per layer, same layer sizes.
-    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), ProfileError> {
+    pub fn check_plan(&self, plan: &kairos_core::plan::Plan) -> Result<(), ProfileError> {
         if self.launches.len() != plan.launches.len() || self.launches.iter().enumerate().any(|(i, l)| l.launch as usize != i) {
             return Err(ProfileError::Stale(format!(
                 "layer profile has {} launches, the plan {}: profile and plan differ",
@@ -124,7 +124,7 @@ impl ModelProfile {
     /// Whether this profile was measured on `plan`: same dtype, and every profiled launch exists in
     /// the plan with the same logical block count. A profile of another lowering of the model
     /// (other tiles, other launches) is stale and must not be used for that plan.
-    pub fn check_plan(&self, plan: &kairos_ir::plan::Plan) -> Result<(), ProfileError> {
+    pub fn check_plan(&self, plan: &kairos_core::plan::Plan) -> Result<(), ProfileError> {
         if self.dtype != plan.dtype {
             return Err(ProfileError::Stale(format!(
                 "profile of '{}' is {:?}, the plan is {:?}",

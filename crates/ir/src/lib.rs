@@ -2,16 +2,16 @@
 
 #![forbid(unsafe_code)]
 
-pub mod graph;
 pub mod interp;
 pub mod lower;
 pub mod model;
 pub mod npy;
 pub mod onnx;
-pub mod plan;
-pub mod tensor;
 pub mod zoo;
 
+/// The plain data types live in kairos-core (no ONNX runtime there); re-exported here under the
+/// same paths.
+pub use kairos_core::{graph, plan, tensor};
 pub use tensor::{DType, Tensor, TensorData};
 
 /// Errors of the IR layer: loading, importing and lowering models.

@@ -29,7 +29,7 @@ pub mod ring;
 pub mod wire;
 
 use crate::{ClientError, Code, InferOptions, Result, ServerTiming};
-use kairos_ir::Tensor;
+use kairos_core::Tensor;
 use layout::*;
 use region::Region;
 use ring::{Consumer, Producer};

@@ -12,7 +12,7 @@
 //! | OPEN_MODEL | name str, version str | status u32, message str, then on success: handle u32, version str, inputs, outputs (each: count u16, then name str, dtype u8, rank u8, dims u64...) |
 //! | INFER | tag u64, model u32, priority i32, timeout_us u64, class u8, flags u32, tenant u32, count u16, tensors (bytes each) | tag u64, status u32, message str, engine_ns u64, gpu_ns u64, queue_ns u64, deadline_missed u8, count u16, tensors |
 
-use kairos_ir::DType;
+use kairos_core::DType;
 
 pub const OP_HELLO: u8 = 1;
 pub const OP_OPEN_MODEL: u8 = 2;
