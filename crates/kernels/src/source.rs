@@ -11,9 +11,9 @@
 //! and the struct is padded to 8 bytes, as C lays them out; each C struct has a `static_assert` on
 //! its size and [`pack_args`] checks the same size here.
 
-use kairos_ir::DType;
-use kairos_ir::graph::Act;
-use kairos_ir::plan::{BinaryOpParam, EltFunc, Kernel, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam, split_k_len};
+use kairos_core::DType;
+use kairos_core::graph::Act;
+use kairos_core::plan::{BinaryOpParam, EltFunc, Kernel, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam, split_k_len};
 
 /// The headers every module may include, by the name the sources include them under.
 pub const HEADERS: [(&str, &str); 3] = [
@@ -1090,7 +1090,7 @@ mod tests {
 
     #[test]
     fn split_k_launches_take_the_sk_entries_and_pack_their_sum() {
-        use kairos_ir::plan::{EpilogueParams, SplitKSumParams};
+        use kairos_core::plan::{EpilogueParams, SplitKSumParams};
         let lowered =
             kairos_ir::lower::lower(&split_graph(), &kairos_ir::lower::LowerOptions { dtype: DType::F16, split_k: true })
                 .unwrap();
@@ -1140,12 +1140,12 @@ mod tests {
     }
 
     /// x [32, 4096] times constant weights [4096, 64]: long enough a reduction to split.
-    fn split_graph() -> kairos_ir::graph::Graph {
-        use kairos_ir::graph::*;
+    fn split_graph() -> kairos_core::graph::Graph {
+        use kairos_core::graph::*;
         let mut g = Graph::new("split");
         let x = g.add("x", Op::Input { index: 0 }, vec![], vec![32, 4096], DType::F32);
         g.inputs.push(GraphInput { name: "x".into(), node: x });
-        let w = g.add_const("w", kairos_ir::Tensor::f32(vec![4096, 64], vec![0.5; 4096 * 64]));
+        let w = g.add_const("w", kairos_core::Tensor::f32(vec![4096, 64], vec![0.5; 4096 * 64]));
         let y = g.add("y", Op::MatMul { epilogue: Epilogue::default() }, vec![x, w], vec![32, 64], DType::F32);
         g.outputs.push(GraphOutput { name: "y".into(), node: y });
         g

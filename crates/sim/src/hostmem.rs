@@ -18,8 +18,8 @@
 //! PCIe in the launch's block model (at the link's rate shared with copies), as DeepPlan's direct
 //! host access does.
 
-use kairos_ir::DType;
-use kairos_ir::plan::{ELTWISE_RANK_MAX, Kernel};
+use kairos_core::DType;
+use kairos_core::plan::{ELTWISE_RANK_MAX, Kernel};
 
 /// Bytes a kernel may read or write from the start of each argument, in argument order: one past
 /// the highest byte any of its logical blocks touches (0 for an argument it cannot touch). It
@@ -120,8 +120,8 @@ pub fn arg_extent_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kairos_ir::graph::Act;
-    use kairos_ir::plan::{EltFunc, EltwiseParams, EpilogueParams, GemmParams};
+    use kairos_core::graph::Act;
+    use kairos_core::plan::{EltFunc, EltwiseParams, EpilogueParams, GemmParams};
 
     #[test]
     fn extents_of_strided_views() {
@@ -167,7 +167,7 @@ mod tests {
         out_strides[4] = 16;
         out_strides[5] = 1;
         let p = EltwiseParams {
-            func: EltFunc::Binary(kairos_ir::plan::BinaryOpParam::Add),
+            func: EltFunc::Binary(kairos_core::plan::BinaryOpParam::Add),
             act: Act::None,
             inputs: 2,
             shape,

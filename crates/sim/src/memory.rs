@@ -1,9 +1,9 @@
 //! Simulated allocations: synthetic addresses, optional backing bytes, and the `KernelMemory`
 //! view the CPU reference kernels run on.
 
+use kairos_core::DType;
+use kairos_core::plan::{AlignedBytes, Kernel};
 use kairos_gpu::{Allocation, DevicePtr, GpuError, HostMemory, MemKind, Result};
-use kairos_ir::DType;
-use kairos_ir::plan::{AlignedBytes, Kernel};
 use kairos_kernels::cpu::KernelMemory;
 use std::collections::BTreeMap;
 use std::ops::Range;

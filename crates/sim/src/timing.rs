@@ -20,10 +20,10 @@
 //! a roofline of the kernel's FLOPs and bytes gives the block time.
 
 use crate::desc::GpuDesc;
+use kairos_core::DType;
+use kairos_core::plan::{Kernel, LaunchShape, Plan};
 use kairos_gpu::profile::{KernelProfile, ModelProfile, ProfileError};
 use kairos_gpu::{KernelResources, SmLimits};
-use kairos_ir::DType;
-use kairos_ir::plan::{Kernel, LaunchShape, Plan};
 use std::collections::HashMap;
 use std::hash::Hasher;
 
@@ -266,7 +266,7 @@ pub fn arg_bytes(kernel: &Kernel, dtype: DType) -> Vec<u64> {
         Kernel::Eltwise(p) => {
             let mut v: Vec<u64> = (0..p.inputs as usize)
                 .map(|j| {
-                    let distinct: u64 = (0..kairos_ir::plan::ELTWISE_RANK_MAX)
+                    let distinct: u64 = (0..kairos_core::plan::ELTWISE_RANK_MAX)
                         .filter(|&d| p.in_strides[j][d] != 0)
                         .map(|d| p.shape[d] as u64)
                         .product();
@@ -469,8 +469,8 @@ pub fn calibrate(desc: &GpuDesc, spec: &LaunchSpec<'_>) -> BlockModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kairos_ir::graph::Act;
-    use kairos_ir::plan::*;
+    use kairos_core::graph::Act;
+    use kairos_core::plan::*;
 
     pub(crate) fn gemm(m: u32, n: u32, k: u32, tile: u32) -> Kernel {
         Kernel::Gemm(GemmParams {

@@ -2,8 +2,8 @@
 
 use super::gemm::{epilogue_store, sgemm};
 use super::{Elems, ElemsMut, KernelMemory};
-use kairos_ir::DType;
-use kairos_ir::plan::{Conv2dParams, split_k_len};
+use kairos_core::DType;
+use kairos_core::plan::{Conv2dParams, split_k_len};
 use std::ops::Range;
 
 fn arg_positions(p: &Conv2dParams) -> (Option<usize>, Option<usize>, usize) {

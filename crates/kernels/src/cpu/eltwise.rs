@@ -1,7 +1,7 @@
 //! The strided element-wise kernel: copies, casts, layout changes and fused arithmetic.
 
 use super::{Elems, ElemsMut, KernelMemory};
-use kairos_ir::plan::{ELTWISE_RANK_MAX, EltFunc, EltwiseParams};
+use kairos_core::plan::{ELTWISE_RANK_MAX, EltFunc, EltwiseParams};
 use std::ops::Range;
 
 const R: usize = ELTWISE_RANK_MAX;

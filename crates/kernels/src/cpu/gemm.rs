@@ -1,8 +1,8 @@
 //! Batched strided matrix product with a fused epilogue.
 
 use super::{Elems, ElemsMut, KernelMemory};
-use kairos_ir::DType;
-use kairos_ir::plan::{EpilogueParams, GemmParams, split_k_len};
+use kairos_core::DType;
+use kairos_core::plan::{EpilogueParams, GemmParams, split_k_len};
 use std::ops::Range;
 
 /// c[i * ldc + j] = sum_p a[i * rsa + p * csa] * b[p * rsb + j * csb] for an m x k by k x n product (f32).

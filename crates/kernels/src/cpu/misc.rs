@@ -1,8 +1,8 @@
 //! Pooling, softmax, layer norm, reductions, gathers and the split-K sum.
 
 use super::{Elems, ElemsMut, KernelMemory};
-use kairos_ir::DType;
-use kairos_ir::plan::{
+use kairos_core::DType;
+use kairos_core::plan::{
     GatherParams, LayerNormParams, Pool2dParams, PoolKindParam, ReduceKind, ReduceParams, SoftmaxParams, SplitKSumParams,
 };
 use std::ops::Range;

@@ -1,7 +1,7 @@
 //! CPU reference kernels: one Rust implementation per kernel of the library, block by block.
 //!
 //! Each kernel runs any range of its logical blocks and computes exactly the part of the output
-//! those blocks own (see `kairos_ir::plan`), so the simulator can run just the blocks a GPU would
+//! those blocks own (see `kairos_core::plan`), so the simulator can run just the blocks a GPU would
 //! have run before a preemption. Accumulation is f32, as on the GPU; f16 tensors are converted on
 //! load and rounded to nearest on store.
 
@@ -12,8 +12,8 @@ mod misc;
 pub mod plan;
 
 use half::f16;
-use kairos_ir::DType;
-use kairos_ir::plan::Kernel;
+use kairos_core::DType;
+use kairos_core::plan::Kernel;
 use std::ops::Range;
 
 pub use plan::{PlanMemory, execute_plan};
@@ -25,8 +25,8 @@ pub const TOL_F32: f64 = 1e-4;
 pub const TOL_F16: f64 = 1e-2;
 
 /// The named tolerance of `dtype` ([`TOL_F32`] or [`TOL_F16`]).
-pub fn tolerance(dtype: kairos_ir::DType) -> f64 {
-    if dtype == kairos_ir::DType::F16 { TOL_F16 } else { TOL_F32 }
+pub fn tolerance(dtype: kairos_core::DType) -> f64 {
+    if dtype == kairos_core::DType::F16 { TOL_F16 } else { TOL_F32 }
 }
 
 /// Memory a kernel runs on: argument `i` of the launch, as bytes from the argument's start to the
@@ -59,7 +59,7 @@ pub fn run_blocks(kernel: &Kernel, dtype: DType, mem: &mut dyn KernelMemory, blo
 
 /// Positions of an epilogue's arguments after `operands` leading ones: the bias (if any), the
 /// residual (if any), and the output that follows them.
-pub(crate) fn epilogue_args(operands: usize, ep: &kairos_ir::plan::EpilogueParams) -> (Option<usize>, Option<usize>, usize) {
+pub(crate) fn epilogue_args(operands: usize, ep: &kairos_core::plan::EpilogueParams) -> (Option<usize>, Option<usize>, usize) {
     let bias = ep.bias.then_some(operands);
     let res = ep.residual.then_some(operands + ep.bias as usize);
     (bias, res, operands + ep.bias as usize + ep.residual as usize)

@@ -1,8 +1,8 @@
 //! The CPU reference executor: runs a plan launch by launch with the reference kernels.
 
 use super::{KernelMemory, run_blocks};
-use kairos_ir::Tensor;
-use kairos_ir::plan::{AlignedBytes, BufRef, Plan, Space};
+use kairos_core::Tensor;
+use kairos_core::plan::{AlignedBytes, BufRef, Plan, Space};
 
 /// The four memory spaces of one request, with the arguments of the launch being run.
 pub struct PlanMemory<'a> {
