@@ -11,6 +11,7 @@
 //!   engine ([`target::EngineTarget`]), a kairos server over REST, gRPC or shared memory
 //!   ([`remote::RemoteTarget`]).
 //! - [`runner`]: one run of a schedule (open and closed loops; cold starts under the engine's weight budget).
+//! - [`stats`]: nearest-rank percentiles and the one latency summary every benchmark reports.
 //! - [`metrics`]: HdrHistogram percentiles, throughput, goodput, deadline misses, queue and GPU time.
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
 //! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory
@@ -41,6 +42,7 @@ pub mod report;
 pub mod runner;
 pub mod serving;
 pub mod soak;
+pub mod stats;
 pub mod target;
 pub mod trace;
 pub mod workload;

@@ -877,14 +877,6 @@ fn client_thread(
     Ok(())
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[idx.min(sorted.len() - 1)] as f64
-}
-
 /// Runs the soak against a running server. `progress` is called about every `progress_every`
 /// with the counters so far; returning false stops the load early (the server died, say).
 pub fn run(
@@ -1023,8 +1015,9 @@ pub fn run(
     }
     let mut lat: Vec<u64> = records.iter().filter(|r| r.outcome == "correct").map(|r| r.latency_us).collect();
     lat.sort_unstable();
-    good.latency_p50_us = percentile(&lat, 50.0);
-    good.latency_p99_us = percentile(&lat, 99.0);
+    let at = |p: f64| crate::stats::rounded_index(&lat, p).unwrap_or(0) as f64;
+    good.latency_p50_us = at(50.0);
+    good.latency_p99_us = at(99.0);
     good.latency_max_us = lat.last().copied().unwrap_or(0) as f64;
     records.sort_by(|a, b| a.t_ms.total_cmp(&b.t_ms));
     Ok(SoakResult { good, bad, records, elapsed, stopped_early })

@@ -275,14 +275,15 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// The 10th, 50th and 90th percentiles (rounded index) of nanoseconds, in milliseconds.
 fn quantiles_ms(samples: &[u64]) -> Value {
     if samples.is_empty() {
         return Value::Null;
     }
     let mut v = samples.to_vec();
     v.sort_unstable();
-    let q = |p: f64| ms(v[((v.len() - 1) as f64 * p).round() as usize]);
-    json!({ "p10": q(0.1), "p50": q(0.5), "p90": q(0.9), "n": v.len() })
+    let q = |p: f64| kairos_bench::stats::rounded_index(&v, p).map(ms);
+    json!({ "p10": q(10.0), "p50": q(50.0), "p90": q(90.0), "n": v.len() })
 }
 
 fn measure_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O) -> Result<()> {

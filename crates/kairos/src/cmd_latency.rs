@@ -27,6 +27,7 @@
 use crate::cmd_run::{Backend, random_inputs, sim_desc};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use kairos_bench::stats::nearest_rank;
 use kairos_gpu::profile::ProfileSet;
 use kairos_ir::model::ModelSpec as IrModelSpec;
 use kairos_ir::plan::Plan;
@@ -339,25 +340,16 @@ struct Row {
     error: Option<String>,
 }
 
-/// The nearest-rank quantile of sorted values (p in [0, 1]).
-fn quantile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p * sorted.len() as f64).ceil().max(1.0) as usize;
-    Some(sorted[rank.min(sorted.len()) - 1])
-}
-
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
 impl Row {
     fn p50_ms(&self) -> Option<f64> {
-        quantile(&self.samples_ns, 0.5).map(ms)
+        nearest_rank(&self.samples_ns, 50.0).map(ms)
     }
     fn p99_ms(&self) -> Option<f64> {
-        quantile(&self.samples_ns, 0.99).map(ms)
+        nearest_rank(&self.samples_ns, 99.0).map(ms)
     }
     fn ok(&self) -> bool {
         self.error.is_none() && !self.samples_ns.is_empty()
@@ -592,7 +584,7 @@ fn markdown(cx: &Context_, batch: usize, rows: &[Row], peers: Option<&Peers>) ->
 }
 
 fn row_json(r: &Row, batch: usize, peers: Option<&Peers>) -> Value {
-    let q = |v: &[u64], p: f64| quantile(v, p).map(ms);
+    let q = |v: &[u64], p: f64| nearest_rank(v, p).map(ms);
     let mean = (!r.samples_ns.is_empty()).then(|| r.samples_ns.iter().sum::<u64>() as f64 / r.samples_ns.len() as f64 / 1e6);
     let mut v = json!({
         "model": r.model,
@@ -601,11 +593,11 @@ fn row_json(r: &Row, batch: usize, peers: Option<&Peers>) -> Value {
         "launches_per_request": r.launches_per_request,
         "chained_per_request": r.chained_per_request,
         "requests": r.samples_ns.len(),
-        "p50_ms": q(&r.samples_ns, 0.5),
-        "p99_ms": q(&r.samples_ns, 0.99),
+        "p50_ms": q(&r.samples_ns, 50.0),
+        "p99_ms": q(&r.samples_ns, 99.0),
         "mean_ms": mean,
         "min_ms": r.samples_ns.first().copied().map(ms),
-        "dispatcher_p50_ms": q(&r.dispatcher_ns, 0.5),
+        "dispatcher_p50_ms": q(&r.dispatcher_ns, 50.0),
         "load_s": r.load_s,
         "autotune": r.autotune,
         "estimates": r.estimates.map(|e| format!("{e:?}").to_lowercase()),
@@ -886,15 +878,6 @@ mod tests {
 
     fn repo() -> PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-    }
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let v: Vec<u64> = (1..=50).collect();
-        assert_eq!(quantile(&v, 0.5), Some(25));
-        assert_eq!(quantile(&v, 0.99), Some(50));
-        assert_eq!(quantile(&[7], 0.99), Some(7));
-        assert_eq!(quantile(&[], 0.5), None);
     }
 
     #[test]
