@@ -1,12 +1,13 @@
-//! Synthetic plans for scheduling experiments, built from the library's ordinary kernels.
+//! Synthetic plans and their profiles for scheduling experiments and tests (the dispatcher's
+//! tests, Paella's experiments in kairos-bench), built from the library's ordinary kernels.
 //!
 //! There is no spin kernel in kairos' library, so a long one-CTA kernel is expressed as a
 //! `reduce` with one logical block over a long weight vector: its CTA reads `reduce_len` floats
 //! alone, so its duration grows with `reduce_len` on a real GPU (calibrate it with
-//! [`crate::experiments::calibrate_chain`]); on the simulator its duration comes from the
+//! `kairos_bench::paella::calibrate_chain`); on the simulator its duration comes from the
 //! profile [`chain_profile`] writes.
 
-use kairos_gpu::profile::{KernelProfile, ModelProfile};
+use crate::profile::{KernelProfile, ModelProfile};
 use kairos_ir::DType;
 use kairos_ir::graph::Act;
 use kairos_ir::plan::*;
