@@ -16,6 +16,8 @@
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
 //! - [`paella`]: Paella's own experiments (head-of-line blocking, lognormal mix, short vs long,
 //!   fairness sweep) over any GPU, straight on the dispatcher's virtual-time driver.
+//! - [`latency`]: `kairos bench latency`: each zoo model alone, one request at a time, through the
+//!   in-process engine or the simulator, beside PyTorch's eager and CUDA-graph times.
 //! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory
 //!   channel with hybrid wait or polling, its Unix socket), with the client's CPU use.
 //! - [`soak`]: constant open-loop load on a running server through REST and gRPC with a flood of
@@ -36,6 +38,7 @@
 pub mod azure;
 pub mod breakdown;
 pub mod experiment;
+pub mod latency;
 pub mod metrics;
 pub mod paella;
 pub mod plot;
