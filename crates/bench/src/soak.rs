@@ -444,12 +444,15 @@ fn answer_of(e: &ClientError, protocol_http: bool) -> Answer {
     }
 }
 
+/// One input set's REST bodies: the JSON body, and the binary body with its JSON header's length.
+type RestBodies = (Vec<u8>, (Vec<u8>, usize));
+
 /// A client thread's shared pieces.
 struct Shared {
     opts: SoakOptions,
     models: Vec<SoakModel>,
     /// REST JSON and binary bodies per (model, case).
-    bodies: Vec<Vec<(Vec<u8>, (Vec<u8>, usize))>>,
+    bodies: Vec<Vec<RestBodies>>,
     http_addr: String,
 }
 
@@ -888,7 +891,10 @@ pub fn run(
     if models.is_empty() || models.iter().any(|m| m.cases.is_empty() || m.input_names.is_empty()) {
         return Err(Error::Invalid("the soak needs at least one model with inputs and one input set each".into()));
     }
-    if !(opts.rate_per_s > 0.0) || opts.clients == 0 || !(0.0..=1.0).contains(&opts.bad_fraction) {
+    if opts.rate_per_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        || opts.clients == 0
+        || !(0.0..=1.0).contains(&opts.bad_fraction)
+    {
         return Err(Error::Invalid("the soak needs a positive rate, at least one client and a bad fraction in [0, 1]".into()));
     }
     let http_addr = opts

@@ -215,7 +215,7 @@ impl KernelResources {
         let by_threads = limits.threads_max / threads_per_cta.max(1);
         let regs_per_cta = (registers_per_thread.max(1) * threads_per_cta).next_multiple_of(256);
         let by_regs = limits.registers_max / regs_per_cta.max(1);
-        let by_smem = if shared_mem_bytes == 0 { u32::MAX } else { limits.shared_mem_bytes_max / shared_mem_bytes };
+        let by_smem = limits.shared_mem_bytes_max.checked_div(shared_mem_bytes).unwrap_or(u32::MAX);
         by_threads.min(by_regs).min(by_smem).min(limits.ctas_max)
     }
 }
