@@ -159,12 +159,10 @@ impl Scenario {
     }
 }
 
+/// The value at the rounded index of `p` (see [`crate::stats::rounded_index`]); NaN for none.
 fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((p / 100.0) * (v.len() - 1) as f64).round() as usize]
+    crate::stats::sort_f64(v);
+    crate::stats::rounded_index(v, p).unwrap_or(f64::NAN)
 }
 
 /// Runs one scenario under one policy on `gpu` and returns the run (and the GPU).

@@ -11,8 +11,13 @@
 //!   engine ([`target::EngineTarget`]), a kairos server over REST, gRPC or shared memory
 //!   ([`remote::RemoteTarget`]).
 //! - [`runner`]: one run of a schedule (open and closed loops; cold starts under the engine's weight budget).
+//! - [`stats`]: nearest-rank percentiles and the one latency summary every benchmark reports.
 //! - [`metrics`]: HdrHistogram percentiles, throughput, goodput, deadline misses, queue and GPU time.
 //! - [`experiment`]: offered-load sweeps per policy that stop at saturation.
+//! - [`paella`]: Paella's own experiments (head-of-line blocking, lognormal mix, short vs long,
+//!   fairness sweep) over any GPU, straight on the dispatcher's virtual-time driver.
+//! - [`latency`]: `kairos bench latency`: each zoo model alone, one request at a time, through the
+//!   in-process engine or the simulator, beside PyTorch's eager and CUDA-graph times.
 //! - [`serving`]: the front ends' overhead as one client sees it (REST, gRPC, the shared-memory
 //!   channel with hybrid wait or polling, its Unix socket), with the client's CPU use.
 //! - [`soak`]: constant open-loop load on a running server through REST and gRPC with a flood of
@@ -25,7 +30,8 @@
 //!   results read back; [`report`]: results JSON, markdown tables, plots ([`plot`]).
 //!
 //! Architecture invariants: the harness reaches kairos only through [`target::Target`] (commands in,
-//! completions out) and never reads scheduler state; latency is measured from the scheduled arrival
+//! completions out) and never reads scheduler state (except [`breakdown`] and [`paella`], which
+//! drive the dispatcher's virtual-time driver themselves); latency is measured from the scheduled arrival
 //! (no coordinated omission); every random choice comes from the run's seed; every collection a
 //! run grows has a `*_MAX` limit, and exceeding it is an error, not a stall.
 
@@ -34,7 +40,9 @@
 pub mod azure;
 pub mod breakdown;
 pub mod experiment;
+pub mod latency;
 pub mod metrics;
+pub mod paella;
 pub mod plot;
 pub mod presets;
 pub mod progress;
@@ -43,6 +51,7 @@ pub mod report;
 pub mod runner;
 pub mod serving;
 pub mod soak;
+pub mod stats;
 pub mod target;
 pub mod trace;
 pub mod workload;

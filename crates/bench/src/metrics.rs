@@ -14,6 +14,7 @@
 //!   within it (unfinished, refused and failed ones count as missed).
 
 use crate::runner::{Outcome, Status};
+use crate::stats::LatencySummary;
 use crate::workload::Schedule;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -21,18 +22,6 @@ use std::collections::BTreeMap;
 
 /// Highest latency the histograms resolve (longer ones are recorded as this).
 pub const LATENCY_NS_MAX: u64 = 3_600_000_000_000;
-
-/// Percentiles of one quantity, in nanoseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    pub count: u64,
-    pub mean_ns: f64,
-    pub p50_ns: u64,
-    pub p90_ns: u64,
-    pub p99_ns: u64,
-    pub p999_ns: u64,
-    pub max_ns: u64,
-}
 
 /// An HdrHistogram of nanoseconds from 1 ns to [`LATENCY_NS_MAX`] at 3 significant digits.
 pub struct Hist(Histogram<u64>);
@@ -48,12 +37,13 @@ impl Hist {
         self.0.saturating_record(ns.clamp(1, LATENCY_NS_MAX));
     }
 
-    pub fn percentiles(&self) -> Percentiles {
+    /// The histogram's summary (values within its 3 significant digits).
+    pub fn percentiles(&self) -> LatencySummary {
         let h = &self.0;
         if h.is_empty() {
-            return Percentiles::default();
+            return LatencySummary::default();
         }
-        Percentiles {
+        LatencySummary {
             count: h.len(),
             mean_ns: h.mean(),
             p50_ns: h.value_at_quantile(0.50),
@@ -78,9 +68,9 @@ pub struct Summary {
     pub unfinished: u64,
     /// Cold: completed requests that waited for their model to load.
     pub cold: u64,
-    pub latency: Percentiles,
-    pub queue: Percentiles,
-    pub gpu: Percentiles,
+    pub latency: LatencySummary,
+    pub queue: LatencySummary,
+    pub gpu: LatencySummary,
     pub throughput_per_s: f64,
     pub goodput_per_s: f64,
     /// Requests with a deadline that arrived in the window, and how many missed it.

@@ -412,7 +412,7 @@ mod tests {
     fn catalog(names: &[&str]) -> Catalog {
         let mut c = Catalog::default();
         for n in names {
-            let plan = kairos_sched::synthetic::chain_plan(n, 1, 256);
+            let plan = kairos_gpu::synthetic::chain_plan(n, 1, 256);
             c.insert(ModelSpec { name: n.to_string(), plan: Arc::new(plan), profile: None });
         }
         c

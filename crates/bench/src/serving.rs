@@ -126,9 +126,9 @@ impl Spread {
             return Spread::default();
         }
         values.sort_unstable();
-        let rank = |q: f64| values[(((values.len() as f64) * q).ceil() as usize).clamp(1, values.len()) - 1] as f64 / 1e3;
+        let rank = |p: f64| crate::stats::nearest_rank(values, p).expect("not empty") as f64 / 1e3;
         let mean = values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64 / 1e3;
-        Spread { p50_us: rank(0.50), p90_us: rank(0.90), p99_us: rank(0.99), mean_us: mean }
+        Spread { p50_us: rank(50.0), p90_us: rank(90.0), p99_us: rank(99.0), mean_us: mean }
     }
 }
 

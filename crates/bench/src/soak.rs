@@ -444,12 +444,15 @@ fn answer_of(e: &ClientError, protocol_http: bool) -> Answer {
     }
 }
 
+/// One input set's REST bodies: the JSON body, and the binary body with its JSON header's length.
+type RestBodies = (Vec<u8>, (Vec<u8>, usize));
+
 /// A client thread's shared pieces.
 struct Shared {
     opts: SoakOptions,
     models: Vec<SoakModel>,
     /// REST JSON and binary bodies per (model, case).
-    bodies: Vec<Vec<(Vec<u8>, (Vec<u8>, usize))>>,
+    bodies: Vec<Vec<RestBodies>>,
     http_addr: String,
 }
 
@@ -877,14 +880,6 @@ fn client_thread(
     Ok(())
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[idx.min(sorted.len() - 1)] as f64
-}
-
 /// Runs the soak against a running server. `progress` is called about every `progress_every`
 /// with the counters so far; returning false stops the load early (the server died, say).
 pub fn run(
@@ -896,7 +891,10 @@ pub fn run(
     if models.is_empty() || models.iter().any(|m| m.cases.is_empty() || m.input_names.is_empty()) {
         return Err(Error::Invalid("the soak needs at least one model with inputs and one input set each".into()));
     }
-    if !(opts.rate_per_s > 0.0) || opts.clients == 0 || !(0.0..=1.0).contains(&opts.bad_fraction) {
+    if opts.rate_per_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        || opts.clients == 0
+        || !(0.0..=1.0).contains(&opts.bad_fraction)
+    {
         return Err(Error::Invalid("the soak needs a positive rate, at least one client and a bad fraction in [0, 1]".into()));
     }
     let http_addr = opts
@@ -1023,8 +1021,9 @@ pub fn run(
     }
     let mut lat: Vec<u64> = records.iter().filter(|r| r.outcome == "correct").map(|r| r.latency_us).collect();
     lat.sort_unstable();
-    good.latency_p50_us = percentile(&lat, 50.0);
-    good.latency_p99_us = percentile(&lat, 99.0);
+    let at = |p: f64| crate::stats::rounded_index(&lat, p).unwrap_or(0) as f64;
+    good.latency_p50_us = at(50.0);
+    good.latency_p99_us = at(99.0);
     good.latency_max_us = lat.last().copied().unwrap_or(0) as f64;
     records.sort_by(|a, b| a.t_ms.total_cmp(&b.t_ms));
     Ok(SoakResult { good, bad, records, elapsed, stopped_early })

@@ -4,6 +4,7 @@
 //! Two implementations exist: `kairos-cuda` (a real NVIDIA GPU through the driver API) and
 //! `kairos-sim` (a discrete-event GPU in virtual time). The dispatcher (`kairos-sched`) is generic
 //! over it, and so is [`exec::execute_plan`], the simple plan runner used by `kairos run` and tests.
+//! [`synthetic`] builds plans of chosen kernels and their profiles, for scheduling tests and experiments.
 //!
 //! # The kernel protocol, as seen from here
 //! A launch has N logical blocks (see `kairos_core::plan`). Physical CTAs take logical blocks from a
@@ -18,6 +19,7 @@
 pub mod exec;
 pub mod idmap;
 pub mod profile;
+pub mod synthetic;
 pub mod topology;
 
 use kairos_core::DType;

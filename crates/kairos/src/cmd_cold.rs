@@ -13,6 +13,7 @@
 use crate::cmd_run::{Backend, random_inputs, sim_desc};
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use kairos_bench::stats::rounded_index;
 use kairos_gpu::Gpu;
 use kairos_gpu::profile::{LayerProfile, ModelProfile};
 use kairos_ir::DType;
@@ -275,14 +276,15 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// The 10th, 50th and 90th percentiles (rounded index) of nanoseconds, in milliseconds.
 fn quantiles_ms(samples: &[u64]) -> Value {
     if samples.is_empty() {
         return Value::Null;
     }
     let mut v = samples.to_vec();
     v.sort_unstable();
-    let q = |p: f64| ms(v[((v.len() - 1) as f64 * p).round() as usize]);
-    json!({ "p10": q(0.1), "p50": q(0.5), "p90": q(0.9), "n": v.len() })
+    let q = |p: f64| rounded_index(&v, p).map(ms);
+    json!({ "p10": q(10.0), "p50": q(50.0), "p90": q(90.0), "n": v.len() })
 }
 
 fn measure_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O) -> Result<()> {
@@ -757,13 +759,13 @@ fn serve_point<O: Opener>(
     let peers: Vec<Vec<kairos_gpu::PeerPath>> = served.iter().map(|g| g.peers.clone()).collect();
     let p99_of = |v: &mut Vec<u64>| {
         v.sort_unstable();
-        v.get(((v.len().max(1) - 1) as f64 * 0.99).round() as usize).map(|&x| ms(x))
+        rounded_index(v.as_slice(), 99.0).map(ms)
     };
     let n = records.len().max(1) as f64;
     let good = |slo_ms: f64| latency_ns.iter().filter(|&&l| (l as f64) <= slo_ms * 1e6).count() as f64 / n;
     let mut sorted = latency_ns.clone();
     sorted.sort_unstable();
-    let q = |p: f64| sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).map(|&v| ms(v));
+    let q = |p: f64| rounded_index(&sorted, p).map(ms);
     Ok(json!({
         "strategy": strategy.map_or("resident".to_string(), |s| s.to_string()),
         "instances": instances,
@@ -774,9 +776,9 @@ fn serve_point<O: Opener>(
         "warm_requests": warm_ns.len(),
         "failed": failed,
         "served_per_s": latency_ns.len() as f64 / span_s.max(1e-9),
-        "p50_ms": q(0.5),
-        "p99_ms": q(0.99),
-        "max_ms": q(1.0),
+        "p50_ms": q(50.0),
+        "p99_ms": q(99.0),
+        "max_ms": q(100.0),
         "goodput_100ms": good(100.0),
         "goodput_50ms": good(50.0),
         "goodput_slo": good(a.serve_slo_ms),

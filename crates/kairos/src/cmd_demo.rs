@@ -4,11 +4,11 @@
 use crate::cmd_run::sim_desc;
 use anyhow::{Context, Result};
 use clap::Args;
+use kairos_bench::paella::{self as experiments, ExperimentParams, RunSummary};
 use kairos_bench::plot::{Chart, Series, draw};
 use kairos_gpu::profile::ProfileSet;
 use kairos_ir::DType;
 use kairos_ir::model::ModelSpec as IrModelSpec;
-use kairos_sched::experiments::{self, ExperimentParams, RunSummary};
 use kairos_sim::{SimGpu, SimOptions};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -23,28 +23,20 @@
 //! Results: `latency.json` and `latency.md` under `--out`, one table per batch size with a
 //! geometric-mean row; the markdown is printed on stdout, progress on stderr. A model that fails
 //! (lowering, out of memory, a GPU error) is a row saying so, not the end of the run.
+//!
+//! This file parses the arguments and builds the runner (the CUDA engine and autotuner, or the
+//! simulator); the measurement, summaries and outputs are `kairos_bench::latency`.
 
 use crate::cmd_run::{Backend, random_inputs, sim_desc};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use kairos_bench::latency::{self, EngineRunner, LatencyOptions, Peers, Report, Runner, SimRunner};
 use kairos_gpu::profile::ProfileSet;
-use kairos_ir::model::ModelSpec as IrModelSpec;
-use kairos_ir::plan::Plan;
-use kairos_ir::{DType, Tensor};
-use kairos_sched::{
-    Command, Config, Engine, EngineConfig, EstimateSource, ModelInfo, ModelSpec, Output, PolicyConfig, RequestOptions,
-    VirtualDriver,
-};
-use serde_json::{Value, json};
-use std::collections::HashMap;
+use kairos_ir::DType;
+use kairos_sched::{Config, Engine, EngineConfig};
+use serde_json::json;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// A request that has not answered after this long is a failure of its model.
-const REQUEST_TIMEOUT_S: u64 = 60;
-/// Timed requests per model and batch, at most.
-const REQUESTS_MAX: usize = 100_000;
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Io {
@@ -113,725 +105,86 @@ pub struct LatencyArgs {
     pub seed: u64,
 }
 
-/// One timed request.
-struct Sample {
-    /// Submit to response as the client measures it (wall clock; virtual time on the simulator).
-    latency_ns: u64,
-    /// Arrival to completion on the dispatcher's GPU clock.
-    dispatcher_ns: u64,
-    /// Kernel launches the dispatcher issued for the request.
-    launches: u32,
-    /// Of those, issued behind the one before on its stream (no notification round trip).
-    chained: u32,
-}
-
-impl Sample {
-    /// A request the client saw take `latency_ns`, with the dispatcher's account of it.
-    fn new(latency_ns: u64, tm: &kairos_sched::Timing) -> Sample {
-        Sample { latency_ns, dispatcher_ns: tm.done_ns.saturating_sub(tm.arrival_ns), launches: tm.launches, chained: tm.chained }
-    }
-}
-
-/// Where the requests go: the threaded engine on a GPU, or the virtual-time driver on the simulator.
-trait Runner {
-    fn device(&self) -> String;
-    /// How latency is measured, for the table's heading.
-    fn clock(&self) -> &'static str;
-    /// Whether `tune` rewrites plans (for the table's heading).
-    fn tunes(&self) -> bool {
-        false
-    }
-    /// Chooses the plan's tiles on this device before it is loaded; what it did, as JSON.
-    fn tune(&mut self, _plan: &mut Plan) -> Result<Option<Value>> {
-        Ok(None)
-    }
-    fn load(&mut self, spec: ModelSpec) -> Result<ModelInfo>;
-    fn request(&mut self, model: &str, inputs: Vec<Tensor>, options: RequestOptions) -> Result<Sample>;
-    fn unload(&mut self, model: &str) -> Result<()>;
-}
-
-struct EngineRunner {
-    engine: Option<Engine>,
-    config: EngineConfig,
-    device: u32,
-    name: String,
-    /// Autotuner options; `None` keeps the lowering's tiles.
-    tune: Option<kairos_cuda::TuneOptions>,
-    /// A second handle of the device for the autotuner, on this thread (the engine's GPU lives on
-    /// the dispatcher thread); opened at the first tuning and kept.
-    tuner: Option<kairos_cuda::CudaGpu>,
-}
-
-impl EngineRunner {
-    fn start(config: EngineConfig, device: u32, tune: Option<kairos_cuda::TuneOptions>) -> Result<EngineRunner> {
-        let engine = Self::engine(&config, device)?;
-        let info = engine.device();
-        let overlap_capable = info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90);
-        let overlap_on = kairos_cuda::settings().overlap_launches;
-        // Named in the table when launches overlap (opt-in on sm_90+).
-        let mut name = if overlap_capable && overlap_on {
-            format!("{} (overlapped launches: KAIROS_OVERLAP_LAUNCHES=1)", info.name)
-        } else {
-            info.name.clone()
-        };
-        // And when plans are lowered with split-K (opt-in).
-        if kairos_ir::lower::LowerOptions::new(kairos_ir::DType::F16).split_k {
-            name = format!("{name} (split-K: KAIROS_SPLIT_K=1)");
-        }
-        Ok(EngineRunner { engine: Some(engine), config, device, name, tune, tuner: None })
-    }
-
-    fn engine(config: &EngineConfig, device: u32) -> Result<Engine> {
-        Engine::start(config.clone(), move || kairos_cuda::CudaGpu::new(device)).with_context(|| {
-            format!("cannot start kairos on CUDA device {device}: `bench latency --backend cuda` needs an NVIDIA GPU and driver (use --backend sim without one)")
-        })
-    }
-
-    /// The engine, started again if an earlier failure took it down.
-    fn live(&mut self) -> Result<&Engine> {
-        if self.engine.is_none() {
-            eprintln!("  restarting the engine after a failure");
-            self.engine = Some(Self::engine(&self.config, self.device)?);
-        }
-        Ok(self.engine.as_ref().expect("just started"))
-    }
-
-    /// Forgets the engine after a GPU-level failure, so the next model gets a fresh one.
-    fn fail(&mut self, e: &kairos_sched::Error) {
-        if matches!(e, kairos_sched::Error::Gpu(_) | kairos_sched::Error::ShuttingDown) {
-            self.engine = None;
+impl From<Io> for latency::Io {
+    fn from(io: Io) -> latency::Io {
+        match io {
+            Io::Skip => latency::Io::Skip,
+            Io::Copy => latency::Io::Copy,
         }
     }
 }
 
-impl Runner for EngineRunner {
-    fn device(&self) -> String {
-        self.name.clone()
-    }
-
-    fn clock(&self) -> &'static str {
-        "wall clock at the client of the in-process engine, submit to response"
-    }
-
-    fn tunes(&self) -> bool {
-        self.tune.is_some()
-    }
-
-    fn tune(&mut self, plan: &mut Plan) -> Result<Option<Value>> {
-        let Some(opts) = &self.tune else { return Ok(None) };
-        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], ..opts.clone() };
-        if self.tuner.is_none() {
-            self.tuner = Some(kairos_cuda::CudaGpu::new(self.device).context("opening the GPU for the autotuner")?);
-        }
-        let gpu = self.tuner.as_mut().expect("just opened");
-        let r = kairos_cuda::autotune_plan(gpu, plan, &opts)?;
-        Ok(Some(json!({
-            "shapes": r.shapes,
-            "timed": r.timed,
-            "from_table": r.from_table,
-            "launches_changed": r.launches_changed,
-            "plan_kernel_ms": ms(r.plan_kernel_ns),
-            "tuned_kernel_ms": ms(r.tuned_kernel_ns),
-            "elapsed_ms": r.elapsed_ms,
-        })))
-    }
-
-    fn load(&mut self, spec: ModelSpec) -> Result<ModelInfo> {
-        let r = self.live()?.load_model(spec);
-        r.as_ref().err().inspect(|e| self.fail(e));
-        Ok(r?)
-    }
-
-    fn request(&mut self, model: &str, inputs: Vec<Tensor>, options: RequestOptions) -> Result<Sample> {
-        let engine = self.live()?;
-        let t = Instant::now();
-        let handle = engine.submit(model, inputs, options)?;
-        let Some(result) = handle.wait_timeout(Duration::from_secs(REQUEST_TIMEOUT_S)) else {
-            // A GPU that hangs would hang the engine's shutdown too: leave that engine behind.
-            if let Some(e) = self.engine.take() {
-                std::mem::forget(e);
-            }
-            bail!("no response within {REQUEST_TIMEOUT_S} s");
-        };
-        let latency_ns = t.elapsed().as_nanos() as u64;
-        let response = match result {
-            Ok(r) => r,
-            Err(e) => {
-                self.fail(&e);
-                return Err(e.into());
-            }
-        };
-        Ok(Sample::new(latency_ns, &response.timing))
-    }
-
-    fn unload(&mut self, model: &str) -> Result<()> {
-        match &self.engine {
-            Some(e) => Ok(e.unload_model(model)?),
-            None => Ok(()),
+impl LatencyArgs {
+    fn options(&self) -> LatencyOptions {
+        LatencyOptions {
+            backend: format!("{:?}", self.backend).to_lowercase(),
+            batch: self.batch.clone(),
+            models: self.models.clone(),
+            seq_len: self.seq_len,
+            dtype: self.dtype,
+            policy: self.policy.clone(),
+            requests: self.requests,
+            warmup: self.warmup,
+            budget_s: self.budget_s,
+            io: self.io.into(),
+            seed: self.seed,
         }
     }
-}
-
-struct SimRunner {
-    driver: VirtualDriver<kairos_sim::SimGpu>,
-    name: String,
-}
-
-impl Runner for SimRunner {
-    fn device(&self) -> String {
-        self.name.clone()
-    }
-
-    fn clock(&self) -> &'static str {
-        "virtual time of the simulated GPU, arrival to completion"
-    }
-
-    fn load(&mut self, spec: ModelSpec) -> Result<ModelInfo> {
-        if let Some(p) = &spec.profile {
-            self.driver.dispatcher_mut().gpu_mut().register_plan(&spec.plan, p).map_err(anyhow::Error::msg)?;
-        }
-        Ok(self.driver.load_model(spec)?)
-    }
-
-    fn request(&mut self, model: &str, inputs: Vec<Tensor>, options: RequestOptions) -> Result<Sample> {
-        let now = self.driver.now_ns();
-        self.driver.submit_at(now, model, inputs, options);
-        self.driver.run_until_idle()?;
-        let records = self.driver.take_records();
-        let [r] = records.as_slice() else { bail!("expected one completion, the dispatcher gave {}", records.len()) };
-        let tm = r.result.clone()?;
-        Ok(Sample::new(r.latency_ns(), &tm))
-    }
-
-    fn unload(&mut self, model: &str) -> Result<()> {
-        let now = self.driver.now_ns();
-        self.driver.schedule_command(now, Command::UnloadModel(model.to_string()));
-        self.driver.run_until_idle()?;
-        for o in self.driver.take_other_outputs() {
-            if let Output::ModelUnloaded { result, .. } = o {
-                result?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One model at one batch size.
-#[derive(Clone, Debug, Default)]
-struct Row {
-    model: String,
-    /// Kernels in the plan: launches per forward pass.
-    kernels: Option<usize>,
-    /// Client latencies of the timed requests, sorted (ns).
-    samples_ns: Vec<u64>,
-    /// The dispatcher's arrival-to-completion times (ns), sorted.
-    dispatcher_ns: Vec<u64>,
-    /// Launches issued per timed request, on average.
-    launches_per_request: Option<f64>,
-    /// Of those, launches issued behind the one before on its stream, on average.
-    chained_per_request: Option<f64>,
-    /// Lowering, tuning and loading time (s).
-    load_s: f64,
-    /// What the autotuner did (JSON of its report), or why it failed.
-    autotune: Option<Value>,
-    /// Where the dispatcher's kernel estimates (and the simulator's kernel times) came from.
-    estimates: Option<EstimateSource>,
-    error: Option<String>,
-}
-
-/// The nearest-rank quantile of sorted values (p in [0, 1]).
-fn quantile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p * sorted.len() as f64).ceil().max(1.0) as usize;
-    Some(sorted[rank.min(sorted.len()) - 1])
 }
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-impl Row {
-    fn p50_ms(&self) -> Option<f64> {
-        quantile(&self.samples_ns, 0.5).map(ms)
-    }
-    fn p99_ms(&self) -> Option<f64> {
-        quantile(&self.samples_ns, 0.99).map(ms)
-    }
-    fn ok(&self) -> bool {
-        self.error.is_none() && !self.samples_ns.is_empty()
-    }
-}
-
-/// The PyTorch peer's numbers for one model and batch.
-#[derive(Clone, Debug, Default)]
-struct PeerRow {
-    kernels: Option<u64>,
-    eager_ms: Option<f64>,
-    graph_ms: Option<f64>,
-    error: Option<String>,
-}
-
-#[derive(Clone, Debug, Default)]
-struct Peers {
-    /// "PyTorch 2.11.0+cu130 on NVIDIA H200", one per file.
-    sources: Vec<String>,
-    rows: HashMap<(String, usize), PeerRow>,
-}
-
-impl Peers {
-    fn read(paths: &[PathBuf]) -> Result<Peers> {
-        let mut p = Peers::default();
-        for path in paths {
-            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the peer file {}", path.display()))?;
-            p.add(&text).with_context(|| format!("{} is not a JSON of scripts/pytorch_peer.py", path.display()))?;
-        }
-        Ok(p)
-    }
-
-    fn add(&mut self, text: &str) -> Result<()> {
-        let v: Value = serde_json::from_str(text)?;
-        let rows = v["rows"].as_array().context("no 'rows' array")?;
-        self.sources.push(format!(
-            "PyTorch {} on {} ({})",
-            v["torch"].as_str().unwrap_or("?"),
-            v["device"].as_str().unwrap_or("?"),
-            v["dtype"].as_str().unwrap_or("?")
-        ));
-        for r in rows {
-            let model = r["model"].as_str().context("a row without 'model'")?.to_string();
-            let batch = r["batch"].as_u64().unwrap_or(1) as usize;
-            let row = PeerRow {
-                kernels: r["kernels_per_forward"].as_u64(),
-                eager_ms: r["eager_ms"].as_f64(),
-                graph_ms: r["graph_ms"].as_f64(),
-                error: r["error"].as_str().map(str::to_string),
-            };
-            self.rows.insert((model, batch), row);
-        }
-        Ok(())
-    }
-
-    fn get(&self, model: &str, batch: usize) -> Option<&PeerRow> {
-        self.rows.get(&(model.to_string(), batch))
-    }
-}
-
-fn geomean(values: &[f64]) -> Option<f64> {
-    if values.is_empty() || values.iter().any(|v| v.is_nan() || *v <= 0.0) {
-        return None;
-    }
-    Some((values.iter().map(|v| v.ln()).sum::<f64>() / values.len() as f64).exp())
-}
-
-/// Geometric means of one table: kairos p50, eager, graph and the two ratios, over the models
-/// with every number present (with peers), or every model kairos measured (without).
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Summary {
-    models: Vec<String>,
-    kairos_ms: Option<f64>,
-    eager_ms: Option<f64>,
-    graph_ms: Option<f64>,
-    kairos_over_eager: Option<f64>,
-    kairos_over_graph: Option<f64>,
-}
-
-fn summarize(rows: &[Row], batch: usize, peers: Option<&Peers>) -> Summary {
-    let mut s = Summary::default();
-    let (mut k, mut e, mut g) = (Vec::new(), Vec::new(), Vec::new());
-    for r in rows.iter().filter(|r| r.ok()) {
-        let kairos = r.p50_ms().expect("ok rows have samples");
-        match peers {
-            None => k.push(kairos),
-            Some(p) => {
-                let Some(pr) = p.get(&r.model, batch) else { continue };
-                let (Some(eager), Some(graph)) = (pr.eager_ms, pr.graph_ms) else { continue };
-                k.push(kairos);
-                e.push(eager);
-                g.push(graph);
-            }
-        }
-        s.models.push(r.model.clone());
-    }
-    s.kairos_ms = geomean(&k);
-    s.eager_ms = geomean(&e);
-    s.graph_ms = geomean(&g);
-    // The geometric mean of per-model ratios is the ratio of the geometric means over one set.
-    s.kairos_over_eager = s.kairos_ms.zip(s.eager_ms).map(|(a, b)| a / b);
-    s.kairos_over_graph = s.kairos_ms.zip(s.graph_ms).map(|(a, b)| a / b);
-    s
-}
-
-fn f3(v: Option<f64>) -> String {
-    v.map_or("–".into(), |v| format!("{v:.3}"))
-}
-
-fn f2(v: Option<f64>) -> String {
-    v.map_or("–".into(), |v| format!("{v:.2}"))
-}
-
-/// An error in one table cell: one line, short.
-fn cell_error(e: &str) -> String {
-    let line = e.lines().next().unwrap_or("").replace('|', "/");
-    let short: String = line.chars().take(90).collect();
-    if short.len() < line.len() { format!("{short}…") } else { short }
-}
-
-struct Context_<'a> {
-    device: &'a str,
-    clock: &'a str,
-    policy: &'a str,
-    dtype: DType,
-    seq_len: usize,
-    requests: usize,
-    warmup: usize,
-    io: Io,
-    tuned: bool,
-    simulated: bool,
-    date: &'a str,
-}
-
-/// The markdown table of one batch size.
-fn markdown(cx: &Context_, batch: usize, rows: &[Row], peers: Option<&Peers>) -> String {
-    let mut s = String::new();
-    let io = match cx.io {
-        Io::Skip => "inputs resident, no copies in the timed requests",
-        Io::Copy => "inputs copied in and outputs out in every request",
+/// The in-process engine on CUDA device `device`, its GPU's name as the tables give it, and the
+/// autotuner (`None`: keep the lowering's tiles).
+fn engine_runner(config: EngineConfig, device: u32, tune: Option<kairos_cuda::TuneOptions>) -> Result<EngineRunner> {
+    let start = move || -> Result<Engine> {
+        Engine::start(config.clone(), move || kairos_cuda::CudaGpu::new(device)).with_context(|| {
+            format!("cannot start kairos on CUDA device {device}: `bench latency --backend cuda` needs an NVIDIA GPU and driver (use --backend sim without one)")
+        })
     };
-    s.push_str(&format!(
-        "### Batch {batch}: kairos on {} ({}, policy {}, transformers at sequence {}; {})\n\n",
-        cx.device, cx.dtype, cx.policy, cx.seq_len, cx.date
-    ));
-    let segments = format!(
-        "each job sent in segments of at least {} us of estimated GPU time, each segment's kernels but its last replayed as a CUDA graph that kairos recorded, its last launched by the dispatcher (`Config::run_segment_ns`)",
-        kairos_sched::RUN_SEGMENT_NS_DEFAULT / 1000
-    );
-    s.push_str(&format!(
-        "kairos: p50 and p99 of {} requests one at a time after {} warm-up, {}; {}; {}; {}.",
-        cx.requests,
-        cx.warmup,
-        cx.clock,
-        io,
-        if cx.tuned { "tiles autotuned at load" } else { "the lowering's tiles" },
-        match policy(cx.policy) {
-            Ok(p) if !p.is_kernel_level() => {
-                "each job's kernels but the last replayed as a CUDA graph that kairos recorded (a recorded run), the last launched by the dispatcher"
-            }
-            Ok(p) if !p.build().preempts() => &segments,
-            _ => "every kernel issued by the dispatcher, no CUDA graphs",
-        }
-    ));
-    if let Some(p) = peers {
-        s.push_str(&format!(
-            " Peer: {} (eager and CUDA-graph replay, medians of CUDA-event timings; `scripts/pytorch_peer.py`).",
-            p.sources.join("; ")
-        ));
-    }
-    s.push_str("\n\n");
-    if cx.simulated {
-        let names = |src: EstimateSource| -> Vec<&str> {
-            rows.iter().filter(|r| r.estimates == Some(src)).map(|r| r.model.as_str()).collect()
-        };
-        let (measured, roofline) = (names(EstimateSource::Profile), names(EstimateSource::Roofline));
-        s.push_str(&format!(
-            "Simulated kernel times: measured profiles for {}; roofline for {}.\n\n",
-            if measured.is_empty() { "none".into() } else { measured.join(", ") },
-            if roofline.is_empty() { "none".into() } else { roofline.join(", ") }
-        ));
-    }
-    if peers.is_some() {
-        s.push_str("| model | kairos kernels | kairos p50 (ms) | kairos p99 (ms) | PyTorch kernels | eager (ms) | CUDA graph (ms) | kairos / eager | kairos / graph |\n");
-        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    let engine = start()?;
+    let info = engine.device();
+    let overlap_capable = info.arch.strip_prefix("sm_").and_then(|a| a.parse::<u32>().ok()).is_some_and(|cc| cc >= 90);
+    let overlap_on = kairos_cuda::settings().overlap_launches;
+    // Named in the table when launches overlap (opt-in on sm_90+).
+    let mut name = if overlap_capable && overlap_on {
+        format!("{} (overlapped launches: KAIROS_OVERLAP_LAUNCHES=1)", info.name)
     } else {
-        s.push_str("| model | kairos kernels | kairos p50 (ms) | kairos p99 (ms) | requests |\n");
-        s.push_str("|---|---:|---:|---:|---:|\n");
-    }
-    for r in rows {
-        let kernels = r.kernels.map_or("–".into(), |k| k.to_string());
-        let (p50, p99) = match &r.error {
-            Some(e) => (format!("failed: {}", cell_error(e)), "–".to_string()),
-            None => (f3(r.p50_ms()), f3(r.p99_ms())),
-        };
-        match peers {
-            None => s.push_str(&format!("| {} | {kernels} | {p50} | {p99} | {} |\n", r.model, r.samples_ns.len())),
-            Some(p) => {
-                let pr = p.get(&r.model, batch).cloned().unwrap_or_default();
-                let (eager, graph) = match (&pr.error, p.get(&r.model, batch)) {
-                    (Some(e), _) => (format!("failed: {}", cell_error(e)), "–".to_string()),
-                    (None, None) => ("not measured".to_string(), "–".to_string()),
-                    (None, Some(_)) => (f3(pr.eager_ms), f3(pr.graph_ms)),
-                };
-                let k = r.ok().then(|| r.p50_ms()).flatten();
-                let ratio = |peer: Option<f64>| f2(k.zip(peer).map(|(a, b)| a / b));
-                s.push_str(&format!(
-                    "| {} | {kernels} | {p50} | {p99} | {} | {eager} | {graph} | {} | {} |\n",
-                    r.model,
-                    pr.kernels.map_or("–".into(), |k| k.to_string()),
-                    ratio(pr.eager_ms),
-                    ratio(pr.graph_ms)
-                ));
-            }
-        }
-    }
-    let sum = summarize(rows, batch, peers);
-    let n = sum.models.len();
-    let label = format!("**geometric mean** ({n} model{})", if n == 1 { "" } else { "s" });
-    match peers {
-        None => s.push_str(&format!("| {label} | | {} | | |\n", f3(sum.kairos_ms))),
-        Some(_) => s.push_str(&format!(
-            "| {label} | | {} | | | {} | {} | **{}** | **{}** |\n",
-            f3(sum.kairos_ms),
-            f3(sum.eager_ms),
-            f3(sum.graph_ms),
-            f2(sum.kairos_over_eager),
-            f2(sum.kairos_over_graph)
-        )),
-    }
-    s
-}
-
-fn row_json(r: &Row, batch: usize, peers: Option<&Peers>) -> Value {
-    let q = |v: &[u64], p: f64| quantile(v, p).map(ms);
-    let mean = (!r.samples_ns.is_empty()).then(|| r.samples_ns.iter().sum::<u64>() as f64 / r.samples_ns.len() as f64 / 1e6);
-    let mut v = json!({
-        "model": r.model,
-        "batch": batch,
-        "kernels_per_forward": r.kernels,
-        "launches_per_request": r.launches_per_request,
-        "chained_per_request": r.chained_per_request,
-        "requests": r.samples_ns.len(),
-        "p50_ms": q(&r.samples_ns, 0.5),
-        "p99_ms": q(&r.samples_ns, 0.99),
-        "mean_ms": mean,
-        "min_ms": r.samples_ns.first().copied().map(ms),
-        "dispatcher_p50_ms": q(&r.dispatcher_ns, 0.5),
-        "load_s": r.load_s,
-        "autotune": r.autotune,
-        "estimates": r.estimates.map(|e| format!("{e:?}").to_lowercase()),
-        "error": r.error,
-    });
-    if let Some(pr) = peers.and_then(|p| p.get(&r.model, batch)) {
-        let k = r.ok().then(|| r.p50_ms()).flatten();
-        v["peer"] = json!({
-            "kernels_per_forward": pr.kernels,
-            "eager_ms": pr.eager_ms,
-            "graph_ms": pr.graph_ms,
-            "error": pr.error,
-            "kairos_over_eager": k.zip(pr.eager_ms).map(|(a, b)| a / b),
-            "kairos_over_graph": k.zip(pr.graph_ms).map(|(a, b)| a / b),
-        });
-    }
-    v
-}
-
-/// Today's date (UTC) as YYYY-MM-DD, from the system clock (days-to-civil conversion).
-fn today_utc() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
-}
-
-/// Whether a measured profile was taken on this very plan (same launches, same logical blocks).
-fn profile_matches(plan: &Plan, p: &kairos_gpu::profile::ModelProfile) -> bool {
-    p.dtype == plan.dtype
-        && p.kernels
-            .iter()
-            .all(|k| plan.launches.get(k.launch as usize).is_some_and(|l| l.shape.logical_blocks == k.logical_blocks))
-}
-
-/// Lowers, loads, warms up and times one model at one batch size.
-fn measure(runner: &mut dyn Runner, a: &LatencyArgs, profiles: &ProfileSet, model: &str, batch: usize) -> Row {
-    let mut row = Row { model: model.to_string(), ..Row::default() };
-    let t = Instant::now();
-    let spec = IrModelSpec { model: model.to_string(), batch, seq_len: a.seq_len, seed: a.seed, dtype: a.dtype };
-    let mut plan = match spec.plan() {
-        Ok(p) => p,
-        Err(e) => {
-            row.error = Some(format!("lowering: {e}"));
-            return row;
-        }
+        info.name.clone()
     };
-    match runner.tune(&mut plan) {
-        Ok(report) => row.autotune = report,
-        Err(e) => {
-            // The lowering's tiles are correct too: measure them, and say so.
-            eprintln!("  {model} batch {batch}: autotune failed, keeping the lowering's tiles: {e:#}");
-            row.autotune = Some(json!({ "error": format!("{e:#}") }));
-        }
+    // And when plans are lowered with split-K (opt-in).
+    if kairos_ir::lower::LowerOptions::new(kairos_ir::DType::F16).split_k {
+        name = format!("{name} (split-K: KAIROS_SPLIT_K=1)");
     }
-    row.kernels = Some(plan.launches.len());
-    let inputs = random_inputs(&plan, a.seed);
-    let name = format!("{model}/b{batch}");
-    let profile = profiles.find(model, a.dtype, batch).filter(|p| {
-        let ok = profile_matches(&plan, p);
-        if !ok {
-            eprintln!("  {name}: its profile was measured on another plan (kernels changed since): using roofline estimates");
-        }
-        ok
-    });
-    let profile = profile.cloned();
-    let loaded = runner.load(ModelSpec { name: name.clone(), plan: Arc::new(plan), profile });
-    row.load_s = t.elapsed().as_secs_f64();
-    match loaded {
-        Ok(info) => row.estimates = Some(info.estimate_source),
-        Err(e) => {
-            row.error = Some(format!("load: {e:#}"));
-            return row;
-        }
-    }
-    let result = (|| -> Result<()> {
-        for _ in 0..a.warmup {
-            runner.request(&name, inputs.clone(), RequestOptions::default())?;
-        }
-        let budget = Duration::from_secs_f64(a.budget_s.max(0.0));
-        let t = Instant::now();
-        let (mut launches, mut chained) = (0u64, 0u64);
-        while row.samples_ns.len() < a.requests.min(REQUESTS_MAX) && (row.samples_ns.is_empty() || t.elapsed() < budget) {
-            let s = match a.io {
-                Io::Skip => runner.request(&name, vec![], RequestOptions { skip_io: true, ..Default::default() })?,
-                Io::Copy => runner.request(&name, inputs.clone(), RequestOptions::default())?,
-            };
-            row.samples_ns.push(s.latency_ns);
-            row.dispatcher_ns.push(s.dispatcher_ns);
-            launches += u64::from(s.launches);
-            chained += u64::from(s.chained);
-        }
-        row.launches_per_request = Some(launches as f64 / row.samples_ns.len().max(1) as f64);
-        row.chained_per_request = Some(chained as f64 / row.samples_ns.len().max(1) as f64);
-        Ok(())
-    })();
-    if let Err(e) = result {
-        row.error = Some(format!("{e:#}"));
-        row.samples_ns.clear();
-        row.dispatcher_ns.clear();
-    }
-    if let Err(e) = runner.unload(&name) {
-        eprintln!("  {name}: unload failed: {e:#}");
-    }
-    row.samples_ns.sort_unstable();
-    row.dispatcher_ns.sort_unstable();
-    row
-}
-
-/// What a run produced: the tables' markdown and the JSON document.
-struct Report {
-    markdown: String,
-    json: Value,
-}
-
-fn run_all(runner: &mut dyn Runner, a: &LatencyArgs, profiles: &ProfileSet, peers: Option<&Peers>) -> Result<Report> {
-    let models: Vec<String> =
-        a.models.clone().unwrap_or_else(|| kairos_ir::zoo::ZOO.iter().map(|z| z.name.to_string()).collect());
-    if models.is_empty() || a.batch.is_empty() || a.batch.contains(&0) {
-        bail!("give at least one model and batch sizes of at least 1");
-    }
-    let device = runner.device();
-    eprintln!(
-        "kairos bench latency: {} models x batch {:?} on {device} ({}, policy {}, {} requests after {} warm-up each)",
-        models.len(),
-        a.batch,
-        a.dtype,
-        a.policy,
-        a.requests,
-        a.warmup
-    );
-    let mut tables: Vec<(usize, Vec<Row>)> = a.batch.iter().map(|&b| (b, Vec::new())).collect();
-    for (i, m) in models.iter().enumerate() {
-        for (batch, rows) in tables.iter_mut() {
-            let t = Instant::now();
-            let r = measure(runner, a, profiles, m, *batch);
-            match &r.error {
-                Some(e) => eprintln!("[{}/{}] {m} batch {batch}: FAILED {}", i + 1, models.len(), cell_error(e)),
-                None => eprintln!(
-                    "[{}/{}] {m} batch {batch}: {} kernels ({:.0} chained){}, p50 {} ms, p99 {} ms over {} requests ({:.1} s)",
-                    i + 1,
-                    models.len(),
-                    r.kernels.unwrap_or(0),
-                    r.chained_per_request.unwrap_or(0.0),
-                    r.autotune.as_ref().map_or(String::new(), |t| match t["launches_changed"].as_u64() {
-                        Some(n) => format!(
-                            " ({n} retiled by the autotuner, {} of {} shapes timed now)",
-                            t["timed"].as_u64().unwrap_or(0),
-                            t["shapes"].as_u64().unwrap_or(0)
-                        ),
-                        None => " (autotune failed)".into(),
-                    }),
-                    f3(r.p50_ms()),
-                    f3(r.p99_ms()),
-                    r.samples_ns.len(),
-                    t.elapsed().as_secs_f64()
-                ),
+    let tune = tune.map(|opts| -> latency::Tune {
+        // A second handle of the device for the autotuner, on this thread (the engine's GPU lives
+        // on the dispatcher thread); opened at the first tuning and kept.
+        let mut tuner: Option<kairos_cuda::CudaGpu> = None;
+        Box::new(move |plan| {
+            let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], ..opts.clone() };
+            if tuner.is_none() {
+                tuner = Some(kairos_cuda::CudaGpu::new(device).context("opening the GPU for the autotuner")?);
             }
-            rows.push(r);
-        }
-    }
-    let date = today_utc();
-    let cx = Context_ {
-        device: &device,
-        clock: runner.clock(),
-        policy: &a.policy,
-        dtype: a.dtype,
-        seq_len: a.seq_len,
-        requests: a.requests,
-        warmup: a.warmup,
-        io: a.io,
-        tuned: runner.tunes(),
-        simulated: a.backend == Backend::Sim,
-        date: &date,
-    };
-    let mut md = String::new();
-    let mut json_tables = Vec::new();
-    for (batch, rows) in &tables {
-        md.push_str(&markdown(&cx, *batch, rows, peers));
-        md.push('\n');
-        let s = summarize(rows, *batch, peers);
-        json_tables.push(json!({
-            "batch": batch,
-            "rows": rows.iter().map(|r| row_json(r, *batch, peers)).collect::<Vec<_>>(),
-            "geomean": {
-                "models": s.models,
-                "kairos_p50_ms": s.kairos_ms,
-                "eager_ms": s.eager_ms,
-                "graph_ms": s.graph_ms,
-                "kairos_over_eager": s.kairos_over_eager,
-                "kairos_over_graph": s.kairos_over_graph,
-            },
-        }));
-    }
-    let json = json!({
-        "date": date,
-        "device": device,
-        "backend": format!("{:?}", a.backend).to_lowercase(),
-        "clock": runner.clock(),
-        "policy": a.policy,
-        "dtype": a.dtype.to_string(),
-        "seq_len": a.seq_len,
-        "requests": a.requests,
-        "warmup": a.warmup,
-        "io": format!("{:?}", a.io).to_lowercase(),
-        "autotune": runner.tunes(),
-        "peers": peers.map(|p| p.sources.clone()).unwrap_or_default(),
-        "tables": json_tables,
+            let gpu = tuner.as_mut().expect("just opened");
+            let r = kairos_cuda::autotune_plan(gpu, plan, &opts)?;
+            Ok(json!({
+                "shapes": r.shapes,
+                "timed": r.timed,
+                "from_table": r.from_table,
+                "launches_changed": r.launches_changed,
+                "plan_kernel_ms": ms(r.plan_kernel_ns),
+                "tuned_kernel_ms": ms(r.tuned_kernel_ns),
+                "elapsed_ms": r.elapsed_ms,
+            }))
+        })
     });
-    Ok(Report { markdown: md, json })
-}
-
-fn policy(name: &str) -> Result<PolicyConfig> {
-    PolicyConfig::by_name(name)
-        .ok_or_else(|| anyhow::anyhow!("unknown policy '{name}': use fifo, streams, streams-kernel, paella, sjf or rr"))
+    Ok(EngineRunner::new(engine, Box::new(start), name, tune))
 }
 
 fn build_runner(a: &LatencyArgs) -> Result<(Box<dyn Runner>, ProfileSet)> {
-    let config = Config { policy: policy(&a.policy)?, ..Config::default() };
+    let config = Config { policy: latency::policy(&a.policy)?, ..Config::default() };
     Ok(match a.backend {
         Backend::Cpu => bail!("bench latency measures a GPU: use --backend cuda, or --backend sim for the simulated one"),
         Backend::Sim => {
@@ -840,9 +193,7 @@ fn build_runner(a: &LatencyArgs) -> Result<(Box<dyn Runner>, ProfileSet)> {
             let profiles = ProfileSet::load_dir(&dir).map_err(anyhow::Error::msg)?;
             eprintln!("{} measured profiles from {} (roofline kernel times for the rest)", profiles.models.len(), dir.display());
             let gpu = kairos_sim::SimGpu::new(desc, kairos_sim::SimOptions::timing_only(a.seed));
-            let name = kairos_gpu::Gpu::info(&gpu).name.clone();
-            let name = if name.contains("simulated") { name } else { format!("simulated {name}") };
-            (Box::new(SimRunner { driver: VirtualDriver::new(config, gpu)?, name }), profiles)
+            (Box::new(SimRunner::new(config, gpu)?), profiles)
         }
         Backend::Cuda => {
             let dir = a.profiles.clone().unwrap_or_else(|| crate::paths::cuda_profile_dir(a.device));
@@ -852,22 +203,23 @@ fn build_runner(a: &LatencyArgs) -> Result<(Box<dyn Runner>, ProfileSet)> {
                 time_budget_ms: (a.autotune_budget_s.max(0.0) * 1e3) as u64,
                 ..kairos_cuda::TuneOptions::default()
             });
-            let runner = EngineRunner::start(EngineConfig { dispatcher: config, ..EngineConfig::default() }, a.device, tune)?;
+            let runner = engine_runner(EngineConfig { dispatcher: config, ..EngineConfig::default() }, a.device, tune)?;
             (Box::new(runner), profiles)
         }
     })
 }
 
+/// Measures with the runner the arguments ask for; the report, not yet written.
+fn measure_all(a: &LatencyArgs) -> Result<Report> {
+    let peers = if a.peer.is_empty() { None } else { Some(Peers::read(&a.peer)?) };
+    let (mut runner, profiles) = build_runner(a)?;
+    latency::run_all(runner.as_mut(), &a.options(), &profiles, peers.as_ref(), random_inputs)
+}
+
 pub fn run(a: LatencyArgs) -> Result<()> {
     let t0 = Instant::now();
-    let peers = if a.peer.is_empty() { None } else { Some(Peers::read(&a.peer)?) };
-    let (mut runner, profiles) = build_runner(&a)?;
-    let report = run_all(runner.as_mut(), &a, &profiles, peers.as_ref())?;
-    drop(runner);
-    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-    let (json_path, md_path) = (a.out.join("latency.json"), a.out.join("latency.md"));
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report.json)?)?;
-    std::fs::write(&md_path, &report.markdown)?;
+    let report = measure_all(&a)?;
+    let (json_path, md_path) = report.write(&a.out)?;
     eprintln!("wrote {} and {} in {:.1} s", json_path.display(), md_path.display(), t0.elapsed().as_secs_f64());
     println!("{}", report.markdown);
     Ok(())
@@ -877,6 +229,7 @@ pub fn run(a: LatencyArgs) -> Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use serde_json::Value;
 
     #[derive(Parser)]
     struct Cli {
@@ -886,44 +239,6 @@ mod tests {
 
     fn repo() -> PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-    }
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let v: Vec<u64> = (1..=50).collect();
-        assert_eq!(quantile(&v, 0.5), Some(25));
-        assert_eq!(quantile(&v, 0.99), Some(50));
-        assert_eq!(quantile(&[7], 0.99), Some(7));
-        assert_eq!(quantile(&[], 0.5), None);
-    }
-
-    #[test]
-    fn geomean_row_uses_the_models_with_every_number() {
-        let row = |m: &str, ns: u64| Row { model: m.into(), kernels: Some(3), samples_ns: vec![ns], ..Row::default() };
-        let rows = vec![
-            row("a", 2_000_000),
-            row("b", 8_000_000),
-            row("c", 1_000_000),
-            Row { model: "d".into(), error: Some("out of memory".into()), ..Row::default() },
-        ];
-        let mut peers = Peers::default();
-        peers
-            .add(
-                r#"{"torch":"2.11","device":"H200","dtype":"fp16","rows":[
-                {"model":"a","batch":1,"kernels_per_forward":10,"eager_ms":1.0,"graph_ms":0.5},
-                {"model":"b","batch":1,"kernels_per_forward":10,"eager_ms":4.0,"graph_ms":2.0},
-                {"model":"c","batch":1,"error":"boom"},
-                {"model":"a","batch":8,"eager_ms":9.0,"graph_ms":9.0}]}"#,
-            )
-            .unwrap();
-        let s = summarize(&rows, 1, Some(&peers));
-        assert_eq!(s.models, vec!["a", "b"]);
-        assert!((s.kairos_ms.unwrap() - 4.0).abs() < 1e-9);
-        assert!((s.kairos_over_eager.unwrap() - 2.0).abs() < 1e-9);
-        assert!((s.kairos_over_graph.unwrap() - 4.0).abs() < 1e-9);
-        let without = summarize(&rows, 1, None);
-        assert_eq!(without.models, vec!["a", "b", "c"]);
-        assert!((without.kairos_ms.unwrap() - 16f64.cbrt()).abs() < 1e-9);
     }
 
     /// `bench latency` end to end on the simulated H200 for one small model: one table per batch,
@@ -950,9 +265,9 @@ mod tests {
             out.to_str().unwrap(),
         ]);
         let a = cli.a;
-        let (mut runner, set) = build_runner(&a).unwrap();
+        let (_, set) = build_runner(&a).unwrap();
         assert!(set.find("squeezenet1_1", DType::F16, 1).is_some(), "the H200 profiles are in the repository");
-        let report = run_all(runner.as_mut(), &a, &set, None).unwrap();
+        let report = measure_all(&a).unwrap();
 
         let tables = report.json["tables"].as_array().unwrap();
         assert_eq!(tables.len(), 2);

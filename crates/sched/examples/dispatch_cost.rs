@@ -8,11 +8,11 @@
 //!
 //! Run: `cargo run --release -p kairos-sched --example dispatch_cost`
 
+use kairos_gpu::synthetic::chain_plan;
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape};
 use kairos_sched::policy::PolicyConfig;
-use kairos_sched::synthetic::chain_plan;
 use kairos_sched::*;
 use std::collections::VecDeque;
 use std::sync::Arc;

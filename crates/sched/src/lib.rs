@@ -19,8 +19,9 @@
 //! - [`estimate`]: per-kernel duration estimates (profile or roofline, refined online).
 //! - [`occupancy`]: per-SM resource accounting.
 //! - [`cold`]: cold-start plans after DeepPlan: which weight layers to load, which to read from host.
-//! - [`experiments`]: Paella's experiments (head-of-line blocking, lognormal mix, short vs long,
-//!   fairness sweep) over any GPU; [`synthetic`]: the synthetic plans they use.
+//!
+//! Paella's experiments over this dispatcher live in `kairos_bench::paella`; the synthetic plans
+//! they and the tests here use, in `kairos_gpu::synthetic`.
 //!
 //! Architecture invariants: no CUDA, HTTP, tokio or unsafe code here; the core never reads a
 //! wall clock (time is the GPU's `now_ns`); policies never mutate anything; every queue and pool
@@ -33,12 +34,9 @@ pub mod dispatcher;
 pub mod driver;
 pub mod engine;
 pub mod estimate;
-pub mod experiments;
 pub mod occupancy;
 pub mod policy;
 pub mod request;
-pub mod stats;
-pub mod synthetic;
 
 pub use dispatcher::{Config, Dispatcher, DispatcherStats, IssueRecord, ResidencyState};
 pub use driver::{RequestRecord, VirtualDriver};

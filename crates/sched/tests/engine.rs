@@ -6,10 +6,10 @@
 mod common;
 
 use common::mini::{MiniConfig, MiniGpu};
+use kairos_gpu::synthetic::{SyntheticKernel, layered_plan};
 use kairos_gpu::*;
 use kairos_ir::plan::{Kernel, LaunchShape};
 use kairos_ir::{DType, Tensor};
-use kairos_sched::synthetic::{SyntheticKernel, layered_plan};
 use kairos_sched::*;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

@@ -5,11 +5,11 @@
 mod common;
 
 use common::*;
+use kairos_gpu::synthetic::{self, SyntheticKernel};
 use kairos_gpu::{HostMapping, HostMemory};
 use kairos_ir::plan::Plan;
 use kairos_ir::{DType, Tensor};
 use kairos_sched::policy::PolicyConfig;
-use kairos_sched::synthetic::{self, SyntheticKernel};
 use kairos_sched::*;
 use kairos_sim::{GpuDesc, SimGpu, SimOptions};
 use rand::rngs::SmallRng;

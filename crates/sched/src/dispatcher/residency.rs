@@ -528,7 +528,7 @@ mod tests {
 
     #[test]
     fn packing_keeps_runs_contiguous_and_skips_host_layers() {
-        let mut plan = crate::synthetic::chain_plan("p", 2, 4);
+        let mut plan = kairos_gpu::synthetic::chain_plan("p", 2, 4);
         plan.layers = vec![
             kairos_ir::plan::Layer { name: "a".into(), offset_bytes: 0, len_bytes: 100 },
             kairos_ir::plan::Layer { name: "b".into(), offset_bytes: 256, len_bytes: 1000 },

@@ -17,7 +17,7 @@
 //! it needs room only beyond what the kernel it waits behind frees.
 //!
 //! **Behaviour** (simulated H100 SXM, timing only, roofline kernel times; `cargo run --release -p
-//! kairos-sched --example paella_sim`): with the threshold at infinity it is pure SRPT: short jobs
+//! kairos-bench --example paella_sim`): with the threshold at infinity it is pure SRPT: short jobs
 //! overtake long ones kernel by kernel. resnet18 among inception_v3 jobs (equal GPU time each) at
 //! 6.5k requests/s: resnet18 p99 0.97 ms against 3.85 ms with `streams` (4.0x). Jobs of 8 one-CTA
 //! 300 us kernels: p99 stays at 2.5 ms up to 8k jobs/s where `streams` saturates at 3.7k. On the

@@ -6,11 +6,11 @@
 pub mod mini;
 pub mod swarm;
 
+use kairos_gpu::synthetic::{SyntheticKernel, layered_plan};
 use kairos_gpu::*;
 use kairos_ir::DType;
 use kairos_ir::plan::{Kernel, LaunchShape, Plan};
 use kairos_sched::policy::{Decision, Policy, PolicyConfig, View};
-use kairos_sched::synthetic::{SyntheticKernel, layered_plan};
 use kairos_sched::{Config, IssueRecord, RequestId};
 use rand::RngExt;
 use rand::rngs::SmallRng;

@@ -1,15 +1,16 @@
-//! Synthetic plans for scheduling experiments, built from the library's ordinary kernels.
+//! Synthetic plans and their profiles for scheduling experiments and tests (the dispatcher's
+//! tests, Paella's experiments in kairos-bench), built from the library's ordinary kernels.
 //!
 //! There is no spin kernel in kairos' library, so a long one-CTA kernel is expressed as a
 //! `reduce` with one logical block over a long weight vector: its CTA reads `reduce_len` floats
 //! alone, so its duration grows with `reduce_len` on a real GPU (calibrate it with
-//! [`crate::experiments::calibrate_chain`]); on the simulator its duration comes from the
+//! `kairos_bench::paella::calibrate_chain`); on the simulator its duration comes from the
 //! profile [`chain_profile`] writes.
 
-use kairos_gpu::profile::{KernelProfile, ModelProfile};
-use kairos_ir::DType;
-use kairos_ir::graph::Act;
-use kairos_ir::plan::*;
+use crate::profile::{KernelProfile, ModelProfile};
+use kairos_core::DType;
+use kairos_core::graph::Act;
+use kairos_core::plan::*;
 use std::sync::Arc;
 
 /// Threads per CTA of the synthetic kernels (Paella's head-of-line experiment uses 128).
@@ -93,17 +94,17 @@ pub fn layered_plan(name: &str, kernels: &[SyntheticKernel]) -> Plan {
         .enumerate()
         .map(|(i, k)| {
             let elems = k.logical_blocks * ELEMS_PER_BLOCK;
-            let mut shape = [1u32; kairos_ir::plan::ELTWISE_RANK_MAX];
-            shape[kairos_ir::plan::ELTWISE_RANK_MAX - 1] = elems;
-            let mut strides = [0u64; kairos_ir::plan::ELTWISE_RANK_MAX];
-            strides[kairos_ir::plan::ELTWISE_RANK_MAX - 1] = 1;
+            let mut shape = [1u32; kairos_core::plan::ELTWISE_RANK_MAX];
+            shape[kairos_core::plan::ELTWISE_RANK_MAX - 1] = elems;
+            let mut strides = [0u64; kairos_core::plan::ELTWISE_RANK_MAX];
+            strides[kairos_core::plan::ELTWISE_RANK_MAX - 1] = 1;
             let kernel = Kernel::Eltwise(EltwiseParams {
                 func: EltFunc::Copy,
                 act: Act::Relu,
                 inputs: 1,
                 shape,
                 out_strides: strides,
-                in_strides: [strides, [0; kairos_ir::plan::ELTWISE_RANK_MAX], [0; kairos_ir::plan::ELTWISE_RANK_MAX]],
+                in_strides: [strides, [0; kairos_core::plan::ELTWISE_RANK_MAX], [0; kairos_core::plan::ELTWISE_RANK_MAX]],
                 in_dtypes: [DType::F32; 3],
                 out_dtype: DType::F32,
                 scalars: [0.0; 2],

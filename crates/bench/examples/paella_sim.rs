@@ -3,17 +3,17 @@
 //! else from the simulator's roofline.
 //!
 //! ```text
-//! cargo run --release -p kairos-sched --example paella_sim -- [hol|mix|short-long|fairness|all]
+//! cargo run --release -p kairos-bench --example paella_sim -- [hol|mix|short-long|fairness|all]
 //!     [--requests N] [--seed S] [--dtype f16|f32] [--policies a,b,c] [--loads x,y,z] [--json FILE]
 //! ```
 
+use kairos_bench::paella::{self as experiments, ExperimentParams, RunSummary};
 use kairos_gpu::profile::ProfileSet;
+use kairos_gpu::synthetic;
 use kairos_ir::DType;
 use kairos_ir::lower::{LowerOptions, lower};
 use kairos_ir::onnx::{LoadOptions, load_bytes};
 use kairos_ir::zoo::{self, ZooOptions};
-use kairos_sched::experiments::{self, ExperimentParams, RunSummary};
-use kairos_sched::synthetic;
 use kairos_sched::*;
 use kairos_sim::{GpuDesc, SimGpu, SimOptions};
 use std::path::Path;

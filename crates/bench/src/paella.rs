@@ -12,14 +12,12 @@
 //! `warmup` requests are left out of the statistics. Each function takes the GPU and gives it back,
 //! so one device serves every policy of a sweep in turn.
 
-use crate::dispatcher::{Config, DispatcherStats};
-use crate::driver::VirtualDriver;
-use crate::policy::PolicyConfig;
-use crate::request::*;
-use crate::stats::LatencySummary;
-use crate::synthetic;
+use crate::stats::{self, LatencySummary};
 use kairos_gpu::Gpu;
 use kairos_gpu::profile::ModelProfile;
+use kairos_gpu::synthetic;
+use kairos_sched::request::*;
+use kairos_sched::{Config, DispatcherStats, PolicyConfig, VirtualDriver};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
@@ -132,8 +130,8 @@ impl Slowdown {
         if v.is_empty() {
             return None;
         }
-        v.sort_by(f64::total_cmp);
-        let at = |p: f64| v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        stats::sort_f64(&mut v);
+        let at = |p: f64| stats::nearest_rank(&v, p).expect("not empty");
         Some(Slowdown { mean: v.iter().sum::<f64>() / v.len() as f64, p50: at(50.0), p99: at(99.0) })
     }
 }
@@ -148,7 +146,7 @@ impl RunSummary {
 fn config_for(base: &Config, policy: &PolicyConfig) -> Config {
     let mut c = base.clone().with_policy(policy.clone());
     if let PolicyConfig::Streams { streams, .. } = policy {
-        let want = (*streams).min(crate::STREAMS_MAX as u32);
+        let want = (*streams).min(kairos_sched::STREAMS_MAX as u32);
         c.stream_count = Some(c.stream_count.map_or(want, |s| s.max(want)));
     }
     c
@@ -329,7 +327,8 @@ pub fn head_of_line<G: Gpu>(
 ) -> Result<(G, Vec<RunSummary>), Error> {
     let plan = synthetic::chain_plan("hol", kernels, reduce_len);
     let spec = ModelSpec { name: "hol".into(), plan: plan.into(), profile };
-    let pool = params.config.stream_count.unwrap_or(gpu.info().hardware_queues.max(crate::STREAM_COUNT_DEFAULT_MIN)).max(1);
+    let pool =
+        params.config.stream_count.unwrap_or(gpu.info().hardware_queues.max(kairos_sched::STREAM_COUNT_DEFAULT_MIN)).max(1);
     let capacity = pool as f64 / (kernels as f64 * kernel_ns as f64 * 1e-9);
     let isolated_ns = Some(kernels as u64 * kernel_ns);
     let models = [WorkloadModel { spec, share: 1.0, tenant: TenantId(0), class: Class::BestEffort, isolated_ns }];
