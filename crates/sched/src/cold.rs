@@ -46,8 +46,8 @@
 //!
 //! Pure code: no GPU, no clock, no I/O.
 
+use kairos_core::plan::{Layer, Plan, Space};
 use kairos_gpu::profile::LayerProfile;
-use kairos_ir::plan::{Layer, Plan, Space};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::ops::Range;
@@ -708,11 +708,11 @@ pub fn explain(input: &ColdInput, plan: &ColdPlan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kairos_gpu::profile::{LaunchColdTimes, LayerLoad};
-    use kairos_ir::DType;
-    use kairos_ir::plan::{
+    use kairos_core::DType;
+    use kairos_core::plan::{
         AlignedBytes, BufRef, EpilogueParams, GatherParams, GemmParams, Kernel, Launch, LaunchShape, LayerNormParams,
     };
+    use kairos_gpu::profile::{LaunchColdTimes, LayerLoad};
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
     use std::sync::Arc;
@@ -1075,8 +1075,8 @@ mod tests {
         Plan {
             model: "tiny-gpt".into(),
             dtype: DType::F32,
-            inputs: vec![kairos_ir::plan::IoTensor { name: "ids".into(), shape: vec![4], dtype: DType::I64 }],
-            outputs: vec![kairos_ir::plan::IoTensor { name: "logits".into(), shape: vec![4, 16], dtype: DType::F32 }],
+            inputs: vec![kairos_core::plan::IoTensor { name: "ids".into(), shape: vec![4], dtype: DType::I64 }],
+            outputs: vec![kairos_core::plan::IoTensor { name: "logits".into(), shape: vec![4, 16], dtype: DType::F32 }],
             launches,
             arena_bytes: 2048,
             weight_bytes: 4864,

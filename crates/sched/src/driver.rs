@@ -9,8 +9,8 @@
 
 use crate::dispatcher::{Config, Dispatcher};
 use crate::request::*;
+use kairos_core::Tensor;
 use kairos_gpu::Gpu;
-use kairos_ir::Tensor;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

@@ -23,8 +23,8 @@
 use crate::SUBMIT_QUEUE_MAX;
 use crate::dispatcher::{Config, Dispatcher};
 use crate::request::*;
+use kairos_core::Tensor;
 use kairos_gpu::{DeviceInfo, Gpu, HostMapping, HostMappingId, HostMemory};
-use kairos_ir::Tensor;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};

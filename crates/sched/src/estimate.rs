@@ -12,9 +12,9 @@
 //! remaining time when an estimate moves.
 
 use crate::request::EstimateSource;
+use kairos_core::DType;
+use kairos_core::plan::Plan;
 use kairos_gpu::profile::ModelProfile;
-use kairos_ir::DType;
-use kairos_ir::plan::Plan;
 
 /// The device rates a roofline needs. `DeviceInfo` carries the memory bandwidth; compute rates
 /// are configuration because kairos' own kernels reach a fraction of the datasheet peak.

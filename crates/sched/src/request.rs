@@ -1,10 +1,10 @@
 //! The data the dispatcher takes in and hands out: requests and their options, commands,
 //! completions, and the one error enum of this layer.
 
+use kairos_core::Tensor;
+use kairos_core::plan::Plan;
 use kairos_gpu::profile::ModelProfile;
 use kairos_gpu::{HostMapping, HostMappingId, HostMemory};
-use kairos_ir::Tensor;
-use kairos_ir::plan::Plan;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

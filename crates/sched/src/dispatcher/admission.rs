@@ -63,48 +63,49 @@ impl<G: Gpu> Dispatcher<G> {
         if r.options.skip_io {
             return Err(Error::InvalidInput("skip_io and I/O bound to a host mapping exclude each other".into()));
         }
-        let spans = |what: &str, spans: &[MappedSpan], tensors: &[kairos_ir::plan::IoTensor]| -> Result<Vec<DevicePtr>, Error> {
-            if spans.is_empty() {
-                return Ok(Vec::new());
-            }
-            if spans.len() != tensors.len() {
-                return Err(Error::InvalidInput(format!(
-                    "model '{}' has {} {what}s, the binding names {}",
-                    r.model,
-                    tensors.len(),
-                    spans.len()
-                )));
-            }
-            let mut ptrs = Vec::with_capacity(spans.len());
-            for (s, t) in spans.iter().zip(tensors) {
-                if s.len_bytes != t.len_bytes() {
+        let spans =
+            |what: &str, spans: &[MappedSpan], tensors: &[kairos_core::plan::IoTensor]| -> Result<Vec<DevicePtr>, Error> {
+                if spans.is_empty() {
+                    return Ok(Vec::new());
+                }
+                if spans.len() != tensors.len() {
                     return Err(Error::InvalidInput(format!(
-                        "{what} '{}' takes {} bytes, its span holds {}",
-                        t.name,
-                        t.len_bytes(),
-                        s.len_bytes
+                        "model '{}' has {} {what}s, the binding names {}",
+                        r.model,
+                        tensors.len(),
+                        spans.len()
                     )));
                 }
-                if s.offset_bytes.checked_add(s.len_bytes).is_none_or(|end| end > h.bytes) {
-                    return Err(Error::InvalidInput(format!(
-                        "{what} '{}': bytes {}..{} are outside the mapping of {} bytes",
-                        t.name,
-                        s.offset_bytes,
-                        s.offset_bytes as u128 + s.len_bytes as u128,
-                        h.bytes
-                    )));
+                let mut ptrs = Vec::with_capacity(spans.len());
+                for (s, t) in spans.iter().zip(tensors) {
+                    if s.len_bytes != t.len_bytes() {
+                        return Err(Error::InvalidInput(format!(
+                            "{what} '{}' takes {} bytes, its span holds {}",
+                            t.name,
+                            t.len_bytes(),
+                            s.len_bytes
+                        )));
+                    }
+                    if s.offset_bytes.checked_add(s.len_bytes).is_none_or(|end| end > h.bytes) {
+                        return Err(Error::InvalidInput(format!(
+                            "{what} '{}': bytes {}..{} are outside the mapping of {} bytes",
+                            t.name,
+                            s.offset_bytes,
+                            s.offset_bytes as u128 + s.len_bytes as u128,
+                            h.bytes
+                        )));
+                    }
+                    let p = h.ptr.offset(s.offset_bytes);
+                    if !p.0.is_multiple_of(h.align_bytes.max(1)) {
+                        return Err(Error::InvalidInput(format!(
+                            "{what} '{}' at offset {} is not aligned to the {} bytes the GPU's kernels need",
+                            t.name, s.offset_bytes, h.align_bytes
+                        )));
+                    }
+                    ptrs.push(p);
                 }
-                let p = h.ptr.offset(s.offset_bytes);
-                if !p.0.is_multiple_of(h.align_bytes.max(1)) {
-                    return Err(Error::InvalidInput(format!(
-                        "{what} '{}' at offset {} is not aligned to the {} bytes the GPU's kernels need",
-                        t.name, s.offset_bytes, h.align_bytes
-                    )));
-                }
-                ptrs.push(p);
-            }
-            Ok(ptrs)
-        };
+                Ok(ptrs)
+            };
         let inputs = spans("input", &b.inputs, &plan.inputs)?;
         let outputs = spans("output", &b.outputs, &plan.outputs)?;
         if !inputs.is_empty() && !r.inputs.is_empty() {
@@ -799,7 +800,7 @@ pub(super) fn free_model<G: Gpu>(gpu: &mut G, m: Model) {
 /// profile was measured on this plan (one entry per launch, in order), else the SMs its default
 /// grid spreads over (one CTA per SM, as the hardware spreads a grid), at most the GPU.
 pub(super) fn right_sizes(
-    plan: &kairos_ir::plan::Plan,
+    plan: &kairos_core::plan::Plan,
     profile: Option<&kairos_gpu::profile::ModelProfile>,
     default_ctas: &[u32],
     sm_count: u32,

@@ -43,13 +43,13 @@ use crate::occupancy::{Occupancy, ResourceClass};
 use crate::policy::{Decision, GpuView, JobKey, JobView, Policy, PolicyConfig, ReadyKernel, StreamView, TenantView, View};
 use crate::request::*;
 use crate::*;
+use kairos_core::Tensor;
+use kairos_core::plan::Plan;
 use kairos_gpu::exec::{SpaceBases, input_bytes, upload_weights};
 use kairos_gpu::{
     Allocation, DevicePtr, Gpu, GpuEvent, HostMapping, HostMappingId, HostMemory, LaunchId, LaunchRequest, MemKind, PartitionId,
     RunId, SmMask, StreamId,
 };
-use kairos_ir::Tensor;
-use kairos_ir::plan::Plan;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 

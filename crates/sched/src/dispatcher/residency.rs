@@ -27,8 +27,8 @@
 
 use super::*;
 use crate::cold::{self, ColdPlan, ColdStrategy};
+use kairos_core::plan::Space;
 use kairos_gpu::CopyId;
-use kairos_ir::plan::Space;
 
 /// Default [`Config::cold_chunk_bytes`]: copies of at least 2 MiB run at full PCIe bandwidth
 /// (one copy per small tensor does not: resnet50's 161 tensors at 24 GB/s against 48 for BERT's
@@ -84,7 +84,7 @@ impl Residency {
 
     /// Rewrites the weight arguments of a launch (resolved against the plain blob layout) to where
     /// the cold plan put their layers.
-    pub(super) fn resolve_weights(&self, plan: &Plan, args: &[kairos_ir::plan::BufRef], out: &mut [DevicePtr]) {
+    pub(super) fn resolve_weights(&self, plan: &Plan, args: &[kairos_core::plan::BufRef], out: &mut [DevicePtr]) {
         let device = self.device.map(|d| d.ptr.0).unwrap_or(0);
         for (a, p) in args.iter().zip(out.iter_mut()) {
             if a.space != Space::Weights {
@@ -530,10 +530,10 @@ mod tests {
     fn packing_keeps_runs_contiguous_and_skips_host_layers() {
         let mut plan = kairos_gpu::synthetic::chain_plan("p", 2, 4);
         plan.layers = vec![
-            kairos_ir::plan::Layer { name: "a".into(), offset_bytes: 0, len_bytes: 100 },
-            kairos_ir::plan::Layer { name: "b".into(), offset_bytes: 256, len_bytes: 1000 },
-            kairos_ir::plan::Layer { name: "c".into(), offset_bytes: 1280, len_bytes: 10 },
-            kairos_ir::plan::Layer { name: "d".into(), offset_bytes: 1536, len_bytes: 64 },
+            kairos_core::plan::Layer { name: "a".into(), offset_bytes: 0, len_bytes: 100 },
+            kairos_core::plan::Layer { name: "b".into(), offset_bytes: 256, len_bytes: 1000 },
+            kairos_core::plan::Layer { name: "c".into(), offset_bytes: 1280, len_bytes: 10 },
+            kairos_core::plan::Layer { name: "d".into(), offset_bytes: 1536, len_bytes: 64 },
         ];
         let (o, end) = pack(&plan, &[false, true, false, false]);
         assert_eq!(o, vec![Some(0), None, Some(256), Some(256 + 256)]);
