@@ -46,19 +46,23 @@ impl AzureTrace {
         AzureTrace::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// Parses the CSV text (a header line starting with `HashOwner` is skipped; blank lines too).
+    /// Parses the CSV text (the `csv` crate: quoted fields, CRLF; a header line starting with
+    /// `HashOwner` is skipped, blank lines too).
     pub fn parse(text: &str) -> Result<AzureTrace, String> {
         let mut functions = Vec::new();
         let mut minutes: Option<usize> = None;
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim_end_matches('\r');
-            if line.trim().is_empty() || (n == 0 && line.starts_with("HashOwner")) {
+        let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
+        for (i, record) in reader.records().enumerate() {
+            let record = record.map_err(|e| format!("CSV: {e}"))?;
+            // Line numbers as the file counts them (1-based), for the messages.
+            let n = record.position().map_or(i, |p| p.line() as usize - 1);
+            if record.iter().all(|f| f.trim().is_empty()) || (n == 0 && record.get(0).is_some_and(|f| f == "HashOwner")) {
                 continue;
             }
             if n >= ROWS_MAX {
                 return Err(format!("more than {ROWS_MAX} rows"));
             }
-            let fields: Vec<&str> = line.split(',').collect();
+            let fields: Vec<&str> = record.iter().collect();
             if fields.len() < 5 {
                 return Err(format!(
                     "line {}: {} fields, need HashOwner,HashApp,HashFunction,Trigger and minutes",
@@ -165,6 +169,15 @@ mod tests {
         let rate: f64 = src.iter().map(|s| s.arrival.rate_per_s().unwrap()).sum();
         assert!((rate - 10.0).abs() < 1e-9);
         assert_eq!(src[1].streams, vec![(1, 1.0)]);
+    }
+
+    #[test]
+    fn quoted_fields_crlf_and_blank_lines() {
+        let t = AzureTrace::parse("HashOwner,HashApp,HashFunction,Trigger,1,2\r\n\r\n\"o,1\",a,f,http,3,4\r\n").unwrap();
+        assert_eq!((t.functions.len(), t.functions[0].owner.as_str()), (1, "o,1"));
+        assert_eq!(t.functions[0].counts, vec![3, 4]);
+        let e = AzureTrace::parse("o,a,f,http,1\n\no,a,g,http,x\n").unwrap_err();
+        assert!(e.starts_with("line 3, minute 1:"), "{e}");
     }
 
     #[test]

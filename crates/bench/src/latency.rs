@@ -570,19 +570,9 @@ fn row_json(r: &Row, batch: usize, peers: Option<&Peers>) -> Value {
     v
 }
 
-/// Today's date (UTC) as YYYY-MM-DD, from the system clock (days-to-civil conversion).
+/// Today's date (UTC) as YYYY-MM-DD, from the system clock.
 fn today_utc() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    time::OffsetDateTime::now_utc().date().to_string()
 }
 
 /// Whether a measured profile was taken on this very plan (same launches, same logical blocks).
