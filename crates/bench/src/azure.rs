@@ -54,8 +54,16 @@ impl AzureTrace {
         let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
         for (i, record) in reader.records().enumerate() {
             let record = record.map_err(|e| format!("CSV: {e}"))?;
-            // Line numbers as the file counts them (1-based), for the messages.
-            let n = record.position().map_or(i, |p| p.line() as usize - 1);
+            // The record's line in the file (0-based; blank lines count), for the messages. The
+            // reader's position may sit on the blank lines it skipped before the record.
+            let n = record.position().map_or(i, |p| {
+                let bytes = text.as_bytes();
+                let mut at = p.byte() as usize;
+                while at < bytes.len() && (bytes[at] == b'\n' || bytes[at] == b'\r') {
+                    at += 1;
+                }
+                bytes[..at].iter().filter(|&&c| c == b'\n').count()
+            });
             if record.iter().all(|f| f.trim().is_empty()) || (n == 0 && record.get(0).is_some_and(|f| f == "HashOwner")) {
                 continue;
             }
