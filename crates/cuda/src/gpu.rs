@@ -344,8 +344,9 @@ pub struct CudaGpu {
 unsafe impl Send for CudaGpu {}
 
 impl CudaGpu {
-    /// Default launch options on the whole device, on `stream` (for the helpers' one-CTA launches).
-    fn whole_device(&self, stream: StreamId) -> LaunchOptions {
+    /// Default launch options on the whole device, on `stream`: every SM, the whole partition, the
+    /// default grid, no dependency.
+    pub fn whole_device(&self, stream: StreamId) -> LaunchOptions {
         LaunchOptions {
             first_block: 0,
             ctas: 0,

@@ -170,7 +170,8 @@ impl Settings {
     }
 }
 
-fn flag(name: &'static str, v: &str) -> Result<bool, SettingsError> {
+/// A 0/1 variable's value (`name` for the error).
+pub fn flag(name: &'static str, v: &str) -> Result<bool, SettingsError> {
     match v.trim() {
         "1" => Ok(true),
         "0" => Ok(false),

@@ -1119,20 +1119,13 @@ pub fn outputs_error(actual: &[Tensor], reference: &[Tensor]) -> f64 {
     relative_l2_error(&a, &r)
 }
 
-/// Default launch options on the whole device.
+/// Default launch options on the whole device ([`CudaGpu::whole_device`]).
 pub fn whole_device(gpu: &CudaGpu, stream: StreamId) -> LaunchOptions {
-    LaunchOptions {
-        first_block: 0,
-        ctas: 0,
-        sm_mask: gpu.info().partitions[0].sms,
-        partition: PartitionId::WHOLE,
-        stream,
-        sm_bitmap: None,
-        after: None,
-    }
+    gpu.whole_device(stream)
 }
 
-/// p-th percentile (0..=1) of a sample, by nearest rank.
+/// p-th percentile (0..=1) of a sample: the value at the rounded index p x (n - 1), as
+/// `kairos_bench::stats::rounded_index` (this dev-only crate does not link the bench harness).
 pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;

@@ -5,7 +5,7 @@
 //! variables" lists these and the CUDA backend's (`kairos_cuda::settings::ENV_VARS`); a test
 //! (tests/env_table.rs) checks that every variable any source reads is in that table.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 /// One variable the binary reads.
 pub struct EnvVar {
@@ -41,15 +41,10 @@ pub fn install() -> Result<()> {
     Ok(())
 }
 
-/// A 0/1 variable, `default` when unset.
-pub fn flag(name: &str, default: bool) -> Result<bool> {
+/// A 0/1 variable, `default` when unset or empty.
+pub fn flag(name: &'static str, default: bool) -> Result<bool> {
     match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match v.trim() {
-            "1" => Ok(true),
-            "0" => Ok(false),
-            "" => Ok(default),
-            _ => bail!("{name}={v}: 0 or 1"),
-        },
+        Ok(v) if !v.trim().is_empty() => Ok(kairos_cuda::settings::flag(name, &v)?),
+        _ => Ok(default),
     }
 }
