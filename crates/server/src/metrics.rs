@@ -1,4 +1,6 @@
-//! Prometheus metrics, written by hand in the text exposition format (no exporter dependency).
+//! Prometheus metrics on `/metrics`, in the OpenMetrics text format ([`CONTENT_TYPE`]) that
+//! prometheus-client (the Prometheus project's Rust client) encodes; Prometheus scrapes it as it is.
+//! The names below are the samples' (a counter family's `# TYPE` line names it without `_total`).
 //!
 //! Recording is lock-free (atomics in per-model structures created when a model is first loaded and
 //! kept for the server's lifetime, so counters never go backwards); only `/metrics` rendering and
@@ -30,10 +32,21 @@
 use crate::error::Outcome;
 use crate::inflight::CancelCause;
 use kairos_sched::Class;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// What `/metrics` answers with.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Histogram bucket upper bounds, seconds.
 pub const BUCKETS_S: [f64; 20] = [
@@ -89,16 +102,16 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (b, c) in BUCKETS_S.iter().zip(&self.buckets) {
-            cumulative += c.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cumulative}");
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_ns.load(Ordering::Relaxed) as f64 * 1e-9);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    /// The histogram as read now; the count is at least the buckets' sum (a concurrent
+    /// observation may have reached its bucket and not yet the count).
+    fn sample(&self) -> Sample {
+        let mut buckets: Vec<(f64, u64)> =
+            BUCKETS_S.iter().zip(&self.buckets).map(|(&b, c)| (b, c.load(Ordering::Relaxed))).collect();
+        let in_buckets: u64 = buckets.iter().map(|&(_, c)| c).sum();
+        let count = self.count.load(Ordering::Relaxed).max(in_buckets);
+        // The encoder writes `le="+Inf"` for an upper bound of f64::MAX.
+        buckets.push((f64::MAX, count - in_buckets));
+        Sample::Histogram { sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9, count, buckets }
     }
 }
 
@@ -214,10 +227,6 @@ pub struct Metrics {
     pub shm_mapped_regions: AtomicU64,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
 impl Metrics {
     pub fn new(gpus: usize) -> Metrics {
         Metrics {
@@ -242,238 +251,336 @@ impl Metrics {
         &self.unknown
     }
 
-    /// The text exposition format.
-    pub fn render(&self, engines: &[EngineView], models_ready: usize) -> String {
+    /// Everything as OpenMetrics text ([`CONTENT_TYPE`]), read from the atomics now.
+    pub fn render(&self, engines: &[EngineView], serving: &Serving) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Snapshot(self.families(engines, serving))));
         let mut out = String::with_capacity(16 * 1024);
+        // Writing into a String cannot fail; the encoder's error type is fmt's.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
+    /// Every family's samples as read now, in exposition order.
+    fn families(&self, engines: &[EngineView], serving: &Serving) -> Vec<Family> {
         let models: Vec<(String, Arc<ModelMetrics>)> = {
             let m = self.models.lock().unwrap_or_else(|e| e.into_inner());
             m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
         };
-        let mut all: Vec<(String, &ModelMetrics)> = models.iter().map(|(k, v)| (escape(k), &**v)).collect();
-        all.push((String::new(), &self.unknown));
+        // The unknown model's row (`model=""`) comes last and only where it counted something.
+        let mut all: Vec<(&str, &ModelMetrics)> = models.iter().map(|(k, v)| (k.as_str(), &**v)).collect();
+        all.push(("", &self.unknown));
+        let class = |c: Class| LabelValue::from(crate::repository::class_name(c));
+        let mut families = Vec::with_capacity(32);
 
-        out.push_str("# HELP kairos_requests_total Inference requests by model, class, protocol and outcome.\n");
-        out.push_str("# TYPE kairos_requests_total counter\n");
-        for (name, m) in &all {
-            for class in CLASSES {
+        let mut requests = Family::new("kairos_requests", "Inference requests by model, class, protocol and outcome", COUNTER);
+        for &(name, m) in &all {
+            for c in CLASSES {
                 for p in Protocol::ALL {
                     for o in Outcome::ALL {
-                        let n = m.requests(class, p, o);
+                        let n = m.requests(c, p, o);
                         if n > 0 || (o == Outcome::Ok && !name.is_empty()) {
-                            let _ = writeln!(
-                                out,
-                                "kairos_requests_total{{model=\"{name}\",class=\"{}\",protocol=\"{}\",outcome=\"{}\"}} {n}",
-                                crate::repository::class_name(class),
-                                p.label(),
-                                o.label()
-                            );
+                            let labels = vec![
+                                ("model", LabelValue::from(name)),
+                                ("class", class(c)),
+                                ("protocol", p.label().into()),
+                                ("outcome", o.label().into()),
+                            ];
+                            requests.push(labels, Sample::Counter(n.into()));
                         }
                     }
                 }
             }
         }
+        families.push(requests);
         for (metric, help, pick) in [
             (
                 "kairos_request_duration_seconds",
-                "Engine wall time of a request, submission to completion.",
+                "Engine wall time of a request, submission to completion",
                 (|m: &ModelMetrics, c: usize| &m.duration[c]) as fn(&ModelMetrics, usize) -> &Histogram,
             ),
-            ("kairos_request_queue_seconds", "Arrival to first kernel issued, on the engine's clock.", |m, c| &m.queue[c]),
-            ("kairos_request_gpu_seconds", "First kernel issued to done, on the engine's clock.", |m, c| &m.gpu[c]),
+            ("kairos_request_queue_seconds", "Arrival to first kernel issued, on the engine's clock", |m, c| &m.queue[c]),
+            ("kairos_request_gpu_seconds", "First kernel issued to done, on the engine's clock", |m, c| &m.gpu[c]),
         ] {
-            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} histogram");
-            for (name, m) in &all {
-                for class in CLASSES {
-                    let h = pick(m, class_index(class));
+            let mut f = Family::new(metric, help, MetricType::Histogram);
+            for &(name, m) in &all {
+                for c in CLASSES {
+                    let h = pick(m, class_index(c));
                     if h.count() == 0 && name.is_empty() {
                         continue;
                     }
-                    h.render(&mut out, metric, &format!("model=\"{name}\",class=\"{}\"", crate::repository::class_name(class)));
+                    f.push(vec![("model", name.into()), ("class", class(c))], h.sample());
+                }
+            }
+            families.push(f);
+        }
+        let known = || all.iter().filter(|(n, _)| !n.is_empty());
+        let mut misses = Family::new("kairos_deadline_misses", "Requests that finished after their deadline", COUNTER);
+        for &(name, m) in known() {
+            for c in CLASSES {
+                misses.push(vec![("model", name.into()), ("class", class(c))], Sample::Counter(m.deadline_misses(c).into()));
+            }
+        }
+        families.push(misses);
+        let mut cancelled = Family::new(
+            "kairos_requests_cancelled",
+            "Requests the server cancelled, by cause: client_gone (the client closed its connection), timeout (past \
+             the request's timeout), drain (left at the drain's deadline)",
+            COUNTER,
+        );
+        for &(name, m) in known() {
+            for cause in CancelCause::ALL {
+                let labels = vec![("model", name.into()), ("cause", cause.label().into())];
+                cancelled.push(labels, Sample::Counter(m.cancellations(cause).into()));
+            }
+        }
+        families.push(cancelled);
+
+        let per_gpu = |name: &'static str, help: &'static str, kind: MetricType, f: &dyn Fn(&EngineView) -> Value| {
+            let mut family = Family::new(name, help, kind);
+            for e in engines {
+                let labels = vec![("gpu", e.gpu.to_string().into()), ("device", e.device.as_str().into())];
+                family.push(labels, Sample::of(kind, f(e)));
+            }
+            family
+        };
+        let gpu_samples = |e: &EngineView| self.gpus.get(e.gpu as usize);
+        families.extend([
+            per_gpu(
+                "kairos_gpu_busy_ratio",
+                "Share of 1 ms samples over the last second at which the GPU had kernels in flight",
+                MetricType::Gauge,
+                &|e| f64::from_bits(gpu_samples(e).map(|g| g.busy_ratio_bits.load(Ordering::Relaxed)).unwrap_or(0)).into(),
+            ),
+            per_gpu("kairos_gpu_busy_seconds", "Sampled time the GPU had kernels in flight", COUNTER, &|e| {
+                (gpu_samples(e).map(|g| g.busy_samples.load(Ordering::Relaxed)).unwrap_or(0) as f64 * e.sample_period_s).into()
+            }),
+            per_gpu("kairos_preemptions", "Kernel launches preempted by the policy", COUNTER, &|e| e.stats.preemptions.into()),
+            per_gpu("kairos_launches", "Kernel launches issued", COUNTER, &|e| e.stats.launches.into()),
+            per_gpu(
+                "kairos_launches_lost",
+                "Kernel launches whose notifications the GPU lost (their requests failed)",
+                COUNTER,
+                &|e| e.stats.launches_lost.into(),
+            ),
+            per_gpu(
+                "kairos_gpu_recoveries",
+                "Times the GPU was reset after a fault (its requests in flight failed with 503 / UNAVAILABLE)",
+                COUNTER,
+                &|e| e.stats.gpu_recoveries.into(),
+            ),
+            per_gpu(
+                "kairos_cold_starts",
+                "Loads of models not in GPU memory that a request started (weight budget)",
+                COUNTER,
+                &|e| e.stats.cold_starts.into(),
+            ),
+            per_gpu(
+                "kairos_model_evictions",
+                "Idle models whose weights left GPU memory to make room for a load",
+                COUNTER,
+                &|e| e.stats.evictions.into(),
+            ),
+            per_gpu(
+                "kairos_secondary_busy_loads",
+                "Loads planned through a secondary GPU that copied its part themselves: its link was busy (parallel \
+                 transmission)",
+                COUNTER,
+                &|e| e.stats.secondary_busy_loads.into(),
+            ),
+            per_gpu("kairos_weight_loaded_bytes", "Weight bytes copied into GPU memory by cold starts", COUNTER, &|e| {
+                e.stats.loaded_bytes.into()
+            }),
+            per_gpu(
+                "kairos_weight_load_seconds",
+                "Time completed loads took, first copy queued to last copy landed",
+                COUNTER,
+                &|e| (e.stats.load_ns as f64 / 1e9).into(),
+            ),
+            per_gpu(
+                "kairos_resident_weight_bytes",
+                "GPU memory the weights of loaded and loading models take under the weight budget",
+                MetricType::Gauge,
+                &|e| e.stats.resident_weight_bytes.into(),
+            ),
+            per_gpu("kairos_engine_jobs", "Requests held by the dispatcher", MetricType::Gauge, &|e| e.stats.jobs.into()),
+            per_gpu("kairos_engine_rejected", "Requests refused at the engine's full submission queue", COUNTER, &|e| {
+                e.stats.rejected.into()
+            }),
+        ]);
+        let single = |name: &'static str, help: &'static str, kind: MetricType, v: Value| {
+            let mut f = Family::new(name, help, kind);
+            f.push(Vec::new(), Sample::of(kind, v));
+            f
+        };
+        let load = |a: &AtomicU64| Value::Int(a.load(Ordering::Relaxed));
+        families.push(single(
+            "kairos_models_ready",
+            "Models ready to serve",
+            MetricType::Gauge,
+            Value::Int(serving.models_ready as u64),
+        ));
+        families.push(single(
+            "kairos_shm_clients",
+            "Connected shared-memory clients",
+            MetricType::Gauge,
+            load(&self.shm_clients),
+        ));
+        let mut shm_requests = Family::new(
+            "kairos_shm_requests",
+            "Shared-memory ring requests by data path, counted when the path is taken: zero_copy (the GPU reads and \
+             writes the client's region) or copy",
+            COUNTER,
+        );
+        shm_requests.push(vec![("path", "zero_copy".into())], Sample::Counter(load(&self.shm_zero_copy)));
+        shm_requests.push(vec![("path", "copy".into())], Sample::Counter(load(&self.shm_copied)));
+        families.push(shm_requests);
+        families.push(single(
+            "kairos_shm_mapped_regions",
+            "Shared-memory regions mapped into a GPU for zero-copy requests (one per client and GPU)",
+            MetricType::Gauge,
+            load(&self.shm_mapped_regions),
+        ));
+        families.push(single(
+            "kairos_requests_in_flight",
+            "Inference requests handed to an engine and not answered yet",
+            MetricType::Gauge,
+            Value::Int(serving.in_flight as u64),
+        ));
+        families.push(single(
+            "kairos_draining",
+            "1 while the server drains (not ready, new requests refused)",
+            MetricType::Gauge,
+            Value::Int(serving.draining as u64),
+        ));
+        families
+    }
+}
+
+/// The server-wide serving state `/metrics` reports besides the recorded counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Serving {
+    pub models_ready: usize,
+    /// Requests handed to an engine and not answered.
+    pub in_flight: usize,
+    pub draining: bool,
+}
+
+const COUNTER: MetricType = MetricType::Counter;
+
+/// A label value, escaped for the text format (the encoder writes label values as given).
+#[derive(Clone, Debug)]
+struct LabelValue(String);
+
+impl From<&str> for LabelValue {
+    fn from(v: &str) -> LabelValue {
+        LabelValue(v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
+    }
+}
+
+impl From<String> for LabelValue {
+    fn from(v: String) -> LabelValue {
+        LabelValue::from(v.as_str())
+    }
+}
+
+impl EncodeLabelValue for LabelValue {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        encoder.write_str(&self.0)
+    }
+}
+
+type Labels = Vec<(&'static str, LabelValue)>;
+
+/// A sample's number: counts print as integers, seconds and ratios as decimals.
+#[derive(Clone, Copy, Debug)]
+enum Value {
+    Int(u64),
+    Float(f64),
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Value {
+        Value::Int(v)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::Float(v)
+    }
+}
+
+#[derive(Debug)]
+enum Sample {
+    Counter(Value),
+    Gauge(Value),
+    /// Sum in seconds, count, and per bucket (upper bound in seconds, observations in it alone).
+    Histogram {
+        sum_s: f64,
+        count: u64,
+        buckets: Vec<(f64, u64)>,
+    },
+}
+
+impl Sample {
+    fn of(kind: MetricType, v: Value) -> Sample {
+        match kind {
+            MetricType::Counter => Sample::Counter(v),
+            _ => Sample::Gauge(v),
+        }
+    }
+}
+
+/// One metric family: the name without the `_total` a counter's samples get from the encoder.
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    /// One sentence, without a final period.
+    help: &'static str,
+    kind: MetricType,
+    samples: Vec<(Labels, Sample)>,
+}
+
+impl Family {
+    fn new(name: &'static str, help: &'static str, kind: MetricType) -> Family {
+        Family { name, help, kind, samples: Vec::new() }
+    }
+
+    fn push(&mut self, labels: Labels, sample: Sample) {
+        self.samples.push((labels, sample));
+    }
+}
+
+/// The families of one scrape, handed to prometheus-client's encoder.
+#[derive(Debug)]
+struct Snapshot(Vec<Family>);
+
+fn encode_sample(sample: &Sample, mut encoder: MetricEncoder) -> std::fmt::Result {
+    match sample {
+        Sample::Counter(Value::Int(v)) => ConstCounter::new(*v).encode(encoder),
+        Sample::Counter(Value::Float(v)) => ConstCounter::new(*v).encode(encoder),
+        Sample::Gauge(Value::Int(v)) => ConstGauge::new(*v).encode(encoder),
+        Sample::Gauge(Value::Float(v)) => ConstGauge::new(*v).encode(encoder),
+        Sample::Histogram { sum_s, count, buckets } => encoder.encode_histogram::<NoLabelSet>(*sum_s, *count, buckets, None),
+    }
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for f in &self.0 {
+            let mut metric = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
+            match f.samples.as_slice() {
+                // No labels: `name value` (a family with an empty label set would print `name{} value`).
+                [(labels, sample)] if labels.is_empty() => encode_sample(sample, metric)?,
+                samples => {
+                    for (labels, sample) in samples {
+                        encode_sample(sample, metric.encode_family(labels)?)?;
+                    }
                 }
             }
         }
-        out.push_str("# HELP kairos_deadline_misses_total Requests that finished after their deadline.\n");
-        out.push_str("# TYPE kairos_deadline_misses_total counter\n");
-        for (name, m) in all.iter().filter(|(n, _)| !n.is_empty()) {
-            for class in CLASSES {
-                let _ = writeln!(
-                    out,
-                    "kairos_deadline_misses_total{{model=\"{name}\",class=\"{}\"}} {}",
-                    crate::repository::class_name(class),
-                    m.deadline_misses(class)
-                );
-            }
-        }
-        out.push_str("# HELP kairos_requests_cancelled_total Requests the server cancelled, by cause: client_gone (the client closed its connection), timeout (past the request's timeout), drain (left at the drain's deadline).\n");
-        out.push_str("# TYPE kairos_requests_cancelled_total counter\n");
-        for (name, m) in all.iter().filter(|(n, _)| !n.is_empty()) {
-            for cause in CancelCause::ALL {
-                let _ = writeln!(
-                    out,
-                    "kairos_requests_cancelled_total{{model=\"{name}\",cause=\"{}\"}} {}",
-                    cause.label(),
-                    m.cancellations(cause)
-                );
-            }
-        }
-        let gauge = |out: &mut String, metric: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
-            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} {kind}");
-            for (labels, v) in rows {
-                let _ = writeln!(out, "{metric}{labels} {v}");
-            }
-        };
-        let per_gpu = |f: &dyn Fn(&EngineView) -> String| -> Vec<(String, String)> {
-            engines.iter().map(|e| (format!("{{gpu=\"{}\",device=\"{}\"}}", e.gpu, escape(&e.device)), f(e))).collect()
-        };
-        gauge(
-            &mut out,
-            "kairos_gpu_busy_ratio",
-            "gauge",
-            "Share of 1 ms samples over the last second at which the GPU had kernels in flight.",
-            per_gpu(&|e| {
-                let bits = self.gpus.get(e.gpu as usize).map(|g| g.busy_ratio_bits.load(Ordering::Relaxed)).unwrap_or(0);
-                format!("{}", f64::from_bits(bits))
-            }),
-        );
-        gauge(
-            &mut out,
-            "kairos_gpu_busy_seconds_total",
-            "counter",
-            "Sampled time the GPU had kernels in flight.",
-            per_gpu(&|e| {
-                let n = self.gpus.get(e.gpu as usize).map(|g| g.busy_samples.load(Ordering::Relaxed)).unwrap_or(0);
-                format!("{}", n as f64 * e.sample_period_s)
-            }),
-        );
-        gauge(
-            &mut out,
-            "kairos_preemptions_total",
-            "counter",
-            "Kernel launches preempted by the policy.",
-            per_gpu(&|e| e.stats.preemptions.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_launches_total",
-            "counter",
-            "Kernel launches issued.",
-            per_gpu(&|e| e.stats.launches.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_launches_lost_total",
-            "counter",
-            "Kernel launches whose notifications the GPU lost (their requests failed).",
-            per_gpu(&|e| e.stats.launches_lost.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_gpu_recoveries_total",
-            "counter",
-            "Times the GPU was reset after a fault (its requests in flight failed with 503 / UNAVAILABLE).",
-            per_gpu(&|e| e.stats.gpu_recoveries.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_cold_starts_total",
-            "counter",
-            "Loads of models not in GPU memory that a request started (weight budget).",
-            per_gpu(&|e| e.stats.cold_starts.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_model_evictions_total",
-            "counter",
-            "Idle models whose weights left GPU memory to make room for a load.",
-            per_gpu(&|e| e.stats.evictions.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_secondary_busy_loads_total",
-            "counter",
-            "Loads planned through a secondary GPU that copied its part themselves: its link was busy (parallel transmission).",
-            per_gpu(&|e| e.stats.secondary_busy_loads.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_weight_loaded_bytes_total",
-            "counter",
-            "Weight bytes copied into GPU memory by cold starts.",
-            per_gpu(&|e| e.stats.loaded_bytes.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_weight_load_seconds_total",
-            "counter",
-            "Time completed loads took, first copy queued to last copy landed.",
-            per_gpu(&|e| format!("{}", e.stats.load_ns as f64 / 1e9)),
-        );
-        gauge(
-            &mut out,
-            "kairos_resident_weight_bytes",
-            "gauge",
-            "GPU memory the weights of loaded and loading models take under the weight budget.",
-            per_gpu(&|e| e.stats.resident_weight_bytes.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_engine_jobs",
-            "gauge",
-            "Requests held by the dispatcher.",
-            per_gpu(&|e| e.stats.jobs.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_engine_rejected_total",
-            "counter",
-            "Requests refused at the engine's full submission queue.",
-            per_gpu(&|e| e.stats.rejected.to_string()),
-        );
-        gauge(
-            &mut out,
-            "kairos_models_ready",
-            "gauge",
-            "Models ready to serve.",
-            vec![(String::new(), models_ready.to_string())],
-        );
-        gauge(
-            &mut out,
-            "kairos_shm_clients",
-            "gauge",
-            "Connected shared-memory clients.",
-            vec![(String::new(), self.shm_clients.load(Ordering::Relaxed).to_string())],
-        );
-        gauge(
-            &mut out,
-            "kairos_shm_requests_total",
-            "counter",
-            "Shared-memory ring requests by data path, counted when the path is taken: zero_copy (the GPU reads and writes the client's region) or copy.",
-            vec![
-                ("{path=\"zero_copy\"}".to_string(), self.shm_zero_copy.load(Ordering::Relaxed).to_string()),
-                ("{path=\"copy\"}".to_string(), self.shm_copied.load(Ordering::Relaxed).to_string()),
-            ],
-        );
-        gauge(
-            &mut out,
-            "kairos_shm_mapped_regions",
-            "gauge",
-            "Shared-memory regions mapped into a GPU for zero-copy requests (one per client and GPU).",
-            vec![(String::new(), self.shm_mapped_regions.load(Ordering::Relaxed).to_string())],
-        );
-        out
-    }
-
-    /// The serving gauges of the state: requests in flight, and whether a drain is under way.
-    pub fn render_serving(out: &mut String, in_flight: usize, draining: bool) {
-        let _ = writeln!(
-            out,
-            "# HELP kairos_requests_in_flight Inference requests handed to an engine and not answered yet.\n# TYPE kairos_requests_in_flight gauge\nkairos_requests_in_flight {in_flight}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP kairos_draining 1 while the server drains (not ready, new requests refused).\n# TYPE kairos_draining gauge\nkairos_draining {}",
-            draining as u8
-        );
+        Ok(())
     }
 }
 
@@ -483,17 +590,20 @@ mod tests {
 
     #[test]
     fn histogram_is_cumulative() {
-        let h = Histogram::default();
-        h.observe_ns(5_000); // 5 us: first bucket
-        h.observe_ns(3_000_000); // 3 ms
-        h.observe_ns(100_000_000_000); // 100 s: only +Inf
-        let mut s = String::new();
-        h.render(&mut s, "x", "a=\"b\"");
-        assert!(s.contains("x_bucket{a=\"b\",le=\"0.00001\"} 1\n"), "{s}");
-        assert!(s.contains("x_bucket{a=\"b\",le=\"0.005\"} 2\n"), "{s}");
-        assert!(s.contains("x_bucket{a=\"b\",le=\"30\"} 2\n"), "{s}");
-        assert!(s.contains("x_bucket{a=\"b\",le=\"+Inf\"} 3\n"), "{s}");
-        assert!(s.contains("x_count{a=\"b\"} 3\n"), "{s}");
+        let m = Metrics::new(0);
+        let mm = m.model("m");
+        for ns in [5_000, 3_000_000, 100_000_000_000] {
+            // 5 us: the first bucket; 3 ms; 100 s: only +Inf.
+            mm.completed(Class::BestEffort, true, ns, None);
+        }
+        let text = m.render(&[], &Serving::default());
+        let row = |le: &str| format!("kairos_request_duration_seconds_bucket{{le=\"{le}\",model=\"m\",class=\"best-effort\"}}");
+        assert!(text.contains(&format!("{} 1\n", row("0.00001"))), "{text}");
+        assert!(text.contains(&format!("{} 2\n", row("0.005"))), "{text}");
+        assert!(text.contains(&format!("{} 2\n", row("30.0"))), "{text}");
+        assert!(text.contains(&format!("{} 3\n", row("+Inf"))), "{text}");
+        assert!(text.contains("kairos_request_duration_seconds_count{model=\"m\",class=\"best-effort\"} 3\n"), "{text}");
+        assert!(text.contains("kairos_request_duration_seconds_sum{model=\"m\",class=\"best-effort\"} 100.003005\n"), "{text}");
     }
 
     #[test]
@@ -513,7 +623,7 @@ mod tests {
         };
         mm.completed(Class::RealTime, true, 7000, Some(&t));
         m.unknown().count(Class::BestEffort, Protocol::Http, Outcome::NotFound);
-        let text = m.render(&[], 1);
+        let text = m.render(&[], &Serving { models_ready: 1, in_flight: 2, draining: true });
         assert!(
             text.contains(r#"kairos_requests_total{model="we\"ird",class="real-time",protocol="grpc",outcome="overloaded"} 1"#),
             "{text}"
@@ -524,8 +634,17 @@ mod tests {
         );
         assert!(text.contains(r#"kairos_deadline_misses_total{model="we\"ird",class="real-time"} 1"#), "{text}");
         assert!(text.contains(r#"kairos_request_gpu_seconds_count{model="we\"ird",class="real-time"} 1"#), "{text}");
-        assert!(text.contains("kairos_models_ready 1"), "{text}");
-        // Every sample line is `name{labels} value` or `name value`.
+        assert!(text.contains("kairos_models_ready 1\n"), "{text}");
+        assert!(text.contains("kairos_requests_in_flight 2\n"), "{text}");
+        assert!(text.contains("kairos_draining 1\n"), "{text}");
+        assert!(text.contains("# TYPE kairos_requests counter\n"), "{text}");
+        assert!(text.contains("# HELP kairos_models_ready Models ready to serve\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // Every sample line is `name{labels} value` or `name value`, and each family is described once.
+        let mut described = std::collections::HashSet::new();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert!(described.insert(line.split(' ').nth(2).unwrap().to_string()), "{line}");
+        }
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line}");

@@ -13,7 +13,7 @@
 //! | POST | `/v2/models/{m}[/versions/{v}]/infer` | inference |
 //! | POST | `/v2/repository/index` | every model with its state |
 //! | POST | `/v2/repository/models/{m}/load`, `.../unload` | load (or reload) / unload |
-//! | GET | `/metrics` | Prometheus text |
+//! | GET | `/metrics` | Prometheus metrics (OpenMetrics text) |
 //!
 //! Errors are `{"error": "..."}` with the status of [`ServeError::status`]. Bodies above the
 //! configured limit get 413 before they are read whole. The repository endpoints answer 403 when
@@ -322,7 +322,7 @@ async fn unload(AxState(app): AxState<App>, Path(model): Path<String>, headers: 
 }
 
 async fn metrics(AxState(app): AxState<App>) -> Response {
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.state.render_metrics()).into_response()
+    (StatusCode::OK, [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], app.state.render_metrics()).into_response()
 }
 
 /// Reads a body of at most `limit` bytes (413 beyond, checked on Content-Length first).

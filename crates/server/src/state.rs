@@ -1388,9 +1388,12 @@ impl State {
                 sample_period_s: BUSY_SAMPLE_PERIOD_US as f64 * 1e-6,
             })
             .collect();
-        let mut out = self.metrics.render(&views, self.ready_models().len());
-        Metrics::render_serving(&mut out, self.in_flight(), self.is_draining());
-        out
+        let serving = crate::metrics::Serving {
+            models_ready: self.ready_models().len(),
+            in_flight: self.in_flight(),
+            draining: self.is_draining(),
+        };
+        self.metrics.render(&views, &serving)
     }
 
     fn start_sampler(self: &Arc<Self>) {

@@ -275,7 +275,7 @@ fn metrics_are_prometheus_text() {
         r#"kairos_requests_total{model="mlp",class="real-time",protocol="shm",outcome="ok"} 1"#,
         r#"kairos_requests_total{model="",class="best-effort",protocol="grpc",outcome="not_found"} 1"#,
         r#"kairos_request_duration_seconds_count{model="mlp",class="real-time"} 3"#,
-        r#"kairos_request_queue_seconds_bucket{model="mlp",class="real-time",le="+Inf"} 3"#,
+        r#"kairos_request_queue_seconds_bucket{le="+Inf",model="mlp",class="real-time"} 3"#,
         r#"kairos_request_gpu_seconds_count{model="mlp",class="real-time"} 3"#,
         "# TYPE kairos_gpu_busy_ratio gauge",
         "kairos_preemptions_total{gpu=\"0\"",

@@ -2,7 +2,7 @@
 //! simulated GPU — metadata, configuration, inference (binary and JSON), output selection,
 //! priority and timeout, errors, repository load/unload, statistics, malformed protobuf.
 //!
-//! Needs `python3 -m pip install 'tritonclient[http,grpc]' numpy`. Without it the test prints a
+//! Needs `python3 -m pip install 'tritonclient[http,grpc]' numpy prometheus_client`. Without it the test prints a
 //! skip note; with `KAIROS_REQUIRE_TRITONCLIENT=1` (set by `.ci/run`) a missing package fails it.
 
 mod common;
@@ -16,7 +16,7 @@ fn python() -> String {
 
 fn tritonclient_available() -> Result<(), String> {
     let out = Command::new(python())
-        .args(["-c", "import tritonclient.http, tritonclient.grpc, numpy, grpc"])
+        .args(["-c", "import tritonclient.http, tritonclient.grpc, numpy, grpc, prometheus_client"])
         .output()
         .map_err(|e| format!("cannot run {}: {e}", python()))?;
     if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).trim().to_string()) }
@@ -29,11 +29,11 @@ fn tritonclient_http_and_grpc() {
         assert!(
             !required,
             "KAIROS_REQUIRE_TRITONCLIENT=1 but tritonclient is not importable: {why}\n\
-             install it with: python3 -m pip install 'tritonclient[http,grpc]' numpy"
+             install it with: python3 -m pip install 'tritonclient[http,grpc]' numpy prometheus_client"
         );
         eprintln!(
             "SKIPPED tritonclient_http_and_grpc: the Python package tritonclient is not installed ({why}).\n\
-             Install it with `python3 -m pip install 'tritonclient[http,grpc]' numpy` to run this test."
+             Install it with `python3 -m pip install 'tritonclient[http,grpc]' numpy prometheus_client` to run this test."
         );
         return;
     }

@@ -168,4 +168,17 @@ check(grpcclient.InferenceServerClient(url=GRPC_URL).is_server_live(), "live aft
 
 metrics = urllib.request.urlopen(f"http://{HTTP_URL}/metrics").read().decode()
 check('kairos_requests_total{model="mlp",class="real-time",protocol="grpc",outcome="ok"}' in metrics, "metrics")
+# The Prometheus project's own OpenMetrics parser reads the whole exposition (it raises on a
+# malformed line, a repeated family or a missing `# EOF`).
+from prometheus_client.openmetrics.parser import text_string_to_metric_families  # noqa: E402
+
+families = {f.name: f for f in text_string_to_metric_families(metrics)}
+ok_grpc = [
+    s.value
+    for s in families["kairos_requests"].samples
+    if s.labels == {"model": "mlp", "class": "real-time", "protocol": "grpc", "outcome": "ok"}
+]
+check(len(ok_grpc) == 1 and ok_grpc[0] >= 1, f"kairos_requests_total parsed: {ok_grpc}")
+check(families["kairos_request_duration_seconds"].type == "histogram", "histogram family parsed")
+check(families["kairos_models_ready"].samples[0].value >= 1, "models ready parsed")
 print(f"all {checks} checks passed")
