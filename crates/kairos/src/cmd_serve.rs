@@ -32,28 +32,23 @@ pub enum ServeBackend {
     Cuda,
 }
 
-const REPOSITORY_HELP: &str = "\
-MODEL REPOSITORY
+/// `kairos serve --help`'s text after the options: the repository's `config.toml` keys (from
+/// [`kairos_server::repository::CONFIG_KEYS`]) and the requests the server takes.
+fn repository_help() -> String {
+    format!(
+        "MODEL REPOSITORY
   One folder per model; the folder's name is the model's name. A folder holds an .onnx file and/or
   a config.toml (TOML: top-level `key = value` lines, # comments, no tables; unknown keys are
   refused). Without config.toml, a folder with one .onnx file serves it, and any other folder is the
-  zoo model of its name (`kairos zoo list`).
+  zoo model of its name (`kairos zoo list`). The keys, each with an example:
 
-  model = \"resnet18\"        zoo name, or an .onnx file in this folder
-  dtype = \"f16\"             f32 (default) or f16
-  batch = 1                 batch size (zoo models; the dynamic batch dimension of .onnx files)
-  seq_len = 128             transformers' sequence length / other dynamic dimensions
-  class = \"real-time\"       real-time or best-effort (default)
-  priority_level = 10       1 is the most urgent, 1000 the least, as in requests (default 0: none)
-  deadline_ms = 5.0         latency target per request (alias latency_target_ms; default none)
-  tenant = 1                fairness account (default 0)
-  instances = 2             copies of the model (default 1), spread round robin over `gpus`
-  gpus = [0, 1]             devices of the instances (default [0]; must be < --gpus); \"auto\": each
-                            instance on the GPU with the fewest weight bytes placed so far
-  version = \"1\"             the version clients name (default \"1\")
-  seed = 7                  zoo weights seed
-  profile = \"p.json\"        a `kairos profile` JSON (default: found in --profiles by name)
+{}
+{REQUESTS_HELP}",
+        kairos_server::repository::config_keys_help(2, 100)
+    )
+}
 
+const REQUESTS_HELP: &str = "\
 REQUESTS
   Open Inference Protocol (KServe v2) over REST (/v2/...) and gRPC (inference.GRPCInferenceService),
   with Triton's repository (index/load/unload), model configuration and statistics extensions; the
@@ -65,7 +60,7 @@ REQUESTS
   Local clients: the shared-memory channel on --shm-socket (kairos_client::shm::ShmClient).";
 
 #[derive(Args, Debug)]
-#[command(after_long_help = REPOSITORY_HELP)]
+#[command(after_long_help = repository_help())]
 pub struct ServeArgs {
     /// The model repository folder (see `kairos serve --help`).
     #[arg(long, short = 'r', env = "KAIROS_MODEL_REPOSITORY", default_value = "models")]

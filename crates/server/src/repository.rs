@@ -1,27 +1,19 @@
 //! The model repository: a folder with one subfolder per model, each with an optional
-//! `config.toml`: TOML with the top-level keys below and no tables (read with serde and the `toml`
-//! crate; each key is documented on `ConfigFile`, unknown keys are refused).
+//! `config.toml`: TOML with top-level keys and no tables, read with serde and the `toml` crate;
+//! unknown keys are refused. [`CONFIG_KEYS`] is the one description of the keys: `kairos serve
+//! --help` prints it ([`config_keys_help`]), and tests check that it names every key the reader
+//! takes and that each example parses. For instance:
 //!
 //! ```toml
 //! # models/resnet18/config.toml
-//! model = "resnet18"        # a zoo name, or an .onnx file in this folder
-//! dtype = "f16"             # f32 (default) or f16
-//! batch = 1                 # batch size (zoo models; the dynamic batch dimension of .onnx files)
-//! seq_len = 128             # sequence length of transformers / other dynamic dimensions
-//! class = "real-time"       # real-time or best-effort (default)
-//! priority_level = 10       # as requests number it: 1 is the most urgent, 1000 the least (default 0: none)
-//! deadline_ms = 5.0         # latency target per request (alias latency_target_ms); none by default
-//! tenant = 1                # fairness account (default 0)
-//! instances = 2             # copies of the model (default 1), spread over `gpus`
-//! gpus = [0, 1]             # devices the instances go to, round robin (default [0]); "auto": each
-//!                           # instance on the GPU with the fewest weight bytes placed so far
-//! version = "1"             # the version clients name (default "1")
-//! seed = 7                  # zoo weights seed (default: the zoo's)
-//! profile = "profile.json"  # a `kairos profile` JSON (default: the server's profile folder)
+//! model = "resnet18"
+//! dtype = "f16"
+//! class = "real-time"
+//! deadline_ms = 5.0
 //! ```
 //!
 //! Without `config.toml`, a folder holding exactly one `.onnx` file serves that file, and any other
-//! folder is read as a zoo model of the folder's name, with every default above.
+//! folder is read as a zoo model of the folder's name, with every default.
 //!
 //! Nothing is read from outside the repository's root: model names are plain folder names, `model`
 //! and `profile` are relative paths without `..`, and a model folder, `config.toml`, `.onnx` or
@@ -47,6 +39,96 @@ pub const SEQ_LEN_MAX: usize = 65_536;
 pub const DEADLINE_MS_MAX: f64 = 3_600_000.0;
 /// The shortest deadline, 1 µs (a shorter one would round to no time at all).
 pub const DEADLINE_MS_MIN: f64 = 0.001;
+
+/// One `config.toml` key as `kairos serve --help` shows it.
+#[derive(Clone, Copy, Debug)]
+pub struct ConfigKey {
+    pub key: &'static str,
+    /// A value as written in the file (TOML).
+    pub example: &'static str,
+    /// What it means and its default (one paragraph; [`config_keys_help`] wraps it).
+    pub help: &'static str,
+}
+
+/// Every `config.toml` key, in the order `--help` lists them.
+pub const CONFIG_KEYS: &[ConfigKey] = &[
+    ConfigKey {
+        key: "model",
+        example: "\"resnet18\"",
+        help: "a zoo name (`kairos zoo list`), or an .onnx file in this folder (default: the \
+               folder's only .onnx file, else the zoo model of the folder's name)",
+    },
+    ConfigKey { key: "dtype", example: "\"f16\"", help: "f32 (default) or f16" },
+    ConfigKey {
+        key: "batch",
+        example: "1",
+        help: "batch size (zoo models; the dynamic batch dimension of .onnx files), 1..=4096; default 1",
+    },
+    ConfigKey {
+        key: "seq_len",
+        example: "128",
+        help: "transformers' sequence length / other dynamic dimensions, 1..=65536; default the zoo's",
+    },
+    ConfigKey {
+        key: "class",
+        example: "\"real-time\"",
+        help: "real-time or best-effort (default; also rt, be, realtime, best_effort)",
+    },
+    ConfigKey {
+        key: "priority_level",
+        example: "10",
+        help: "numbered as requests number theirs: 1 is the most urgent, 1000 the least, 0 none \
+               (default); a request's own level overrides it",
+    },
+    ConfigKey {
+        key: "deadline_ms",
+        example: "5.0",
+        help: "latency target per request, 0.001..=3600000 ms (alias latency_target_ms); default none",
+    },
+    ConfigKey { key: "tenant", example: "1", help: "fairness account, any u32; default 0" },
+    ConfigKey { key: "instances", example: "2", help: "copies of the model, 1..=64, spread round robin over `gpus`; default 1" },
+    ConfigKey {
+        key: "gpus",
+        example: "[0, 1]",
+        help: "devices of the instances (default [0]; each < --gpus); one number, or \"auto\": \
+               each instance on the GPU with the fewest weight bytes placed so far",
+    },
+    ConfigKey { key: "version", example: "\"1\"", help: "the version clients name: letters, digits, _ . -; default \"1\"" },
+    ConfigKey { key: "seed", example: "7", help: "seed of a zoo model's weights, non-negative; default the zoo's" },
+    ConfigKey {
+        key: "profile",
+        example: "\"p.json\"",
+        help: "a `kairos profile` JSON in this folder (default: found in the server's profile \
+               folder by model name)",
+    },
+];
+
+/// [`CONFIG_KEYS`] as aligned `key = example   help` lines, indented by `indent` spaces, the help
+/// wrapped at `width` columns.
+pub fn config_keys_help(indent: usize, width: usize) -> String {
+    let column = CONFIG_KEYS.iter().map(|k| k.key.len() + 3 + k.example.len()).max().unwrap_or(0) + 2;
+    let mut out = String::new();
+    for k in CONFIG_KEYS {
+        let mut line = format!("{:indent$}{:<column$}", "", format!("{} = {}", k.key, k.example));
+        let mut words_on_line = 0;
+        for word in k.help.split_whitespace() {
+            if words_on_line > 0 && line.len() + 1 + word.len() > width {
+                out.push_str(&line);
+                out.push('\n');
+                line = " ".repeat(indent + column);
+                words_on_line = 0;
+            }
+            if words_on_line > 0 {
+                line.push(' ');
+            }
+            line.push_str(word);
+            words_on_line += 1;
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
 
 /// What a model folder serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,47 +233,28 @@ pub fn valid_model_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// `config.toml` as written: every key is optional (the defaults are [`ModelConfig::defaults`]'s).
-/// Integers are read as `i64` and range-checked here, so that an error names the key and its range.
+/// `config.toml` as written: every key is optional (the defaults are [`ModelConfig::defaults`]'s);
+/// [`CONFIG_KEYS`] describes each. Integers are read as `i64` and range-checked here, so that an
+/// error names the key and its range.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
-    /// A zoo name (`kairos zoo list`), or an `.onnx` file in the model's folder (a relative path
-    /// without `..`). Default: the folder's only `.onnx` file, else the zoo model of the folder's name.
     model: Option<Spanned<String>>,
-    /// `"f32"` (default) or `"f16"`.
     dtype: Option<Spanned<String>>,
-    /// Batch size (zoo models; the dynamic batch dimension of `.onnx` files), 1..=[`BATCH_MAX`];
-    /// default 1.
     batch: Option<Spanned<i64>>,
-    /// Sequence length of transformers and other dynamic dimensions, 1..=[`SEQ_LEN_MAX`]; default
-    /// the zoo's.
     seq_len: Option<Spanned<i64>>,
-    /// Seed of a zoo model's weights, non-negative; default the zoo's.
     seed: Option<Spanned<i64>>,
-    /// `"real-time"` or `"best-effort"` (default; also `rt`, `be`, `realtime`, `best_effort`).
     class: Option<Spanned<String>>,
-    /// The model's priority level, numbered as requests number theirs (Triton's `priority`): 1 is
-    /// the most urgent, [`PRIORITY_LEVELS_MAX`] the least, 0 none (the default); a request's own
-    /// level overrides it.
     priority_level: Option<Spanned<i64>>,
-    /// Refused with a pointer to `priority_level` (it counted the other way round).
+    /// Refused with a pointer to `priority_level` (it counted the other way round); not in
+    /// [`CONFIG_KEYS`].
     priority: Option<Spanned<toml::Value>>,
-    /// Latency target per request in milliseconds (integer or decimal), in
-    /// [`DEADLINE_MS_MIN`, `DEADLINE_MS_MAX`]; none by default. Alias `latency_target_ms`.
     #[serde(alias = "latency_target_ms")]
     deadline_ms: Option<Spanned<f64>>,
-    /// Fairness account, any `u32`; default 0.
     tenant: Option<Spanned<i64>>,
-    /// Copies of the model, 1..=[`INSTANCES_MAX`], spread round robin over `gpus`; default 1.
     instances: Option<Spanned<i64>>,
-    /// The devices the instances go to: an array of device numbers (`[0, 1]`), one number, or
-    /// `"auto"` (each instance on the GPU with the fewest weight bytes placed so far); default `[0]`.
     gpus: Option<Spanned<toml::Value>>,
-    /// The version clients name: letters, digits, `_`, `.`, `-`; default `"1"`.
     version: Option<Spanned<String>>,
-    /// A `kairos profile` JSON in the model's folder (a relative path without `..`); default: the
-    /// server's profile folder, by model name.
     profile: Option<Spanned<String>>,
 }
 
@@ -558,21 +621,56 @@ mod tests {
     /// The sample in this module's documentation parses, so the docs and the parser cannot drift.
     #[test]
     fn documented_samples_parse() {
+        // Every key of the table with its example: `kairos serve --help`'s sample.
+        let all: String = CONFIG_KEYS.iter().map(|k| format!("{} = {}\n", k.key, k.example)).collect();
+        let c = parse_config("resnet18", &dir(), &all).unwrap_or_else(|e| panic!("{e}\n{all}"));
+        assert_eq!((c.dtype, c.batch, c.seq_len, c.class, c.priority_level), (DType::F16, 1, 128, Class::RealTime, 10));
+        assert_eq!((c.deadline_ns, c.tenant, c.instances, c.gpus.clone()), (Some(5_000_000), 1, 2, vec![0, 1]));
+        assert_eq!((c.version.as_str(), c.seed, c.profile.clone()), ("1", 7, Some(dir().join("p.json"))));
+        assert_eq!(c.source, ModelSource::Zoo("resnet18".into()));
+        // The module docs' sample.
         let src = include_str!("repository.rs");
         let start = src.find("//! ```toml\n").unwrap() + "//! ```toml\n".len();
         let end = start + src[start..].find("//! ```\n").unwrap();
         let sample: String = src[start..end].lines().map(|l| format!("{}\n", l.strip_prefix("//!").unwrap())).collect();
-        assert!(sample.contains("gpus = [0, 1]"), "{sample}");
         let c = parse_config("resnet18", &dir(), &sample).unwrap_or_else(|e| panic!("{e}\n{sample}"));
-        assert_eq!((c.dtype, c.batch, c.seq_len, c.class, c.priority_level), (DType::F16, 1, 128, Class::RealTime, 10));
-        assert_eq!((c.deadline_ns, c.tenant, c.instances, c.gpus.clone()), (Some(5_000_000), 1, 2, vec![0, 1]));
-        assert_eq!((c.version.as_str(), c.seed, c.profile.clone()), ("1", 7, Some(dir().join("profile.json"))));
+        assert_eq!((c.dtype, c.class, c.deadline_ns), (DType::F16, Class::RealTime, Some(5_000_000)));
         // README.md's: `printf '...' > models/resnet18/config.toml`.
         let readme = include_str!("../../../README.md");
         let line = readme.lines().find(|l| l.contains("> models/resnet18/config.toml")).unwrap();
         let quoted = line.split('\'').nth(1).unwrap().replace("\\n", "\n");
         let c = parse_config("resnet18", &dir(), &quoted).unwrap_or_else(|e| panic!("{e}\n{quoted}"));
         assert_eq!((c.dtype, c.class), (DType::F16, Class::RealTime));
+    }
+
+    #[test]
+    fn the_key_table_names_every_key_the_reader_takes() {
+        // serde's unknown-field error lists the fields the reader takes.
+        let e = parse_config("m", &dir(), "no_such_key = 1").unwrap_err();
+        let listed = e.split("expected one of ").nth(1).unwrap_or_else(|| panic!("{e}"));
+        let mut read: Vec<&str> = listed.split(", ").map(|f| f.trim().trim_matches('`')).collect();
+        // Refused or aliases: not keys of their own.
+        read.retain(|f| !["priority", "latency_target_ms"].contains(f));
+        let mut documented: Vec<&str> = CONFIG_KEYS.iter().map(|k| k.key).collect();
+        read.sort_unstable();
+        documented.sort_unstable();
+        assert_eq!(read, documented, "{e}");
+    }
+
+    #[test]
+    fn the_key_table_states_the_limits_the_reader_checks() {
+        let help = |key: &str| CONFIG_KEYS.iter().find(|k| k.key == key).unwrap().help;
+        assert!(help("batch").contains(&format!("1..={BATCH_MAX}")));
+        assert!(help("seq_len").contains(&format!("1..={SEQ_LEN_MAX}")));
+        assert!(help("instances").contains(&format!("1..={INSTANCES_MAX}")));
+        assert!(help("priority_level").contains(&format!("{PRIORITY_LEVELS_MAX} the least")));
+        assert!(help("deadline_ms").contains(&format!("{DEADLINE_MS_MIN}..={DEADLINE_MS_MAX} ms")));
+        let text = config_keys_help(2, 100);
+        assert_eq!(text.lines().filter(|l| l.contains(" = ")).count(), CONFIG_KEYS.len(), "{text}");
+        assert!(text.lines().all(|l| l.starts_with("  ") && l.len() <= 100), "{text}");
+        let words = |t: &str| t.split_whitespace().count();
+        let table: usize = CONFIG_KEYS.iter().map(|k| 2 + words(k.example) + words(k.help)).sum();
+        assert_eq!(words(&text), table, "no word lost in wrapping:\n{text}");
     }
 
     #[test]
