@@ -471,6 +471,28 @@ impl EltwiseParams {
     }
 }
 
+/// Why a launch does not suit its kernel's GPU code (checked by `kairos_kernels::source` before
+/// anything reaches a GPU): a plan that a lowering got wrong, never outside input.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchError {
+    #[error("kernel {kernel} has no {dtype} variant (launch dtype must be f32 or f16)")]
+    NoVariant { kernel: &'static str, dtype: crate::tensor::DType },
+    #[error("kernel {kernel} takes 32..={threads_max} threads per block in whole warps, the launch asks for {threads}")]
+    Threads { kernel: &'static str, threads_max: u32, threads: u32 },
+    #[error("kernel {kernel} launches with at most {max_bytes} bytes of dynamic shared memory, the launch asks for {bytes}")]
+    SharedMemory { kernel: &'static str, max_bytes: u32, bytes: u32 },
+    #[error("kernel {kernel} has {expected} logical blocks, the launch says {got}")]
+    LogicalBlocks { kernel: &'static str, expected: u32, got: u32 },
+    #[error("kernel {kernel} takes {expected} arguments, got {got}")]
+    Arguments { kernel: &'static str, expected: usize, got: usize },
+    #[error("kernel {kernel} takes at most {max} inputs, the plan gives {got}")]
+    Inputs { kernel: &'static str, max: usize, got: usize },
+    #[error("the parameter block of {kernel} outgrows {max_bytes} bytes")]
+    ParamBlockOverflow { kernel: &'static str, max_bytes: usize },
+    #[error("the parameter block of {kernel} is {bytes} bytes, the CUDA struct has {expected}")]
+    ParamBlock { kernel: &'static str, bytes: usize, expected: usize },
+}
+
 /// The kernels of kairos' library, with their parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kernel", rename_all = "snake_case")]

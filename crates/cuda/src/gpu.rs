@@ -917,7 +917,7 @@ impl CudaGpu {
     }
 
     fn kernel_function(&mut self, kernel: &Kernel, dtype: DType, threads: u32, v: Variant) -> Result<Arc<FunctionInfo>> {
-        let key = source::entry_key(kernel, dtype, threads).map_err(GpuError::Invalid)?;
+        let key = source::entry_key(kernel, dtype, threads)?;
         let unit = source::Unit::of_entry(source::module_of(kernel), key);
         self.function_by_name(&format!("{}{}", key.base, key.suffix), unit, v)
     }
@@ -970,7 +970,7 @@ impl CudaGpu {
     pub fn plan_units(plan: &Plan) -> Result<Vec<(source::Unit, Variant)>> {
         let mut units = Vec::new();
         for l in &plan.launches {
-            let u = source::unit_of(&l.kernel, l.dtype, l.shape.threads_per_block).map_err(GpuError::Invalid)?;
+            let u = source::unit_of(&l.kernel, l.dtype, l.shape.threads_per_block)?;
             units.push((u, Variant::Protocol));
         }
         units.sort();
@@ -1296,16 +1296,15 @@ impl CudaGpu {
     }
 
     fn launch_with_inner(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
-        source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
+        source::check_shape(request.kernel, &request.shape)?;
         let threads = request.shape.threads_per_block;
         let dyn_smem = source::dynamic_smem_bytes(request.kernel, request.dtype, &request.shape);
-        let key = (source::entry_key(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?, threads, dyn_smem);
+        let key = (source::entry_key(request.kernel, request.dtype, threads)?, threads, dyn_smem);
         let (f, name, per_sm) = match self.entries.get(&key) {
             Some(e) => (Arc::clone(&e.f), Arc::clone(&e.name), e.ctas_per_sm),
             None => {
                 let f = self.kernel_function(request.kernel, request.dtype, threads, Variant::Protocol)?;
-                let name: Arc<str> =
-                    source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?.into();
+                let name: Arc<str> = source::function_name(request.kernel, request.dtype, threads)?.into();
                 let per_sm = if threads == 0 || threads > f.threads_max || dyn_smem > f.dyn_smem_max_bytes {
                     0 // launch_inner refuses it with the reason
                 } else {
@@ -1456,10 +1455,10 @@ impl CudaGpu {
     /// What launching `request`'s kernel built as `variant` straight through `launch_inner` needs
     /// (its flags as that function's defaults: all CTA records, no light launch).
     fn direct_launch(&mut self, request: &LaunchRequest<'_>, variant: Variant) -> Result<DirectLaunch> {
-        source::check_shape(request.kernel, &request.shape).map_err(GpuError::Invalid)?;
+        source::check_shape(request.kernel, &request.shape)?;
         let threads = request.shape.threads_per_block;
         let f = self.kernel_function(request.kernel, request.dtype, threads, variant)?;
-        let name = source::function_name(request.kernel, request.dtype, threads).map_err(GpuError::Invalid)?;
+        let name = source::function_name(request.kernel, request.dtype, threads)?;
         let block = pack_request_args(request)?;
         let o = LaunchOptions {
             first_block: request.first_block,
@@ -2117,9 +2116,9 @@ impl Gpu for CudaGpu {
     }
 
     fn kernel_resources(&mut self, kernel: &Kernel, dtype: DType, shape: &LaunchShape) -> Result<KernelResources> {
-        source::check_shape(kernel, shape).map_err(GpuError::Invalid)?;
+        source::check_shape(kernel, shape)?;
         let f = self.kernel_function(kernel, dtype, shape.threads_per_block, Variant::Protocol)?;
-        let name = source::function_name(kernel, dtype, shape.threads_per_block).map_err(GpuError::Invalid)?;
+        let name = source::function_name(kernel, dtype, shape.threads_per_block)?;
         if shape.threads_per_block > f.threads_max {
             return Err(GpuError::Invalid(format!("{name} runs at most {} threads per CTA", f.threads_max)));
         }
@@ -2155,7 +2154,7 @@ impl Gpu for CudaGpu {
         if plain {
             let mut missing = Vec::new();
             for l in launches {
-                let u = source::unit_of(l.kernel, l.dtype, l.shape.threads_per_block).map_err(GpuError::Invalid)?;
+                let u = source::unit_of(l.kernel, l.dtype, l.shape.threads_per_block)?;
                 if !self.unit_ready(u, Variant::Plain) && !missing.contains(&(u, Variant::Plain)) {
                     missing.push((u, Variant::Plain));
                 }
@@ -2590,5 +2589,5 @@ fn pack_request_args(request: &LaunchRequest<'_>) -> Result<ParamBlock> {
         spilled = request.args.iter().map(|p| p.0).collect();
         &spilled
     };
-    source::pack_args(request.kernel, args).map_err(GpuError::Invalid)
+    source::pack_args(request.kernel, args).map_err(GpuError::from)
 }

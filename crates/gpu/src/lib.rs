@@ -368,6 +368,9 @@ pub enum GpuError {
     Compile { kernel: String, log: String },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A launch that does not suit its kernel's GPU code (the plan's fault).
+    #[error("invalid launch: {0}")]
+    Launch(#[from] kairos_core::plan::LaunchError),
     #[error("{limit} exhausted (limit {max})")]
     Exhausted { limit: &'static str, max: u64 },
     #[error("driver error: {0}")]

@@ -13,7 +13,9 @@
 
 use kairos_core::DType;
 use kairos_core::graph::Act;
-use kairos_core::plan::{BinaryOpParam, EltFunc, Kernel, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam, split_k_len};
+use kairos_core::plan::{
+    BinaryOpParam, EltFunc, Kernel, LaunchError, LaunchShape, PoolKindParam, ReduceKind, UnaryOpParam, split_k_len,
+};
 
 /// The headers every module may include, by the name the sources include them under.
 pub const HEADERS: [(&str, &str); 3] = [
@@ -290,7 +292,7 @@ impl Unit {
 }
 
 /// The unit that holds a launch's entry function (see [`function_name`]).
-pub fn unit_of(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<Unit, String> {
+pub fn unit_of(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<Unit, LaunchError> {
     Ok(Unit::of_entry(module_of(kernel), entry_key(kernel, dtype, threads_per_cta)?))
 }
 
@@ -376,7 +378,7 @@ pub fn module_of(kernel: &Kernel) -> Module {
 /// [`TC_NARROW_THREADS_MAX`] threads; split-K launches take the `<name>_sk_` entries (`_sk_gv` /
 /// `_sk_gvn` for small-M products, else `_sk_f16n` at most [`TC_NARROW_THREADS_MAX`] threads,
 /// `_sk_f16`).
-pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, String> {
+pub fn function_name(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<String, LaunchError> {
     entry_key(kernel, dtype, threads_per_cta).map(|k| format!("{}{}", k.base, k.suffix))
 }
 
@@ -389,7 +391,7 @@ pub struct EntryKey {
 }
 
 /// The entry key of a launch (see [`function_name`]).
-pub fn entry_key(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<EntryKey, String> {
+pub fn entry_key(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<EntryKey, LaunchError> {
     let base = kernel.name();
     let sk = kernel.is_split_k();
     let kind = match dtype {
@@ -416,7 +418,7 @@ pub fn entry_key(kernel: &Kernel, dtype: DType, threads_per_cta: u32) -> Result<
         DType::F16 => EntryKind::F16,
         DType::F32 if sk => EntryKind::SkF32,
         DType::F32 => EntryKind::F32,
-        DType::I64 => return Err(format!("kernel {base} has no i64 variant (launch dtype must be f32 or f16)")),
+        DType::I64 => return Err(LaunchError::NoVariant { kernel: base, dtype }),
     };
     Ok(EntryKey { base, suffix: kind.suffix() })
 }
@@ -484,29 +486,24 @@ pub fn dynamic_smem_bytes(kernel: &Kernel, dtype: DType, shape: &LaunchShape) ->
 }
 
 /// Checks that a launch shape suits the kernel's CUDA code: whole warps, within its launch bounds.
-pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), String> {
+pub fn check_shape(kernel: &Kernel, shape: &LaunchShape) -> Result<(), LaunchError> {
     let t = shape.threads_per_block;
     if t == 0 || !t.is_multiple_of(32) || t > threads_max(kernel) {
-        return Err(format!(
-            "kernel {} takes 32..={} threads per block in whole warps, the launch asks for {t}",
-            kernel.name(),
-            threads_max(kernel)
-        ));
+        return Err(LaunchError::Threads { kernel: kernel.name(), threads_max: threads_max(kernel), threads: t });
     }
     if shape.shared_mem_bytes > DYNAMIC_SMEM_MAX_BYTES {
-        return Err(format!(
-            "kernel {} launches with at most {DYNAMIC_SMEM_MAX_BYTES} bytes of dynamic shared memory, the launch asks for {}",
-            kernel.name(),
-            shape.shared_mem_bytes
-        ));
+        return Err(LaunchError::SharedMemory {
+            kernel: kernel.name(),
+            max_bytes: DYNAMIC_SMEM_MAX_BYTES,
+            bytes: shape.shared_mem_bytes,
+        });
     }
     if shape.logical_blocks != kernel.logical_blocks() {
-        return Err(format!(
-            "kernel {} has {} logical blocks, the launch says {}",
-            kernel.name(),
-            kernel.logical_blocks(),
-            shape.logical_blocks
-        ));
+        return Err(LaunchError::LogicalBlocks {
+            kernel: kernel.name(),
+            expected: kernel.logical_blocks(),
+            got: shape.logical_blocks,
+        });
     }
     Ok(())
 }
@@ -733,9 +730,9 @@ pub fn arg_count(kernel: &Kernel) -> usize {
 
 /// Packs a kernel's own parameter struct from the device addresses of its arguments (in the
 /// plan's argument order).
-pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
+pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, LaunchError> {
     if args.len() != arg_count(kernel) {
-        return Err(format!("kernel {} takes {} arguments, got {}", kernel.name(), arg_count(kernel), args.len()));
+        return Err(LaunchError::Arguments { kernel: kernel.name(), expected: arg_count(kernel), got: args.len() });
     }
     let mut w = ParamBlock::default();
     let expected = match kernel {
@@ -895,7 +892,7 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
         Kernel::Eltwise(p) => {
             let inputs = p.inputs as usize;
             if inputs > 3 {
-                return Err(format!("eltwise takes at most 3 inputs, the plan gives {inputs}"));
+                return Err(LaunchError::Inputs { kernel: kernel.name(), max: 3, got: inputs });
             }
             for a in args[..inputs].iter().copied().chain(std::iter::repeat(0)).take(3) {
                 w.u64(a);
@@ -952,10 +949,10 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, String> {
     };
     w.finish();
     if w.overflowed() {
-        return Err(format!("parameter block of {} outgrows {PARAM_BLOCK_BYTES_MAX} bytes", kernel.name()));
+        return Err(LaunchError::ParamBlockOverflow { kernel: kernel.name(), max_bytes: PARAM_BLOCK_BYTES_MAX });
     }
     if w.len() != expected {
-        return Err(format!("parameter block of {} is {} bytes, the CUDA struct has {expected}", kernel.name(), w.len()));
+        return Err(LaunchError::ParamBlock { kernel: kernel.name(), bytes: w.len(), expected });
     }
     Ok(w)
 }
@@ -1136,7 +1133,10 @@ mod tests {
         });
         assert_eq!(function_name(&sum, DType::F16, 256).unwrap(), "splitk_sum_f16");
         assert_eq!(pack_args(&sum, &[1, 2, 3, 4]).unwrap().len(), 112);
-        assert!(pack_args(&sum, &[1, 2, 3]).is_err(), "bias and residual make four arguments");
+        // Bias and residual make four arguments.
+        let e = pack_args(&sum, &[1, 2, 3]).unwrap_err();
+        assert_eq!(e, LaunchError::Arguments { kernel: sum.name(), expected: 4, got: 3 });
+        assert_eq!(function_name(&sum, DType::I64, 256), Err(LaunchError::NoVariant { kernel: sum.name(), dtype: DType::I64 }));
     }
 
     /// x [32, 4096] times constant weights [4096, 64]: long enough a reduction to split.
