@@ -59,7 +59,9 @@ REQUESTS
   with Triton's repository (index/load/unload), model configuration and statistics extensions; the
   binary tensor data extension on REST. Request parameters: priority (Triton's levels: 1 is the most
   urgent, 0 the model's own), timeout (microseconds: the request's deadline, and past it the request is
-  cancelled and answered 504 / DEADLINE_EXCEEDED), kairos_class
+  cancelled and answered 504 / DEADLINE_EXCEEDED), kairos_deadline_us (microseconds: a deadline only,
+  scheduled for and reported in kairos_deadline_missed, the late result still delivered; with timeout
+  too, it is the deadline and timeout only cancels), kairos_class
   (real-time / best-effort), kairos_tenant. Responses carry kairos_engine_ns, kairos_gpu_ns,
   kairos_queue_ns and kairos_deadline_missed. Prometheus metrics on GET /metrics (REST port).
   Local clients: the shared-memory channel on --shm-socket (kairos_client::shm::ShmClient).";
