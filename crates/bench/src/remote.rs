@@ -12,8 +12,9 @@
 //! through the network path; a launcher that returns a running server's endpoints measures that
 //! server as it is configured (its own policy).
 //!
-//! Request options travel as the protocol's parameters: the class, the deadline (`timeout`, µs)
-//! and the tenant; the priority is left to the model's configuration (kairos' signed priorities do
+//! Request options travel as the protocol's parameters: the class, the deadline
+//! (`kairos_deadline_us`, µs: scheduled for and reported as missed, never cancelled, so that a late
+//! result counts as a miss and not a loss) and the tenant; the priority is left to the model's configuration (kairos' signed priorities do
 //! not map onto Triton's levels one to one).
 
 use crate::Error;
@@ -262,7 +263,9 @@ impl Target for RemoteTarget {
             inputs,
             options: InferOptions {
                 priority: 0,
-                timeout_us: options.deadline_ns.map_or(0, |d| d.div_ceil(1000)),
+                // The deadline only: a benchmark counts a late result as a miss, not a loss.
+                timeout_us: 0,
+                deadline_us: options.deadline_ns.map_or(0, |d| d.div_ceil(1000)),
                 real_time: Some(options.class == Class::RealTime),
                 tenant: Some(options.tenant.0),
             },

@@ -128,6 +128,9 @@ pub fn request_parameters(opts: &InferOptions) -> HashMap<String, pb::InferParam
     if opts.priority != 0 {
         p.insert("priority".to_string(), int_param(opts.priority as i64));
     }
+    if opts.deadline_us != 0 {
+        p.insert("kairos_deadline_us".to_string(), int_param(opts.deadline_us.min(i64::MAX as u64) as i64));
+    }
     if opts.timeout_us != 0 {
         p.insert("timeout".to_string(), int_param(opts.timeout_us as i64));
     }

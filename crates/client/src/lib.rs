@@ -178,6 +178,11 @@ pub struct InferOptions {
     /// Deadline (latency target) in microseconds; 0: the model's. The server also cancels a request
     /// not answered within it (504 / DEADLINE_EXCEEDED).
     pub timeout_us: u64,
+    /// A deadline in microseconds with no cancellation (the `kairos_deadline_us` parameter): the
+    /// server schedules for it and reports a miss (`ServerTiming::deadline_missed`), and a late
+    /// result is still delivered; 0: none. With `timeout_us` too, this is the deadline and
+    /// `timeout_us` only cancels (the shared-memory channel carries one of the two: both is refused).
+    pub deadline_us: u64,
     /// Overrides the model's class.
     pub real_time: Option<bool>,
     pub tenant: Option<u32>,

@@ -148,6 +148,9 @@ pub fn request_parameters(opts: &InferOptions) -> Map<String, Value> {
     if opts.priority != 0 {
         p.insert("priority".into(), json!(opts.priority));
     }
+    if opts.deadline_us != 0 {
+        p.insert("kairos_deadline_us".into(), json!(opts.deadline_us));
+    }
     if opts.timeout_us != 0 {
         p.insert("timeout".into(), json!(opts.timeout_us));
     }

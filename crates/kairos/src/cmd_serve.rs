@@ -54,7 +54,9 @@ REQUESTS
   with Triton's repository (index/load/unload), model configuration and statistics extensions; the
   binary tensor data extension on REST. Request parameters: priority (Triton's levels: 1 is the most
   urgent, 0 the model's own), timeout (microseconds: the request's deadline, and past it the request is
-  cancelled and answered 504 / DEADLINE_EXCEEDED), kairos_class
+  cancelled and answered 504 / DEADLINE_EXCEEDED), kairos_deadline_us (microseconds: a deadline only,
+  scheduled for and reported in kairos_deadline_missed, the late result still delivered; with timeout
+  too, it is the deadline and timeout only cancels), kairos_class
   (real-time / best-effort), kairos_tenant. Responses carry kairos_engine_ns, kairos_gpu_ns,
   kairos_queue_ns and kairos_deadline_missed. Prometheus metrics on GET /metrics (REST port).
   Local clients: the shared-memory channel on --shm-socket (kairos_client::shm::ShmClient).";
@@ -177,6 +179,13 @@ pub struct ServeArgs {
     /// requests are copied instead of read in place.
     #[arg(long, value_enum, env = "KAIROS_GPU_WORKERS", default_value = "auto")]
     pub gpu_workers: GpuWorkers,
+    /// Seconds a GPU worker may take from its start until it serves (CUDA's initialisation, the
+    /// autotuner, and after a restart the models' loads); past it the worker is killed and the start
+    /// counts as failed (a GPU is given up after 3 failed starts in a row; its requests get 503 /
+    /// UNAVAILABLE with the cause meanwhile).
+    #[arg(long, env = "KAIROS_WORKER_START_TIMEOUT_S", default_value_t = kairos_server::worker::WORKER_START_TIMEOUT_S_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub worker_start_timeout_s: u64,
     /// Internal: run as the worker of this GPU (the server starts its workers with it).
     #[arg(long, hide = true)]
     pub worker_gpu: Option<u32>,
@@ -187,6 +196,10 @@ pub struct ServeArgs {
     /// sticky GPU fault); in a worker, only the first worker of each GPU does.
     #[arg(long, hide = true)]
     pub test_fault_at_launch: Option<u64>,
+    /// Tests only: the workers of generation N and later (0: the first of each GPU) never say
+    /// ready; each waits until its stdin closes, then exits.
+    #[arg(long, hide = true)]
+    pub test_worker_hang_from_generation: Option<u64>,
 }
 
 fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
@@ -332,6 +345,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         fault,
     )?;
     if let Some(gpu) = args.worker_gpu {
+        if args.test_worker_hang_from_generation.is_some_and(|g| args.worker_generation >= g) {
+            tracing::warn!(
+                gpu,
+                generation = args.worker_generation,
+                "GPU worker: hanging before ready (--test-worker-hang-from-generation)"
+            );
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            return Ok(());
+        }
         return kairos_server::worker::run_worker(std::sync::Arc::from(backend), gpu)
             .map_err(|e| anyhow::anyhow!("GPU worker {gpu}: {e}"));
     }
@@ -349,7 +371,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tracing::info!("GPU engines in worker processes (--gpu-workers off keeps them in this process)");
         Box::new(WorkerBackend {
             inner: backend,
-            spawn: WorkerSpawn { exe, args: worker_args },
+            spawn: WorkerSpawn { exe, args: worker_args, start_timeout_ms: args.worker_start_timeout_s.saturating_mul(1000) },
             requests_max: args.submit_queue_max + args.jobs_max,
         })
     } else {

@@ -34,6 +34,10 @@ fn free_port() -> u16 {
 }
 
 fn start(dir: &Path) -> Server {
+    start_with(dir, &[])
+}
+
+fn start_with(dir: &Path, extra: &[&str]) -> Server {
     let repo = dir.join("models");
     std::fs::create_dir_all(&repo).unwrap();
     kairos_server::fixtures::write_tiny_repository(&repo).unwrap();
@@ -49,6 +53,7 @@ fn start(dir: &Path) -> Server {
         .arg(&repo)
         .arg("--http")
         .arg(format!("127.0.0.1:{port}"))
+        .args(extra)
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .spawn()
@@ -56,8 +61,13 @@ fn start(dir: &Path) -> Server {
     Server { child, http: format!("http://127.0.0.1:{port}"), dir: dir.to_path_buf() }
 }
 
-/// The worker processes of `pid` (its children).
+/// The worker processes of `pid` (its children, zombies left out).
 fn children_of(pid: u32) -> Vec<u32> {
+    children_in_state(pid, false)
+}
+
+/// The children of `pid`; with `zombies`, those exited and not reaped too.
+fn children_in_state(pid: u32, zombies: bool) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
@@ -65,7 +75,7 @@ fn children_of(pid: u32) -> Vec<u32> {
         // pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
         let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.get(1).and_then(|f| f.parse::<u32>().ok()) == Some(pid) && fields.first() != Some(&"Z") {
+        if fields.get(1).and_then(|f| f.parse::<u32>().ok()) == Some(pid) && (zombies || fields.first() != Some(&"Z")) {
             out.push(p);
         }
     }
@@ -167,6 +177,84 @@ fn a_killed_worker_is_restarted_and_every_request_is_answered() {
             metrics.lines().find(|l| l.starts_with("kairos_gpu_recoveries_total")).expect("the recoveries counter").to_string();
         assert!(line.ends_with(" 1"), "one recovery counted: {line}");
         assert!(c.server_live().await.unwrap(), "the server stayed live");
+    });
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+}
+
+/// A restarted worker that never becomes ready (here: one that hangs before it says so, as one
+/// stuck in CUDA's initialisation would) is killed after --worker-start-timeout-s and counted as a
+/// failed start; meanwhile requests get 503 naming the cause, the server's front end stays up, and
+/// after the third failed start the GPU is given up with no worker process left behind.
+#[test]
+fn a_worker_that_never_becomes_ready_is_killed_after_the_start_timeout() {
+    let dir = std::env::temp_dir().join(format!("kairos-worker-hang-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // The first worker serves; every restarted one hangs before ready.
+    let mut server =
+        start_with(&dir, &["--worker-start-timeout-s", "2", "--test-worker-hang-from-generation", "1", "--load", "mlp"]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = RestClient::new(&server.http).unwrap();
+        let started = Instant::now();
+        while !c.server_live().await.unwrap_or(false) {
+            assert!(started.elapsed() < READY_WAIT, "the server did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        wait_ready(&c, READY_WAIT).await;
+        let x = input(64, 0.5);
+        let opts = InferOptions::default();
+        c.infer("mlp", "", &[("x", &x)], &opts, false).await.expect("mlp through the first worker");
+        let workers = children_of(server.child.id());
+        assert_eq!(workers.len(), 1, "one worker (found {workers:?})");
+        let killed_at = Instant::now();
+        assert!(Command::new("kill").args(["-9", &workers[0].to_string()]).status().unwrap().success());
+
+        // While the restarts hang: live, not ready, requests refused naming the time limit.
+        let mut saw_cause = None;
+        let mut hung_workers = std::collections::BTreeSet::new();
+        while saw_cause.is_none() {
+            assert!(killed_at.elapsed() < Duration::from_secs(20), "no request was refused naming the start time limit");
+            hung_workers.extend(children_of(server.child.id()));
+            match c.infer("mlp", "", &[("x", &x)], &opts, false).await {
+                Err(ClientError::Server { code: Code::Unavailable, message }) => {
+                    if message.contains("did not become ready within 2 s") {
+                        saw_cause = Some(message);
+                    }
+                }
+                Ok(_) => panic!("a request was served while every new worker hangs"),
+                Err(e) => panic!("expected 503 while the worker restarts, got {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let after = killed_at.elapsed();
+        eprintln!("hang test: refused naming the time limit {:.1} s after the kill: {}", after.as_secs_f64(), saw_cause.unwrap());
+        assert!(after >= Duration::from_secs(2), "the time limit was not waited for ({after:?})");
+        assert!(!c.server_ready().await.unwrap(), "ready while the GPU's worker cannot start");
+        // (The killed worker may still show, briefly, before it is a zombie.)
+        hung_workers.remove(&workers[0]);
+        assert!(!hung_workers.is_empty(), "a new (hanging) worker was started");
+
+        // Three failed starts: the GPU is given up (liveness now says why), the front end answers.
+        let t = Instant::now();
+        let message = loop {
+            assert!(t.elapsed() < Duration::from_secs(30), "the GPU was not given up after three timed-out starts");
+            match c.infer("mlp", "", &[("x", &x)], &opts, false).await {
+                Err(ClientError::Server { code: Code::Unavailable, message }) if message.contains("stopped") => break message,
+                Err(ClientError::Server { code: Code::Unavailable, .. }) => {}
+                r => panic!("expected 503 while the worker restarts, got {:?}", r.map(|r| r.model_name)),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(message.contains("3 worker starts failed") && message.contains("did not become ready within 2 s"), "{message}");
+        assert!(!c.server_live().await.unwrap(), "a GPU given up makes the server not live (restart the process)");
+        assert!(!c.server_ready().await.unwrap());
+        // Every worker that hung was killed and reaped.
+        let left = children_in_state(server.child.id(), true);
+        assert!(left.is_empty(), "worker processes left behind (zombies included): {left:?}");
+        for pid in &hung_workers {
+            assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the hung worker {pid} still exists");
+        }
     });
     let _ = server.child.kill();
     let _ = server.child.wait();

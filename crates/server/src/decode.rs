@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | `priority` | request | integer in 0..=1000 | Triton's level: 1 is the most urgent, 0 the model's own |
 //! | `timeout` | request | integer, microseconds | the request's deadline; past it the request is cancelled (504 / DEADLINE_EXCEEDED); 0: none |
+//! | `kairos_deadline_us` | request | integer, microseconds | the request's deadline only: the scheduler's target and `kairos_deadline_missed`, with no cancellation (a late result is still delivered); 0: none. With `timeout` too, the deadline is this one and `timeout` only cancels |
 //! | `kairos_class` | request | `real-time` or `best-effort` | overrides the model's class |
 //! | `kairos_tenant` | request | integer fitting u32 | overrides the model's tenant |
 //! | `sequence_id` | request | 0 | anything else: unsupported (no sequence batching) |
@@ -21,7 +22,7 @@
 //! not know are ignored.
 
 use crate::error::ServeError;
-use crate::state::{ModelEntry, RequestParams, SubmitOptions};
+use crate::state::{ModelEntry, RequestParams, SubmitOptions, TIMEOUT_US_MAX};
 use kairos_sched::Class;
 use std::collections::HashMap;
 
@@ -156,10 +157,28 @@ pub fn outputs(m: &ModelEntry, p: &Params, requested: &[RequestedOutput]) -> Res
     Ok(v)
 }
 
+/// The `kairos_deadline_us` parameter: a deadline in microseconds with no cancellation, in the
+/// range `timeout` has (absent, null or 0: `None`).
+pub fn deadline_us(p: &Params) -> Result<Option<u64>, ServeError> {
+    match uint(p, DEADLINE_US)? {
+        None | Some(0) => Ok(None),
+        Some(d) if d <= TIMEOUT_US_MAX => Ok(Some(d)),
+        Some(d) => Err(ServeError::invalid(format!("{DEADLINE_US} {d} us exceeds {TIMEOUT_US_MAX} us"))),
+    }
+}
+
+/// The name of the deadline-only parameter.
+pub const DEADLINE_US: &str = "kairos_deadline_us";
+
 /// Decodes a request's parameters and output selection against `m`: the engine's options (the
 /// model's configuration overridden by the request, range-checked) and the outputs to send back.
+/// `kairos_deadline_us`, when given, is the engine's deadline (over `timeout`'s); `timeout` alone
+/// decides the cancellation.
 pub fn decode(m: &ModelEntry, params: &Params, requested: &[RequestedOutput]) -> Result<Decoded, ServeError> {
-    let options = m.submit_options(&request_params(params)?)?;
+    let mut options = m.submit_options(&request_params(params)?)?;
+    if let Some(d) = deadline_us(params)? {
+        options.engine.deadline_ns = Some(d * 1000);
+    }
     let outputs = outputs(m, params, requested)?;
     Ok(Decoded { options, outputs })
 }
@@ -355,5 +374,18 @@ mod tests {
         for c in [Param::Int(3), Param::Null] {
             unsupported(outputs(&m, &Params::new(), &[out(&name, &[("classification", c)])]), "classification");
         }
+    }
+
+    #[test]
+    fn the_deadline_only_parameter_is_range_checked() {
+        assert_eq!(deadline_us(&params(&[])).unwrap(), None);
+        assert_eq!(deadline_us(&params(&[(DEADLINE_US, Param::Uint(0))])).unwrap(), None);
+        assert_eq!(deadline_us(&params(&[(DEADLINE_US, Param::Null)])).unwrap(), None);
+        assert_eq!(deadline_us(&params(&[(DEADLINE_US, Param::Int(250))])).unwrap(), Some(250));
+        assert_eq!(deadline_us(&params(&[(DEADLINE_US, Param::Uint(TIMEOUT_US_MAX))])).unwrap(), Some(TIMEOUT_US_MAX));
+        invalid(deadline_us(&params(&[(DEADLINE_US, Param::Uint(TIMEOUT_US_MAX + 1))])), "exceeds");
+        invalid(deadline_us(&params(&[(DEADLINE_US, Param::Int(-1))])), "non-negative integer");
+        invalid(deadline_us(&params(&[(DEADLINE_US, Param::Str("soon".into()))])), "kairos_deadline_us");
+        invalid(deadline_us(&params(&[(DEADLINE_US, Param::Float(1.5))])), "kairos_deadline_us");
     }
 }

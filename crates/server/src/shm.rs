@@ -613,9 +613,17 @@ impl Client<'_> {
         flags: u32,
         tenant: u32,
     ) -> Result<SubmitOptions, ServeError> {
+        if flags & !FLAGS_KNOWN != 0 {
+            return Err(ServeError::invalid(format!(
+                "unknown submission flags {:#x} (known: {FLAGS_KNOWN:#x})",
+                flags & !FLAGS_KNOWN
+            )));
+        }
         let mut p = Params::new();
         p.insert("priority".into(), Param::Int(priority.into()));
-        p.insert("timeout".into(), Param::Uint(timeout_us));
+        // The one field is the timeout (cancels), or with FLAG_DEADLINE_ONLY the deadline only.
+        let key = if flags & FLAG_DEADLINE_ONLY != 0 { decode::DEADLINE_US } else { "timeout" };
+        p.insert(key.into(), Param::Uint(timeout_us));
         if let Some(c) = decode::class_code(class)? {
             p.insert("kairos_class".into(), c);
         }

@@ -555,6 +555,71 @@ fn take_stdout() -> Result<std::fs::File, ServeError> {
 pub struct WorkerSpawn {
     pub exe: PathBuf,
     pub args: Vec<OsString>,
+    /// How long a worker may take from its start until it is ready to serve (its engine runs and,
+    /// after a restart, it has loaded its models again); past it the worker is killed and the
+    /// start counts as failed (see [`WORKER_START_ATTEMPTS_MAX`]).
+    pub start_timeout_ms: u64,
+}
+
+/// Default of [`WorkerSpawn::start_timeout_ms`]: CUDA's initialisation, the autotuner and the
+/// models' loads of a large repository fit well within it.
+pub const WORKER_START_TIMEOUT_S_DEFAULT: u64 = 300;
+
+/// How often a start watch checks whether the server stops.
+const START_WATCH_POLL_MS: u64 = 50;
+
+/// Kills a starting worker that is not ready within its time limit, or whose server stops
+/// meanwhile (a hung start would otherwise hold the server's stop). Disarmed before the worker's
+/// process is reaped, so that the process id it kills is still the worker's.
+struct StartWatch {
+    disarm: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+    timeout_ms: u64,
+}
+
+impl StartWatch {
+    fn arm(pid: u32, timeout_ms: u64, stopping: Arc<AtomicBool>) -> std::io::Result<StartWatch> {
+        let (tx, rx) = mpsc::channel::<()>();
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let thread = std::thread::Builder::new().name("kairos-worker-start".into()).spawn(move || {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left.min(Duration::from_millis(START_WATCH_POLL_MS))) {
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                if Instant::now() >= deadline || stopping.load(Ordering::Acquire) {
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                    return true;
+                }
+            }
+        })?;
+        Ok(StartWatch { disarm: Some(tx), thread: Some(thread), timeout_ms })
+    }
+
+    /// Stops watching; true when the watch killed the worker.
+    fn disarm(&mut self) -> bool {
+        drop(self.disarm.take());
+        self.thread.take().is_some_and(|t| t.join().unwrap_or(false))
+    }
+
+    /// Why the start failed: the time limit when the watch killed the worker (what the reader saw
+    /// then is its consequence), else `why`.
+    fn cause(&mut self, why: String) -> String {
+        if self.disarm() {
+            format!("the GPU worker did not become ready within {} s and was killed", self.timeout_ms.div_ceil(1000))
+        } else {
+            why
+        }
+    }
+}
+
+impl Drop for StartWatch {
+    fn drop(&mut self) {
+        self.disarm();
+    }
 }
 
 type Completer = Box<dyn FnOnce(Result<Response, Error>) + Send>;
@@ -602,7 +667,10 @@ struct Shared {
     restarts: AtomicU64,
     /// Requests the server answered itself because their worker ended.
     failed_here: AtomicU64,
-    stopping: AtomicBool,
+    /// Shared with a starting worker's [`StartWatch`], which kills it when the server stops.
+    stopping: Arc<AtomicBool>,
+    /// Why the latest start attempt of a restart failed (told to the requests refused meanwhile).
+    last_start_error: Mutex<Option<String>>,
     stopped: Mutex<Option<String>>,
     reports: Mutex<VecDeque<RecoveryReport>>,
     next_tag: AtomicU64,
@@ -625,10 +693,29 @@ struct Started {
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     device: DeviceInfo,
+    /// Armed until the start is over (the caller disarms it once the worker serves).
+    watch: StartWatch,
 }
 
-/// Starts a worker for `gpu` and waits for it to be ready.
-fn spawn_worker(spawn: &WorkerSpawn, gpu: u32, generation: u64) -> Result<Started, String> {
+impl Started {
+    /// Ends a start that failed with `why`: the worker killed and reaped; returns the cause with
+    /// the worker's exit status.
+    fn fail(mut self, why: String) -> String {
+        let why = self.watch.cause(why);
+        kill_and_reap(&mut self.child, why)
+    }
+}
+
+/// Kills and reaps a worker whose start failed with `why`; returns `why` with its exit status.
+fn kill_and_reap(child: &mut Child, why: String) -> String {
+    let _ = child.kill();
+    let status = child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+    format!("{why} (worker {status})")
+}
+
+/// Starts a worker for `gpu` and waits for it to be ready, at most `spawn.start_timeout_ms` (the
+/// returned watch keeps counting until the caller disarms it) or until `stopping` is set.
+fn spawn_worker(spawn: &WorkerSpawn, gpu: u32, generation: u64, stopping: &Arc<AtomicBool>) -> Result<Started, String> {
     let mut child = Command::new(&spawn.exe)
         .args(&spawn.args)
         .arg("--worker-gpu")
@@ -648,24 +735,45 @@ fn spawn_worker(spawn: &WorkerSpawn, gpu: u32, generation: u64) -> Result<Starte
     }
     let stdin = BufWriter::with_capacity(1 << 20, stdin);
     let mut stdout = BufReader::with_capacity(1 << 20, stdout);
-    let fail = |child: &mut Child, why: String| {
-        let _ = child.kill();
-        let status = child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-        format!("{why} (worker {status})")
+    let mut watch = match StartWatch::arm(child.id(), spawn.start_timeout_ms.max(1), stopping.clone()) {
+        Ok(w) => w,
+        Err(e) => return Err(kill_and_reap(&mut child, format!("cannot watch the GPU worker's start: {e}"))),
     };
-    match read_head::<_, FromWorker>(&mut stdout) {
-        Ok(Some((FromWorker::Ready { device }, 0))) => Ok(Started { child, stdin, stdout, device }),
-        Ok(Some(_)) => Err(fail(&mut child, "the GPU worker spoke before it was ready".into())),
-        Ok(None) => Err(fail(&mut child, "the GPU worker exited before it was ready; its log says why".into())),
-        Err(e) => Err(fail(&mut child, format!("cannot read from the GPU worker: {e}"))),
-    }
+    let why = match read_head::<_, FromWorker>(&mut stdout) {
+        Ok(Some((FromWorker::Ready { device }, 0))) => return Ok(Started { child, stdin, stdout, device, watch }),
+        Ok(Some(_)) => "the GPU worker spoke before it was ready".to_string(),
+        Ok(None) => "the GPU worker exited before it was ready; its log says why".to_string(),
+        Err(e) => format!("cannot read from the GPU worker: {e}"),
+    };
+    let why = watch.cause(why);
+    Err(kill_and_reap(&mut child, why))
 }
 
 impl WorkerEngine {
     /// Starts the worker of `gpu` (generation 0) and its supervisor; returns once the worker's
     /// engine runs. `requests_max` bounds the requests the worker holds at once.
+    /// A start that fails (the worker exits, or is not ready within `spawn.start_timeout_ms`) is
+    /// tried again, [`WORKER_START_ATTEMPTS_MAX`] times in all.
     pub fn start(gpu: u32, spawn: WorkerSpawn, requests_max: usize) -> Result<WorkerEngine, ServeError> {
-        let s = spawn_worker(&spawn, gpu, 0).map_err(|e| ServeError::Internal(format!("GPU {gpu}: {e}")))?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut attempt = 0;
+        let s = loop {
+            attempt += 1;
+            match spawn_worker(&spawn, gpu, 0, &stopping) {
+                Ok(mut s) => {
+                    s.watch.disarm();
+                    break s;
+                }
+                Err(e) if attempt >= WORKER_START_ATTEMPTS_MAX => {
+                    return Err(ServeError::Internal(format!("GPU {gpu}: {attempt} worker starts failed: {e}")));
+                }
+                Err(e) => {
+                    warn!(gpu, attempt, error = %e, "cannot start a GPU worker; trying again");
+                    eprintln!("kairos: GPU {gpu}: worker start {attempt} failed: {e}");
+                    std::thread::sleep(Duration::from_millis(WORKER_RETRY_MS));
+                }
+            }
+        };
         let shared = Arc::new(Shared {
             gpu,
             spawn,
@@ -679,7 +787,8 @@ impl WorkerEngine {
             restarting: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
             failed_here: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
+            stopping,
+            last_start_error: Mutex::new(None),
             stopped: Mutex::new(None),
             reports: Mutex::default(),
             next_tag: AtomicU64::new(1),
@@ -707,7 +816,12 @@ impl WorkerEngine {
         if s.stopping.load(Ordering::Acquire) {
             return Error::ShuttingDown;
         }
-        Error::GpuFailed(format!("the worker of GPU {} is restarting after a fault", s.gpu))
+        match lock(&s.last_start_error).clone() {
+            Some(e) => {
+                Error::GpuFailed(format!("the worker of GPU {} is restarting after a fault; its last start failed: {e}", s.gpu))
+            }
+            None => Error::GpuFailed(format!("the worker of GPU {} is restarting after a fault", s.gpu)),
+        }
     }
 
     /// Writes one frame to the running worker, registering its waiter first, under the lock the
@@ -1013,9 +1127,11 @@ fn supervise(s: &Shared, mut stdout: BufReader<ChildStdout>) {
         loop {
             attempt += 1;
             generation += 1;
-            let started = spawn_worker(&s.spawn, s.gpu, generation).and_then(|st| reload(s, st));
+            let started = spawn_worker(&s.spawn, s.gpu, generation, &s.stopping).and_then(|st| reload(s, st));
             match started {
-                Ok((st, report_models)) => {
+                Ok((mut st, report_models)) => {
+                    st.watch.disarm();
+                    *lock(&s.last_start_error) = None;
                     let (reloaded, lost) = report_models;
                     for (name, _) in &lost {
                         lock(&s.models).remove(name);
@@ -1059,6 +1175,8 @@ fn supervise(s: &Shared, mut stdout: BufReader<ChildStdout>) {
                 }
                 Err(e) => {
                     warn!(gpu = s.gpu, attempt, error = %e, "cannot start a GPU worker");
+                    eprintln!("kairos: GPU {}: worker start {attempt} failed: {e}", s.gpu);
+                    *lock(&s.last_start_error) = Some(e.clone());
                     if attempt >= WORKER_START_ATTEMPTS_MAX || s.stopping.load(Ordering::Acquire) {
                         eprintln!("kairos: GPU {} is given up after {attempt} worker starts failed: {e}", s.gpu);
                         *lock(&s.stopped) = Some(format!("{attempt} worker starts failed after '{cause}': {e}"));
@@ -1075,8 +1193,16 @@ fn supervise(s: &Shared, mut stdout: BufReader<ChildStdout>) {
 
 type Reloaded = (u32, Vec<(String, Error)>);
 
-/// Loads every model the server keeps into a freshly started worker, before it takes requests.
+/// Loads every model the server keeps into a freshly started worker, before it takes requests;
+/// a worker that fails to is killed and reaped.
 fn reload(s: &Shared, mut st: Started) -> Result<(Started, Reloaded), String> {
+    match reload_into(s, &mut st) {
+        Ok(r) => Ok((st, r)),
+        Err(why) => Err(st.fail(why)),
+    }
+}
+
+fn reload_into(s: &Shared, st: &mut Started) -> Result<Reloaded, String> {
     let models: Vec<ModelSpec> = lock(&s.models).values().cloned().collect();
     let io = |e: std::io::Error| format!("loading the models into the new worker: {e}");
     for spec in &models {
@@ -1106,7 +1232,7 @@ fn reload(s: &Shared, mut st: Started) -> Result<(Started, Reloaded), String> {
             None => return Err("the new worker ended while loading the models".into()),
         }
     }
-    Ok((st, (reloaded, lost)))
+    Ok((reloaded, lost))
 }
 
 // ---------------------------------------------------------------------------------------------

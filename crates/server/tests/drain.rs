@@ -248,3 +248,50 @@ fn a_request_past_its_timeout_is_cancelled_with_deadline_exceeded() {
     assert_eq!(metric(&text, "kairos_requests_cancelled_total{model=\"deep\",cause=\"timeout\"}"), 3);
     assert!(text.contains("outcome=\"deadline_exceeded\"} 1"), "{text}");
 }
+
+#[test]
+fn a_deadline_only_request_is_served_late_and_reported_missed() {
+    // 4 kernels of 50 ms: 200 ms a request, past a 50 ms deadline.
+    let (s, plan) = start_deep("deadline-only", 4);
+    let rt = multi_thread();
+    let rest = RestClient::new(&s.http).unwrap();
+    let grpc = rt.block_on(GrpcClient::connect(&s.grpc)).unwrap();
+    let (x, want) = input(&s, &plan, 5);
+    let late = InferOptions { deadline_us: 50_000, ..InferOptions::default() };
+    let r = rt.block_on(rest.infer("deep", "", &[("x", &x[0])], &late, false)).expect("REST: served past its deadline");
+    assert!(r.timing.deadline_missed, "REST: {:?}", r.timing);
+    assert_same(&r.outputs[0].1, &want[0], "REST, late");
+    let r = rt.block_on(grpc.infer("deep", "", &[("x", &x[0])], &late)).expect("gRPC: served past its deadline");
+    assert!(r.timing.deadline_missed, "gRPC: {:?}", r.timing);
+    assert_same(&r.outputs[0].1, &want[0], "gRPC, late");
+    let mut c = ShmClient::connect(&s.shm, ConnectOptions::default()).unwrap();
+    let m = c.open_model("deep", "").unwrap();
+    let (out, timing) = c.infer(&m, &x, Wait::Hybrid, &late).expect("shared memory: served past its deadline");
+    assert!(timing.deadline_missed, "shared memory: {timing:?}");
+    assert_same(&out[0], &want[0], "shared memory, late");
+    // A deadline met is not reported missed.
+    let loose = InferOptions { deadline_us: 30_000_000, ..InferOptions::default() };
+    let r = rt.block_on(rest.infer("deep", "", &[("x", &x[0])], &loose, false)).unwrap();
+    assert!(!r.timing.deadline_missed, "{:?}", r.timing);
+    // The same lateness through `timeout` is cancelled; with both, `timeout` cancels.
+    let short = InferOptions { timeout_us: 50_000, ..InferOptions::default() };
+    let e = rt.block_on(rest.infer("deep", "", &[("x", &x[0])], &short, false)).unwrap_err();
+    assert_eq!(e.code(), Some(Code::DeadlineExceeded), "{e}");
+    let both = InferOptions { timeout_us: 60_000, deadline_us: 30_000_000, ..InferOptions::default() };
+    let e = rt.block_on(grpc.infer("deep", "", &[("x", &x[0])], &both)).unwrap_err();
+    assert_eq!(e.code(), Some(Code::DeadlineExceeded), "{e}");
+    // The shared-memory channel carries one of the two: both is the caller's mistake.
+    let e = c.infer(&m, &x, Wait::Hybrid, &both).unwrap_err();
+    assert!(e.to_string().contains("not both"), "{e}");
+    // Out of range: refused on every path.
+    let bad = InferOptions { deadline_us: u64::MAX / 2, ..InferOptions::default() };
+    let e = rt.block_on(rest.infer("deep", "", &[("x", &x[0])], &bad, false)).unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    assert!(e.to_string().contains("kairos_deadline_us"), "{e}");
+    let e = rt.block_on(grpc.infer("deep", "", &[("x", &x[0])], &bad)).unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let e = c.infer(&m, &x, Wait::Hybrid, &bad).unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let stats = settled(&s);
+    assert_eq!(stats.cancelled, 2, "only the two requests with a timeout were cancelled: {stats:?}");
+}

@@ -17,8 +17,9 @@ use bytemuck::{Pod, Zeroable};
 
 /// "KAIROSHM" little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KAIROSHM");
-/// Bumped on any change of this file's types or offsets (2: `Completion::flags`).
-pub const VERSION: u32 = 2;
+/// Bumped on any change of this file's types, offsets or flags (2: `Completion::flags`; 3:
+/// [`FLAG_DEADLINE_ONLY`]).
+pub const VERSION: u32 = 3;
 /// Inputs and outputs one submission can name.
 pub const INPUTS_MAX: usize = 8;
 pub const OUTPUTS_MAX: usize = 8;
@@ -68,6 +69,11 @@ pub const CLASS_REAL_TIME: u8 = 1;
 pub const CLASS_BEST_EFFORT: u8 = 2;
 /// `Submission::flags` bits.
 pub const FLAG_TENANT: u32 = 1;
+/// `timeout_us` is a deadline only (the `kairos_deadline_us` parameter): scheduled for and
+/// reported as missed, never cancelled.
+pub const FLAG_DEADLINE_ONLY: u32 = 2;
+/// Every `Submission::flags` bit this version knows (the server refuses others).
+pub const FLAGS_KNOWN: u32 = FLAG_TENANT | FLAG_DEADLINE_ONLY;
 /// `Completion::flags` bits: the GPU read the inputs from and wrote the outputs into the region
 /// directly (zero-copy); without it the server copied them.
 pub const COMPLETION_ZERO_COPY: u8 = 1;

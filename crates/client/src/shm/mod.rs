@@ -40,6 +40,19 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 pub use wire::TensorSpec;
 
+/// A submission's `timeout_us` and `flags` for `opts`: the timeout (a deadline that cancels), or
+/// the deadline only (`FLAG_DEADLINE_ONLY`); the channel carries one of the two.
+fn submission_flags(opts: &InferOptions) -> Result<(u64, u32)> {
+    let tenant = if opts.tenant.is_some() { FLAG_TENANT } else { 0 };
+    match (opts.timeout_us, opts.deadline_us) {
+        (t, 0) => Ok((t, tenant)),
+        (0, d) => Ok((d, tenant | FLAG_DEADLINE_ONLY)),
+        _ => Err(ClientError::Usage(
+            "the shared-memory channel carries timeout_us or deadline_us, not both: set one of them".into(),
+        )),
+    }
+}
+
 /// How [`ShmClient::wait`] waits for a completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
@@ -344,15 +357,16 @@ impl ShmClient {
                 self.in_flight + self.stash.len()
             )));
         }
+        let (timeout_us, flags) = submission_flags(opts)?;
         let tag = self.next_tag;
         self.next_tag += 1;
         let mut s = Submission {
             tag,
-            timeout_us: opts.timeout_us,
+            timeout_us,
             model: model.handle,
             priority: opts.priority.min(i32::MAX as u32) as i32,
             tenant: opts.tenant.unwrap_or(0),
-            flags: if opts.tenant.is_some() { FLAG_TENANT } else { 0 },
+            flags,
             input_count: inputs.len() as u16,
             output_count: outputs.len() as u16,
             class: match opts.real_time {
@@ -525,19 +539,20 @@ impl ShmClient {
         opts: &InferOptions,
     ) -> Result<(Vec<Tensor>, ServerTiming)> {
         check_inputs(model, inputs)?;
+        let (timeout_us, flags) = submission_flags(opts)?;
         let tag = self.next_tag;
         self.next_tag += 1;
         let mut w = wire::Writer::new(wire::OP_INFER);
         w.u64(tag)
             .u32(model.handle)
             .i32(opts.priority.min(i32::MAX as u32) as i32)
-            .u64(opts.timeout_us)
+            .u64(timeout_us)
             .u8(match opts.real_time {
                 None => CLASS_MODEL_DEFAULT,
                 Some(true) => CLASS_REAL_TIME,
                 Some(false) => CLASS_BEST_EFFORT,
             })
-            .u32(if opts.tenant.is_some() { FLAG_TENANT } else { 0 })
+            .u32(flags)
             .u32(opts.tenant.unwrap_or(0))
             .u16(inputs.len() as u16);
         for (t, spec) in inputs.iter().zip(&model.inputs) {
