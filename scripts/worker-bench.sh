@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU worker processes on a real GPU (nvidia-h100-x1; carry .carry/kairos.gz and .carry-cubin):
+# GPU worker processes on a real GPU (nvidia-h100-x1; carry $CARRY/kairos.gz, default .carry, and .carry-cubin):
 #
 #   overhead  resnet50 f16 over REST (binary tensors), --gpu-workers off then on, the same GPU:
 #             2000 closed-loop requests from 1 client, 4000 from 8 (scripts/worker_driver.py latency)
@@ -7,6 +7,10 @@
 #             launch writes to an unmapped address (a sticky CUDA fault); 4 clients send requests
 #             throughout; every outcome kept; the outage measured (worker_driver.py fault)
 #   inproc    the same fault with --gpu-workers off: what happens without workers
+#   hang      resnet18 f16 with --gpu-workers on and --test-hang-at-launch N: before the first worker's
+#             N-th launch a kernel fills every SM for minutes (a hung launch); the watchdog (2 s) fails
+#             the requests held, the worker exits (its exit ends the kernel) and a new one serves;
+#             4 clients throughout (worker_driver.py fault)
 #   soak      `kairos bench soak --backend cuda` for SOAK_S seconds (default 540) at SOAK_RATE requests/s
 #             (default 100) over SOAK_MODELS, through the GPU worker (the default with CUDA)
 #
@@ -18,12 +22,14 @@ OUT=${OUT:-out/worker-bench}
 mkdir -p "$OUT"
 BIN=/tmp/kairos-bin
 mkdir -p "$BIN"
-gunzip -c .carry/kairos.gz >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing .carry/kairos.gz"; exit 1; }
+CARRY=${CARRY:-.carry}
+gunzip -c "$CARRY/kairos.gz" >"$BIN/kairos" && chmod +x "$BIN/kairos" || { echo "missing $CARRY/kairos.gz"; exit 1; }
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin}
 . scripts/cubin-carry.sh
 export PYTHONUNBUFFERED=1
 steps=${WORKER_STEPS:-overhead,fault,inproc}
 fault_at=${FAULT_AT_LAUNCH:-20000}
+hang_at=${HANG_AT_LAUNCH:-20000}
 has() { [[ ",$steps," == *",$1,"* ]]; }
 step() { local name=$1 limit=$2; shift 2; local t=$(date +%s); echo "== $name"; timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1; echo "== $name: rc $? in $(( $(date +%s) - t )) s" | tee -a "$OUT/summary.txt"; }
 
@@ -70,6 +76,15 @@ if has inproc; then
         curl -s http://127.0.0.1:8000/v2/health/live -o /dev/null -w "live %{http_code}\n" | tee "$OUT/inproc-live.txt"
         kill -0 $PID 2>/dev/null && echo "server process alive" || { wait $PID; echo "server process gone: exit status $?"; }
         grep -v " INFO " "$OUT/serve-inproc.log" | tail -25
+        stop
+    fi
+fi
+if has hang; then
+    if serve serve-hang.log --gpu-workers on --load resnet18 --test-hang-at-launch "$hang_at"; then
+        step hang 90 python3 scripts/worker_driver.py fault --model resnet18 --concurrency 4 --duration-s 60 --label "workers on, hang before launch $hang_at" --out "$OUT/hang.json"
+        curl -s http://127.0.0.1:8000/metrics | grep -E "^kairos_(gpu_recoveries|launches_lost)" | tee "$OUT/hang-metrics.txt"
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv | tee -a "$OUT/hang-metrics.txt"
+        grep -v " INFO " "$OUT/serve-hang.log" | tail -12
         stop
     fi
 fi

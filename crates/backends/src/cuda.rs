@@ -17,9 +17,23 @@ pub struct CudaBackend {
     pub autotune: bool,
     /// Kernel units not compiled yet serve first on their quick builds (`CudaGpu::set_quick_builds`).
     pub quick_builds: bool,
-    /// Tests only: the launch that faults (see `kairos serve --test-fault-at-launch`).
-    pub fault_at_launch: Option<u64>,
+    /// Tests only: faults to inject (`kairos serve --test-fault-at-launch`, `--test-hang-at-launch`).
+    pub test_faults: TestFaults,
 }
+
+/// Faults a test asks the CUDA backend to inject into its GPUs' engines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TestFaults {
+    /// The launch that writes to an unmapped address (`CudaGpu::inject_fault_at_launch`).
+    pub fault_at_launch: Option<u64>,
+    /// The launch before which a kernel fills every SM for [`TEST_HANG_BLOCK_NS`] per block
+    /// (`CudaGpu::inject_hang_at_launch`).
+    pub hang_at_launch: Option<u64>,
+}
+
+/// How long each block of the test hang's kernel spins: far past any watchdog bound (and each CTA
+/// runs one or two blocks), so that only the process's exit (or a reset's wait) ends it.
+pub const TEST_HANG_BLOCK_NS: u64 = 300_000_000_000;
 
 impl Backend for CudaBackend {
     fn describe(&self) -> String {
@@ -32,16 +46,20 @@ impl Backend for CudaBackend {
         let quick = self.quick_builds;
         let parallel = self.engine.dispatcher.weight_budget_bytes.is_some() && self.engine.dispatcher.cold_strategy.is_parallel();
         let staging_bytes = self.peer_staging_bytes;
-        let fault_at_launch = self.fault_at_launch;
+        let faults = self.test_faults;
         let engine = Engine::start(self.engine.clone(), move || {
             kairos_cuda::CudaGpu::new(gpu).map(|mut g| {
                 g.set_quick_builds(quick);
                 if parallel {
                     attach_secondaries(&mut g, gpu, staging_bytes);
                 }
-                if let Some(n) = fault_at_launch {
+                if let Some(n) = faults.fault_at_launch {
                     tracing::warn!(gpu, launch = n, "test fault armed: this launch will write to an unmapped address");
                     g.inject_fault_at_launch(n);
+                }
+                if let Some(n) = faults.hang_at_launch {
+                    tracing::warn!(gpu, launch = n, "test hang armed: a kernel will fill every SM before this launch");
+                    g.inject_hang_at_launch(n, TEST_HANG_BLOCK_NS);
                 }
                 g
             })

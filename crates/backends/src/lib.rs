@@ -8,6 +8,6 @@ mod cuda;
 mod sim;
 mod sim_gpu;
 
-pub use cuda::CudaBackend;
+pub use cuda::{CudaBackend, TEST_HANG_BLOCK_NS, TestFaults};
 pub use sim::SimBackend;
 pub use sim_gpu::SimStartProfiles;

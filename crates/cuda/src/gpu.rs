@@ -248,6 +248,8 @@ pub struct CudaGpu {
     /// Launch starts reported from the end of the launch before them instead of a record.
     starts_implied: u64,
     ring_overflows: u64,
+    /// Records the notification ring holds.
+    ring_capacity: u32,
     last_health_check_ns: u64,
     utility_stream: Option<StreamId>,
     next_launch: u64,
@@ -257,6 +259,9 @@ pub struct CudaGpu {
     time_launches: bool,
     /// Tests only: the launch call (counted in `launch_costs.launches`) that faults.
     fault_at_launch: Option<u64>,
+    /// Tests only: the launch before which a kernel fills every SM, and how long each of its
+    /// blocks spins (see [`CudaGpu::inject_hang_at_launch`]).
+    hang_at_launch: Option<(u64, u64)>,
     next_copy: u64,
     copies: VecDeque<(CopyId, Event)>,
     spare_events: Vec<Event>,
@@ -360,11 +365,19 @@ impl CudaGpu {
 
     /// Opens GPU `ordinal`. Without a driver, a GPU or NVRTC this is `GpuError::NoDevice`, never a panic.
     pub fn new(ordinal: u32) -> Result<CudaGpu> {
-        CudaGpu::open(ordinal, Instant::now())
+        CudaGpu::open(ordinal, Instant::now(), crate::protocol::RING_CAPACITY)
     }
 
-    /// Opens GPU `ordinal` with its clock counting from `epoch`.
-    fn open(ordinal: u32, epoch: Instant) -> Result<CudaGpu> {
+    /// Opens GPU `ordinal` with a notification ring of `records` records (a power of two, at least
+    /// `protocol::RING_CAPACITY_MIN`) instead of the default `protocol::RING_CAPACITY`: for
+    /// fault-injection tests, which overflow a small ring on purpose. A reset keeps the size.
+    pub fn with_ring_capacity(ordinal: u32, records: u32) -> Result<CudaGpu> {
+        crate::protocol::check_capacity(records)?;
+        CudaGpu::open(ordinal, Instant::now(), records)
+    }
+
+    /// Opens GPU `ordinal` with its clock counting from `epoch` and a ring of `ring_capacity` records.
+    fn open(ordinal: u32, epoch: Instant, ring_capacity: u32) -> Result<CudaGpu> {
         if !driver::is_present() {
             return Err(GpuError::NoDevice("the NVIDIA driver library (libcuda) is not installed on this machine".into()));
         }
@@ -389,7 +402,7 @@ impl CudaGpu {
         let ctx = Context::new(dev).map_err(drv)?;
         let driver_version = driver::driver_version().map_err(drv)?;
         let cache = KernelCache::new((major * 10 + minor) as u32, driver_version);
-        let protocol = Protocol::new().map_err(drv)?;
+        let protocol = Protocol::new(ring_capacity).map_err(drv)?;
         let priority_range = driver::stream_priority_range().map_err(drv)?;
         let helper_stream = Stream::new(priority_range.1).map_err(drv)?;
         let write_stream = Stream::new(priority_range.1).map_err(drv)?;
@@ -423,12 +436,14 @@ impl CudaGpu {
             records_read: 0,
             starts_implied: 0,
             ring_overflows: 0,
+            ring_capacity,
             last_health_check_ns: 0,
             utility_stream: None,
             next_launch: 1,
             launch_costs: LaunchCosts::default(),
             time_launches: false,
             fault_at_launch: None,
+            hang_at_launch: None,
             next_copy: 1,
             copies: VecDeque::new(),
             spare_events: Vec::new(),
@@ -1272,6 +1287,12 @@ impl CudaGpu {
             eprintln!("kairos: test fault: launch {} writes to an unmapped address", self.launch_costs.launches);
             return self.launch_with_inner(&LaunchRequest { args: &args, ..*request }, sm_bitmap);
         }
+        if let Some((n, block_ns)) = self.hang_at_launch
+            && self.launch_costs.launches >= n
+        {
+            self.hang_at_launch = None;
+            self.launch_hang(block_ns)?;
+        }
         if !self.time_launches {
             return self.launch_with_inner(request, sm_bitmap);
         }
@@ -1287,6 +1308,34 @@ impl CudaGpu {
     /// the server's recovery on a real device.
     pub fn inject_fault_at_launch(&mut self, n: u64) {
         self.fault_at_launch = Some(n.max(1));
+    }
+
+    /// Tests only: just before the `n`-th launch call (counted as for
+    /// [`CudaGpu::inject_fault_at_launch`]), a kernel of 32 blocks of 128 threads per SM, each
+    /// spinning `block_ns`, goes onto a stream of its own: it fills every SM (more threads than an
+    /// SM holds), so the launches behind it cannot place a CTA until it ends — a hung launch, as
+    /// the dispatcher's watchdog sees it. Its events are not reported. A context reset waits for
+    /// it to end (CUDA does not stop a running kernel); a process's exit ends it at once.
+    pub fn inject_hang_at_launch(&mut self, n: u64, block_ns: u64) {
+        self.hang_at_launch = Some((n.max(1), block_ns));
+    }
+
+    fn launch_hang(&mut self, block_ns: u64) -> Result<()> {
+        let blocks = self.info.sm_count * 32;
+        let counts = Gpu::alloc(self, blocks as u64 * 4, MemKind::Device)?;
+        let stream = Gpu::create_stream(self, 0)?;
+        let o = self.whole_device(stream);
+        self.next_launch_flags = source::FLAG_NO_CTA_RECORDS | source::FLAG_LIGHT;
+        let id = self.launch_spin(counts.ptr, blocks, block_ns, &o)?;
+        if let Some(f) = self.slot_of.get(&id).and_then(|&s| self.in_flight[s as usize].as_mut()) {
+            f.internal = true;
+        }
+        eprintln!(
+            "kairos: test hang: before launch {}, a kernel fills every SM for {:.1} s",
+            self.launch_costs.launches,
+            block_ns as f64 / 1e9
+        );
+        Ok(())
     }
 
     /// Times every launch call and its driver call into [`CudaGpu::launch_costs`] (off by default:
@@ -2340,7 +2389,7 @@ impl Gpu for CudaGpu {
         // SAFETY: every object of the old context is forgotten below, before anything of the new one
         // is created: `old` is never dropped, so none of its handles is used or freed again.
         unsafe { driver::primary_ctx_reset(self.dev) }.map_err(drv)?;
-        let mut fresh = CudaGpu::open(self.ordinal, self.epoch).map_err(|e| {
+        let mut fresh = CudaGpu::open(self.ordinal, self.epoch, self.ring_capacity).map_err(|e| {
             GpuError::Driver(format!(
                 "the device still fails after its context was reset ({e}): CUDA keeps a sticky error (an illegal \
                  address, an illegal instruction, a failed launch) for the life of the process, so this GPU serves \

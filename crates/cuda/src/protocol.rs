@@ -16,8 +16,11 @@ use kairos_gpu::SmMask;
 use kairos_kernels::source::{self, ProtoParams};
 use std::sync::atomic::{Ordering, fence};
 
-/// Records the ring holds (a power of two). At 32 bytes each, 2 MiB of pinned memory.
+/// Records the ring holds by default (a power of two). At 32 bytes each, 2 MiB of pinned memory.
 pub const RING_CAPACITY: u32 = 1 << 16;
+/// The smallest ring [`Protocol::new`] takes (fault-injection tests use small rings to overflow
+/// them on purpose).
+pub const RING_CAPACITY_MIN: u32 = 64;
 /// Launches in flight at once (one slot each).
 pub const LAUNCH_SLOTS_MAX: u32 = 1024;
 /// How long a producer waits for room in a full ring before it drops a record.
@@ -28,7 +31,19 @@ pub const GATE_WORDS_MAX: u32 = 2048;
 /// interval: such reads serialize across the device, so not every CTA may poll).
 pub const PREEMPT_POLL_NS: u32 = 4_000;
 
-const _: () = assert!(RING_CAPACITY.is_power_of_two());
+const _: () = assert!(RING_CAPACITY.is_power_of_two() && RING_CAPACITY >= RING_CAPACITY_MIN);
+
+/// Whether a ring of `capacity` records can be made: a power of two from [`RING_CAPACITY_MIN`] to
+/// 2^24 (512 MiB of pinned memory).
+pub fn check_capacity(capacity: u32) -> Result<(), kairos_gpu::GpuError> {
+    if capacity.is_power_of_two() && (RING_CAPACITY_MIN..=1 << 24).contains(&capacity) {
+        Ok(())
+    } else {
+        Err(kairos_gpu::GpuError::Invalid(format!(
+            "a notification ring holds a power of two of records, {RING_CAPACITY_MIN}..=16777216, not {capacity}"
+        )))
+    }
+}
 
 /// One notification as the device wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +79,8 @@ pub struct Protocol {
     free_gate_words: Vec<u32>,
     /// Launch sequence numbers: the last one handed out (never 0).
     seq: u32,
+    /// Records the ring holds: a power of two, at least [`RING_CAPACITY_MIN`].
+    capacity: u32,
 }
 
 /// Where a launch sits in its stream's order: its gate word and the sequence numbers the device
@@ -76,13 +93,16 @@ pub struct Gate {
 }
 
 impl Protocol {
-    pub fn new() -> DResult<Protocol> {
-        let records = MappedBuffer::new(RING_CAPACITY as u64 * source::RECORD_BYTES as u64)?;
+    /// A protocol whose ring holds `capacity` records; the caller checks the capacity
+    /// ([`check_capacity`]).
+    pub fn new(capacity: u32) -> DResult<Protocol> {
+        debug_assert!(check_capacity(capacity).is_ok());
+        let records = MappedBuffer::new(capacity as u64 * source::RECORD_BYTES as u64)?;
         let ring_host = MappedBuffer::new(source::RING_HOST_BYTES as u64)?;
         let flags = MappedBuffer::new(LAUNCH_SLOTS_MAX as u64 * 4)?;
         let ring_dev = DeviceBuffer::new(source::RING_DEV_BYTES as u64)?;
         let mut init = [0u8; 16];
-        init[8..].copy_from_slice(&(RING_CAPACITY as u64).to_le_bytes());
+        init[8..].copy_from_slice(&(capacity as u64).to_le_bytes());
         ring_dev.write(0, &init)?;
         let slots = DeviceBuffer::new(LAUNCH_SLOTS_MAX as u64 * source::SLOT_BYTES as u64)?;
         slots.fill(0)?;
@@ -98,6 +118,7 @@ impl Protocol {
             free_slots: (0..LAUNCH_SLOTS_MAX).rev().collect(),
             gate_words,
             free_gate_words: (0..GATE_WORDS_MAX).rev().collect(),
+            capacity,
             seq: 0,
         })
     }
@@ -168,7 +189,7 @@ impl Protocol {
             slot,
             first_block,
             total_blocks,
-            ring_capacity: RING_CAPACITY,
+            ring_capacity: self.capacity,
             flags: source::FLAG_NOTIFY | flags,
             poll_ns: PREEMPT_POLL_NS,
             gate_word: self.gate_words.ptr() + gate.word as u64 * 4,
@@ -178,7 +199,7 @@ impl Protocol {
     }
 
     fn record_offset(&self, index: u64) -> u64 {
-        (index & (RING_CAPACITY as u64 - 1)) * source::RECORD_BYTES as u64
+        (index & (self.capacity as u64 - 1)) * source::RECORD_BYTES as u64
     }
 
     /// The record at `index` when all four of its words have arrived.
@@ -222,7 +243,7 @@ impl Protocol {
         fence(Ordering::Release);
         self.ring_host.store_u64(0, self.consumed);
         self.ring_host.store_u32(8, 0);
-        let limit = self.consumed + RING_CAPACITY as u64;
+        let limit = self.consumed + self.capacity as u64;
         self.ring_dev.write(8, &limit.to_le_bytes())?;
         Ok(dropped)
     }

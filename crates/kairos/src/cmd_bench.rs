@@ -1057,7 +1057,7 @@ fn remote_target(a: &RunArgs, catalog: &kairos_bench::runner::Catalog) -> Result
                 profiles.clone(),
                 false,
                 crate::cmd_serve::PEER_STAGING_MIB_DEFAULT << 20,
-                None,
+                kairos_backends::TestFaults::default(),
             )
             .map_err(|e| fail(e.to_string()))?;
             let server = kairos_server::RunningServer::start(

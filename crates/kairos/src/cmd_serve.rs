@@ -4,7 +4,7 @@
 use crate::cmd_run::sim_desc;
 use anyhow::{Context, Result, bail};
 use clap::{ArgAction, Args, ValueEnum};
-use kairos_backends::{CudaBackend, SimBackend};
+use kairos_backends::{CudaBackend, SimBackend, TestFaults};
 use kairos_gpu::profile::ProfileSet;
 use kairos_sched::{EngineConfig, PolicyConfig};
 use kairos_server::{Backend, RunningServer, ServerConfig, ShmConfig, StateConfig, WorkerBackend, WorkerSpawn};
@@ -196,6 +196,10 @@ pub struct ServeArgs {
     /// sticky GPU fault); in a worker, only the first worker of each GPU does.
     #[arg(long, hide = true)]
     pub test_fault_at_launch: Option<u64>,
+    /// Tests only: before the CUDA backend's N-th kernel launch, a kernel fills every SM for
+    /// minutes (a hung launch for the watchdog); in a worker, only the first worker of each GPU.
+    #[arg(long, hide = true)]
+    pub test_hang_at_launch: Option<u64>,
     /// Tests only: the workers of generation N and later (0: the first of each GPU) never say
     /// ready; each waits until its stdin closes, then exits.
     #[arg(long, hide = true)]
@@ -264,7 +268,17 @@ pub fn make_backend(
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
-    make_backend_with(kind, engine, sim_gpu, seed, sim_compute, profiles, autotune, PEER_STAGING_MIB_DEFAULT << 20, None)
+    make_backend_with(
+        kind,
+        engine,
+        sim_gpu,
+        seed,
+        sim_compute,
+        profiles,
+        autotune,
+        PEER_STAGING_MIB_DEFAULT << 20,
+        TestFaults::default(),
+    )
 }
 
 /// [`make_backend`] with the engine configured by the caller.
@@ -278,7 +292,7 @@ pub fn make_backend_with(
     profiles: Option<PathBuf>,
     autotune: bool,
     peer_staging_bytes: u64,
-    fault_at_launch: Option<u64>,
+    test_faults: TestFaults,
 ) -> Result<Box<dyn Backend>> {
     let cuda = kind == ServeBackend::Cuda || (kind == ServeBackend::Auto && gpu_present());
     Ok(if cuda {
@@ -291,7 +305,7 @@ pub fn make_backend_with(
             profiles: load_profiles(profiles, crate::paths::cuda_profile_dir(0))?,
             autotune,
             quick_builds: crate::paths::quick_builds_wanted(),
-            fault_at_launch,
+            test_faults,
         })
     } else {
         if kind == ServeBackend::Auto {
@@ -327,12 +341,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
     engine.dispatcher.cold_strategy = args.cold_strategy;
     if args.worker_gpu.is_some() {
-        // A GPU worker: one reset attempt in place (a sticky CUDA fault outlives any), then the
-        // server starts a new worker.
-        engine.recovery_attempts_max = 1;
+        // A GPU worker resets nothing in place: a sticky CUDA fault outlives any reset and a reset
+        // waits for the kernels still running (a hung one for ever); the worker's exit ends them
+        // all, and the server starts a new worker.
+        engine.recovery_attempts_max = 0;
     }
-    // The test fault hits the first worker of each GPU only (or the in-process engine).
-    let fault = if args.worker_generation == 0 { args.test_fault_at_launch } else { None };
+    // The test faults hit the first worker of each GPU only (or the in-process engine).
+    let faults = if args.worker_generation == 0 {
+        TestFaults { fault_at_launch: args.test_fault_at_launch, hang_at_launch: args.test_hang_at_launch }
+    } else {
+        TestFaults::default()
+    };
     let backend = make_backend_with(
         args.backend,
         engine,
@@ -342,7 +361,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.profiles.clone(),
         !args.no_autotune,
         args.peer_staging_mib << 20,
-        fault,
+        faults,
     )?;
     if let Some(gpu) = args.worker_gpu {
         if args.test_worker_hang_from_generation.is_some_and(|g| args.worker_generation >= g) {

@@ -51,9 +51,10 @@ pub struct EngineConfig {
     pub gpu_wait_ns: u64,
     /// With nothing in flight, the thread sleeps on the queue this long at most.
     pub idle_wait_ms: u64,
-    /// Resets tried in a row after a GPU fault before the engine stops (at least 1). A GPU worker
-    /// process tries once: a sticky CUDA fault outlives any reset, and restarting the process is
-    /// the way back.
+    /// Resets tried in a row after a GPU fault before the engine stops. 0: none — the engine
+    /// answers every request held and stops at the first fault; a GPU worker process runs so,
+    /// since a sticky CUDA fault outlives any reset and a reset waits for the kernels still
+    /// running (a hung one for ever), while the process's exit ends them all.
     pub recovery_attempts_max: u32,
 }
 
@@ -667,7 +668,19 @@ fn recover<G: Gpu>(
         e => e.to_string(),
     };
     shared.recovering.store(true, Ordering::Relaxed);
-    let attempts = cfg.recovery_attempts_max.max(1);
+    // The requests held get their answers first: a reset can take long (CUDA's waits for the
+    // kernels still running, a hung one included).
+    d.fail_held(&cause, out);
+    waiters.deliver(out, shared);
+    if cfg.recovery_attempts_max == 0 {
+        let e = Error::GpuFailed(format!("{cause}; this engine does not reset its GPU in place (a GPU worker restarts instead)"));
+        eprintln!("kairos: {e}; the engine stops");
+        *shared.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        waiters.abandon(&e);
+        shared.recovering.store(false, Ordering::Relaxed);
+        return false;
+    }
+    let attempts = cfg.recovery_attempts_max;
     let mut result = d.recover(&cause, out);
     for _ in 1..attempts {
         if result.is_ok() {

@@ -248,6 +248,10 @@ struct Trippable {
     trip: Arc<std::sync::atomic::AtomicBool>,
     /// The reset fails too (as a CUDA device with a sticky error does).
     reset_fails: bool,
+    /// A reset takes this long (CUDA's waits for the kernels still running).
+    reset_delay: std::time::Duration,
+    /// Resets called.
+    resets: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Gpu for Trippable {
@@ -340,6 +344,8 @@ impl Gpu for Trippable {
         self.inner.wait(until_ns)
     }
     fn reset(&mut self) -> kairos_gpu::Result<()> {
+        self.resets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(self.reset_delay);
         if self.reset_fails {
             return Err(kairos_gpu::GpuError::Driver("the error is sticky (test fault)".into()));
         }
@@ -351,16 +357,29 @@ impl Gpu for Trippable {
 /// An engine over a [`Trippable`] simulated H100 with one random model "m" loaded; the switch
 /// that makes its GPU fail.
 fn trippable_engine(seed: u64, reset_fails: bool) -> (Engine, Arc<std::sync::atomic::AtomicBool>, Arc<Plan>) {
+    let (engine, trip, plan, _) = trippable_engine_with(seed, reset_fails, std::time::Duration::ZERO, EngineConfig::default());
+    (engine, trip, plan)
+}
+
+/// [`trippable_engine`] with a reset that takes `reset_delay`, an engine configuration, and the
+/// count of resets called.
+fn trippable_engine_with(
+    seed: u64,
+    reset_fails: bool,
+    reset_delay: std::time::Duration,
+    cfg: EngineConfig,
+) -> (Engine, Arc<std::sync::atomic::AtomicBool>, Arc<Plan>, Arc<std::sync::atomic::AtomicU64>) {
     let trip = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let gpu_trip = trip.clone();
-    let engine = Engine::start(EngineConfig::default(), move || {
+    let resets = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (gpu_trip, gpu_resets) = (trip.clone(), resets.clone());
+    let engine = Engine::start(cfg, move || {
         let inner = SimGpu::new(GpuDesc::h100_sxm(), SimOptions { seed, ..SimOptions::default() });
-        Ok(Trippable { inner, trip: gpu_trip, reset_fails })
+        Ok(Trippable { inner, trip: gpu_trip, reset_fails, reset_delay, resets: gpu_resets })
     })
     .unwrap();
     let plan = Arc::new(random_plan(&mut SmallRng::seed_from_u64(seed), "m"));
     engine.load_model(ModelSpec { name: "m".into(), plan: plan.clone(), profile: None }).unwrap();
-    (engine, trip, plan)
+    (engine, trip, plan, resets)
 }
 
 fn zero_inputs(plan: &Plan) -> Vec<kairos_ir::Tensor> {
@@ -421,4 +440,63 @@ fn an_engine_whose_gpu_cannot_be_reset_stops_and_says_why() {
         Err(e) => panic!("refused with {e}"),
         Ok(h) => panic!("a stopped engine took a request: {:?}", h.wait()),
     }
+}
+
+#[test]
+fn requests_are_answered_before_a_slow_reset_ends() {
+    // A reset that takes 3 s (CUDA's waits for a running kernel): the requests held at the fault
+    // are answered at once, not after it.
+    let delay = std::time::Duration::from_secs(3);
+    let (engine, trip, plan, resets) = trippable_engine_with(9, false, delay, EngineConfig::default());
+    let inputs = || zero_inputs(&plan);
+    engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
+    let handles: Vec<_> = (0..8).map(|_| engine.submit("m", inputs(), RequestOptions::default()).unwrap()).collect();
+    let t0 = std::time::Instant::now();
+    trip.store(true, std::sync::atomic::Ordering::SeqCst);
+    for h in handles {
+        match h.wait_timeout(std::time::Duration::from_secs(10)).expect("no answer") {
+            Ok(_) => {}
+            Err(Error::GpuFailed(cause)) => assert!(cause.contains("illegal memory access"), "{cause}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let answered = t0.elapsed();
+    assert!(answered < delay / 2, "the requests waited {answered:?} for the reset");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while engine.stats().gpu_recoveries == 0 {
+        assert!(std::time::Instant::now() < deadline, "the engine did not reset the GPU");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(resets.load(std::sync::atomic::Ordering::SeqCst), 1);
+    engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
+    engine.shutdown();
+}
+
+#[test]
+fn an_engine_without_resets_answers_everything_and_stops_at_a_fault() {
+    // A GPU worker's engine: no reset in place, the worker's exit is the reset.
+    let cfg = EngineConfig { recovery_attempts_max: 0, ..EngineConfig::default() };
+    let (engine, trip, plan, resets) = trippable_engine_with(10, false, std::time::Duration::ZERO, cfg);
+    let inputs = || zero_inputs(&plan);
+    engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
+    let handles: Vec<_> = (0..8).map(|_| engine.submit("m", inputs(), RequestOptions::default()).unwrap()).collect();
+    trip.store(true, std::sync::atomic::Ordering::SeqCst);
+    for h in handles {
+        match h.wait_timeout(std::time::Duration::from_secs(10)).expect("no answer") {
+            Ok(_) => {}
+            Err(Error::GpuFailed(cause)) => assert!(cause.contains("illegal memory access"), "{cause}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let why = loop {
+        if let Some(why) = engine.stopped() {
+            break why;
+        }
+        assert!(std::time::Instant::now() < deadline, "the engine did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(why.contains("does not reset"), "{why}");
+    assert_eq!(resets.load(std::sync::atomic::Ordering::SeqCst), 0, "a reset was tried");
+    assert!(matches!(engine.submit("m", inputs(), RequestOptions::default()), Err(Error::GpuFailed(_))));
 }

@@ -590,6 +590,8 @@ pub struct Dispatcher<G: Gpu> {
     lost_mappings: std::collections::HashSet<HostMappingId>,
     /// The watchdog looks again at this time (see [`Dispatcher::recover`]'s module).
     watchdog_next_ns: u64,
+    /// Requests [`Dispatcher::fail_held`] answered since the last reset (the next recovery report's).
+    failed_before_reset: u64,
     shutting_down: bool,
     shut_down: bool,
     /// The GPU records runs (false once `record_run` said it cannot).
@@ -689,6 +691,7 @@ impl<G: Gpu> Dispatcher<G> {
             lost_models: HashMap::new(),
             lost_mappings: Default::default(),
             watchdog_next_ns: 0,
+            failed_before_reset: 0,
             shutting_down: false,
             shut_down: false,
             runs_supported: true,

@@ -10,23 +10,17 @@ use super::*;
 pub const WATCHDOG_ESTIMATE_FACTOR: u64 = 1000;
 
 impl<G: Gpu> Dispatcher<G> {
-    /// Resets the GPU after a fault and brings the dispatcher back to serving: see the module
-    /// docs. Fails only when the device cannot be reset (or its stream pool not re-created); the
-    /// caller then has no GPU to serve with.
-    pub fn recover(&mut self, cause: &str, out: &mut Vec<Output>) -> Result<RecoveryReport, Error> {
-        let t0 = self.gpu.now_ns();
-        self.gpu.reset().map_err(|e| Error::GpuFailed(format!("{cause}; resetting the GPU failed: {e}")))?;
-        self.stats.gpu_recoveries += 1;
-        self.now_ns = self.gpu.now_ns();
-
-        // Every request held gets its answer, oldest first; nothing of them is on the device any more.
+    /// Answers every request held with [`Error::GpuFailed`] (or its cancellation), oldest first,
+    /// before the device is reset: a reset can take long (CUDA's waits for the kernels running)
+    /// and the requests need not wait for it. Returns how many were failed or cancelled.
+    pub fn fail_held(&mut self, cause: &str, out: &mut Vec<Output>) -> u64 {
         let mut held: Vec<Job> = self.jobs.iter_mut().filter_map(Option::take).collect();
         held.sort_by_key(|j| (j.arrival_ns, j.id.0));
         let requests_failed = held.len() as u64;
         for j in held {
             let error = match j.error {
                 Some(e @ (Error::Cancelled | Error::ShuttingDown)) => e,
-                _ => Error::GpuFailed(format!("{cause} (the GPU was reset; the request can be sent again)")),
+                _ => Error::GpuFailed(format!("{cause} (the GPU is reset; the request can be sent again)")),
             };
             if error == Error::Cancelled {
                 self.stats.cancelled += 1;
@@ -35,6 +29,21 @@ impl<G: Gpu> Dispatcher<G> {
             }
             out.push(Output::Done { id: j.id, result: Err(error) });
         }
+        self.failed_before_reset += requests_failed;
+        requests_failed
+    }
+
+    /// Resets the GPU after a fault and brings the dispatcher back to serving: see the module
+    /// docs. Fails only when the device cannot be reset (or its stream pool not re-created); the
+    /// caller then has no GPU to serve with.
+    pub fn recover(&mut self, cause: &str, out: &mut Vec<Output>) -> Result<RecoveryReport, Error> {
+        let t0 = self.gpu.now_ns();
+        self.fail_held(cause, out);
+        let requests_failed = std::mem::take(&mut self.failed_before_reset);
+        self.gpu.reset().map_err(|e| Error::GpuFailed(format!("{cause}; resetting the GPU failed: {e}")))?;
+        self.stats.gpu_recoveries += 1;
+        self.now_ns = self.gpu.now_ns();
+
         self.jobs.clear();
         self.free_slots.clear();
         self.job_count = 0;
