@@ -1089,6 +1089,11 @@ pub fn process_tree_rss_bytes(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// `VmRSS` of one process (not its children), bytes (Linux: `/proc`).
+pub fn process_rss_bytes(pid: u32) -> Option<u64> {
+    rss_bytes(pid)
+}
+
 /// `VmRSS` of one process, bytes.
 fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -1111,6 +1116,8 @@ mod tests {
     #[test]
     fn the_own_rss_is_found_and_positive() {
         let b = process_tree_rss_bytes(std::process::id()).unwrap();
+        let own = process_rss_bytes(std::process::id()).unwrap();
+        assert!(own > 0 && own <= b, "own {own}, tree {b}");
         assert!(b > 1 << 20, "{b}");
         assert!(process_tree_rss_bytes(u32::MAX - 1).is_none());
     }

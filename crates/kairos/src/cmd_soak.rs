@@ -261,8 +261,9 @@ fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
         a.clients
     );
 
-    // Memory, once a second, from the start of the load.
-    let samples: Arc<Mutex<Vec<(f64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    // Memory, once a second, from the start of the load: the whole tree (the server and its GPU
+    // workers), and the server's own process.
+    let samples: Arc<Mutex<Vec<(f64, u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));
     let load_start = Instant::now();
     let sampler = {
@@ -271,9 +272,10 @@ fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
             let mut next = Instant::now();
             while sampling.load(Ordering::Relaxed) {
                 if let Some(b) = soak::process_tree_rss_bytes(pid) {
+                    let own = soak::process_rss_bytes(pid).unwrap_or(0);
                     let mut s = samples.lock().unwrap_or_else(|e| e.into_inner());
                     if s.len() < RSS_SAMPLES_MAX {
-                        s.push((load_start.elapsed().as_secs_f64(), b));
+                        s.push((load_start.elapsed().as_secs_f64(), b, own));
                     }
                 }
                 next += Duration::from_secs(1);
@@ -316,6 +318,7 @@ fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
         true
     });
     let rss_end_now = soak::process_tree_rss_bytes(pid);
+    let server_rss_end_now = soak::process_rss_bytes(pid);
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.join();
     let result = result?;
@@ -333,6 +336,12 @@ fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
     let rss_end = rss_end_now.or(samples.last().map(|s| s.1)).unwrap_or(0);
     let rss_peak = samples.iter().map(|s| s.1).max().unwrap_or(0).max(rss_end);
     let growth_pct = if rss_warm > 0 { (rss_end as f64 - rss_warm as f64) / rss_warm as f64 * 100.0 } else { f64::NAN };
+    // Which process grows: the server's own share, and the rest (its GPU workers).
+    let server_warm = samples.iter().find(|s| s.0 >= warmup_s).or(samples.last()).map(|s| s.2).unwrap_or(0);
+    let server_end = server_rss_end_now.or(samples.last().map(|s| s.2)).unwrap_or(0);
+    let (workers_warm, workers_end) = (rss_warm.saturating_sub(server_warm), rss_end.saturating_sub(server_end));
+    let pct = |from: u64, to: u64| if from > 0 { (to as f64 - from as f64) / from as f64 * 100.0 } else { f64::NAN };
+    let finite = |v: f64| if v.is_finite() { serde_json::json!(v) } else { serde_json::Value::Null };
 
     // SIGTERM, and the exit status.
     let t = Instant::now();
@@ -412,7 +421,14 @@ fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
             "rss_peak_bytes": rss_peak,
             "rss_growth_pct": if growth_pct.is_finite() { serde_json::json!(growth_pct) } else { serde_json::Value::Null },
             "rss_growth_max_pct": a.rss_growth_max_pct,
-            "rss_samples": samples.iter().map(|s| [s.0, s.1 as f64]).collect::<Vec<_>>(),
+            "server_rss_warmup_end_bytes": server_warm,
+            "server_rss_end_bytes": server_end,
+            "server_rss_growth_pct": finite(pct(server_warm, server_end)),
+            "workers_rss_warmup_end_bytes": workers_warm,
+            "workers_rss_end_bytes": workers_end,
+            "workers_rss_growth_pct": finite(pct(workers_warm, workers_end)),
+            "rss_samples_columns": ["seconds", "tree_bytes", "server_bytes"],
+            "rss_samples": samples.iter().map(|s| [s.0, s.1 as f64, s.2 as f64]).collect::<Vec<_>>(),
             "live_at_end": live_at_end,
             "exit": exit,
             "exit_after_sigterm_s": exit_s,
@@ -451,6 +467,15 @@ fn soak_in(a: &SoakArgs, warmup_s: f64, repo: &Path) -> Result<()> {
         mib(rss_end),
         mib(rss_peak),
         a.rss_growth_max_pct
+    ));
+    t.push_str(&format!(
+        "    of which       the server's process {:.1} -> {:.1} MiB ({:+.2}%), its GPU workers {:.1} -> {:.1} MiB ({:+.2}%)\n",
+        mib(server_warm),
+        mib(server_end),
+        pct(server_warm, server_end),
+        mib(workers_warm),
+        mib(workers_end),
+        pct(workers_warm, workers_end)
     ));
     t.push_str(&format!("  server          alive at the end: {live_at_end}; after SIGTERM: {exit} in {exit_s:.2} s\n"));
     let mut out = std::io::stdout().lock();
