@@ -169,7 +169,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         let mut v = Vec::new();
         for (p, decl) in args.inputs.iter().zip(&plan.inputs) {
-            let t = npy::read(p).map_err(anyhow::Error::msg)?;
+            let t = npy::read(p)?;
             if t.shape != decl.shape {
                 bail!("{}: input '{}' must have shape {:?}, the file holds {:?}", p.display(), decl.name, decl.shape, t.shape);
             }
@@ -250,7 +250,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             } else {
                 path.with_file_name(format!("{}_{k}.npy", path.file_stem().unwrap_or_default().to_string_lossy()))
             };
-            npy::write(&path, o).map_err(anyhow::Error::msg)?;
+            npy::write(&path, o)?;
             eprintln!("wrote {}", path.display());
         }
     }

@@ -1085,7 +1085,7 @@ fn check_npy(bytes: &[u8]) -> Result<(), TestCaseError> {
             // Wider types read from narrower ones (f64 -> f32, i32 -> i64) at most double.
             prop_assert!(t.to_bytes().len() <= 2 * bytes.len(), "{} bytes from a {}-byte file", t.to_bytes().len(), bytes.len());
         }
-        Err(e) => prop_assert!(e.len() > 8, "unclear error '{e}'"),
+        Err(e) => prop_assert!(e.to_string().len() > 8, "unclear error '{e}'"),
     }
     Ok(())
 }
