@@ -36,8 +36,7 @@ impl std::fmt::Debug for GrpcClient {
 #[derive(Clone, Default)]
 pub struct GrpcClientBuilder {
     url: String,
-    control_key: Option<String>,
-    ca_pem: Option<Vec<u8>>,
+    remote: crate::tls::RemoteOptions,
     tls_domain: Option<String>,
 }
 
@@ -45,22 +44,20 @@ impl GrpcClientBuilder {
     /// Sends `key` in the `x-kairos-control-key` metadata of the model-control calls (repository
     /// index, load, unload), for servers started with `--control-api KEY`.
     pub fn control_key(mut self, key: impl Into<String>) -> Self {
-        self.control_key = Some(key.into());
+        self.remote.control_key = Some(key.into());
         self
     }
 
     /// Trusts the CA certificate(s) in `pem` (PEM text) for an `https://` url; only these, not the
     /// system's roots.
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.ca_pem = Some(pem.into());
+        self.remote.ca_pem = Some(pem.into());
         self
     }
 
     /// [`GrpcClientBuilder::tls_ca_pem`] with the contents of a file.
     pub fn tls_ca_file(self, path: impl AsRef<std::path::Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let pem = std::fs::read(path).map_err(|e| ClientError::Usage(format!("CA certificate file {}: {e}", path.display())))?;
-        Ok(self.tls_ca_pem(pem))
+        Ok(self.tls_ca_pem(crate::tls::RemoteOptions::read_ca_file(path.as_ref())?))
     }
 
     /// The name the server's certificate must carry (default: the url's host).
@@ -71,39 +68,20 @@ impl GrpcClientBuilder {
 
     /// Connects (and, over TLS, shakes hands): fails if the server cannot be reached or its
     /// certificate is not signed by the given CA.
-    pub async fn connect(self) -> Result<GrpcClient> {
+    pub async fn connect(mut self) -> Result<GrpcClient> {
         let url = self.url;
-        let https = url.starts_with("https://");
-        let control_key = match self.control_key {
-            Some(k) => Some(
-                k.parse::<tonic::metadata::AsciiMetadataValue>()
-                    .map_err(|_| ClientError::Usage("a control key must be printable ASCII (it travels in metadata)".into()))?,
-            ),
-            None => None,
-        };
+        let control_key = self.remote.take_control_key::<tonic::metadata::AsciiMetadataValue>("metadata")?;
         let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
             .map_err(|e| ClientError::Usage(format!("bad url '{url}': {e}")))?
             .tcp_nodelay(true);
-        match (self.ca_pem, https) {
-            (Some(pem), true) => {
-                // Checked here for a clear error; tonic parses it again.
-                crate::tls::ca_certificates(&pem)?;
-                let mut tls =
-                    tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pem));
-                if let Some(d) = self.tls_domain {
-                    tls = tls.domain_name(d);
-                }
-                endpoint = endpoint.tls_config(tls).map_err(|e| ClientError::Usage(format!("TLS for '{url}': {e}")))?;
+        if let Some(pem) = self.remote.take_ca_for(&url, "GrpcClient")? {
+            // Checked here for a clear error; tonic parses it again.
+            crate::tls::ca_certificates(&pem)?;
+            let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            if let Some(d) = self.tls_domain {
+                tls = tls.domain_name(d);
             }
-            (None, true) => {
-                return Err(ClientError::Usage(format!(
-                    "'{url}' is an https:// url: give the CA certificate to trust (GrpcClient::builder(url).tls_ca_pem(..))"
-                )));
-            }
-            (Some(_), false) => {
-                return Err(ClientError::Usage(format!("a CA certificate was given but '{url}' is not an https:// url")));
-            }
-            (None, false) => {}
+            endpoint = endpoint.tls_config(tls).map_err(|e| ClientError::Usage(format!("TLS for '{url}': {e}")))?;
         }
         let channel = endpoint
             .connect()

@@ -35,59 +35,40 @@ impl std::fmt::Debug for RestClient {
 #[derive(Clone, Default)]
 pub struct RestClientBuilder {
     base: String,
-    control_key: Option<String>,
-    ca_pem: Option<Vec<u8>>,
+    remote: crate::tls::RemoteOptions,
 }
 
 impl RestClientBuilder {
     /// Sends `key` in the `x-kairos-control-key` header of the model-control calls (repository
     /// index, load, unload), for servers started with `--control-api KEY`.
     pub fn control_key(mut self, key: impl Into<String>) -> Self {
-        self.control_key = Some(key.into());
+        self.remote.control_key = Some(key.into());
         self
     }
 
     /// Trusts the CA certificate(s) in `pem` (PEM text) for an `https://` url; only these, not the
     /// system's roots.
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.ca_pem = Some(pem.into());
+        self.remote.ca_pem = Some(pem.into());
         self
     }
 
     /// [`RestClientBuilder::tls_ca_pem`] with the contents of a file.
     pub fn tls_ca_file(self, path: impl AsRef<std::path::Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let pem = std::fs::read(path).map_err(|e| ClientError::Usage(format!("CA certificate file {}: {e}", path.display())))?;
-        Ok(self.tls_ca_pem(pem))
+        Ok(self.tls_ca_pem(crate::tls::RemoteOptions::read_ca_file(path.as_ref())?))
     }
 
-    pub fn build(self) -> Result<RestClient> {
+    pub fn build(mut self) -> Result<RestClient> {
         let base = self.base;
         let https = base.starts_with("https://");
         if !https && !base.starts_with("http://") {
             return Err(ClientError::Usage(format!("'{base}' is not an http:// or https:// url")));
         }
-        let tls = match (&self.ca_pem, https) {
-            // hyper-rustls sets ALPN (http/1.1) itself.
-            (Some(pem), true) => crate::tls::client_config(pem, &[])?,
-            (None, true) => {
-                return Err(ClientError::Usage(format!(
-                    "'{base}' is an https:// url: give the CA certificate to trust (RestClient::builder(url).tls_ca_pem(..))"
-                )));
-            }
-            (Some(_), false) => {
-                return Err(ClientError::Usage(format!("a CA certificate was given but '{base}' is not an https:// url")));
-            }
-            // Never used (plain http:// only), but the connector wants one.
-            (None, false) => crate::tls::client_config(b"", &[])?,
-        };
-        let control_key = match self.control_key {
-            Some(k) => Some(
-                hyper::header::HeaderValue::from_str(&k)
-                    .map_err(|_| ClientError::Usage("a control key must be printable ASCII (it travels in a header)".into()))?,
-            ),
-            None => None,
-        };
+        // hyper-rustls sets ALPN (http/1.1) itself. Plain http:// never uses the configuration (no
+        // CA then), but the connector wants one.
+        let ca_pem = self.remote.take_ca_for(&base, "RestClient")?;
+        let tls = crate::tls::client_config(ca_pem.as_deref().unwrap_or(b""), &[])?;
+        let control_key = self.remote.take_control_key::<hyper::header::HeaderValue>("a header")?;
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.enforce_http(false);

@@ -186,6 +186,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KAIROS_WORKER_START_TIMEOUT_S", default_value_t = kairos_server::worker::WORKER_START_TIMEOUT_S_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub worker_start_timeout_s: u64,
+    /// Seconds a model's load in a GPU worker (the model-control API's, or start-up's) may take
+    /// (autotuning, copying the weights); past it the load fails with 503 / UNAVAILABLE and the
+    /// worker, stuck, is killed and restarted with the other models.
+    #[arg(long, env = "KAIROS_MODEL_LOAD_TIMEOUT_S", default_value_t = kairos_server::worker::MODEL_LOAD_TIMEOUT_S_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub model_load_timeout_s: u64,
     /// Internal: run as the worker of this GPU (the server starts its workers with it).
     #[arg(long, hide = true)]
     pub worker_gpu: Option<u32>,
@@ -204,6 +210,10 @@ pub struct ServeArgs {
     /// ready; each waits until its stdin closes, then exits.
     #[arg(long, hide = true)]
     pub test_worker_hang_from_generation: Option<u64>,
+    /// Tests only: the first worker of each GPU never finishes loading the model of this name (it
+    /// serves the others meanwhile).
+    #[arg(long, hide = true)]
+    pub test_worker_hang_in_load: Option<String>,
 }
 
 fn address(s: &str, what: &str) -> Result<Option<SocketAddr>> {
@@ -373,7 +383,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
             return Ok(());
         }
-        return kairos_server::worker::run_worker(std::sync::Arc::from(backend), gpu)
+        let hang_in_load = args.test_worker_hang_in_load.clone().filter(|_| args.worker_generation == 0);
+        return kairos_server::worker::run_worker(std::sync::Arc::from(backend), gpu, hang_in_load)
             .map_err(|e| anyhow::anyhow!("GPU worker {gpu}: {e}"));
     }
     let cuda = backend.describe() == "cuda";
@@ -390,7 +401,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tracing::info!("GPU engines in worker processes (--gpu-workers off keeps them in this process)");
         Box::new(WorkerBackend {
             inner: backend,
-            spawn: WorkerSpawn { exe, args: worker_args, start_timeout_ms: args.worker_start_timeout_s.saturating_mul(1000) },
+            spawn: WorkerSpawn {
+                exe,
+                args: worker_args,
+                start_timeout_ms: args.worker_start_timeout_s.saturating_mul(1000),
+                load_timeout_ms: args.model_load_timeout_s.saturating_mul(1000),
+            },
             requests_max: args.submit_queue_max + args.jobs_max,
         })
     } else {

@@ -259,3 +259,84 @@ fn a_worker_that_never_becomes_ready_is_killed_after_the_start_timeout() {
     let _ = server.child.kill();
     let _ = server.child.wait();
 }
+
+/// A load that hangs in a running worker (here: its load of `slow` never finishes, as one stuck in
+/// the driver would) fails after --model-load-timeout-s with 503 naming the limit; the worker,
+/// stuck, is killed (reaped, no zombie) and restarted with the other models, which serve again;
+/// the model that hung loads in the new worker.
+#[test]
+fn a_load_that_hangs_fails_after_the_load_timeout_and_the_worker_is_restarted() {
+    let dir = std::env::temp_dir().join(format!("kairos-worker-load-hang-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut server = start_with(&dir, &["--model-load-timeout-s", "2", "--test-worker-hang-in-load", "slow", "--load", "mlp"]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = RestClient::new(&server.http).unwrap();
+        let started = Instant::now();
+        while !c.server_live().await.unwrap_or(false) {
+            assert!(started.elapsed() < READY_WAIT, "the server did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        wait_ready(&c, READY_WAIT).await;
+        let x = input(64, 0.5);
+        let opts = InferOptions::default();
+        let before = c.infer("mlp", "", &[("x", &x)], &opts, false).await.expect("mlp through the first worker").outputs;
+        let workers = children_of(server.child.id());
+        assert_eq!(workers.len(), 1, "one worker (found {workers:?})");
+
+        // The load hangs in the worker: its answer comes after the limit, naming it.
+        let loading = {
+            let c = RestClient::new(&server.http).unwrap();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                (tokio::time::timeout(Duration::from_secs(30), c.load_model("slow")).await, t.elapsed())
+            })
+        };
+        // Meanwhile the worker serves the other models.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let during = c.infer("mlp", "", &[("x", &x)], &opts, false).await.expect("mlp while a load hangs").outputs;
+        assert_eq!(during, before);
+        let (answer, took) = loading.await.unwrap();
+        let answer = answer.expect("the hung load got no answer within 30 s");
+        match answer {
+            Err(ClientError::Server { code: Code::Unavailable, message }) => {
+                eprintln!("load hang test: answered after {:.1} s: {message}", took.as_secs_f64());
+                assert!(message.contains("did not finish within the model load time limit of 2 s"), "{message}");
+                assert!(message.contains("slow"), "the answer names the model: {message}");
+            }
+            other => panic!("expected 503 for the hung load, got {other:?}"),
+        }
+        assert!(took >= Duration::from_secs(2), "the limit was not waited for ({took:?})");
+        assert!(took < Duration::from_secs(10), "the load's answer came late ({took:?})");
+
+        // The stuck worker is killed and a new one serves mlp again.
+        let t = Instant::now();
+        let again = loop {
+            match c.infer("mlp", "", &[("x", &x)], &opts, false).await {
+                Ok(r) => break r.outputs,
+                Err(ClientError::Server { code: Code::Unavailable, message }) => {
+                    assert!(message.contains("worker"), "the 503 names the cause: {message}");
+                    assert!(t.elapsed() < Duration::from_secs(30), "mlp is not served after the restart: {message}");
+                }
+                Err(e) => panic!("expected mlp served or 503 while the worker restarts, got {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(again, before, "mlp answers differently after the restart");
+        let now = children_in_state(server.child.id(), true);
+        assert_eq!(now.len(), 1, "one worker after the restart, no zombie (found {now:?})");
+        assert_ne!(now[0], workers[0], "the stuck worker was restarted");
+        assert!(!Path::new(&format!("/proc/{}", workers[0])).exists(), "the stuck worker {} still exists", workers[0]);
+        let metrics = c.metrics().await.unwrap();
+        let line =
+            metrics.lines().find(|l| l.starts_with("kairos_gpu_recoveries_total")).expect("the recoveries counter").to_string();
+        assert!(line.ends_with(" 1"), "one recovery counted: {line}");
+        // The model that hung loads in the new worker (the hang was the first worker's only).
+        c.load_model("slow").await.expect("slow loads in the restarted worker");
+        let xs = input(512, 1.5);
+        c.infer("slow", "", &[("x", &xs)], &opts, false).await.expect("slow after its load");
+        assert!(c.server_live().await.unwrap() && c.server_ready().await.unwrap(), "live and ready again");
+    });
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+}

@@ -335,7 +335,9 @@ fn read_tensors<R: Read>(r: &mut R, heads: Vec<WireTensor>, count: u32) -> std::
 /// `backend`, driven by the server through stdin and stdout. Returns when the server closes stdin
 /// or asks it to stop; exits the process with [`WORKER_EXIT_ENGINE_STOPPED`] once its engine
 /// stopped for good. Anything else written to stdout goes to stderr from the start.
-pub fn run_worker(backend: Arc<dyn Backend>, gpu: u32) -> Result<(), ServeError> {
+/// `test_hang_in_load` (tests only): a load of the model of this name never finishes (as one stuck
+/// in the driver would), while the worker serves the other models.
+pub fn run_worker(backend: Arc<dyn Backend>, gpu: u32, test_hang_in_load: Option<String>) -> Result<(), ServeError> {
     let proto = take_stdout()?;
     let out = Arc::new(Mutex::new(BufWriter::with_capacity(1 << 20, proto)));
     let send = {
@@ -410,7 +412,14 @@ pub fn run_worker(backend: Arc<dyn Backend>, gpu: u32) -> Result<(), ServeError>
                 // Loads block until the weights are up: on a thread of their own, so that
                 // requests for the models already loaded keep flowing.
                 let (engine, backend, send) = (engine.clone(), backend.clone(), send.clone());
+                let hang = test_hang_in_load.as_deref() == Some(name.as_str());
                 let spawned = std::thread::Builder::new().name("kairos-worker-load".into()).spawn(move || {
+                    if hang {
+                        warn!(gpu, model = %name, "GPU worker: this load hangs (--test-worker-hang-in-load)");
+                        loop {
+                            std::thread::sleep(Duration::from_secs(3600));
+                        }
+                    }
                     let result = load_in_worker(&*backend, &engine, gpu, &name, plan, profile);
                     send(&FromWorker::Loaded { name, result: result.map_err(|e| WireError::from(&e)) }, &[]);
                 });
@@ -559,7 +568,14 @@ pub struct WorkerSpawn {
     /// after a restart, it has loaded its models again); past it the worker is killed and the
     /// start counts as failed (see [`WORKER_START_ATTEMPTS_MAX`]).
     pub start_timeout_ms: u64,
+    /// How long a model's load in a running worker (the model-control API's, or start-up's) may
+    /// take until the worker answers; past it the load fails and the worker counts as failed: it is
+    /// killed and restarted (the reloads of a restart are bounded by `start_timeout_ms` instead).
+    pub load_timeout_ms: u64,
 }
+
+/// Default of [`WorkerSpawn::load_timeout_ms`]: a load autotunes and copies gigabytes of weights.
+pub const MODEL_LOAD_TIMEOUT_S_DEFAULT: u64 = 600;
 
 /// Default of [`WorkerSpawn::start_timeout_ms`]: CUDA's initialisation, the autotuner and the
 /// models' loads of a large repository fit well within it.
@@ -665,6 +681,10 @@ struct Shared {
     earlier: Mutex<EngineStats>,
     restarting: AtomicBool,
     restarts: AtomicU64,
+    /// The generation of the worker in `child` (set before it goes there).
+    generation: AtomicU64,
+    /// Why the server killed the running worker (the supervisor tells it as the worker's end).
+    kill_cause: Mutex<Option<String>>,
     /// Requests the server answered itself because their worker ended.
     failed_here: AtomicU64,
     /// Shared with a starting worker's [`StartWatch`], which kills it when the server stops.
@@ -786,6 +806,8 @@ impl WorkerEngine {
             earlier: Mutex::default(),
             restarting: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            kill_cause: Mutex::new(None),
             failed_here: AtomicU64::new(0),
             stopping,
             last_start_error: Mutex::new(None),
@@ -854,16 +876,34 @@ impl WorkerEngine {
         let head = frame_head(&msg, 1).map_err(|e| Error::InvalidModel(e.to_string()))?;
         let (tx, rx) = mpsc::sync_channel(1);
         let name = spec.name.clone();
+        let s = &self.shared;
+        let mut generation = 0;
         self.send(
             &head,
             &[spec.plan.weights.as_slice()],
             |w| {
+                // Under the connection's lock: the generation of the worker that gets the load.
+                generation = s.generation.load(Ordering::Acquire);
                 w.loads.entry(name.clone()).or_default().push_back(tx);
                 Ok(())
             },
             |w| drop(w.loads.get_mut(&name).and_then(|q| q.pop_back())),
         )?;
-        let info = rx.recv().map_err(|_| Error::ShuttingDown)??;
+        let limit_ms = s.spawn.load_timeout_ms.max(1);
+        let info = match rx.recv_timeout(Duration::from_millis(limit_ms)) {
+            Ok(r) => r?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Error::ShuttingDown),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let why = format!(
+                    "the load of model '{name}' on GPU {} did not finish within the model load time limit of {} s; its worker was killed and is restarted",
+                    s.gpu,
+                    limit_ms.div_ceil(1000)
+                );
+                warn!(gpu = s.gpu, model = %name, "{why}");
+                self.kill_worker(generation, &why);
+                return Err(Error::GpuFailed(why));
+            }
+        };
         lock(&self.shared.models).insert(spec.name.clone(), spec);
         Ok(info)
     }
@@ -952,6 +992,21 @@ impl WorkerEngine {
     /// The latest restarts, oldest first.
     pub fn recoveries(&self) -> Vec<RecoveryReport> {
         lock(&self.shared.reports).iter().cloned().collect()
+    }
+
+    /// Kills the running worker if it is still the one of `generation` (a worker started since
+    /// is left alone); its supervisor reaps it, answers what it held (telling `why`) and restarts
+    /// it.
+    fn kill_worker(&self, generation: u64, why: &str) {
+        let s = &self.shared;
+        let mut child = lock(&s.child);
+        if s.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if let Some(c) = child.as_mut() {
+            *lock(&s.kill_cause) = Some(why.to_string());
+            let _ = c.kill();
+        }
     }
 
     /// The running worker's process id (tests kill it to see the server recover).
@@ -1108,6 +1163,9 @@ fn supervise(s: &Shared, mut stdout: BufReader<ChildStdout>) {
         drop(conn);
         if let Some(mut c) = lock(&s.child).take() {
             let _ = c.kill();
+            if let Some(why) = lock(&s.kill_cause).take() {
+                cause = why;
+            }
             if let Ok(status) = c.wait() {
                 cause = format!("{cause} ({status})");
             }
@@ -1137,6 +1195,8 @@ fn supervise(s: &Shared, mut stdout: BufReader<ChildStdout>) {
                         lock(&s.models).remove(name);
                     }
                     stdout = st.stdout;
+                    // The generation first: a timed-out load of the old worker must not kill this one.
+                    s.generation.store(generation, Ordering::Release);
                     *lock(&s.child) = Some(st.child);
                     if s.stopping.load(Ordering::Acquire) {
                         // Stopped meanwhile: the new worker is the stopper's to end.
