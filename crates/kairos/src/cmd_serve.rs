@@ -179,16 +179,16 @@ pub struct ServeArgs {
     /// requests are copied instead of read in place.
     #[arg(long, value_enum, env = "KAIROS_GPU_WORKERS", default_value = "auto")]
     pub gpu_workers: GpuWorkers,
-    /// Seconds a GPU worker may take from its start until it serves (CUDA's initialisation, the
-    /// autotuner, and after a restart the models' loads); past it the worker is killed and the start
-    /// counts as failed (a GPU is given up after 3 failed starts in a row; its requests get 503 /
+    /// Seconds a GPU worker may take from its start until it says ready (CUDA's initialisation);
+    /// past it the worker is killed and the start counts as failed (a GPU is given up after 3 failed starts in a row; its requests get 503 /
     /// UNAVAILABLE with the cause meanwhile).
     #[arg(long, env = "KAIROS_WORKER_START_TIMEOUT_S", default_value_t = kairos_server::worker::WORKER_START_TIMEOUT_S_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub worker_start_timeout_s: u64,
     /// Seconds a model's load in a GPU worker (the model-control API's, or start-up's) may take
     /// (autotuning, copying the weights); past it the load fails with 503 / UNAVAILABLE and the
-    /// worker, stuck, is killed and restarted with the other models.
+    /// worker, stuck, is killed and restarted with the other models. A restarted worker loads the
+    /// models again within this limit per model, or its start counts as failed.
     #[arg(long, env = "KAIROS_MODEL_LOAD_TIMEOUT_S", default_value_t = kairos_server::worker::MODEL_LOAD_TIMEOUT_S_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub model_load_timeout_s: u64,

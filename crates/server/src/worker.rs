@@ -564,21 +564,20 @@ fn take_stdout() -> Result<std::fs::File, ServeError> {
 pub struct WorkerSpawn {
     pub exe: PathBuf,
     pub args: Vec<OsString>,
-    /// How long a worker may take from its start until it is ready to serve (its engine runs and,
-    /// after a restart, it has loaded its models again); past it the worker is killed and the
-    /// start counts as failed (see [`WORKER_START_ATTEMPTS_MAX`]).
+    /// How long a worker may take from its start until its engine runs and it says ready; past it
+    /// the worker is killed and the start counts as failed (see [`WORKER_START_ATTEMPTS_MAX`]).
     pub start_timeout_ms: u64,
     /// How long a model's load in a running worker (the model-control API's, or start-up's) may
     /// take until the worker answers; past it the load fails and the worker counts as failed: it is
-    /// killed and restarted (the reloads of a restart are bounded by `start_timeout_ms` instead).
+    /// killed and restarted. After a restart the worker loads the server's models again within
+    /// this limit per model, or the start counts as failed.
     pub load_timeout_ms: u64,
 }
 
 /// Default of [`WorkerSpawn::load_timeout_ms`]: a load autotunes and copies gigabytes of weights.
 pub const MODEL_LOAD_TIMEOUT_S_DEFAULT: u64 = 600;
 
-/// Default of [`WorkerSpawn::start_timeout_ms`]: CUDA's initialisation, the autotuner and the
-/// models' loads of a large repository fit well within it.
+/// Default of [`WorkerSpawn::start_timeout_ms`]: CUDA's initialisation fits well within it.
 pub const WORKER_START_TIMEOUT_S_DEFAULT: u64 = 300;
 
 /// How often a start watch checks whether the server stops.
@@ -591,10 +590,12 @@ struct StartWatch {
     disarm: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<bool>>,
     timeout_ms: u64,
+    /// What the worker had to do in time ("become ready", "load its models again").
+    what: &'static str,
 }
 
 impl StartWatch {
-    fn arm(pid: u32, timeout_ms: u64, stopping: Arc<AtomicBool>) -> std::io::Result<StartWatch> {
+    fn arm(pid: u32, timeout_ms: u64, what: &'static str, stopping: Arc<AtomicBool>) -> std::io::Result<StartWatch> {
         let (tx, rx) = mpsc::channel::<()>();
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let thread = std::thread::Builder::new().name("kairos-worker-start".into()).spawn(move || {
@@ -612,7 +613,7 @@ impl StartWatch {
                 }
             }
         })?;
-        Ok(StartWatch { disarm: Some(tx), thread: Some(thread), timeout_ms })
+        Ok(StartWatch { disarm: Some(tx), thread: Some(thread), timeout_ms, what })
     }
 
     /// Stops watching; true when the watch killed the worker.
@@ -625,7 +626,7 @@ impl StartWatch {
     /// then is its consequence), else `why`.
     fn cause(&mut self, why: String) -> String {
         if self.disarm() {
-            format!("the GPU worker did not become ready within {} s and was killed", self.timeout_ms.div_ceil(1000))
+            format!("the GPU worker did not {} within {} s and was killed", self.what, self.timeout_ms.div_ceil(1000))
         } else {
             why
         }
@@ -755,7 +756,7 @@ fn spawn_worker(spawn: &WorkerSpawn, gpu: u32, generation: u64, stopping: &Arc<A
     }
     let stdin = BufWriter::with_capacity(1 << 20, stdin);
     let mut stdout = BufReader::with_capacity(1 << 20, stdout);
-    let mut watch = match StartWatch::arm(child.id(), spawn.start_timeout_ms.max(1), stopping.clone()) {
+    let mut watch = match StartWatch::arm(child.id(), spawn.start_timeout_ms.max(1), "become ready", stopping.clone()) {
         Ok(w) => w,
         Err(e) => return Err(kill_and_reap(&mut child, format!("cannot watch the GPU worker's start: {e}"))),
     };
@@ -1264,6 +1265,11 @@ fn reload(s: &Shared, mut st: Started) -> Result<(Started, Reloaded), String> {
 
 fn reload_into(s: &Shared, st: &mut Started) -> Result<Reloaded, String> {
     let models: Vec<ModelSpec> = lock(&s.models).values().cloned().collect();
+    // Ready: the loads are bounded as loads are, once per model (their weights cross one pipe).
+    st.watch.disarm();
+    let limit_ms = s.spawn.load_timeout_ms.max(1).saturating_mul(models.len().max(1) as u64);
+    st.watch = StartWatch::arm(st.child.id(), limit_ms, "load its models again", s.stopping.clone())
+        .map_err(|e| format!("cannot watch the new worker's loads: {e}"))?;
     let io = |e: std::io::Error| format!("loading the models into the new worker: {e}");
     for spec in &models {
         let mut plan = (*spec.plan).clone();
