@@ -12,7 +12,7 @@
 #
 # Environment: KAIROS_ZOO_MODELS (zoo test models), LATENCY_MODELS (default: the zoo), REPEATS (2),
 # LATENCY_POLICY (the engine's policy, default fifo; paella times kernel-by-kernel dispatch),
-# SKIP_TESTS=1 (latency only). With .carry/dispatch_cost.gz and .carry/dispatch_cost-base.gz (the
+# SKIP_TESTS=1 (latency only), CARRY (the folder of the binaries, default .carry). With .carry/dispatch_cost.gz and .carry/dispatch_cost-base.gz (the
 # kairos-sched example of each build) both builds' dispatcher cost is measured too, interleaved.
 # Records in $OUT (out/kernel-change otherwise): tests.log, latency-{base,new}-N/latency.json; the
 # table of p50s is printed last.
@@ -26,7 +26,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     gunzip -c .carry-gpu/kairos-cuda-gpu-tests.gz >"$BIN/gpu-tests" && chmod +x "$BIN/gpu-tests" || { echo "missing .carry-gpu/kairos-cuda-gpu-tests.gz"; exit 1; }
 fi
 for b in kairos kairos-base; do
-    gunzip -c ".carry/$b.gz" >"$BIN/$b" && chmod +x "$BIN/$b" || { echo "missing .carry/$b.gz"; exit 1; }
+    gunzip -c "${CARRY:-.carry}/$b.gz" >"$BIN/$b" && chmod +x "$BIN/$b" || { echo "missing ${CARRY:-.carry}/$b.gz"; exit 1; }
 done
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} KAIROS_PROGRESS=lines
 . scripts/cubin-carry.sh
@@ -53,9 +53,9 @@ for i in $(seq "${REPEATS:-2}"); do
     done
 done
 t2=$(date +%s)
-if [ -f .carry/dispatch_cost.gz ] && [ -f .carry/dispatch_cost-base.gz ]; then
+if [ -f "${CARRY:-.carry}/dispatch_cost.gz" ] && [ -f "${CARRY:-.carry}/dispatch_cost-base.gz" ]; then
     for b in dispatch_cost dispatch_cost-base; do
-        gunzip -c ".carry/$b.gz" >"$BIN/$b" && chmod +x "$BIN/$b"
+        gunzip -c "${CARRY:-.carry}/$b.gz" >"$BIN/$b" && chmod +x "$BIN/$b"
     done
     for i in $(seq "${REPEATS:-2}"); do
         for b in base new; do
