@@ -193,94 +193,24 @@ impl Gpu for Injected {
     }
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
-fn the_engine_recovers_from_an_illegal_address() {
-    kairos_cuda::settings::configure_from_env();
-    let name = "resnet18";
-    let m = suite::zoo_model(name, DType::F32, 1, 32).unwrap();
-    let injection = Arc::new(Injection::default());
-    let engine = Injected::start(&injection, None);
-    engine.load_model(ModelSpec { name: name.into(), plan: Arc::new(m.plan.clone()), profile: None }).unwrap();
-    let run = || engine.submit(name, m.inputs.clone(), RequestOptions::default()).unwrap();
-    let expected = run().wait().unwrap().outputs;
-    for _ in 0..5 {
-        assert_eq!(run().wait().unwrap().outputs, expected, "outputs differ between two runs before the fault");
-    }
+/// resnet18 f32 loaded into `engine`: the model every test serves, with its inputs.
+fn serve_resnet18(engine: &Engine) -> suite::ZooModel {
+    let m = suite::zoo_model("resnet18", DType::F32, 1, 32).unwrap();
+    engine.load_model(ModelSpec { name: "resnet18".into(), plan: Arc::new(m.plan.clone()), profile: None }).unwrap();
+    m
+}
 
-    // The fault, with requests in flight around it.
-    let faulted_at = Instant::now();
-    injection.illegal_address.store(true, Ordering::SeqCst);
-    let handles: Vec<_> = (0..20).map(|_| run()).collect();
-    let (mut served, mut failed) = (0, 0);
-    for h in handles {
-        match h.wait_timeout(ANSWER_WITHIN).expect("a request in flight at the fault got no answer") {
-            Ok(r) => {
-                assert_eq!(r.outputs, expected, "a request served around the fault is wrong");
-                served += 1;
-            }
-            Err(Error::GpuFailed(cause)) => {
-                eprintln!("recovery test: a request failed with: {cause}");
-                failed += 1;
-            }
-            Err(e) => panic!("a request in flight at the fault got {e}"),
-        }
+fn submit(engine: &Engine, m: &suite::ZooModel) -> kairos_sched::RequestHandle {
+    engine.submit("resnet18", m.inputs.clone(), RequestOptions::default()).unwrap()
+}
+
+/// The outputs before any fault, the same in six runs.
+fn outputs_before_the_fault(engine: &Engine, m: &suite::ZooModel) -> Vec<kairos_ir::Tensor> {
+    let expected = submit(engine, m).wait().unwrap().outputs;
+    for _ in 0..5 {
+        assert_eq!(submit(engine, m).wait().unwrap().outputs, expected, "outputs differ between two runs before the fault");
     }
-    assert!(failed > 0, "the illegal address did not fail any request");
-    let answered = faulted_at.elapsed();
-    // CUDA keeps a sticky error for the life of the process: the engine either reset the GPU or
-    // stopped, saying why; nothing hangs.
-    loop {
-        if engine.stats().gpu_recoveries > 0 {
-            break;
-        }
-        if let Some(why) = engine.stopped() {
-            assert!(why.contains("sticky"), "stopped without saying why: {why}");
-            // A request now is refused at once, with the reason.
-            match engine.submit(name, m.inputs.clone(), RequestOptions::default()) {
-                Err(Error::GpuFailed(m)) => assert!(m.contains("stopped"), "{m}"),
-                Err(e) => panic!("a stopped engine refused a request with {e}"),
-                Ok(h) => panic!("a stopped engine took a request, which got {:?}", h.wait_timeout(ANSWER_WITHIN)),
-            }
-            println!(
-                "recovery: {name} f32; around the fault {served} requests served, {failed} failed (GpuFailed), all answered \
-                 {} ms after the fault; the engine stopped {} ms after the fault: {why}",
-                answered.as_millis(),
-                faulted_at.elapsed().as_millis()
-            );
-            return;
-        }
-        assert!(faulted_at.elapsed() < ANSWER_WITHIN, "the engine neither reset the GPU nor stopped");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let reset_after = faulted_at.elapsed();
-    // Serving again: the first correct answer, then more.
-    let first = loop {
-        match run().wait_timeout(ANSWER_WITHIN).expect("no answer after the reset") {
-            Ok(r) => {
-                assert_eq!(r.outputs, expected, "wrong outputs after the reset");
-                break faulted_at.elapsed();
-            }
-            Err(Error::GpuFailed(_)) => assert!(faulted_at.elapsed() < ANSWER_WITHIN, "not serving again"),
-            Err(e) => panic!("after the reset: {e}"),
-        }
-    };
-    for _ in 0..20 {
-        assert_eq!(run().wait().unwrap().outputs, expected, "wrong outputs after the reset");
-    }
-    let report = &engine.recoveries()[0];
-    println!(
-        "recovery: {name} f32; around the fault {served} requests served, {failed} failed (GpuFailed); reset {} ms after the fault \
-         (the reset itself {:.1} ms, {} models loaded again); first correct answer {} ms after the fault; 20 more correct; cause: {}",
-        reset_after.as_millis(),
-        report.took_ns as f64 / 1e6,
-        report.models_reloaded,
-        first.as_millis(),
-        report.cause
-    );
-    assert_eq!(engine.stats().gpu_recoveries, 1);
-    engine.shutdown();
-    assert!(first <= RECOVER_TARGET, "first correct answer {first:?} after the fault, over the {RECOVER_TARGET:?} target");
+    expected
 }
 
 /// The ring of the overflow test: small enough that a stalled host overflows it at once.
@@ -331,18 +261,74 @@ fn serving_again(run: &dyn Fn() -> kairos_sched::RequestHandle, expected: &[kair
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
+fn the_engine_recovers_from_an_illegal_address() {
+    kairos_cuda::settings::configure_from_env();
+    let name = "resnet18";
+    let injection = Arc::new(Injection::default());
+    let engine = Injected::start(&injection, None);
+    let m = serve_resnet18(&engine);
+    let run = || submit(&engine, &m);
+    let expected = outputs_before_the_fault(&engine, &m);
+
+    // The fault, with requests in flight around it.
+    let faulted_at = Instant::now();
+    injection.illegal_address.store(true, Ordering::SeqCst);
+    let handles: Vec<_> = (0..20).map(|_| run()).collect();
+    let (served, failed) = answers(handles, &expected, |e| matches!(e, Error::GpuFailed(_)));
+    assert!(failed > 0, "the illegal address did not fail any request");
+    let answered = faulted_at.elapsed();
+    // CUDA keeps a sticky error for the life of the process: the engine either reset the GPU or
+    // stopped, saying why; nothing hangs.
+    loop {
+        if engine.stats().gpu_recoveries > 0 {
+            break;
+        }
+        if let Some(why) = engine.stopped() {
+            assert!(why.contains("sticky"), "stopped without saying why: {why}");
+            // A request now is refused at once, with the reason.
+            match engine.submit(name, m.inputs.clone(), RequestOptions::default()) {
+                Err(Error::GpuFailed(m)) => assert!(m.contains("stopped"), "{m}"),
+                Err(e) => panic!("a stopped engine refused a request with {e}"),
+                Ok(h) => panic!("a stopped engine took a request, which got {:?}", h.wait_timeout(ANSWER_WITHIN)),
+            }
+            println!(
+                "recovery: {name} f32; around the fault {served} requests served, {failed} failed (GpuFailed), all answered \
+                 {} ms after the fault; the engine stopped {} ms after the fault: {why}",
+                answered.as_millis(),
+                faulted_at.elapsed().as_millis()
+            );
+            return;
+        }
+        assert!(faulted_at.elapsed() < ANSWER_WITHIN, "the engine neither reset the GPU nor stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let reset_after = faulted_at.elapsed();
+    let first = serving_again(&run, &expected, faulted_at);
+    let report = &engine.recoveries()[0];
+    println!(
+        "recovery: {name} f32; around the fault {served} requests served, {failed} failed (GpuFailed); reset {} ms after the fault \
+         (the reset itself {:.1} ms, {} models loaded again); first correct answer {} ms after the fault; 20 more correct; cause: {}",
+        reset_after.as_millis(),
+        report.took_ns as f64 / 1e6,
+        report.models_reloaded,
+        first.as_millis(),
+        report.cause
+    );
+    assert_eq!(engine.stats().gpu_recoveries, 1);
+    engine.shutdown();
+    assert!(first <= RECOVER_TARGET, "first correct answer {first:?} after the fault, over the {RECOVER_TARGET:?} target");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
 fn the_engine_recovers_from_a_ring_overflow() {
     kairos_cuda::settings::configure_from_env();
     let name = "resnet18";
-    let m = suite::zoo_model(name, DType::F32, 1, 32).unwrap();
     let injection = Arc::new(Injection::default());
     let engine = Injected::start(&injection, Some(RING_RECORDS));
-    engine.load_model(ModelSpec { name: name.into(), plan: Arc::new(m.plan.clone()), profile: None }).unwrap();
-    let run = || engine.submit(name, m.inputs.clone(), RequestOptions::default()).unwrap();
-    let expected = run().wait().unwrap().outputs;
-    for _ in 0..5 {
-        assert_eq!(run().wait().unwrap().outputs, expected, "outputs differ between two runs before the fault");
-    }
+    let m = serve_resnet18(&engine);
+    let run = || submit(&engine, &m);
+    let expected = outputs_before_the_fault(&engine, &m);
     assert_eq!(injection.ring_overflows.load(Ordering::SeqCst), 0, "the ring overflowed before the test stalled it");
 
     // The host stops reading while 20 requests' launches fill the ring.
@@ -381,13 +367,6 @@ const LONG_HANG_BLOCK_NS: u64 = 120_000_000_000;
 /// Requests held at a hang are answered this soon after the watchdog's bound.
 const ANSWER_AFTER_WATCHDOG: Duration = Duration::from_millis(500);
 
-/// A served model, its inputs and outputs before any fault, on `engine`.
-fn serve_resnet18(engine: &Engine) -> suite::ZooModel {
-    let m = suite::zoo_model("resnet18", DType::F32, 1, 32).unwrap();
-    engine.load_model(ModelSpec { name: "resnet18".into(), plan: Arc::new(m.plan.clone()), profile: None }).unwrap();
-    m
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
 fn the_engine_recovers_from_a_hung_launch() {
@@ -398,11 +377,8 @@ fn the_engine_recovers_from_a_hung_launch() {
     cfg.dispatcher.watchdog_ns_min = WATCHDOG.as_nanos() as u64;
     let engine = Injected::start_with(&injection, None, cfg);
     let m = serve_resnet18(&engine);
-    let run = || engine.submit(name, m.inputs.clone(), RequestOptions::default()).unwrap();
-    let expected = run().wait().unwrap().outputs;
-    for _ in 0..5 {
-        assert_eq!(run().wait().unwrap().outputs, expected, "outputs differ between two runs before the fault");
-    }
+    let run = || submit(&engine, &m);
+    let expected = outputs_before_the_fault(&engine, &m);
 
     injection.hang_block_ns.store(HANG_BLOCK_NS, Ordering::SeqCst);
     let hung_at = Instant::now();
@@ -455,8 +431,8 @@ fn a_hung_launch_stops_an_engine_that_does_not_reset() {
     cfg.dispatcher.watchdog_ns_min = WATCHDOG.as_nanos() as u64;
     let engine = Injected::start_with(&injection, None, cfg);
     let m = serve_resnet18(&engine);
-    let run = || engine.submit("resnet18", m.inputs.clone(), RequestOptions::default()).unwrap();
-    let expected = run().wait().unwrap().outputs;
+    let run = || submit(&engine, &m);
+    let expected = outputs_before_the_fault(&engine, &m);
     injection.hang_block_ns.store(LONG_HANG_BLOCK_NS, Ordering::SeqCst);
     let hung_at = Instant::now();
     let handles: Vec<_> = (0..20).map(|_| run()).collect();

@@ -382,6 +382,29 @@ fn trippable_engine_with(
     (engine, trip, plan, resets)
 }
 
+/// Why the engine stopped, waiting for it 10 s at most.
+fn stopped_within_10_s(engine: &Engine) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(why) = engine.stopped() {
+            return why;
+        }
+        assert!(std::time::Instant::now() < deadline, "the engine neither recovered nor stopped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Each request in flight at the test fault is answered within 10 s: served, or failed by it.
+fn served_or_failed_by_the_fault(handles: Vec<kairos_sched::RequestHandle>) {
+    for h in handles {
+        match h.wait_timeout(std::time::Duration::from_secs(10)).expect("no answer") {
+            Ok(_) => {}
+            Err(Error::GpuFailed(cause)) => assert!(cause.contains("illegal memory access"), "{cause}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 fn zero_inputs(plan: &Plan) -> Vec<kairos_ir::Tensor> {
     plan.inputs.iter().map(|i| kairos_ir::Tensor::zeros(i.dtype, i.shape.clone())).collect()
 }
@@ -424,14 +447,7 @@ fn an_engine_whose_gpu_cannot_be_reset_stops_and_says_why() {
     assert_eq!(engine.stopped(), None);
 
     trip.store(true, std::sync::atomic::Ordering::SeqCst);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let why = loop {
-        if let Some(why) = engine.stopped() {
-            break why;
-        }
-        assert!(std::time::Instant::now() < deadline, "the engine neither recovered nor stopped");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let why = stopped_within_10_s(&engine);
     assert!(why.contains("sticky"), "{why}");
     assert_eq!(engine.stats().gpu_recoveries, 0);
     // Every later request is refused at once, with the reason.
@@ -453,13 +469,7 @@ fn requests_are_answered_before_a_slow_reset_ends() {
     let handles: Vec<_> = (0..8).map(|_| engine.submit("m", inputs(), RequestOptions::default()).unwrap()).collect();
     let t0 = std::time::Instant::now();
     trip.store(true, std::sync::atomic::Ordering::SeqCst);
-    for h in handles {
-        match h.wait_timeout(std::time::Duration::from_secs(10)).expect("no answer") {
-            Ok(_) => {}
-            Err(Error::GpuFailed(cause)) => assert!(cause.contains("illegal memory access"), "{cause}"),
-            Err(e) => panic!("{e}"),
-        }
-    }
+    served_or_failed_by_the_fault(handles);
     let answered = t0.elapsed();
     assert!(answered < delay / 2, "the requests waited {answered:?} for the reset");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -481,21 +491,8 @@ fn an_engine_without_resets_answers_everything_and_stops_at_a_fault() {
     engine.submit("m", inputs(), RequestOptions::default()).unwrap().wait().unwrap();
     let handles: Vec<_> = (0..8).map(|_| engine.submit("m", inputs(), RequestOptions::default()).unwrap()).collect();
     trip.store(true, std::sync::atomic::Ordering::SeqCst);
-    for h in handles {
-        match h.wait_timeout(std::time::Duration::from_secs(10)).expect("no answer") {
-            Ok(_) => {}
-            Err(Error::GpuFailed(cause)) => assert!(cause.contains("illegal memory access"), "{cause}"),
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let why = loop {
-        if let Some(why) = engine.stopped() {
-            break why;
-        }
-        assert!(std::time::Instant::now() < deadline, "the engine did not stop");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    served_or_failed_by_the_fault(handles);
+    let why = stopped_within_10_s(&engine);
     assert!(why.contains("does not reset"), "{why}");
     assert_eq!(resets.load(std::sync::atomic::Ordering::SeqCst), 0, "a reset was tried");
     assert!(matches!(engine.submit("m", inputs(), RequestOptions::default()), Err(Error::GpuFailed(_))));
