@@ -183,12 +183,6 @@ pub fn decode(m: &ModelEntry, params: &Params, requested: &[RequestedOutput]) ->
     Ok(Decoded { options, outputs })
 }
 
-/// The class a request runs as: the one its parameters ask for, else (also when they do not
-/// decode) the model's. Labels the request's metrics when its decoding fails.
-pub fn class_of(m: &ModelEntry, params: &Params) -> Class {
-    request_params(params).and_then(|p| m.options(&p)).map_or(m.config.class, |o| o.class)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,9 +285,6 @@ mod tests {
         }
         invalid(request_params(&params(&[("kairos_class", Param::Str("urgent".into()))])), "kairos_class 'urgent'");
         invalid(request_params(&params(&[("kairos_class", Param::Int(1))])), "parameter 'kairos_class' must be a string");
-        let m = model();
-        assert_eq!(class_of(&m, &params(&[("kairos_class", Param::Str("rt".into()))])), Class::RealTime);
-        assert_eq!(class_of(&m, &params(&[("kairos_class", Param::Str("urgent".into()))])), m.config.class);
     }
 
     #[test]

@@ -289,9 +289,11 @@ impl Service {
         let m = state.resolve(&r.model_name, &r.model_version).map_err(|e| (None, Class::BestEffort, e))?;
         let fail = |class: Class, e: ServeError| (Some(m.clone()), class, e);
         let t_in = Instant::now();
-        // The class of a request whose parameters do not decode is the model's.
-        let class = decode::class_of(&m, &params_of(&r.parameters));
-        let Decoded { options, inputs, outputs: wanted } = decode_infer_request(&m, &mut r).map_err(|e| fail(class, e))?;
+        // A request that does not decode is counted under the model's class (on every protocol),
+        // one that does under the class it runs as.
+        let Decoded { options, inputs, outputs: wanted } =
+            decode_infer_request(&m, &mut r).map_err(|e| fail(m.config.class, e))?;
+        let class = options.engine.class;
         m.metrics.compute_input.add(t_in.elapsed().as_nanos() as u64);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let ticket = state

@@ -549,3 +549,34 @@ fn full_queues_give_resource_exhausted() {
     assert_eq!(ok + exhausted, 48);
     assert!(ok > 0, "ok {ok}, exhausted {exhausted}");
 }
+
+#[test]
+fn a_request_that_does_not_decode_is_counted_under_the_model_class_on_every_protocol() {
+    // mlp is real-time (fixtures); the requests ask for best-effort but carry a 63-element input
+    // for [1, 64].
+    let s = start("class-label");
+    let rt = runtime();
+    let rest = RestClient::new(&s.http).unwrap();
+    let grpc = rt.block_on(GrpcClient::connect(&s.grpc)).unwrap();
+    let short = kairos_ir::Tensor::f32(vec![1, 63], mlp_input(&s)[..63].to_vec());
+    let be_opts = InferOptions { real_time: Some(false), ..InferOptions::default() };
+    let e = rt.block_on(rest.infer("mlp", "", &[("x", &short)], &be_opts, true)).unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let e = rt.block_on(grpc.infer("mlp", "", &[("x", &short)], &be_opts)).unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let text = rt.block_on(rest.metrics()).unwrap();
+    for protocol in ["http", "grpc"] {
+        let counted =
+            format!("kairos_requests_total{{model=\"mlp\",class=\"real-time\",protocol=\"{protocol}\",outcome=\"invalid\"}} 1");
+        assert!(text.contains(&counted), "{protocol}: {text}");
+        assert!(!text.contains(&format!("class=\"best-effort\",protocol=\"{protocol}\",outcome=\"invalid\"")), "{text}");
+    }
+    // A request that decodes is counted under the class it ran as.
+    let x = kairos_ir::Tensor::f32(vec![1, 64], mlp_input(&s));
+    rt.block_on(grpc.infer("mlp", "", &[("x", &x)], &be_opts)).unwrap();
+    let text = rt.block_on(rest.metrics()).unwrap();
+    assert!(
+        text.contains("kairos_requests_total{model=\"mlp\",class=\"best-effort\",protocol=\"grpc\",outcome=\"ok\"} 1"),
+        "{text}"
+    );
+}
