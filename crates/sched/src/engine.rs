@@ -672,13 +672,18 @@ fn recover<G: Gpu>(
     // kernels still running, a hung one included).
     d.fail_held(&cause, out);
     waiters.deliver(out, shared);
-    if cfg.recovery_attempts_max == 0 {
-        let e = Error::GpuFailed(format!("{cause}; this engine does not reset its GPU in place (a GPU worker restarts instead)"));
-        eprintln!("kairos: {e}; the engine stops");
+    // The engine stops: every later request is refused with the reason.
+    let stop = |waiters: &mut Waiters, e: Error, note: String| {
+        eprintln!("kairos: {note}; the engine stops");
         *shared.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         waiters.abandon(&e);
         shared.recovering.store(false, Ordering::Relaxed);
-        return false;
+        false
+    };
+    if cfg.recovery_attempts_max == 0 {
+        let e = Error::GpuFailed(format!("{cause}; this engine does not reset its GPU in place (a GPU worker restarts instead)"));
+        let note = e.to_string();
+        return stop(waiters, e, note);
     }
     let attempts = cfg.recovery_attempts_max;
     let mut result = d.recover(&cause, out);
@@ -691,14 +696,14 @@ fn recover<G: Gpu>(
         result = d.recover(&cause, out);
     }
     waiters.deliver(out, shared);
-    shared.recovering.store(false, Ordering::Relaxed);
     match result {
-        Ok(_) => true,
+        Ok(_) => {
+            shared.recovering.store(false, Ordering::Relaxed);
+            true
+        }
         Err(e) => {
-            eprintln!("kairos: the GPU could not be reset after {attempts} attempt(s) ({e}); the engine stops");
-            *shared.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-            waiters.abandon(&e);
-            false
+            let note = format!("the GPU could not be reset after {attempts} attempt(s) ({e})");
+            stop(waiters, e, note)
         }
     }
 }
