@@ -1269,12 +1269,12 @@ impl CudaGpu {
         Ok(())
     }
 
-    /// Launches a plan kernel with extra options (an SM bitmap for placement tests).
     /// Host time of the protocol launches so far (see [`LaunchCosts`]).
     pub fn launch_costs(&self) -> LaunchCosts {
         self.launch_costs
     }
 
+    /// Launches a plan kernel with extra options (an SM bitmap for placement tests).
     pub fn launch_with(&mut self, request: &LaunchRequest<'_>, sm_bitmap: Option<DevicePtr>) -> Result<LaunchId> {
         self.launch_costs.launches += 1;
         if self.fault_at_launch.is_some_and(|n| self.launch_costs.launches >= n) {
