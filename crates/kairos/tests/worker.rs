@@ -29,6 +29,24 @@ impl Drop for Server {
     }
 }
 
+/// A fresh folder for one test's repository (the `Server` removes it when dropped).
+fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().unwrap()
+}
+
+/// The value of `kairos_gpu_recoveries_total` on `/metrics`.
+async fn recoveries_counted(c: &RestClient) -> String {
+    let metrics = c.metrics().await.unwrap();
+    let line = metrics.lines().find(|l| l.starts_with("kairos_gpu_recoveries_total")).expect("the recoveries counter");
+    line.rsplit(' ').next().unwrap_or_default().to_string()
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -99,10 +117,9 @@ fn input(width: usize, seed: f32) -> Tensor {
 
 #[test]
 fn a_killed_worker_is_restarted_and_every_request_is_answered() {
-    let dir = std::env::temp_dir().join(format!("kairos-worker-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut server = start(&dir);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let dir = test_dir("kairos-worker-test");
+    let server = start(&dir);
+    let rt = runtime(4);
     rt.block_on(async {
         let c = RestClient::new(&server.http).unwrap();
         let started = Instant::now();
@@ -172,14 +189,9 @@ fn a_killed_worker_is_restarted_and_every_request_is_answered() {
         let now = children_of(server.child.id());
         assert_eq!(now.len(), 1, "one worker after the restart (found {now:?})");
         assert_ne!(now[0], workers[0], "the worker was restarted");
-        let metrics = c.metrics().await.unwrap();
-        let line =
-            metrics.lines().find(|l| l.starts_with("kairos_gpu_recoveries_total")).expect("the recoveries counter").to_string();
-        assert!(line.ends_with(" 1"), "one recovery counted: {line}");
+        assert_eq!(recoveries_counted(&c).await, "1", "one recovery counted");
         assert!(c.server_live().await.unwrap(), "the server stayed live");
     });
-    let _ = server.child.kill();
-    let _ = server.child.wait();
 }
 
 /// A restarted worker that never becomes ready (here: one that hangs before it says so, as one
@@ -188,12 +200,10 @@ fn a_killed_worker_is_restarted_and_every_request_is_answered() {
 /// after the third failed start the GPU is given up with no worker process left behind.
 #[test]
 fn a_worker_that_never_becomes_ready_is_killed_after_the_start_timeout() {
-    let dir = std::env::temp_dir().join(format!("kairos-worker-hang-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = test_dir("kairos-worker-hang-test");
     // The first worker serves; every restarted one hangs before ready.
-    let mut server =
-        start_with(&dir, &["--worker-start-timeout-s", "2", "--test-worker-hang-from-generation", "1", "--load", "mlp"]);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = start_with(&dir, &["--worker-start-timeout-s", "2", "--test-worker-hang-from-generation", "1", "--load", "mlp"]);
+    let rt = runtime(2);
     rt.block_on(async {
         let c = RestClient::new(&server.http).unwrap();
         let started = Instant::now();
@@ -256,8 +266,6 @@ fn a_worker_that_never_becomes_ready_is_killed_after_the_start_timeout() {
             assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the hung worker {pid} still exists");
         }
     });
-    let _ = server.child.kill();
-    let _ = server.child.wait();
 }
 
 /// A load that hangs in a running worker (here: its load of `slow` never finishes, as one stuck in
@@ -266,10 +274,9 @@ fn a_worker_that_never_becomes_ready_is_killed_after_the_start_timeout() {
 /// the model that hung loads in the new worker.
 #[test]
 fn a_load_that_hangs_fails_after_the_load_timeout_and_the_worker_is_restarted() {
-    let dir = std::env::temp_dir().join(format!("kairos-worker-load-hang-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut server = start_with(&dir, &["--model-load-timeout-s", "2", "--test-worker-hang-in-load", "slow", "--load", "mlp"]);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dir = test_dir("kairos-worker-load-hang-test");
+    let server = start_with(&dir, &["--model-load-timeout-s", "2", "--test-worker-hang-in-load", "slow", "--load", "mlp"]);
+    let rt = runtime(2);
     rt.block_on(async {
         let c = RestClient::new(&server.http).unwrap();
         let started = Instant::now();
@@ -327,16 +334,11 @@ fn a_load_that_hangs_fails_after_the_load_timeout_and_the_worker_is_restarted() 
         assert_eq!(now.len(), 1, "one worker after the restart, no zombie (found {now:?})");
         assert_ne!(now[0], workers[0], "the stuck worker was restarted");
         assert!(!Path::new(&format!("/proc/{}", workers[0])).exists(), "the stuck worker {} still exists", workers[0]);
-        let metrics = c.metrics().await.unwrap();
-        let line =
-            metrics.lines().find(|l| l.starts_with("kairos_gpu_recoveries_total")).expect("the recoveries counter").to_string();
-        assert!(line.ends_with(" 1"), "one recovery counted: {line}");
+        assert_eq!(recoveries_counted(&c).await, "1", "one recovery counted");
         // The model that hung loads in the new worker (the hang was the first worker's only).
         c.load_model("slow").await.expect("slow loads in the restarted worker");
         let xs = input(512, 1.5);
         c.infer("slow", "", &[("x", &xs)], &opts, false).await.expect("slow after its load");
         assert!(c.server_live().await.unwrap() && c.server_ready().await.unwrap(), "live and ready again");
     });
-    let _ = server.child.kill();
-    let _ = server.child.wait();
 }
