@@ -1117,7 +1117,9 @@ mod tests {
     fn the_own_rss_is_found_and_positive() {
         let b = process_tree_rss_bytes(std::process::id()).unwrap();
         let own = process_rss_bytes(std::process::id()).unwrap();
-        assert!(own > 0 && own <= b, "own {own}, tree {b}");
+        // This process has no children: its own memory is the tree's, up to what the other test
+        // threads allocated between the two reads.
+        assert!(own > 0 && own.abs_diff(b) <= b / 4, "own {own}, tree {b}");
         assert!(b > 1 << 20, "{b}");
         assert!(process_tree_rss_bytes(u32::MAX - 1).is_none());
     }
