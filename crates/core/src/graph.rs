@@ -106,6 +106,12 @@ pub enum BinaryOp {
     Pow,
     Max,
     Min,
+    /// 1 where a == b, else 0 (ONNX's booleans are 0/1 floats here).
+    Equal,
+    /// 1 where a < b, else 0.
+    Less,
+    /// 1 where a > b, else 0.
+    Greater,
 }
 
 impl BinaryOp {
@@ -126,6 +132,9 @@ impl BinaryOp {
             }
             BinaryOp::Max => a.max(b),
             BinaryOp::Min => a.min(b),
+            BinaryOp::Equal => (a == b) as u8 as f32,
+            BinaryOp::Less => (a < b) as u8 as f32,
+            BinaryOp::Greater => (a > b) as u8 as f32,
         }
     }
 }
@@ -319,6 +328,9 @@ impl Op {
                 BinaryOp::Pow => "Pow",
                 BinaryOp::Max => "Max",
                 BinaryOp::Min => "Min",
+                BinaryOp::Equal => "Equal",
+                BinaryOp::Less => "Less",
+                BinaryOp::Greater => "Greater",
             },
             Op::BinaryAct { .. } => "BinaryAct",
             Op::Affine { .. } => "Affine",

@@ -417,6 +417,9 @@ pub enum BinaryOpParam {
     Pow,
     Max,
     Min,
+    Equal,
+    Less,
+    Greater,
 }
 
 impl BinaryOpParam {
@@ -429,6 +432,9 @@ impl BinaryOpParam {
             BinaryOp::Pow => BinaryOpParam::Pow,
             BinaryOp::Max => BinaryOpParam::Max,
             BinaryOp::Min => BinaryOpParam::Min,
+            BinaryOp::Equal => BinaryOpParam::Equal,
+            BinaryOp::Less => BinaryOpParam::Less,
+            BinaryOp::Greater => BinaryOpParam::Greater,
         }
     }
     pub fn to_graph(self) -> BinaryOp {
@@ -440,6 +446,9 @@ impl BinaryOpParam {
             BinaryOpParam::Pow => BinaryOp::Pow,
             BinaryOpParam::Max => BinaryOp::Max,
             BinaryOpParam::Min => BinaryOp::Min,
+            BinaryOpParam::Equal => BinaryOp::Equal,
+            BinaryOpParam::Less => BinaryOp::Less,
+            BinaryOpParam::Greater => BinaryOp::Greater,
         }
     }
 }

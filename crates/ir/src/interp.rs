@@ -47,7 +47,23 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
         Op::Binary(b) => {
             let (a, c) = (f32s(inputs[0]), f32s(inputs[1]));
             let (ma, mc) = (broadcast_map(shape, &inputs[0].shape), broadcast_map(shape, &inputs[1].shape));
-            if inputs[0].dtype() == DType::I64 && inputs[1].dtype() == DType::I64 {
+            let compares = matches!(b, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater);
+            if inputs[0].dtype() == DType::I64 && inputs[1].dtype() == DType::I64 && compares {
+                // Token ids and positions compared exactly, not through f32.
+                let (a, c) = (i64s(inputs[0]), i64s(inputs[1]));
+                let v = (0..ma.len())
+                    .map(|i| {
+                        let (x, y) = (a[ma[i]], c[mc[i]]);
+                        let r = match b {
+                            BinaryOp::Equal => x == y,
+                            BinaryOp::Less => x < y,
+                            _ => x > y,
+                        };
+                        r as u8 as f32
+                    })
+                    .collect();
+                Tensor::f32(shape.to_vec(), v)
+            } else if inputs[0].dtype() == DType::I64 && inputs[1].dtype() == DType::I64 {
                 let (a, c) = (i64s(inputs[0]), i64s(inputs[1]));
                 let v = (0..ma.len())
                     .map(|i| {
@@ -60,6 +76,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
                             BinaryOp::Pow => x.pow(y as u32),
                             BinaryOp::Max => x.max(y),
                             BinaryOp::Min => x.min(y),
+                            BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater => unreachable!("compared above"),
                         }
                     })
                     .collect();

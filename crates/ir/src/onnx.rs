@@ -18,6 +18,10 @@ use tract_onnx::prelude::{
 use tract_onnx::tract_core;
 use tract_onnx::tract_core::ops;
 
+/// Constant indices into a computed tensor become this many slices at most (a gather of more is
+/// a real gather, which kairos runs for embedding tables only).
+pub const GATHER_SLICES_MAX: usize = 64;
+
 /// How to give fixed values to the dynamic dimensions of a model's inputs.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
@@ -57,13 +61,14 @@ pub fn load_bytes(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph,
 
 fn load_bytes_inner(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Graph, Error> {
     let onnx = tract_onnx::onnx();
-    let proto = onnx.proto_model_for_read(&mut &bytes[..]).map_err(|e| malformed(name, e))?;
-    let graph_proto = proto.graph.as_ref().ok_or_else(|| malformed(name, "the file holds no graph"))?;
+    let mut proto = onnx.proto_model_for_read(&mut &bytes[..]).map_err(|e| malformed(name, e))?;
+    let graph_proto = proto.graph.as_mut().ok_or_else(|| malformed(name, "the file holds no graph"))?;
     let model_name = if graph_proto.name.is_empty() { name.to_string() } else { graph_proto.name.clone() };
     // ONNX node name -> op type, for error messages that name the model's own nodes.
     let node_ops: HashMap<String, String> = graph_proto.node.iter().map(|n| (n.name.clone(), n.op_type.clone())).collect();
     check_ops_known(&model_name, graph_proto)?;
-    let input_shapes = fixed_input_shapes(&model_name, graph_proto, opts)?;
+    let (input_shapes, symbols) = fixed_input_shapes(&model_name, graph_proto, opts)?;
+    pin_symbols(graph_proto, &symbols);
 
     let mut model = onnx.model_for_proto_model(&proto).map_err(|e| malformed(&model_name, e))?;
     for (i, (dt, shape)) in input_shapes.iter().enumerate() {
@@ -113,8 +118,31 @@ fn elem_type_to_datum(t: i32) -> Option<DatumType> {
     })
 }
 
-fn fixed_input_shapes(model: &str, graph: &pb::GraphProto, opts: &LoadOptions) -> Result<Vec<(DatumType, Vec<usize>)>, Error> {
+/// Input shapes with every dynamic dimension given its value, and the value of each named symbol.
+type FixedInputs = (Vec<(DatumType, Vec<usize>)>, HashMap<String, usize>);
+
+/// The dynamo exporter writes its symbols (`s77`) into the shapes of intermediate values and
+/// outputs too; once the inputs are fixed, a symbol tract cannot unify with the fixed value stops
+/// typing. Each symbol an input axis names takes that axis' value; any other symbolic dimension
+/// (an expression such as `s77*2`) is left for tract to infer.
+fn pin_symbols(graph: &mut pb::GraphProto, symbols: &HashMap<String, usize>) {
+    use pb::tensor_shape_proto::dimension::Value;
+    for info in graph.value_info.iter_mut().chain(graph.output.iter_mut()) {
+        let Some(pb::type_proto::Value::TensorType(t)) = info.r#type.as_mut().and_then(|t| t.value.as_mut()) else {
+            continue;
+        };
+        let Some(shape) = t.shape.as_mut() else { continue };
+        for d in shape.dim.iter_mut() {
+            if let Some(Value::DimParam(p)) = &d.value {
+                d.value = symbols.get(p.as_str()).map(|&v| Value::DimValue(v as i64));
+            }
+        }
+    }
+}
+
+fn fixed_input_shapes(model: &str, graph: &pb::GraphProto, opts: &LoadOptions) -> Result<FixedInputs, Error> {
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let mut symbols = HashMap::new();
     let mut out = Vec::new();
     for input in graph.input.iter().filter(|i| !initializers.contains(i.name.as_str())) {
         let tensor_type = match input.r#type.as_ref().and_then(|t| t.value.as_ref()) {
@@ -135,6 +163,7 @@ fn fixed_input_shapes(model: &str, graph: &pb::GraphProto, opts: &LoadOptions) -
             use pb::tensor_shape_proto::dimension::Value;
             let v = match &d.value {
                 Some(Value::DimValue(v)) if *v > 0 => *v as usize,
+                Some(Value::DimParam(p)) if symbols.contains_key(p.as_str()) => symbols[p.as_str()],
                 _ if axis == 0 => opts.batch.unwrap_or(1),
                 other => {
                     let sym = match other {
@@ -149,11 +178,14 @@ fn fixed_input_shapes(model: &str, graph: &pb::GraphProto, opts: &LoadOptions) -
                     })?
                 }
             };
+            if let Some(Value::DimParam(p)) = &d.value {
+                symbols.entry(p.clone()).or_insert(v);
+            }
             shape.push(v);
         }
         out.push((dt, shape));
     }
-    Ok(out)
+    Ok((out, symbols))
 }
 
 struct Importer<'a> {
@@ -398,20 +430,38 @@ impl Importer<'_> {
             return self.einsum(node, &e.axes.to_string(), shape, dtype).map(Some);
         }
         if let Some(b) = op.downcast_ref::<ops::binary::TypedBinOp>() {
-            let bop = match b.0.name() {
-                "Add" => BinaryOp::Add,
-                "Sub" => BinaryOp::Sub,
-                "Mul" => BinaryOp::Mul,
-                "Div" => BinaryOp::Div,
-                "Pow" => BinaryOp::Pow,
-                "Max" => BinaryOp::Max,
-                "Min" => BinaryOp::Min,
+            // Booleans are 0/1 floats: And is a product, Or a maximum; the negated comparisons
+            // (and Xor, "not equal") are one minus the comparison.
+            let (bop, negate) = match b.0.name() {
+                "Add" => (BinaryOp::Add, false),
+                "Sub" => (BinaryOp::Sub, false),
+                "Mul" => (BinaryOp::Mul, false),
+                "Div" => (BinaryOp::Div, false),
+                "Pow" => (BinaryOp::Pow, false),
+                "Max" => (BinaryOp::Max, false),
+                "Min" => (BinaryOp::Min, false),
+                "Eq" => (BinaryOp::Equal, false),
+                "NE" | "Xor" => (BinaryOp::Equal, true),
+                "LT" => (BinaryOp::Less, false),
+                "GTE" => (BinaryOp::Less, true),
+                "GT" => (BinaryOp::Greater, false),
+                "LTE" => (BinaryOp::Greater, true),
+                "And" => (BinaryOp::Mul, false),
+                "Or" => (BinaryOp::Max, false),
                 _ => return Err(self.unsupported(node, "")),
             };
             let (a, c) = (self.input(node, 0)?, self.input(node, 1)?);
-            return Ok(Some(self.add(name, Op::Binary(bop), vec![a, c], shape, dtype)));
+            if !negate {
+                return Ok(Some(self.add(name, Op::Binary(bop), vec![a, c], shape, dtype)));
+            }
+            let cmp = self.add(&format!("{name}.cmp"), Op::Binary(bop), vec![a, c], shape.clone(), dtype);
+            return Ok(Some(self.not(name, cmp, shape, dtype)));
         }
         if let Some(ew) = op.downcast_ref::<ops::element_wise::ElementWiseOp>() {
+            if ew.0.name() == "Not" {
+                let x = self.input(node, 0)?;
+                return Ok(Some(self.not(name, x, shape, dtype)));
+            }
             let u = match ew.0.name().as_str() {
                 "Sigmoid" => UnaryOp::Act(Act::Sigmoid),
                 "Tanh" => UnaryOp::Act(Act::Tanh),
@@ -476,7 +526,26 @@ impl Importer<'_> {
         }
         if let Some(g) = op.downcast_ref::<ops::array::Gather>() {
             let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
+            // `x[0]`, `qkv[:, :, 1]`: constant indices into a computed tensor are slices.
+            if self.graph.konst(d).is_none()
+                && let Some(idx) = self.graph.konst(i).cloned()
+            {
+                return self.gather_by_slices(node, d, &idx, g.axis, shape).map(Some);
+            }
             return Ok(Some(self.add(name, Op::Gather { axis: g.axis }, vec![d, i], shape, dtype)));
+        }
+        if let Some(gnd) = op.downcast_ref::<ops::array::GatherNd>() {
+            let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
+            let Some(idx) = self.graph.konst(i).cloned() else {
+                return Err(self.unsupported(node, "indices computed at run time (kairos takes constant indices)"));
+            };
+            if gnd.batch_dims != 0 {
+                return Err(self.unsupported(node, format!("batch_dims {}", gnd.batch_dims)));
+            }
+            return self.gather_nd_rows(node, d, &idx, shape).map(Some);
+        }
+        if let Some(p) = op.downcast_ref::<ops::array::Pad>() {
+            return self.pad(node, p, shape, dtype).map(Some);
         }
         if let Some(s) = op.downcast_ref::<ops::nn::Softmax>() {
             if s.axes.len() != 1 || !matches!(s.kind, ops::nn::SoftmaxKind::Softmax) {
@@ -494,6 +563,146 @@ impl Importer<'_> {
             return Ok(Some(self.add(name, Op::Expand, vec![x], shape, dtype)));
         }
         Err(self.unsupported(node, ""))
+    }
+
+    /// Logical not of a 0/1 tensor: 1 - x.
+    fn not(&mut self, name: &str, x: NodeId, shape: Vec<usize>, dtype: DType) -> NodeId {
+        let one = self.graph.add_const(format!("{name}.one"), Tensor::f32(vec![], vec![1.0]).cast(dtype));
+        self.add(name, Op::Binary(BinaryOp::Sub), vec![one, x], shape, dtype)
+    }
+
+    /// A gather of constant indices from a computed tensor: one slice per run of consecutive
+    /// indices, concatenated, reshaped to the gather's shape (a scalar index drops the axis).
+    fn gather_by_slices(
+        &mut self,
+        node: &TypedNode,
+        data: NodeId,
+        indices: &Tensor,
+        axis: usize,
+        shape: Vec<usize>,
+    ) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let mut in_shape = self.graph.nodes[data].shape.clone();
+        let dtype = self.graph.nodes[data].dtype;
+        let dim = in_shape[axis] as i64;
+        let Some(raw) = indices.as_i64() else {
+            return Err(self.unsupported(node, "constant indices that are not integers"));
+        };
+        if raw.len() > GATHER_SLICES_MAX {
+            return Err(self.unsupported(
+                node,
+                format!("{} constant indices into a computed tensor (at most {GATHER_SLICES_MAX})", raw.len()),
+            ));
+        }
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &r in raw {
+            let i = if r < 0 { r + dim } else { r };
+            if !(0..dim).contains(&i) {
+                return Err(self.unsupported(node, format!("index {r} outside an axis of {dim}")));
+            }
+            let i = i as usize;
+            match runs.last_mut() {
+                Some((_, end)) if *end == i => *end += 1,
+                _ => runs.push((i, i + 1)),
+            }
+        }
+        let mut pieces = Vec::new();
+        for (k, &(start, end)) in runs.iter().enumerate() {
+            if start == 0 && end == in_shape[axis] {
+                pieces.push(data);
+                continue;
+            }
+            let mut s = in_shape.clone();
+            s[axis] = end - start;
+            pieces.push(self.add(&format!("{name}.slice{k}"), Op::Slice { axis, start, end }, vec![data], s, dtype));
+        }
+        let joined = if pieces.len() == 1 {
+            pieces[0]
+        } else {
+            in_shape[axis] = raw.len();
+            self.add(&format!("{name}.concat"), Op::Concat { axis }, pieces, in_shape, dtype)
+        };
+        Ok(self.reshape(name, joined, shape))
+    }
+
+    /// GatherND of constant indices (exporters index masks and pooling windows this way): the
+    /// data seen as a table of rows (the indexed leading axes) by columns (the rest), one row
+    /// lookup per index tuple.
+    fn gather_nd_rows(&mut self, node: &TypedNode, data: NodeId, indices: &Tensor, shape: Vec<usize>) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let in_shape = self.graph.nodes[data].shape.clone();
+        let dtype = self.graph.nodes[data].dtype;
+        let Some(raw) = indices.as_i64() else {
+            return Err(self.unsupported(node, "constant indices that are not integers"));
+        };
+        let k = *indices.shape.last().unwrap_or(&0);
+        if k == 0 || k > in_shape.len() {
+            return Err(self.unsupported(node, format!("index tuples of {k} into a tensor of rank {}", in_shape.len())));
+        }
+        let rows: usize = in_shape[..k].iter().product();
+        let cols: usize = in_shape[k..].iter().product();
+        let mut flat = Vec::with_capacity(raw.len() / k);
+        for tuple in raw.chunks(k) {
+            let mut r = 0i64;
+            for (axis, &i) in tuple.iter().enumerate() {
+                let dim = in_shape[axis] as i64;
+                let i = if i < 0 { i + dim } else { i };
+                if !(0..dim).contains(&i) {
+                    return Err(self.unsupported(node, format!("index {i} outside an axis of {dim}")));
+                }
+                r = r * dim + i;
+            }
+            flat.push(r);
+        }
+        let lookups = indices.shape[..indices.shape.len() - 1].to_vec();
+        let table = self.reshape(&format!("{name}.table"), data, vec![rows, cols]);
+        let idx = self.graph.add_const(format!("{name}.rows"), Tensor::i64(lookups.clone(), flat));
+        let mut out_shape = lookups;
+        out_shape.push(cols);
+        let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![table, idx], out_shape, dtype);
+        Ok(self.reshape(name, picked, shape))
+    }
+
+    /// Constant padding as a concatenation with constant blocks, axis by axis; no padding is the
+    /// identity (the exporters emit a Pad for shapes that may need it, often zero at the shape served).
+    fn pad(&mut self, node: &TypedNode, p: &ops::array::Pad, shape: Vec<usize>, dtype: DType) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let mut x = self.input(node, 0)?;
+        let value = match &p.mode {
+            ops::array::PadMode::Constant(v) => {
+                v.cast_to_scalar::<f32>().map_err(|e| self.unsupported(node, format!("pad value: {e}")))?
+            }
+            other => return Err(self.unsupported(node, format!("{other:?} padding (kairos pads with a constant)"))),
+        };
+        for (axis, &(before, after)) in p.pads.iter().enumerate() {
+            if before == 0 && after == 0 {
+                continue;
+            }
+            let cur = self.graph.nodes[x].shape.clone();
+            let mut parts = Vec::new();
+            for (side, n) in [("before", before), ("after", after)] {
+                if n == 0 {
+                    continue;
+                }
+                let mut s = cur.clone();
+                s[axis] = n;
+                let block = Tensor::f32(s.clone(), vec![value; s.iter().product()]).cast(dtype);
+                parts.push((side, self.graph.add_const(format!("{name}.{side}{axis}"), block)));
+            }
+            let mut inputs = Vec::new();
+            if let Some(&(_, b)) = parts.iter().find(|(s, _)| *s == "before") {
+                inputs.push(b);
+            }
+            inputs.push(x);
+            if let Some(&(_, a)) = parts.iter().find(|(s, _)| *s == "after") {
+                inputs.push(a);
+            }
+            let mut out_shape = cur;
+            out_shape[axis] += before + after;
+            x = self.add(&format!("{name}.axis{axis}"), Op::Concat { axis }, inputs, out_shape, dtype);
+        }
+        debug_assert_eq!(self.graph.nodes[x].shape, shape);
+        Ok(x)
     }
 
     fn conv(&mut self, node: &TypedNode, conv: &ops::cnn::Conv, shape: Vec<usize>, dtype: DType) -> Result<NodeId, Error> {

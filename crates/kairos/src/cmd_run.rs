@@ -130,7 +130,7 @@ fn run_dispatched<G: Gpu>(gpu: G, plan: &Plan, inputs: &[Tensor], policy: &str, 
     Ok((first.unwrap_or_default(), last_ns as f64 / 1e6))
 }
 
-fn run_on<G: Gpu>(gpu: &mut G, plan: &Plan, inputs: &[Tensor]) -> Result<(Vec<Tensor>, f64)> {
+pub(crate) fn run_on<G: Gpu>(gpu: &mut G, plan: &Plan, inputs: &[Tensor]) -> Result<(Vec<Tensor>, f64)> {
     let weights = exec::upload_weights(gpu, plan, MemKind::Device)?;
     // One warm-up run (kernel compilation, caches), then the timed one.
     let result = exec::execute_plan(gpu, plan, weights.ptr, inputs, 64)

@@ -4,6 +4,7 @@
 
 mod cmd_bench;
 mod cmd_bench_serve;
+mod cmd_check_onnx;
 mod cmd_cold;
 mod cmd_demo;
 mod cmd_inspect;
@@ -45,6 +46,9 @@ enum Command {
     Inspect(cmd_inspect::InspectArgs),
     /// Run one request through a model (cpu, sim or cuda backend), .npy in and out.
     Run(cmd_run::RunArgs),
+    /// Check an ONNX exporter corpus (scripts/onnx_corpus.py): every export loaded at each case's
+    /// shapes, run, and compared with onnxruntime.
+    CheckOnnx(cmd_check_onnx::CheckOnnxArgs),
     /// Profile a model's kernels on the GPU: durations, resources, occupancy, KRISP's min SMs.
     Profile(cmd_profile::ProfileArgs),
     /// Serve a model repository: Open Inference Protocol over REST and gRPC, shared memory, metrics.
@@ -72,6 +76,7 @@ fn main() {
         Command::Zoo(c) => cmd_zoo::run(c),
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Run(a) => cmd_run::run(a),
+        Command::CheckOnnx(a) => cmd_check_onnx::run(a),
         Command::Profile(a) => cmd_profile::run(a),
         Command::Kernels(c) => cmd_kernels::run(c),
         Command::Bench(c) => cmd_bench::run(c),

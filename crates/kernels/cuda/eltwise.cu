@@ -45,6 +45,9 @@ __device__ __forceinline__ float elt_binary(u32 op, float a, float b) {
         case 3: return a / b;
         case 4: return b == 2.0f ? a * a : (b == 3.0f ? a * a * a : powf(a, b));
         case 5: return fmaxf(a, b);
+        case 7: return a == b ? 1.0f : 0.0f;
+        case 8: return a < b ? 1.0f : 0.0f;
+        case 9: return a > b ? 1.0f : 0.0f;
         default: return fminf(a, b);
     }
 }

@@ -712,6 +712,9 @@ fn binary_code(b: BinaryOpParam) -> u32 {
         BinaryOpParam::Pow => 4,
         BinaryOpParam::Max => 5,
         BinaryOpParam::Min => 6,
+        BinaryOpParam::Equal => 7,
+        BinaryOpParam::Less => 8,
+        BinaryOpParam::Greater => 9,
     }
 }
 

@@ -835,9 +835,6 @@ impl Emitter<'_> {
                 self.emit_eltwise_node(id, EltFunc::Where, Act::None, ins, [0.0; 2])?;
             }
             Op::Cast => {
-                if node.dtype == DType::I64 {
-                    return Err(unsupported(g, id, "a run-time cast to int64 (kairos kernels produce floats)"));
-                }
                 let x = self.value(node.inputs[0])?;
                 self.emit_eltwise_node(id, EltFunc::Copy, Act::None, vec![x], [0.0; 2])?;
             }
@@ -848,7 +845,11 @@ impl Emitter<'_> {
     /// Emits an element-wise node into its output view (any strided layout works).
     fn emit_eltwise_node(&mut self, id: NodeId, func: EltFunc, act: Act, ins: Vec<View>, scalars: [f32; 2]) -> Result<(), Error> {
         let node = &self.g.nodes[id];
-        if node.dtype == DType::I64 || ins.iter().any(|v| v.dtype == DType::I64 && func != EltFunc::Where) {
+        // Integer tensors at run time (masks, position ids from token ids) are computed in f32 by
+        // the element-wise kernel: exact for magnitudes below 2^24, which token ids, positions
+        // and masks stay under; an int64 result is truncated toward zero.
+        let int_math = node.dtype == DType::I64 || ins.iter().any(|v| v.dtype == DType::I64);
+        if int_math && !matches!(func, EltFunc::Copy | EltFunc::Binary(_) | EltFunc::BinaryScalar(_) | EltFunc::Where | EltFunc::Unary(_)) {
             return Err(unsupported(self.g, id, "integer arithmetic at run time"));
         }
         if ins.len() > 3 {
@@ -1297,26 +1298,36 @@ impl Emitter<'_> {
         let node = &g.nodes[id];
         let name = node.name.clone();
         let (data, indices) = (node.inputs[0], node.inputs[1]);
-        let table = g.konst(data).cloned();
-        match &table {
-            Some(t) if axis == 0 && t.shape.len() == 2 && t.dtype() != DType::I64 => {}
-            _ => return Err(unsupported(g, id, "only embedding lookups (axis 0 of a constant 2-D table) are supported")),
+        let table_shape = &g.nodes[data].shape;
+        if axis != 0 || table_shape.len() != 2 || g.nodes[data].dtype == DType::I64 {
+            return Err(unsupported(g, id, "only row lookups (axis 0 of a 2-D float table) are supported"));
         }
-        let t = table.unwrap();
-        let tv = self.const_view(data, Transform::AsIs)?;
+        let (rows, cols) = (table_shape[0], table_shape[1]);
+        let tv = if g.konst(data).is_some() {
+            // An embedding table: read from the weights.
+            self.const_view(data, Transform::AsIs)?
+        } else {
+            // A computed table (an ONNX GatherND of constant indices): rows read from the arena.
+            let v = self.value(data)?;
+            if v.is_contiguous() && v.dtype == self.dtype {
+                v
+            } else {
+                let order = identity(table_shape.len());
+                self.copy(&format!("{name}.table"), &v, None, &order, self.dtype)
+            }
+        };
         let iv = self.value(indices)?;
         if iv.dtype != DType::I64 || !iv.is_contiguous() {
             return Err(unsupported(g, id, "indices must be contiguous int64"));
         }
         let count = element_count(&iv.shape);
-        let cols = t.shape[1];
         let wanted = self.out_view(id, &identity(node.shape.len()));
         let mut out = if wanted.is_contiguous() && wanted.dtype == self.dtype {
             wanted
         } else {
             self.fresh(&node.shape, &identity(node.shape.len()), self.dtype)
         };
-        let p = GatherParams { count: count as u32, table_rows: t.shape[0] as u32, cols: cols as u32, rows_per_block: 1 };
+        let p = GatherParams { count: count as u32, table_rows: rows as u32, cols: cols as u32, rows_per_block: 1 };
         let l = self.push_launch(&name, Kernel::Gather(p), self.dtype, vec![tv, iv, out.clone()], 2);
         out.writers = vec![l];
         self.set_value(id, out);

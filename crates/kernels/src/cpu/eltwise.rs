@@ -1,7 +1,9 @@
 //! The strided element-wise kernel: copies, casts, layout changes and fused arithmetic.
 
 use super::{Elems, ElemsMut, KernelMemory};
+use kairos_core::graph::Act;
 use kairos_core::plan::{ELTWISE_RANK_MAX, EltFunc, EltwiseParams};
+use kairos_core::tensor::DType;
 use std::ops::Range;
 
 const R: usize = ELTWISE_RANK_MAX;
@@ -11,6 +13,13 @@ pub(crate) fn eltwise(p: &EltwiseParams, mem: &mut dyn KernelMemory, blocks: Ran
     let n_in = p.inputs as usize;
     let mut vals: Vec<f32> = Vec::new();
     let mut out_idx: Vec<usize> = Vec::new();
+    // A same-type int64 copy is bit exact (as the GPU's raw path), not a trip through f32.
+    let raw_i64 = p.func == EltFunc::Copy
+        && p.act == Act::None
+        && n_in == 1
+        && p.in_dtypes[0] == DType::I64
+        && p.out_dtype == DType::I64;
+    let mut raw: Vec<i64> = Vec::new();
     for block in blocks {
         let e0 = block as usize * p.elems_per_block as usize;
         let e1 = (e0 + p.elems_per_block as usize).min(total);
@@ -29,6 +38,9 @@ pub(crate) fn eltwise(p: &EltwiseParams, mem: &mut dyn KernelMemory, blocks: Ran
                 let mut x = [0f32; 3];
                 for (j, src) in ins.iter().enumerate() {
                     let off: usize = (0..R).map(|d| coord[d] * p.in_strides[j][d] as usize).sum();
+                    if raw_i64 && let Elems::I64(v) = src {
+                        raw.push(v[off]);
+                    }
                     x[j] = src.get(off);
                 }
                 let y = match p.func {
@@ -57,6 +69,13 @@ pub(crate) fn eltwise(p: &EltwiseParams, mem: &mut dyn KernelMemory, blocks: Ran
             }
         }
         let mut out = ElemsMut::new(mem.arg_mut(n_in), p.out_dtype);
+        if raw_i64 && let ElemsMut::I64(o) = &mut out {
+            for (i, v) in out_idx.iter().zip(&raw) {
+                o[*i] = *v;
+            }
+            raw.clear();
+            continue;
+        }
         for (i, v) in out_idx.iter().zip(&vals) {
             out.set(*i, *v);
         }

@@ -116,6 +116,9 @@ impl<'a> Elems<'a> {
 pub(crate) enum ElemsMut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
+    /// Integers computed in f32 (exact below 2^24) and truncated toward zero, as the GPU's
+    /// `cvt.rzi` does (NaN becomes 0, out-of-range values saturate).
+    I64(&'a mut [i64]),
 }
 
 impl<'a> ElemsMut<'a> {
@@ -125,7 +128,7 @@ impl<'a> ElemsMut<'a> {
         match dtype {
             DType::F32 => ElemsMut::F32(bytemuck::cast_slice_mut(b)),
             DType::F16 => ElemsMut::F16(bytemuck::cast_slice_mut(b)),
-            DType::I64 => panic!("kernels write float outputs only"),
+            DType::I64 => ElemsMut::I64(bytemuck::cast_slice_mut(b)),
         }
     }
 
@@ -134,6 +137,7 @@ impl<'a> ElemsMut<'a> {
         match self {
             ElemsMut::F32(o) => o[i] = v,
             ElemsMut::F16(o) => o[i] = f16::from_f32(v),
+            ElemsMut::I64(o) => o[i] = v as i64,
         }
     }
 
@@ -144,6 +148,11 @@ impl<'a> ElemsMut<'a> {
             ElemsMut::F16(o) => {
                 for (d, s) in o[start..start + vals.len()].iter_mut().zip(vals) {
                     *d = f16::from_f32(*s);
+                }
+            }
+            ElemsMut::I64(o) => {
+                for (d, s) in o[start..start + vals.len()].iter_mut().zip(vals) {
+                    *d = *s as i64;
                 }
             }
         }
