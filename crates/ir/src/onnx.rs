@@ -22,6 +22,9 @@ use tract_onnx::tract_core::ops;
 /// a real gather, which kairos runs for embedding tables only).
 pub const GATHER_SLICES_MAX: usize = 64;
 
+/// Longest axis a cumulative sum runs over (it becomes a product with an n x n constant).
+pub const CUMSUM_LEN_MAX: usize = 8192;
+
 /// How to give fixed values to the dynamic dimensions of a model's inputs.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
@@ -544,6 +547,15 @@ impl Importer<'_> {
             }
             return self.gather_nd_rows(node, d, &idx, shape).map(Some);
         }
+        if let Some(a) = op.downcast_ref::<tract_transformers::ops::sdpa::Sdpa>() {
+            return self.attention(node, a, shape, dtype).map(Some);
+        }
+        if let Some(ge) = op.downcast_ref::<ops::array::GatherElements>() {
+            return self.gather_elements(node, ge.axis, shape, dtype).map(Some);
+        }
+        if let Some(c) = op.downcast_ref::<ops::array::CumSum>() {
+            return self.cumsum(node, c, shape, dtype).map(Some);
+        }
         if let Some(p) = op.downcast_ref::<ops::array::Pad>() {
             return self.pad(node, p, shape, dtype).map(Some);
         }
@@ -661,6 +673,154 @@ impl Importer<'_> {
         out_shape.push(cols);
         let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![table, idx], out_shape, dtype);
         Ok(self.reshape(name, picked, shape))
+    }
+
+    /// ONNX Attention (opset 23; the dynamo exporter's scaled_dot_product_attention): softmax(scale
+    /// q k^T + mask) v with 4-D q, k, v of equal head counts, written as the MatMul -> Softmax ->
+    /// MatMul the fusion passes already recognise. A boolean mask keeps the scores where it is 1
+    /// (-inf elsewhere); a float mask is added.
+    fn attention(
+        &mut self,
+        node: &TypedNode,
+        a: &tract_transformers::ops::sdpa::Sdpa,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let (q, k, v) = (self.input(node, 0)?, self.input(node, 1)?, self.input(node, 2)?);
+        let (qs, ks) = (self.graph.nodes[q].shape.clone(), self.graph.nodes[k].shape.clone());
+        if qs.len() != 4 || ks.len() != 4 || qs[1] != ks[1] {
+            return Err(self.unsupported(
+                node,
+                format!("q {qs:?} and k {ks:?}: kairos takes 4-D attention with as many key heads as query heads"),
+            ));
+        }
+        let scale = match &a.scale {
+            Some(t) => t.cast_to_scalar::<f32>().map_err(|e| self.unsupported(node, format!("scale: {e}")))?,
+            None => 1.0 / (qs[3] as f32).sqrt(),
+        };
+        if a.is_causal && qs[2] != ks[2] {
+            return Err(self.unsupported(node, "a causal mask with more keys than queries"));
+        }
+        let kt = self.transpose(&format!("{name}.kt"), k, &[0, 1, 3, 2]);
+        let scores_shape = vec![qs[0], qs[1], qs[2], ks[2]];
+        let mut scores =
+            self.add(&format!("{name}.qk"), Op::MatMul { epilogue: Epilogue::default() }, vec![q, kt], scores_shape.clone(), dtype);
+        let mut softmax_scale = scale;
+        if node.inputs.len() > 3 {
+            let mask = self.input(node, 3)?;
+            let boolean = self.model.outlet_fact(node.inputs[3]).map(|f| f.datum_type == DatumType::Bool).unwrap_or(false);
+            let k_scale = self.graph.add_const(format!("{name}.scale"), Tensor::f32(vec![], vec![scale]).cast(dtype));
+            let scaled = self.add(&format!("{name}.scaled"), Op::Binary(BinaryOp::Mul), vec![scores, k_scale], scores_shape.clone(), dtype);
+            scores = if boolean {
+                let ninf = self.graph.add_const(format!("{name}.ninf"), Tensor::f32(vec![], vec![f32::NEG_INFINITY]).cast(dtype));
+                self.add(&format!("{name}.masked"), Op::Where, vec![mask, scaled, ninf], scores_shape.clone(), dtype)
+            } else {
+                self.add(&format!("{name}.masked"), Op::Binary(BinaryOp::Add), vec![scaled, mask], scores_shape.clone(), dtype)
+            };
+            softmax_scale = 1.0;
+        }
+        let probs = self.add(
+            &format!("{name}.softmax"),
+            Op::Softmax { axis: 3, scale: softmax_scale, causal: a.is_causal },
+            vec![scores],
+            scores_shape,
+            dtype,
+        );
+        Ok(self.add(name, Op::MatMul { epilogue: Epilogue::default() }, vec![probs, v], shape, dtype))
+    }
+
+    /// GatherElements from a constant table (RoBERTa's token types, looked up by position ids):
+    /// a uniform table gives a constant; a table whose only axis longer than 1 is the gathered
+    /// one is a row lookup per index.
+    fn gather_elements(&mut self, node: &TypedNode, axis: usize, shape: Vec<usize>, dtype: DType) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
+        let Some(table) = self.graph.konst(d).cloned() else {
+            return Err(self.unsupported(node, "a table computed at run time (kairos takes constant tables)"));
+        };
+        let values = table.to_f32_vec();
+        let uniform = match table.as_i64() {
+            Some(v) => v.iter().all(|&x| x == v[0]),
+            None => values.iter().all(|&x| x.to_bits() == values[0].to_bits()),
+        };
+        if uniform && !values.is_empty() {
+            let n = shape.iter().product();
+            let t = match table.as_i64() {
+                Some(v) => Tensor::i64(shape, vec![v[0]; n]),
+                None => Tensor::f32(shape, vec![values[0]; n]).cast(dtype),
+            };
+            return Ok(self.graph.add_const(name, t));
+        }
+        let len = table.shape[axis];
+        if table.shape.iter().enumerate().any(|(a, &n)| a != axis && n != 1) {
+            return Err(self.unsupported(node, format!("a table of shape {:?} gathered along axis {axis}", table.shape)));
+        }
+        // Integer tables are looked up as floats (exact below 2^24) and cast back.
+        let float = if dtype == DType::I64 { DType::F32 } else { dtype };
+        let rows = self.graph.add_const(format!("{name}.rows"), Tensor::f32(vec![len, 1], values).cast(float));
+        let mut picked_shape = self.graph.nodes[i].shape.clone();
+        picked_shape.push(1);
+        let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![rows, i], picked_shape, float);
+        let picked = if float == dtype {
+            picked
+        } else {
+            let s = self.graph.nodes[picked].shape.clone();
+            self.add(&format!("{name}.int"), Op::Cast, vec![picked], s, dtype)
+        };
+        Ok(self.reshape(name, picked, shape))
+    }
+
+    /// CumSum as a product with a constant triangle of ones (RoBERTa's position ids count the
+    /// non-padding tokens this way): the axis moved last, times T[i][j] = 1 where i precedes j
+    /// (or equals it, unless exclusive; the other way round when reversed), moved back. Integer
+    /// inputs are summed in the model's float type (exact up to 2^24 in f32, 2048 in f16).
+    fn cumsum(&mut self, node: &TypedNode, c: &ops::array::CumSum, shape: Vec<usize>, dtype: DType) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let mut x = self.input(node, 0)?;
+        let in_shape = self.graph.nodes[x].shape.clone();
+        let rank = in_shape.len();
+        let n = in_shape[c.axis];
+        if n > CUMSUM_LEN_MAX {
+            return Err(self.unsupported(node, format!("a cumulative sum over {n} elements (at most {CUMSUM_LEN_MAX})")));
+        }
+        let float = if dtype == DType::I64 { DType::F32 } else { dtype };
+        if self.graph.nodes[x].dtype != float {
+            x = self.add(&format!("{name}.float"), Op::Cast, vec![x], in_shape.clone(), float);
+        }
+        let mut perm: Vec<usize> = (0..rank).filter(|&a| a != c.axis).collect();
+        perm.push(c.axis);
+        let moved = self.transpose(&format!("{name}.last"), x, &perm);
+        let moved_shape: Vec<usize> = perm.iter().map(|&p| in_shape[p]).collect();
+        // [.., M, n]: a rank-1 input gets a leading 1.
+        let (a, a_shape) = if rank == 1 {
+            (self.reshape(&format!("{name}.row"), moved, vec![1, n]), vec![1, n])
+        } else {
+            (moved, moved_shape.clone())
+        };
+        let mut tri = vec![0f32; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                let precedes = if c.reverse { i > j } else { i < j };
+                if precedes || (i == j && !c.exclusive) {
+                    tri[i * n + j] = 1.0;
+                }
+            }
+        }
+        let mut t_shape = vec![1; a_shape.len() - 2];
+        t_shape.extend([n, n]);
+        let t = self.graph.add_const(format!("{name}.triangle"), Tensor::f32(t_shape, tri).cast(float));
+        let summed = self.add(&format!("{name}.sum"), Op::MatMul { epilogue: Epilogue::default() }, vec![a, t], a_shape, float);
+        let summed = self.reshape(&format!("{name}.shape"), summed, moved_shape);
+        let mut back = vec![0; rank];
+        for (k, &p) in perm.iter().enumerate() {
+            back[p] = k;
+        }
+        let out = self.transpose(&format!("{name}.back"), summed, &back);
+        if dtype == float {
+            return Ok(out);
+        }
+        Ok(self.add(name, Op::Cast, vec![out], shape, dtype))
     }
 
     /// Constant padding as a concatenation with constant blocks, axis by axis; no padding is the
