@@ -498,6 +498,10 @@ impl Importer<'_> {
                     let sq = self.add(&format!("{name}.square"), Op::Unary(UnaryOp::Square), vec![x], in_shape, dtype);
                     return Ok(Some(self.add(name, Op::Reduce { op: ReduceOp::Mean, axes }, vec![sq], shape, dtype)));
                 }
+                Reducer::ArgMax(last) | Reducer::ArgMin(last) if axes.len() == 1 => {
+                    let max = matches!(r.reducer, Reducer::ArgMax(_));
+                    return self.arg_extreme(node, x, axes[0], max, last, shape, dtype).map(Some);
+                }
                 _ => return Err(self.unsupported(node, format!("reducer {:?}", r.reducer))),
             };
             return Ok(Some(self.add(name, Op::Reduce { op: rop, axes }, vec![x], shape, dtype)));
@@ -539,13 +543,13 @@ impl Importer<'_> {
         }
         if let Some(gnd) = op.downcast_ref::<ops::array::GatherNd>() {
             let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
-            let Some(idx) = self.graph.konst(i).cloned() else {
-                return Err(self.unsupported(node, "indices computed at run time (kairos takes constant indices)"));
-            };
             if gnd.batch_dims != 0 {
                 return Err(self.unsupported(node, format!("batch_dims {}", gnd.batch_dims)));
             }
-            return self.gather_nd_rows(node, d, &idx, shape).map(Some);
+            return match self.graph.konst(i).cloned() {
+                Some(idx) => self.gather_nd_rows(node, d, &idx, shape).map(Some),
+                None => self.gather_nd_computed(node, d, i, shape).map(Some),
+            };
         }
         if let Some(a) = op.downcast_ref::<tract_transformers::ops::sdpa::Sdpa>() {
             return self.attention(node, a, shape, dtype).map(Some);
@@ -673,6 +677,41 @@ impl Importer<'_> {
         out_shape.push(cols);
         let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![table, idx], out_shape, dtype);
         Ok(self.reshape(name, picked, shape))
+    }
+
+    /// ArgMax / ArgMin along one axis from reductions the kernels have: the extreme value, where
+    /// the input equals it, and the first (or last) such position: min (max) over
+    /// where(equal, position, n (-1)). CLIP's text pooling finds the end token this way. Values
+    /// are compared in f32: token ids below 2^24 exactly.
+    #[allow(clippy::too_many_arguments)]
+    fn arg_extreme(
+        &mut self,
+        node: &TypedNode,
+        x: NodeId,
+        axis: usize,
+        max: bool,
+        last: bool,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let in_shape = self.graph.nodes[x].shape.clone();
+        let float = DType::F32;
+        let n = in_shape[axis];
+        let mut kept = in_shape.clone();
+        kept[axis] = 1;
+        let extreme_op = if max { ReduceOp::Max } else { ReduceOp::Min };
+        let extreme = self.add(&format!("{name}.value"), Op::Reduce { op: extreme_op, axes: vec![axis] }, vec![x], kept.clone(), float);
+        let hit = self.add(&format!("{name}.hit"), Op::Binary(BinaryOp::Equal), vec![x, extreme], in_shape.clone(), float);
+        let mut iota_shape = vec![1; in_shape.len()];
+        iota_shape[axis] = n;
+        let iota = self.graph.add_const(format!("{name}.positions"), Tensor::f32(iota_shape, (0..n).map(|i| i as f32).collect()));
+        let miss = self.graph.add_const(format!("{name}.miss"), Tensor::f32(vec![], vec![if last { -1.0 } else { n as f32 }]));
+        let candidates = self.add(&format!("{name}.candidates"), Op::Where, vec![hit, iota, miss], in_shape, float);
+        let pick = if last { ReduceOp::Max } else { ReduceOp::Min };
+        let pos = self.add(&format!("{name}.first"), Op::Reduce { op: pick, axes: vec![axis] }, vec![candidates], kept.clone(), float);
+        let pos = self.reshape(&format!("{name}.shape"), pos, shape.clone());
+        Ok(if dtype == float { pos } else { self.add(name, Op::Cast, vec![pos], shape, dtype) })
     }
 
     /// ONNX Attention (opset 23; the dynamo exporter's scaled_dot_product_attention): softmax(scale
@@ -821,6 +860,43 @@ impl Importer<'_> {
             return Ok(out);
         }
         Ok(self.add(name, Op::Cast, vec![out], shape, dtype))
+    }
+
+    /// GatherND of indices computed at run time (CLIP's text pooling picks each row's end token):
+    /// the row number sum(index[j] * stride[j]) computed element-wise (exact in f32 below 2^24;
+    /// indices are taken as non-negative), then a row lookup as for constant indices.
+    fn gather_nd_computed(&mut self, node: &TypedNode, data: NodeId, indices: NodeId, shape: Vec<usize>) -> Result<NodeId, Error> {
+        let name = node.name.as_str();
+        let in_shape = self.graph.nodes[data].shape.clone();
+        let dtype = self.graph.nodes[data].dtype;
+        let idx_shape = self.graph.nodes[indices].shape.clone();
+        let k = *idx_shape.last().unwrap_or(&0);
+        if k == 0 || k > in_shape.len() {
+            return Err(self.unsupported(node, format!("index tuples of {k} into a tensor of rank {}", in_shape.len())));
+        }
+        let rows: usize = in_shape[..k].iter().product();
+        let cols: usize = in_shape[k..].iter().product();
+        let last = idx_shape.len() - 1;
+        let mut part_shape = idx_shape.clone();
+        part_shape[last] = 1;
+        let mut row: Option<NodeId> = None;
+        for j in 0..k {
+            let stride: usize = in_shape[j + 1..k].iter().product();
+            let part = self.add(&format!("{name}.index{j}"), Op::Slice { axis: last, start: j, end: j + 1 }, vec![indices], part_shape.clone(), DType::I64);
+            let c = self.graph.add_const(format!("{name}.stride{j}"), Tensor::i64(vec![], vec![stride as i64]));
+            let term = self.add(&format!("{name}.term{j}"), Op::Binary(BinaryOp::Mul), vec![part, c], part_shape.clone(), DType::I64);
+            row = Some(match row {
+                None => term,
+                Some(r) => self.add(&format!("{name}.sum{j}"), Op::Binary(BinaryOp::Add), vec![r, term], part_shape.clone(), DType::I64),
+            });
+        }
+        let lookups = idx_shape[..last].to_vec();
+        let row = self.reshape(&format!("{name}.rows"), row.expect("k >= 1"), lookups.clone());
+        let table = self.reshape(&format!("{name}.table"), data, vec![rows, cols]);
+        let mut out_shape = lookups;
+        out_shape.push(cols);
+        let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![table, row], out_shape, dtype);
+        Ok(self.reshape(name, picked, shape))
     }
 
     /// Constant padding as a concatenation with constant blocks, axis by axis; no padding is the
