@@ -18,9 +18,9 @@ use tract_onnx::prelude::{
 use tract_onnx::tract_core;
 use tract_onnx::tract_core::ops;
 
-/// Constant indices into a computed tensor become this many slices at most (a gather of more is
-/// a real gather, which kairos runs for embedding tables only).
-pub const GATHER_SLICES_MAX: usize = 64;
+/// Constant indices into a computed tensor become this many slices at most; more scattered
+/// indices become one row lookup (the gather kernel on the moved, flattened tensor).
+pub const GATHER_SLICES_MAX: usize = 8;
 
 /// Longest axis a cumulative sum runs over (it becomes a product with an n x n constant).
 pub const CUMSUM_LEN_MAX: usize = 8192;
@@ -72,6 +72,7 @@ fn load_bytes_inner(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Grap
     check_ops_known(&model_name, graph_proto)?;
     let (input_shapes, symbols) = fixed_input_shapes(&model_name, graph_proto, opts)?;
     pin_symbols(graph_proto, &symbols);
+    default_constant_of_shape(graph_proto);
 
     let mut model = onnx.model_for_proto_model(&proto).map_err(|e| malformed(&model_name, e))?;
     for (i, (dt, shape)) in input_shapes.iter().enumerate() {
@@ -85,6 +86,7 @@ fn load_bytes_inner(name: &str, bytes: &[u8], opts: &LoadOptions) -> Result<Grap
         n.starts_with("PropConst") || n.starts_with("PropagateUniformTdim") || n.starts_with("FoldUniformMask")
     });
     folding.optimize(&mut typed).map_err(|e| malformed(&model_name, format!("constant folding failed: {e:#}")))?;
+    expand_strided_slices(&mut typed).map_err(|e| malformed(&model_name, format!("strided slices: {e:#}")))?;
     let mut g =
         Importer { model: &typed, name: &model_name, node_ops: &node_ops, graph: Graph::new(&model_name), map: HashMap::new() }
             .run()?;
@@ -126,11 +128,15 @@ type FixedInputs = (Vec<(DatumType, Vec<usize>)>, HashMap<String, usize>);
 
 /// The dynamo exporter writes its symbols (`s77`) into the shapes of intermediate values and
 /// outputs too; once the inputs are fixed, a symbol tract cannot unify with the fixed value stops
-/// typing. Each symbol an input axis names takes that axis' value; any other symbolic dimension
-/// (an expression such as `s77*2`) is left for tract to infer.
+/// typing. Each symbol an input axis names takes that axis' value in the outputs' shapes; any
+/// other symbolic dimension (an expression such as `s77*2`) is left for tract to infer.
 fn pin_symbols(graph: &mut pb::GraphProto, symbols: &HashMap<String, usize>) {
     use pb::tensor_shape_proto::dimension::Value;
-    for info in graph.value_info.iter_mut().chain(graph.output.iter_mut()) {
+    // Intermediate annotations are hints tract re-derives from the inputs; the dynamo exporter's
+    // can contradict its own nodes (a float value annotated on a ConstantOfShape of doubles in
+    // Swin), which onnxruntime ignores and tract would refuse. Derive them, as onnxruntime does.
+    graph.value_info.clear();
+    for info in graph.output.iter_mut() {
         let Some(pb::type_proto::Value::TensorType(t)) = info.r#type.as_mut().and_then(|t| t.value.as_mut()) else {
             continue;
         };
@@ -139,6 +145,44 @@ fn pin_symbols(graph: &mut pb::GraphProto, symbols: &HashMap<String, usize>) {
             if let Some(Value::DimParam(p)) = &d.value {
                 d.value = symbols.get(p.as_str()).map(|&v| Value::DimValue(v as i64));
             }
+        }
+    }
+}
+
+/// ONNX Slices with steps (Swin's patch merging takes every other row) stay tract
+/// StridedSlices unless decluttered; expand just those into plain slices and downsamplings.
+fn expand_strided_slices(model: &mut TypedModel) -> tract_onnx::prelude::TractResult<()> {
+    use tract_onnx::tract_core::ops::TypedOp;
+    loop {
+        let mut patch = None;
+        for id in model.eval_order()? {
+            let node = &model.nodes[id];
+            if let Some(op) = node.op_as::<ops::array::StridedSlice>() {
+                patch = op.declutter(model, node)?;
+                if patch.is_some() {
+                    break;
+                }
+            }
+        }
+        match patch {
+            Some(p) => p.apply(model)?,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// ONNX's ConstantOfShape without a `value` fills float32 zeros; tract's parser makes them f64,
+/// which then meets float32 tensors downstream (the dynamo exporter's Swin masks). Write the
+/// default out.
+fn default_constant_of_shape(graph: &mut pb::GraphProto) {
+    for n in graph.node.iter_mut().filter(|n| n.op_type == "ConstantOfShape") {
+        if n.attribute.iter().all(|a| a.name != "value") {
+            n.attribute.push(pb::AttributeProto {
+                name: "value".into(),
+                r#type: pb::attribute_proto::AttributeType::Tensor as i32,
+                t: Some(pb::TensorProto { dims: vec![1], data_type: 1, float_data: vec![0.0], ..Default::default() }),
+                ..Default::default()
+            });
         }
     }
 }
@@ -541,6 +585,20 @@ impl Importer<'_> {
             }
             return Ok(Some(self.add(name, Op::Gather { axis: g.axis }, vec![d, i], shape, dtype)));
         }
+        if let Some(ds) = op.downcast_ref::<ops::downsample::Downsample>() {
+            // Every |stride|-th element from `modulo` (from the end when the stride is negative):
+            // a gather of constant indices.
+            let x = self.input(node, 0)?;
+            let n = self.graph.nodes[x].shape[ds.axis];
+            let step = ds.stride.unsigned_abs();
+            let picks: Vec<i64> = if ds.stride > 0 {
+                (ds.modulo..n).step_by(step).map(|i| i as i64).collect()
+            } else {
+                (ds.modulo..n).rev().step_by(step).map(|i| i as i64).collect()
+            };
+            let idx = Tensor::i64(vec![picks.len()], picks);
+            return self.gather_by_slices(node, x, &idx, ds.axis, shape).map(Some);
+        }
         if let Some(gnd) = op.downcast_ref::<ops::array::GatherNd>() {
             let (d, i) = (self.input(node, 0)?, self.input(node, 1)?);
             if gnd.batch_dims != 0 {
@@ -604,12 +662,6 @@ impl Importer<'_> {
         let Some(raw) = indices.as_i64() else {
             return Err(self.unsupported(node, "constant indices that are not integers"));
         };
-        if raw.len() > GATHER_SLICES_MAX {
-            return Err(self.unsupported(
-                node,
-                format!("{} constant indices into a computed tensor (at most {GATHER_SLICES_MAX})", raw.len()),
-            ));
-        }
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for &r in raw {
             let i = if r < 0 { r + dim } else { r };
@@ -621,6 +673,9 @@ impl Importer<'_> {
                 Some((_, end)) if *end == i => *end += 1,
                 _ => runs.push((i, i + 1)),
             }
+        }
+        if runs.len() > GATHER_SLICES_MAX {
+            return Ok(self.gather_rows_along(node, data, indices, axis, shape));
         }
         let mut pieces = Vec::new();
         for (k, &(start, end)) in runs.iter().enumerate() {
@@ -897,6 +952,38 @@ impl Importer<'_> {
         out_shape.push(cols);
         let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![table, row], out_shape, dtype);
         Ok(self.reshape(name, picked, shape))
+    }
+
+    /// A gather along any axis as a row lookup: the axis moved first, the rest flattened into
+    /// columns, one row per index, the result's axes put back in Gather's order (timm's
+    /// `as_strided` windows export as hundreds of scattered indices).
+    fn gather_rows_along(&mut self, node: &TypedNode, data: NodeId, indices: &Tensor, axis: usize, shape: Vec<usize>) -> NodeId {
+        let name = node.name.as_str();
+        let in_shape = self.graph.nodes[data].shape.clone();
+        let dtype = self.graph.nodes[data].dtype;
+        let rank = in_shape.len();
+        let dim = in_shape[axis] as i64;
+        let mut perm = vec![axis];
+        perm.extend((0..rank).filter(|&a| a != axis));
+        let front = self.transpose(&format!("{name}.front"), data, &perm);
+        let cols: usize = in_shape.iter().product::<usize>() / in_shape[axis];
+        let table = self.reshape(&format!("{name}.table"), front, vec![in_shape[axis], cols]);
+        let rows: Vec<i64> = indices.as_i64().unwrap_or(&[]).iter().map(|&r| if r < 0 { r + dim } else { r }).collect();
+        let idx = self.graph.add_const(format!("{name}.rows"), Tensor::i64(indices.shape.clone(), rows));
+        let mut picked_shape = indices.shape.clone();
+        picked_shape.push(cols);
+        let picked = self.add(&format!("{name}.gather"), Op::Gather { axis: 0 }, vec![table, idx], picked_shape, dtype);
+        // [idx.., pre.., post..] -> [pre.., idx.., post..]
+        let q = indices.shape.len();
+        let mut split = indices.shape.clone();
+        split.extend(in_shape[..axis].iter().copied());
+        split.extend(in_shape[axis + 1..].iter().copied());
+        let picked = self.reshape(&format!("{name}.split"), picked, split);
+        let mut order: Vec<usize> = (q..q + axis).collect();
+        order.extend(0..q);
+        order.extend(q + axis..q + rank - 1);
+        let out = self.transpose(&format!("{name}.order"), picked, &order);
+        self.reshape(name, out, shape)
     }
 
     /// Constant padding as a concatenation with constant blocks, axis by axis; no padding is the
