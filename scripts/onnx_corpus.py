@@ -129,11 +129,33 @@ def vision_models(tier):
             return M.DenseNet(growth_rate=4, block_config=(2, 2, 2), num_init_features=8, num_classes=10)
         return M.densenet121(num_classes=10)
 
+    def narrowed(build, k=8):
+        """The architecture with every channel count divided by k (same graph, 1/k^2 the weights):
+        GoogLeNet and Inception fix their widths in code."""
+        conv_init, bn_init, lin_init = nn.Conv2d.__init__, nn.BatchNorm2d.__init__, nn.Linear.__init__
+
+        def conv(self, cin, cout, *a, **kw):
+            conv_init(self, cin if cin == 3 else cin // k, cout // k, *a, **kw)
+
+        def bn(self, c, *a, **kw):
+            bn_init(self, c // k, *a, **kw)
+
+        def lin(self, fin, fout, *a, **kw):
+            lin_init(self, fin // k, fout, *a, **kw)
+
+        nn.Conv2d.__init__, nn.BatchNorm2d.__init__, nn.Linear.__init__ = conv, bn, lin
+        try:
+            return build()
+        finally:
+            nn.Conv2d.__init__, nn.BatchNorm2d.__init__, nn.Linear.__init__ = conv_init, bn_init, lin_init
+
     def googlenet():
-        return M.googlenet(num_classes=10, aux_logits=False, init_weights=False)
+        build = lambda: M.googlenet(num_classes=10, aux_logits=False, init_weights=False)  # noqa: E731
+        return narrowed(build) if tiny else build()
 
     def inception():
-        return M.inception_v3(num_classes=10, aux_logits=False, init_weights=False)
+        build = lambda: M.inception_v3(num_classes=10, aux_logits=False, init_weights=False)  # noqa: E731
+        return narrowed(build) if tiny else build()
 
     def mobilenet_v2():
         return M.mobilenet_v2(num_classes=10, width_mult=0.25 if tiny else 1.0)

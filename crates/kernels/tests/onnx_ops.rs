@@ -281,3 +281,150 @@ fn isnan_guarded_softmax() {
         b.node("Where", "", &[&nan, &zero, &p], vec![])
     });
 }
+
+/// 0/1 outputs of a boolean graph, as floats (the cast exporters write before arithmetic).
+fn as_float(b: &mut OnnxBuilder, x: &str) -> String {
+    b.node("Cast", "", &[x], vec![("to", Attr::Int(1))])
+}
+
+#[test]
+fn comparisons_and_logic_at_run_time() {
+    // Masks built from token ids and values at run time (nothing folds): Equal, Less, Greater,
+    // their negations, And, Or, Xor, Not, each weighted so a wrong bit shows in the output.
+    let ids = Input { name: "ids", dtype: DType::I64, shape: vec![2, 8], range: 4 };
+    check("comparisons_logic", vec![ids, f32_input("x", &[2, 8]), f32_input("z", &[2, 8])], &[2, 8], |b, i| {
+        let two = b.const_i64(&[2]);
+        let eq = b.node("Equal", "", &[&i[0], &two], vec![]);
+        let lt = b.node("Less", "", &[&i[1], &i[2]], vec![]);
+        let zero = b.const_f32_scalar(0.0);
+        let gt = b.node("Greater", "", &[&i[1], &zero], vec![]);
+        let ge = b.node("GreaterOrEqual", "", &[&i[2], &zero], vec![]);
+        let le = b.node("LessOrEqual", "", &[&i[1], &i[2]], vec![]);
+        let not_gt = b.node("Not", "", &[&gt], vec![]);
+        let and = b.node("And", "", &[&lt, &not_gt], vec![]);
+        let or = b.node("Or", "", &[&eq, &ge], vec![]);
+        let xor = b.node("Xor", "", &[&le, &eq], vec![]);
+        let mut acc = as_float(b, &and);
+        for (k, term) in [or, xor, ge, le].iter().enumerate() {
+            let f = as_float(b, term);
+            let w = b.const_f32_scalar((2 << k) as f32);
+            let f = b.node("Mul", "", &[&f, &w], vec![]);
+            acc = b.add(&acc, &f);
+        }
+        acc
+    });
+}
+
+#[test]
+fn position_ids_by_cumulative_sum() {
+    // RoBERTa's position ids: non-padding tokens counted along the sequence (CumSum of an int
+    // mask), times the mask, plus the padding index, then looked up; exclusive and reversed sums too.
+    let ids = Input { name: "ids", dtype: DType::I64, shape: vec![2, 7], range: 3 };
+    check("cumsum_positions", vec![ids, f32_input("x", &[2, 7])], &[2, 7, 4], |b, i| {
+        let pad = b.const_i64(&[1]);
+        let is_pad = b.node("Equal", "", &[&i[0], &pad], vec![]);
+        let keep = b.node("Not", "", &[&is_pad], vec![]);
+        // (tract, the oracle here, cannot sum an int64 mask: summed as floats, cast back to int64 for
+        // the lookup; RoBERTa's int64 form is checked against onnxruntime in the exporter corpus.)
+        let mask = as_float(b, &keep);
+        let axis = b.init("axis", &Tensor::i64(vec![], vec![1]));
+        let counted = b.node("CumSum", "", &[&mask, &axis], vec![]);
+        let counted = b.node("Mul", "", &[&counted, &mask], vec![]);
+        let one = b.const_f32_scalar(1.0);
+        let positions = b.node("Add", "", &[&counted, &one], vec![]);
+        let positions = b.node("Cast", "", &[&positions], vec![("to", Attr::Int(7))]);
+        let table = b.uniform("positions", &[9, 4], 1.0);
+        let emb = b.node("Gather", "", &[&table, &positions], vec![("axis", Attr::Int(0))]);
+        let excl = b.node("CumSum", "", &[&i[1], &axis], vec![("exclusive", Attr::Int(1))]);
+        let rev = b.node("CumSum", "", &[&i[1], &axis], vec![("reverse", Attr::Int(1))]);
+        let both = b.add(&excl, &rev);
+        let axes = b.const_i64(&[2]);
+        let both = b.node("Unsqueeze", "", &[&both, &axes], vec![]);
+        b.add(&emb, &both)
+    });
+}
+
+#[test]
+fn gathers_of_constant_and_run_time_indices() {
+    // GatherND with constant index tuples, GatherND with tuples computed from an input (CLIP's
+    // end-token pick), Gather of a few and of many constant indices from a computed tensor,
+    // GatherElements of a constant table, and ArgMax.
+    let sel = Input { name: "sel", dtype: DType::I64, shape: vec![3, 2], range: 2 };
+    check("gathers", vec![f32_input("x", &[2, 3, 4]), sel], &[3, 4], |b, i| {
+        let x = b.node("Relu", "", &[&i[0]], vec![]);
+        let x = b.add(&x, &i[0]); // a computed tensor, not an input
+        let tuples = b.init("tuples", &Tensor::i64(vec![3, 2], vec![0, 1, 1, 2, 1, 0]));
+        let fixed = b.node("GatherND", "", &[&x, &tuples], vec![]);
+        let picked = b.node("GatherND", "", &[&x, &i[1]], vec![]);
+        let y = b.add(&fixed, &picked);
+        // Gather along axis 2 of a [3, 4] view: 2 indices (slices), then 6 scattered (one lookup).
+        let flat = b.reshape(&x, &[6, 4]);
+        let few = b.init("few", &Tensor::i64(vec![4], vec![3, 0, 1, 2]));
+        let g = b.node("Gather", "", &[&flat, &few], vec![("axis", Attr::Int(1))]);
+        let many: Vec<i64> = vec![5, 0, 3, 1, 4, 2, 0, 5, 1, 3, 2, 4];
+        let many_idx = b.init("many", &Tensor::i64(vec![12], many));
+        let rows = b.node("Gather", "", &[&g, &many_idx], vec![("axis", Attr::Int(0))]);
+        let rows = b.reshape(&rows, &[3, 4, 4]);
+        let axes = b.const_i64(&[1]);
+        let red = b.node("ReduceSum", "", &[&rows, &axes], vec![("keepdims", Attr::Int(0))]);
+        let y = b.add(&y, &red);
+        // ArgMax over each row of x's first plane, as a float, broadcast over columns.
+        let plane = b.reshape(&x, &[6, 4]);
+        let arg = b.node("ArgMax", "", &[&plane], vec![("axis", Attr::Int(1)), ("keepdims", Attr::Int(1))]);
+        let arg = as_float(b, &arg);
+        let arg = b.reshape(&arg, &[2, 3, 1]);
+        let first = b.const_i64(&[0]);
+        let arg = b.node("ReduceSum", "", &[&arg, &first], vec![("keepdims", Attr::Int(0))]);
+        let y = b.add(&y, &arg);
+        // GatherElements of a constant [1, 5] table by run-time positions.
+        let table = b.init("table", &Tensor::f32(vec![1, 5], vec![0.5, -1.0, 2.0, 0.25, 3.0]));
+        let pos = b.node("Concat", "", &[&i[1], &i[1]], vec![("axis", Attr::Int(1))]);
+        let pos = b.reshape(&pos, &[1, 12]);
+        let ge = b.node("GatherElements", "", &[&table, &pos], vec![("axis", Attr::Int(1))]);
+        let ge = b.reshape(&ge, &[3, 4]);
+        b.add(&y, &ge)
+    });
+}
+
+#[test]
+fn pads_and_strided_slices() {
+    // Constant Pad (value 0.5) on two axes, then every other row and column from an odd start
+    // (Swin's patch merging) and a reversed slice.
+    check("pad_strided", vec![f32_input("x", &[1, 2, 5, 6])], &[1, 2, 4, 3], |b, i| {
+        let pads = b.const_i64(&[0, 0, 1, 0, 0, 0, 2, 1]);
+        let value = b.const_f32_scalar(0.5);
+        let p = b.node("Pad", "", &[&i[0], &pads, &value], vec![]); // [1, 2, 8, 7]
+        let starts = b.const_i64(&[1, 0]);
+        let ends = b.const_i64(&[8, 7]);
+        let axes = b.const_i64(&[2, 3]);
+        let steps = b.const_i64(&[2, 2]);
+        let s = b.node("Slice", "", &[&p, &starts, &ends, &axes, &steps], vec![]); // [1, 2, 4, 4]
+        let rs = b.const_i64(&[-1]);
+        let re = b.const_i64(&[i64::MIN]);
+        let ra = b.const_i64(&[3]);
+        let rstep = b.const_i64(&[-1]);
+        let r = b.node("Slice", "", &[&s, &rs, &re, &ra, &rstep], vec![]); // reversed columns
+        let sum = b.add(&s, &r);
+        let st = b.const_i64(&[0]);
+        let en = b.const_i64(&[3]);
+        let ax = b.const_i64(&[3]);
+        b.node("Slice", "", &[&sum, &st, &en, &ax], vec![])
+    });
+}
+
+#[test]
+fn onnx_attention_op_with_masks() {
+    // The opset-23 Attention op (what the dynamo exporter writes for scaled_dot_product_attention):
+    // an additive padding mask over keys, and the causal form. (tract's own attention takes float
+    // masks only, so a boolean mask is checked through the exporter corpus.)
+    let inputs = || vec![f32_input("q", &[2, 2, 5, 8]), f32_input("k", &[2, 2, 5, 8]), f32_input("v", &[2, 2, 5, 8])];
+    check_opset("attention_mask", 23, inputs(), &[2, 2, 5, 8], |b, i| {
+        // Batch 1 masks its last two keys, for every head and query.
+        let bias: Vec<f32> = (0..100).map(|j| if j >= 50 && j % 5 >= 3 { -1e4 } else { 0.0 }).collect();
+        let m = b.init("mask", &Tensor::f32(vec![2, 2, 5, 5], bias));
+        b.node("Attention", "", &[&i[0], &i[1], &i[2], &m], vec![])
+    });
+    check_opset("attention_causal", 23, inputs(), &[2, 2, 5, 8], |b, i| {
+        b.node("Attention", "", &[&i[0], &i[1], &i[2]], vec![("is_causal", Attr::Int(1))])
+    });
+}
