@@ -106,20 +106,20 @@ def vision_models(tier):
         return timm.models.resnet.ResNet(timm.models.resnet.BasicBlock, (1, 1, 1, 1), num_classes=10,
                                          channels=(8, 16, 24, 32), stem_width=8) if tiny else M.resnet18(num_classes=10)
 
+    # torchvision's ResNet fixes its widths (64..2048); the tiny tier takes timm's, which has the
+    # same bottleneck graph with the widths as arguments.
+    def tiny_bottleneck(**kw):
+        return timm.models.resnet.ResNet(timm.models.resnet.Bottleneck, (1, 1, 1, 1), num_classes=10,
+                                         channels=(8, 16, 24, 32), stem_width=8, **kw)
+
     def resnet50():
-        if tiny:
-            return M.resnet.ResNet(M.resnet.Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=4)
-        return M.resnet50(num_classes=10)
+        return tiny_bottleneck() if tiny else M.resnet50(num_classes=10)
 
     def resnext():
-        if tiny:
-            return M.resnet.ResNet(M.resnet.Bottleneck, [1, 1, 1, 1], num_classes=10, groups=4, width_per_group=2)
-        return M.resnext50_32x4d(num_classes=10)
+        return tiny_bottleneck(cardinality=4, base_width=8) if tiny else M.resnext50_32x4d(num_classes=10)
 
     def wide_resnet():
-        if tiny:
-            return M.resnet.ResNet(M.resnet.Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=8)
-        return M.wide_resnet50_2(num_classes=10)
+        return tiny_bottleneck(base_width=128) if tiny else M.wide_resnet50_2(num_classes=10)
 
     def squeezenet():
         return M.squeezenet1_1(num_classes=10)
@@ -227,9 +227,9 @@ def vision_models(tier):
         ("alexnet", "AlexNet", "torchvision", alexnet, 224),
         ("vgg11_bn", "VGG", "torchvision", vgg11, 112 if tiny else 224),
         ("resnet18", "ResNet", "timm" if tiny else "torchvision", resnet18, size),
-        ("resnet50", "ResNet", "torchvision", resnet50, size),
-        ("resnext50", "ResNeXt", "torchvision", resnext, size),
-        ("wide_resnet50", "Wide ResNet", "torchvision", wide_resnet, size),
+        ("resnet50", "ResNet", "timm" if tiny else "torchvision", resnet50, size),
+        ("resnext50", "ResNeXt", "timm" if tiny else "torchvision", resnext, size),
+        ("wide_resnet50", "Wide ResNet", "timm" if tiny else "torchvision", wide_resnet, size),
         ("squeezenet1_1", "SqueezeNet", "torchvision", squeezenet, size),
         ("densenet", "DenseNet", "torchvision", densenet, size),
         ("googlenet", "GoogLeNet", "torchvision", googlenet, size),

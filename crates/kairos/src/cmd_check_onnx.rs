@@ -244,6 +244,7 @@ pub fn run(args: CheckOnnxArgs) -> Result<()> {
             "source": e.get("source"),
             "exporter": e.get("exporter"),
             "opset": e.get("opset"),
+            "opset_written": e.get("opset_written"),
             "outcome": outcome.label(),
             "note": outcome.note(),
             "max_relative_error": if matches!(outcome, Outcome::Pass | Outcome::Fail(_)) && worst.is_finite() { json!(worst) } else { Value::Null },
