@@ -470,7 +470,11 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
                 // The zoo's default length, kept within the bounds.
                 cfg.seq_len = cfg.seq_len.clamp(lo, hi);
             } else if !(lo..=hi).contains(&cfg.seq_len) {
-                return Err(at(text, v.span().start, format!("seq_len = {} is outside seq_len_min..=seq_len_max ({lo}..={hi})", cfg.seq_len)));
+                return Err(at(
+                    text,
+                    v.span().start,
+                    format!("seq_len = {} is outside seq_len_min..=seq_len_max ({lo}..={hi})", cfg.seq_len),
+                ));
             }
             cfg.shapes.seq_len = Some((lo, hi));
         }
@@ -478,7 +482,11 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
     }
     match &file.shape_plans_max {
         Some(v) if !cfg.shapes.is_dynamic() => {
-            return Err(at(text, v.span().start, "shape_plans_max needs batch_max or seq_len_max (a model with one shape has no variants)"));
+            return Err(at(
+                text,
+                v.span().start,
+                "shape_plans_max needs batch_max or seq_len_max (a model with one shape has no variants)",
+            ));
         }
         Some(v) => cfg.shapes.plans_max = int("shape_plans_max", v, 1, SHAPE_PLANS_MAX as i64)? as usize,
         None if cfg.shapes.is_dynamic() => cfg.shapes.plans_max = SHAPE_PLANS_DEFAULT,

@@ -1323,7 +1323,8 @@ impl State {
             Some(d) => {
                 let mut t = d.variants.lock().unwrap_or_else(|e| e.into_inner());
                 let ready = std::mem::take(&mut t.slots);
-                let (ready, building): (Vec<_>, Vec<_>) = ready.into_iter().partition(|(_, s)| matches!(s, VariantSlot::Ready(_)));
+                let (ready, building): (Vec<_>, Vec<_>) =
+                    ready.into_iter().partition(|(_, s)| matches!(s, VariantSlot::Ready(_)));
                 t.slots.extend(building);
                 ready.into_iter().filter_map(|(_, s)| if let VariantSlot::Ready(v) = s { Some(v) } else { None }).collect()
             }
@@ -1654,6 +1655,9 @@ impl State {
             let mut config = model.config.clone();
             config.batch = key.batch;
             config.seq_len = key.seq_len;
+            // A profile named in config.toml was measured on the start-up shape's plan: the
+            // variant's is looked up by its own batch (and checked against its plan) instead.
+            config.profile = None;
             plan_config(config, self.backend.profiles(), |plan| {
                 if let Some(line) = self.backend.prepare(plan)? {
                     info!(model = %name, "{line}");
@@ -1693,8 +1697,12 @@ impl State {
         let seconds = t0.elapsed().as_secs_f64();
         model.metrics.variant_built(built.is_ok(), t0.elapsed().as_nanos() as u64);
         match &built {
-            Ok(_) => info!(model = %name, batch = key.batch, seq_len = key.seq_len, waiting = waiters.len(), seconds = format!("{seconds:.2}"), "shape variant loaded"),
-            Err(e) => warn!(model = %name, batch = key.batch, seq_len = key.seq_len, waiting = waiters.len(), error = %e, "shape variant failed"),
+            Ok(_) => {
+                info!(model = %name, batch = key.batch, seq_len = key.seq_len, waiting = waiters.len(), seconds = format!("{seconds:.2}"), "shape variant loaded")
+            }
+            Err(e) => {
+                warn!(model = %name, batch = key.batch, seq_len = key.seq_len, waiting = waiters.len(), error = %e, "shape variant failed")
+            }
         }
         for w in waiters {
             w(self, built.clone());
@@ -1704,14 +1712,22 @@ impl State {
     /// Loads a planned variant on the GPUs of the model's instances (the admin lock held), after
     /// making room: at most `shape_plans_max` variants, the least recently used idle one unloaded
     /// first, never one with requests.
-    fn load_variant(&self, model: &Arc<ModelEntry>, d: &DynamicShapes, key: ShapeKey, p: PlannedModel) -> Result<Arc<Variant>, ServeError> {
+    fn load_variant(
+        &self,
+        model: &Arc<ModelEntry>,
+        d: &DynamicShapes,
+        key: ShapeKey,
+        p: PlannedModel,
+    ) -> Result<Arc<Variant>, ServeError> {
         let name = model.name();
         let current = {
             let m = self.models.read().unwrap_or_else(|e| e.into_inner());
             matches!(m.get(name).map(|s| &s.state), Some(SlotState::Ready(e)) if Arc::ptr_eq(e, model))
         };
         if !current {
-            return Err(ServeError::Unavailable(format!("model '{name}' was unloaded or reloaded while its shape variant was built")));
+            return Err(ServeError::Unavailable(format!(
+                "model '{name}' was unloaded or reloaded while its shape variant was built"
+            )));
         }
         let evicted = {
             let mut t = d.variants.lock().unwrap_or_else(|e| e.into_inner());
@@ -2014,7 +2030,10 @@ impl Drop for CancelOnDrop {
 type DoneFn = Box<dyn FnOnce(Result<InferDone, ServeError>) + Send>;
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "a panic".into())
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// What a request the server cancelled is answered.
@@ -2089,8 +2108,10 @@ pub fn shape_axes(config: &ModelConfig, plan: &Plan) -> Result<ShapeAxes, ServeE
     let fixed = |t: &IoTensor| vec![None; t.shape.len()];
     let axes = match &config.source {
         ModelSource::Onnx(path) => {
-            let bytes = std::fs::read(path).map_err(|e| ServeError::invalid(format!("model '{name}': {}: {e}", path.display())))?;
-            let sig = kairos_ir::signature::read_signature(name, &bytes).map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
+            let bytes =
+                std::fs::read(path).map_err(|e| ServeError::invalid(format!("model '{name}': {}: {e}", path.display())))?;
+            let sig = kairos_ir::signature::read_signature(name, &bytes)
+                .map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
             let roles = |decl: &[kairos_ir::signature::TensorSignature], t: &IoTensor| {
                 decl.iter().find(|s| s.name == t.name && s.dims.len() == t.shape.len()).map_or_else(|| fixed(t), |s| s.roles())
             };
@@ -2106,7 +2127,9 @@ pub fn shape_axes(config: &ModelConfig, plan: &Plan) -> Result<ShapeAxes, ServeE
                     .map(|axis| match axis {
                         0 => Some(AxisRole::Batch),
                         // Token ids [batch, seq]; hidden states and logits [batch, seq, ..].
-                        1 if transformer && (!output || t.shape.len() >= 3) && t.shape[1] == config.seq_len => Some(AxisRole::Seq),
+                        1 if transformer && (!output || t.shape.len() >= 3) && t.shape[1] == config.seq_len => {
+                            Some(AxisRole::Seq)
+                        }
                         _ => None,
                     })
                     .collect()
@@ -2118,9 +2141,7 @@ pub fn shape_axes(config: &ModelConfig, plan: &Plan) -> Result<ShapeAxes, ServeE
         }
     };
     let has = |role: AxisRole| axes.inputs.iter().any(|r| r.contains(&Some(role)));
-    let inputs = || {
-        plan.inputs.iter().map(|t| format!("{} {:?}", t.name, t.shape)).collect::<Vec<_>>().join(", ")
-    };
+    let inputs = || plan.inputs.iter().map(|t| format!("{} {:?}", t.name, t.shape)).collect::<Vec<_>>().join(", ");
     if config.shapes.batch_max.is_some() && !has(AxisRole::Batch) {
         return Err(ServeError::invalid(format!(
             "model '{name}': batch_max is set, but no input of {} has a dynamic batch axis (inputs: {}); remove batch_max",

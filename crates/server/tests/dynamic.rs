@@ -222,11 +222,8 @@ impl Backend for Hooked {
 fn requests_are_answered_while_a_variant_builds_and_one_build_serves_its_waiters() {
     let hook = Arc::new(Hook { hold_batch: 3, fail_batch: 4, state: Mutex::new((0, false)), changed: Condvar::new() });
     let h = hook.clone();
-    let s = start_custom(
-        "dyn-slow",
-        |cfg, _| write_dyn(&cfg.state.repository, ""),
-        move |inner| Box::new(Hooked { inner, hook: h }),
-    );
+    let s =
+        start_custom("dyn-slow", |cfg, _| write_dyn(&cfg.state.repository, ""), move |inner| Box::new(Hooked { inner, hook: h }));
     s.server.as_ref().unwrap().wait_until_ready(READY_WAIT).unwrap();
     let rt = runtime();
     let rest = RestClient::new(&s.http).unwrap();
