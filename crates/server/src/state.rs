@@ -580,7 +580,9 @@ impl ModelEntry {
     /// [`ModelEntry::bind_input`]: the batch and sequence axes must agree across inputs.
     pub fn shape_key(&self, inputs: &[Tensor]) -> Result<ShapeKey, ServeError> {
         let Some(d) = &self.dynamic else { return Ok(ShapeKey { batch: self.config.batch, seq_len: self.config.seq_len }) };
-        let (mut batch, mut seq): (Option<(usize, &str)>, Option<(usize, &str)>) = (None, None);
+        // The first (value, input) seen on the batch and the sequence axes.
+        type Seen<'a> = Option<(usize, &'a str)>;
+        let (mut batch, mut seq): (Seen, Seen) = (None, None);
         for (i, t) in inputs.iter().enumerate() {
             for (axis, &n) in t.shape.iter().enumerate() {
                 let slot = match d.axes.inputs.get(i).and_then(|r| r.get(axis).copied().flatten()) {
@@ -1546,21 +1548,6 @@ impl State {
                 key.seq_len
             )));
         }
-        if !t.slots.contains_key(&key) {
-            match self.builds.try_send(BuildJob { model: model.clone(), key }) {
-                Ok(()) => {}
-                Err(std::sync::mpsc::TrySendError::Full(_)) => {
-                    return Err(ServeError::Overloaded(format!(
-                        "{VARIANT_BUILDS_QUEUED_MAX} shape variant builds are queued; try again later"
-                    )));
-                }
-                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
-                    return Err(ServeError::Unavailable("the shape variant builder stopped".into()));
-                }
-            }
-            info!(model = %model.name(), batch = key.batch, seq_len = key.seq_len, "building a shape variant");
-            t.slots.insert(key, VariantSlot::Building(Vec::new()));
-        }
         let ticket = self.inflight.register(gpu, timeout, owner);
         let metrics = model.metrics.clone();
         let on_done: DoneFn = Box::new(on_done);
@@ -1588,8 +1575,31 @@ impl State {
             }
             let _ = state.submit_held(&v, index, inputs, options, ticket, before_done, on_done);
         });
-        if let Some(VariantSlot::Building(w)) = t.slots.get_mut(&key) {
-            w.push(waiter);
+        match t.slots.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if let VariantSlot::Building(w) = o.get_mut() {
+                    w.push(waiter);
+                }
+            }
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                let refused = match self.builds.try_send(BuildJob { model: model.clone(), key }) {
+                    Ok(()) => None,
+                    Err(std::sync::mpsc::TrySendError::Full(_)) => Some(ServeError::Overloaded(format!(
+                        "{VARIANT_BUILDS_QUEUED_MAX} shape variant builds are queued; try again later"
+                    ))),
+                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                        Some(ServeError::Unavailable("the shape variant builder stopped".into()))
+                    }
+                };
+                if let Some(e) = refused {
+                    // Refused: the waiter (and so `on_done`) is dropped unanswered, as a refused
+                    // submission is.
+                    self.inflight.finish(ticket);
+                    return Err(e);
+                }
+                info!(model = %model.name(), batch = key.batch, seq_len = key.seq_len, "building a shape variant");
+                slot.insert(VariantSlot::Building(vec![waiter]));
+            }
         }
         Ok(ticket)
     }
