@@ -754,6 +754,9 @@ pub struct State {
     /// Shape variant builds for the builder thread (bounded: [`VARIANT_BUILDS_QUEUED_MAX`]).
     builds: std::sync::mpsc::SyncSender<BuildJob>,
     builds_rx: Mutex<Option<std::sync::mpsc::Receiver<BuildJob>>>,
+    /// Requests waiting for a shape variant's build, by ticket: their answer, so that a cancel
+    /// (timeout, client gone, drain) answers them at once. Bounded by the builds' waiter limits.
+    waiting: Mutex<std::collections::HashMap<u64, (AnswerCell, Arc<ModelMetrics>)>>,
     pub started: Instant,
 }
 
@@ -791,6 +794,7 @@ impl State {
         let state = Arc::new(State {
             builds,
             builds_rx: Mutex::new(Some(builds_rx)),
+            waiting: Mutex::new(Default::default()),
             metrics: Metrics::new(cfg.gpus as usize),
             repository,
             backend,
@@ -1550,8 +1554,17 @@ impl State {
         }
         let ticket = self.inflight.register(gpu, timeout, owner);
         let metrics = model.metrics.clone();
-        let on_done: DoneFn = Box::new(on_done);
+        let answer: AnswerCell = Arc::new(Mutex::new(Some(Box::new(on_done))));
+        self.lock_waiting().insert(ticket.0, (answer.clone(), metrics.clone()));
         let waiter: VariantWaiter = Box::new(move |state: &State, built: Result<Arc<Variant>, ServeError>| {
+            state.lock_waiting().remove(&ticket.0);
+            let Some(on_done) = answer.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                // Answered already: cancelled while it waited.
+                if let Ok(v) = built {
+                    v.users.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            };
             let v = match built {
                 Ok(v) => v,
                 Err(e) => {
@@ -1594,6 +1607,7 @@ impl State {
                 if let Some(e) = refused {
                     // Refused: the waiter (and so `on_done`) is dropped unanswered, as a refused
                     // submission is.
+                    self.lock_waiting().remove(&ticket.0);
                     self.inflight.finish(ticket);
                     return Err(e);
                 }
@@ -1602,6 +1616,22 @@ impl State {
             }
         }
         Ok(ticket)
+    }
+
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (AnswerCell, Arc<ModelMetrics>)>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Answers a request cancelled while it waits for a shape variant's build (nothing for one
+    /// that is not waiting): it leaves the table of requests in flight at once, with its cause's
+    /// error; the build goes on for the others.
+    fn answer_waiting(&self, ticket: u64) {
+        let Some((answer, metrics)) = self.lock_waiting().remove(&ticket) else { return };
+        let Some(on_done) = answer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let left = self.inflight.finish(Ticket(ticket));
+        let (cause, timeout) = left.and_then(|e| e.cause.map(|c| (c, e.timeout))).unwrap_or((CancelCause::ClientGone, None));
+        metrics.cancelled(cause);
+        on_done(Err(cancel_error(cause, timeout)));
     }
 
     /// Submits a registered request to variant `v` (one user of it already counted, given back
@@ -1820,6 +1850,7 @@ impl State {
         if let Some((gpu, id)) = due {
             self.send_cancel(gpu, id);
         }
+        self.answer_waiting(ticket.0);
     }
 
     /// Cancels every request in flight that the shared-memory connection `owner` sent; how many.
@@ -1833,16 +1864,19 @@ impl State {
     }
 
     fn cancel_where(&self, pick: impl Fn(&crate::inflight::Entry) -> bool, cause: CancelCause) -> usize {
-        let (n, due) = {
+        let (marked, due) = {
             let mut t = self.inflight.lock();
             let tickets: Vec<u64> = t.entries.iter().filter(|(_, e)| e.cause.is_none() && pick(e)).map(|(&k, _)| k).collect();
             let due: Vec<_> = tickets.iter().filter_map(|&k| InFlight::mark(&mut t, k, cause)).collect();
-            (tickets.len(), due)
+            (tickets, due)
         };
         for (gpu, id) in due {
             self.send_cancel(gpu, id);
         }
-        n
+        for &k in &marked {
+            self.answer_waiting(k);
+        }
+        marked.len()
     }
 
     fn send_cancel(&self, gpu: u32, id: kairos_sched::RequestId) {
@@ -1911,18 +1945,24 @@ impl State {
                     }
                     let now = Instant::now();
                     let mut due = std::mem::take(&mut t.retry);
+                    let mut timed_out = Vec::new();
                     while let Some(&(d, ticket)) = t.deadlines.first() {
                         if d > now {
                             break;
                         }
                         t.deadlines.pop_first();
+                        timed_out.push(ticket);
                         due.extend(InFlight::mark(&mut t, ticket, CancelCause::Timeout));
                     }
-                    if !due.is_empty() {
+                    if !due.is_empty() || !timed_out.is_empty() {
                         drop(t);
                         let Some(state) = weak.upgrade() else { return };
                         for (gpu, id) in due {
                             state.send_cancel(gpu, id);
+                        }
+                        // Those waiting for a shape variant have no engine request to cancel.
+                        for ticket in timed_out {
+                            state.answer_waiting(ticket);
                         }
                         drop(state);
                         t = inflight.lock();
@@ -2038,6 +2078,9 @@ impl Drop for CancelOnDrop {
 
 /// A request's answer, boxed (a request waiting for a shape variant keeps it until it runs).
 type DoneFn = Box<dyn FnOnce(Result<InferDone, ServeError>) + Send>;
+/// The answer of a request waiting for a shape variant: taken by whoever answers it first (the
+/// builder when the variant is ready, or a cancel).
+type AnswerCell = Arc<Mutex<Option<DoneFn>>>;
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>()

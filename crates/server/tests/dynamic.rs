@@ -254,6 +254,21 @@ fn requests_are_answered_while_a_variant_builds_and_one_build_serves_its_waiters
         assert!(Instant::now() < deadline, "the two requests never reached the server");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // A request with a timeout waiting behind the held build is answered at its timeout (504),
+    // not when the build ends.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (http, x36) = (s.http.clone(), slow.clone());
+    std::thread::spawn(move || {
+        let rt = runtime();
+        let rest = RestClient::new(&http).unwrap();
+        let opts = InferOptions { timeout_us: 50_000, ..Default::default() };
+        let _ = tx.send(rt.block_on(rest.infer("dyn", "", &[("x", &x36)], &opts, true)).map(|_| ()));
+    });
+    let e = rx.recv_timeout(READY_WAIT).expect("answered while the build is held").unwrap_err();
+    assert_eq!(e.code(), Some(Code::DeadlineExceeded), "{e}");
+    let text = rt.block_on(rest.metrics()).unwrap();
+    assert_eq!(metric(&text, r#"kairos_requests_cancelled_total{model="dyn",cause="timeout"}"#), 1.0);
+    assert_eq!(metric(&text, "kairos_requests_in_flight"), 2.0);
     // Meanwhile: another model, this model's start-up shape, and a variant's build failing.
     let mx = s.inputs("mlp", 0);
     let r = rt.block_on(grpc.infer("mlp", "", &[("x", &mx[0])], &InferOptions::default())).unwrap();
