@@ -7,6 +7,7 @@ pub mod lower;
 pub mod model;
 pub mod npy;
 pub mod onnx;
+pub mod signature;
 pub mod zoo;
 
 /// The plain data types live in kairos-core (no ONNX runtime there); re-exported here under the

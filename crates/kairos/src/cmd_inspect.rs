@@ -88,8 +88,37 @@ pub fn run(args: InspectArgs) -> Result<()> {
         plan.dtype,
         spec.batch
     );
+    // The file's own declaration: which axes are dynamic, and the value this plan fixed them at.
+    let declared = if spec.is_file() {
+        let bytes = spec.onnx_bytes()?;
+        Some(kairos_ir::signature::read_signature(&spec.name(), &bytes)?)
+    } else {
+        None
+    };
     for i in &plan.inputs {
-        println!("input      {} {:?} {}", i.name, i.shape, i.dtype);
+        let sig = declared.as_ref().and_then(|s| s.inputs.iter().find(|t| t.name == i.name));
+        match sig.filter(|t| t.dims.iter().any(|d| d.is_dynamic())) {
+            Some(t) => {
+                let axes: Vec<String> = t
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| d.is_dynamic())
+                    .map(|(axis, d)| format!("axis {axis} '{d}'"))
+                    .collect();
+                println!(
+                    "input      {} {:?} {} (declared {}; dynamic: {}; planned at --batch {} --seq-len {})",
+                    i.name,
+                    i.shape,
+                    i.dtype,
+                    t.dims_text(),
+                    axes.join(", "),
+                    spec.batch,
+                    spec.seq_len
+                );
+            }
+            None => println!("input      {} {:?} {}", i.name, i.shape, i.dtype),
+        }
     }
     for o in &plan.outputs {
         println!("output     {} {:?} {}", o.name, o.shape, o.dtype);

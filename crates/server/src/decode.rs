@@ -231,6 +231,7 @@ mod tests {
                 estimate_source: kairos_sched::EstimateSource::Roofline,
             },
             metrics: Default::default(),
+            dynamic: None,
         })
     }
 

@@ -7,8 +7,12 @@
 //! | `mlp_f16` | `x` FP32 [1, 64] | `y` FP32 [1, 10] | the same file, an f16 plan |
 //! | `pair` | `a`, `b` FP32 [1, 16] | `y` FP32 [1, 8], `relu` FP32 [1, 16] | best-effort, tenant 3 |
 //! | `embed` | `ids` INT64 [1, 8] | `emb` FP32 [1, 8, 16] | best-effort |
+//!
+//! [`dyn_seq_onnx`] (not in the tiny repository; tests of dynamic shapes write it): `x` FP32
+//! [batch, seq, 16] -> `y` FP32 [batch, seq, 8], symbolic batch and sequence axes.
 
 use kairos_ir::DType;
+use kairos_ir::signature::Dim;
 use kairos_ir::zoo::builder::{Attr, OnnxBuilder};
 use std::path::Path;
 
@@ -46,6 +50,23 @@ pub fn embed_onnx() -> Vec<u8> {
     let e = b.node("Gather", "gather", &[&table, &ids], vec![("axis", Attr::Int(0))]);
     b.output(&e, "emb", DType::F32, &[1, 8, 16]);
     b.finish_bytes()
+}
+
+/// `dyn_seq`: MatMul(16->8) + bias + ReLU per token, on `x` [batch, seq, 16] with symbolic
+/// `batch` and `seq` axes (the shape of a BERT-style model's hidden states).
+pub fn dyn_seq_onnx() -> Vec<u8> {
+    let mut b = OnnxBuilder::new("dyn_seq", 17, SEED + 4);
+    let dims = |last: usize| [Dim::Symbol("batch".into()), Dim::Symbol("seq".into()), Dim::Fixed(last)];
+    let x = b.input_dims("x", DType::F32, &dims(16));
+    let h = b.matmul_linear(&x, "fc", 16, 8, 0.5);
+    let y = b.relu(&h);
+    b.output_dims(&y, "y", DType::F32, &dims(8));
+    b.finish_bytes()
+}
+
+/// Writes one model folder: `file` with `onnx`, and `config.toml` with `config`.
+pub fn write_model(dir: &Path, name: &str, onnx: &[u8], file: &str, config: &str) -> std::io::Result<()> {
+    write(dir, name, onnx, file, config)
 }
 
 fn write(dir: &Path, name: &str, onnx: &[u8], file: &str, config: &str) -> std::io::Result<()> {

@@ -193,12 +193,14 @@ fn int_param(v: u64) -> pb::InferParameter {
 }
 
 fn metadata(m: &ModelEntry) -> pb::ModelMetadataResponse {
-    let t = |v: &[kairos_ir::plan::IoTensor]| {
+    // A dynamic axis (within shape bounds) is -1, as KServe v2 numbers it.
+    let t = |v: &[kairos_ir::plan::IoTensor], dims: &dyn Fn(usize) -> Vec<i64>| {
         v.iter()
-            .map(|t| pb::model_metadata_response::TensorMetadata {
+            .enumerate()
+            .map(|(i, t)| pb::model_metadata_response::TensorMetadata {
                 name: t.name.clone(),
                 datatype: t.dtype.kserve_name().into(),
-                shape: t.shape.iter().map(|&d| d as i64).collect(),
+                shape: dims(i),
             })
             .collect()
     };
@@ -206,8 +208,8 @@ fn metadata(m: &ModelEntry) -> pb::ModelMetadataResponse {
         name: m.name().into(),
         versions: vec![m.config.version.clone()],
         platform: "kairos".into(),
-        inputs: t(&m.inputs),
-        outputs: t(&m.outputs),
+        inputs: t(&m.inputs, &|i| m.input_dims(i)),
+        outputs: t(&m.outputs, &|i| m.output_dims(i)),
     }
 }
 
@@ -220,7 +222,6 @@ fn data_type(d: DType) -> i32 {
 }
 
 fn config(m: &ModelEntry) -> pb::ModelConfig {
-    let dims = |s: &[usize]| s.iter().map(|&d| d as i64).collect();
     pb::ModelConfig {
         name: m.name().into(),
         platform: "kairos".into(),
@@ -229,12 +230,14 @@ fn config(m: &ModelEntry) -> pb::ModelConfig {
         input: m
             .inputs
             .iter()
-            .map(|t| pb::ModelInput { name: t.name.clone(), data_type: data_type(t.dtype), dims: dims(&t.shape) })
+            .enumerate()
+            .map(|(i, t)| pb::ModelInput { name: t.name.clone(), data_type: data_type(t.dtype), dims: m.input_dims(i) })
             .collect(),
         output: m
             .outputs
             .iter()
-            .map(|t| pb::ModelOutput { name: t.name.clone(), data_type: data_type(t.dtype), dims: dims(&t.shape) })
+            .enumerate()
+            .map(|(i, t)| pb::ModelOutput { name: t.name.clone(), data_type: data_type(t.dtype), dims: m.output_dims(i) })
             .collect(),
         instance_group: vec![pb::ModelInstanceGroup {
             name: format!("{}_0", m.name()),

@@ -16,6 +16,8 @@
 //! | `kairos_request_gpu_seconds` | histogram | model, class (first kernel to done, engine clock) |
 //! | `kairos_deadline_misses_total` | counter | model, class |
 //! | `kairos_requests_cancelled_total` | counter | model, cause (`client_gone`, `timeout`, `drain`: requests the server cancelled, GPU work stopped) |
+//! | `kairos_shape_variant_builds_total` | counter | model, outcome (`ok`, `failed`: shape variants planned and loaded for a request's shape) |
+//! | `kairos_shape_variant_build_seconds_total`, `kairos_shape_variant_evictions_total` | counter | model (their planning and loading time; variants unloaded to make room) |
 //! | `kairos_requests_in_flight`, `kairos_draining` | gauge | (requests handed to an engine and not answered; 1 while a drain is under way) |
 //! | `kairos_gpu_busy_ratio` | gauge | gpu (share of 1 ms samples with kernels in flight, last second) |
 //! | `kairos_gpu_busy_seconds_total` | counter | gpu |
@@ -141,6 +143,10 @@ pub struct ModelMetrics {
     gpu: [Histogram; 2],
     deadline_misses: [AtomicU64; 2],
     cancelled: [AtomicU64; CancelCause::ALL.len()],
+    /// Shape variants built (planned and loaded on demand): succeeded, failed; their build time.
+    variant_builds: [AtomicU64; 2],
+    variant_build_ns: AtomicU64,
+    variant_evictions: AtomicU64,
     // Triton's statistics extension.
     pub success: Duration,
     pub fail: Duration,
@@ -160,6 +166,26 @@ impl ModelMetrics {
 
     pub fn cancellations(&self, cause: CancelCause) -> u64 {
         self.cancelled[cause.index()].load(Ordering::Relaxed)
+    }
+
+    /// A shape variant build ended (`ok`: loaded) after `ns` of planning and loading.
+    pub fn variant_built(&self, ok: bool, ns: u64) {
+        self.variant_builds[ok as usize].fetch_add(1, Ordering::Relaxed);
+        self.variant_build_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Shape variant builds that loaded (`ok`) or failed.
+    pub fn variant_builds(&self, ok: bool) -> u64 {
+        self.variant_builds[ok as usize].load(Ordering::Relaxed)
+    }
+
+    /// A loaded shape variant was unloaded to make room for another.
+    pub fn variant_evicted(&self) {
+        self.variant_evictions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn variant_evictions(&self) -> u64 {
+        self.variant_evictions.load(Ordering::Relaxed)
     }
 
     pub fn count(&self, class: Class, protocol: Protocol, outcome: Outcome) {
@@ -335,6 +361,28 @@ impl Metrics {
             }
         }
         families.push(cancelled);
+        let mut builds = Family::new(
+            "kairos_shape_variant_builds",
+            "Shape variants planned and loaded on demand for a request shape, by outcome (ok, failed)",
+            COUNTER,
+        );
+        let mut build_seconds =
+            Family::new("kairos_shape_variant_build_seconds", "Time spent planning and loading shape variants", COUNTER);
+        let mut evictions = Family::new(
+            "kairos_shape_variant_evictions",
+            "Shape variants unloaded to make room for another (least recently used idle first)",
+            COUNTER,
+        );
+        for &(name, m) in known() {
+            for (ok, label) in [(true, "ok"), (false, "failed")] {
+                let labels = vec![("model", name.into()), ("outcome", label.into())];
+                builds.push(labels, Sample::Counter(m.variant_builds(ok).into()));
+            }
+            let ns = m.variant_build_ns.load(Ordering::Relaxed);
+            build_seconds.push(vec![("model", name.into())], Sample::Counter((ns as f64 * 1e-9).into()));
+            evictions.push(vec![("model", name.into())], Sample::Counter(m.variant_evictions().into()));
+        }
+        families.extend([builds, build_seconds, evictions]);
 
         let per_gpu = |name: &'static str, help: &'static str, kind: MetricType, f: &dyn Fn(&EngineView) -> Value| {
             let mut family = Family::new(name, help, kind);

@@ -35,6 +35,9 @@ pub const MODEL_NAME_BYTES_MAX: usize = 128;
 pub const INSTANCES_MAX: u32 = 64;
 pub const BATCH_MAX: usize = 4096;
 pub const SEQ_LEN_MAX: usize = 65_536;
+/// Shape variants of one model kept loaded at once (`shape_plans_max`), and its default.
+pub const SHAPE_PLANS_MAX: usize = 64;
+pub const SHAPE_PLANS_DEFAULT: usize = 4;
 /// A deadline beyond an hour is a mistake, not a target.
 pub const DEADLINE_MS_MAX: f64 = 3_600_000.0;
 /// The shortest deadline, 1 µs (a shorter one would round to no time at all).
@@ -68,6 +71,32 @@ pub const CONFIG_KEYS: &[ConfigKey] = &[
         key: "seq_len",
         example: "128",
         help: "transformers' sequence length / other dynamic dimensions, 1..=65536; default the zoo's",
+    },
+    ConfigKey {
+        key: "batch_max",
+        example: "8",
+        help: "serve any batch 1..=batch_max (at most 4096) of a model whose inputs have a dynamic batch axis (an \
+               .onnx file's symbolic axis 0, any zoo model): a plan per batch, made when a request needs it; \
+               `batch` is the one loaded at start; default none (one batch)",
+    },
+    ConfigKey {
+        key: "seq_len_min",
+        example: "16",
+        help: "with seq_len_max: the shortest sequence served, 1..=seq_len_max; default 1",
+    },
+    ConfigKey {
+        key: "seq_len_max",
+        example: "256",
+        help: "serve any sequence length seq_len_min..=seq_len_max (at most 65536) of a model with dynamic \
+               sequence axes (an .onnx file's symbolic axes after the first, zoo transformers): a plan per \
+               length; `seq_len` (default: the zoo's, within the bounds) is the one loaded at start; default none",
+    },
+    ConfigKey {
+        key: "shape_plans_max",
+        example: "4",
+        help: "with batch_max or seq_len_max: shapes besides the start-up one kept loaded at once, 1..=64 \
+               (each holds its own copy of the weights; the least recently used idle one is unloaded first); \
+               default 4",
     },
     ConfigKey {
         key: "class",
@@ -166,6 +195,42 @@ pub struct ModelConfig {
     pub gpus: Vec<u32>,
     pub version: String,
     pub profile: Option<PathBuf>,
+    /// Dynamic shapes: the bounds of the batch and sequence length requests may use, and how many
+    /// shape variants besides the start-up one stay loaded.
+    pub shapes: ShapeBounds,
+}
+
+/// What shapes a model serves besides its start-up one (`batch`, `seq_len`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShapeBounds {
+    /// Any batch in 1..=batch_max.
+    pub batch_max: Option<usize>,
+    /// Any sequence length in min..=max.
+    pub seq_len: Option<(usize, usize)>,
+    /// Shape variants besides the start-up one loaded at once (0 when no bound is set).
+    pub plans_max: usize,
+}
+
+impl ShapeBounds {
+    pub fn is_dynamic(&self) -> bool {
+        self.batch_max.is_some() || self.seq_len.is_some()
+    }
+
+    /// "batch 1..=8, seq_len 16..=256, 4 shape plans" for the log and the model configuration.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(b) = self.batch_max {
+            parts.push(format!("batch 1..={b}"));
+        }
+        if let Some((lo, hi)) = self.seq_len {
+            parts.push(format!("seq_len {lo}..={hi}"));
+        }
+        if parts.is_empty() {
+            return "fixed".into();
+        }
+        parts.push(format!("{} shape plans", self.plans_max));
+        parts.join(", ")
+    }
 }
 
 impl ModelConfig {
@@ -185,6 +250,7 @@ impl ModelConfig {
             gpus: vec![0],
             version: "1".into(),
             profile: None,
+            shapes: ShapeBounds::default(),
         }
     }
 
@@ -256,6 +322,10 @@ struct ConfigFile {
     gpus: Option<Spanned<toml::Value>>,
     version: Option<Spanned<String>>,
     profile: Option<Spanned<String>>,
+    batch_max: Option<Spanned<i64>>,
+    seq_len_min: Option<Spanned<i64>>,
+    seq_len_max: Option<Spanned<i64>>,
+    shape_plans_max: Option<Spanned<i64>>,
 }
 
 /// `config.toml:LINE:COLUMN: message` for a byte offset of `text`.
@@ -379,6 +449,48 @@ pub fn parse_config(name: &str, dir: &Path, text: &str) -> Result<ModelConfig, S
     }
     if let Some(p) = &file.profile {
         cfg.profile = Some(path("profile", p)?);
+    }
+    if let Some(v) = &file.batch_max {
+        let b = int("batch_max", v, 1, BATCH_MAX as i64)? as usize;
+        if cfg.batch > b {
+            return Err(at(text, v.span().start, format!("batch = {} is above batch_max = {b}", cfg.batch)));
+        }
+        cfg.shapes.batch_max = Some(b);
+    }
+    match (&file.seq_len_min, &file.seq_len_max) {
+        (Some(v), None) => return Err(at(text, v.span().start, "seq_len_min needs seq_len_max (the longest sequence served)")),
+        (min, Some(v)) => {
+            let hi = int("seq_len_max", v, 1, SEQ_LEN_MAX as i64)?;
+            let lo = match min {
+                Some(m) => int("seq_len_min", m, 1, hi)?,
+                None => 1,
+            } as usize;
+            let hi = hi as usize;
+            if file.seq_len.is_none() {
+                // The zoo's default length, kept within the bounds.
+                cfg.seq_len = cfg.seq_len.clamp(lo, hi);
+            } else if !(lo..=hi).contains(&cfg.seq_len) {
+                return Err(at(
+                    text,
+                    v.span().start,
+                    format!("seq_len = {} is outside seq_len_min..=seq_len_max ({lo}..={hi})", cfg.seq_len),
+                ));
+            }
+            cfg.shapes.seq_len = Some((lo, hi));
+        }
+        (None, None) => {}
+    }
+    match &file.shape_plans_max {
+        Some(v) if !cfg.shapes.is_dynamic() => {
+            return Err(at(
+                text,
+                v.span().start,
+                "shape_plans_max needs batch_max or seq_len_max (a model with one shape has no variants)",
+            ));
+        }
+        Some(v) => cfg.shapes.plans_max = int("shape_plans_max", v, 1, SHAPE_PLANS_MAX as i64)? as usize,
+        None if cfg.shapes.is_dynamic() => cfg.shapes.plans_max = SHAPE_PLANS_DEFAULT,
+        None => {}
     }
     Ok(cfg)
 }
@@ -593,11 +705,34 @@ mod tests {
             ("model = \"resnet18", "1:18: invalid basic string"),
             ("version = \"../x\"", "letters, digits"),
             ("just words", "1:"),
+            ("batch_max = 0", "batch_max = 0 must be in 1..=4096"),
+            ("batch_max = 5000", "batch_max = 5000 must be in 1..=4096"),
+            ("batch = 9\nbatch_max = 8", "batch = 9 is above batch_max = 8"),
+            ("seq_len_min = 4", "seq_len_min needs seq_len_max"),
+            ("seq_len_max = 70000", "seq_len_max = 70000 must be in 1..=65536"),
+            ("seq_len_min = 40\nseq_len_max = 32", "seq_len_min = 40 must be in 1..=32"),
+            ("seq_len = 300\nseq_len_max = 256", "seq_len = 300 is outside seq_len_min..=seq_len_max (1..=256)"),
+            ("shape_plans_max = 2", "shape_plans_max needs batch_max or seq_len_max"),
+            ("batch_max = 4\nshape_plans_max = 65", "shape_plans_max = 65 must be in 1..=64"),
         ] {
             let e = parse_config("m", &dir(), text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
             assert!(e.starts_with("config.toml:"), "{e}");
         }
+    }
+
+    #[test]
+    fn shape_bounds() {
+        let c = parse_config("m", &dir(), "batch = 2\nbatch_max = 8\nseq_len_min = 16\nseq_len_max = 64").unwrap();
+        assert_eq!(c.shapes, ShapeBounds { batch_max: Some(8), seq_len: Some((16, 64)), plans_max: SHAPE_PLANS_DEFAULT });
+        // The zoo's default length (128) is kept within the bounds when seq_len is not given.
+        assert_eq!((c.batch, c.seq_len), (2, 64));
+        assert_eq!(c.shapes.describe(), "batch 1..=8, seq_len 16..=64, 4 shape plans");
+        let c = parse_config("m", &dir(), "seq_len_max = 512\nshape_plans_max = 2").unwrap();
+        assert_eq!((c.seq_len, c.shapes.seq_len, c.shapes.plans_max, c.shapes.batch_max), (128, Some((1, 512)), 2, None));
+        let c = parse_config("m", &dir(), "").unwrap();
+        assert!(!c.shapes.is_dynamic());
+        assert_eq!(c.shapes.describe(), "fixed");
     }
 
     #[test]
@@ -663,6 +798,10 @@ mod tests {
         assert!(help("batch").contains(&format!("1..={BATCH_MAX}")));
         assert!(help("seq_len").contains(&format!("1..={SEQ_LEN_MAX}")));
         assert!(help("instances").contains(&format!("1..={INSTANCES_MAX}")));
+        assert!(help("batch_max").contains(&format!("(at most {BATCH_MAX})")));
+        assert!(help("seq_len_max").contains(&format!("(at most {SEQ_LEN_MAX})")));
+        assert!(help("shape_plans_max").contains(&format!("1..={SHAPE_PLANS_MAX}")));
+        assert!(help("shape_plans_max").contains(&format!("default {SHAPE_PLANS_DEFAULT}")));
         assert!(help("priority_level").contains(&format!("{PRIORITY_LEVELS_MAX} the least")));
         assert!(help("deadline_ms").contains(&format!("{DEADLINE_MS_MIN}..={DEADLINE_MS_MAX} ms")));
         let text = config_keys_help(2, 100);

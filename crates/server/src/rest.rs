@@ -142,8 +142,9 @@ pub fn metadata_json(m: &ModelEntry) -> Value {
         "name": m.name(),
         "versions": [m.config.version],
         "platform": "kairos",
-        "inputs": m.inputs.iter().map(tensor_json).collect::<Vec<_>>(),
-        "outputs": m.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
+        // A dynamic axis (within shape bounds) is -1, as KServe v2 numbers it.
+        "inputs": m.inputs.iter().enumerate().map(|(i, t)| json!({ "name": t.name, "datatype": t.dtype.kserve_name(), "shape": m.input_dims(i) })).collect::<Vec<_>>(),
+        "outputs": m.outputs.iter().enumerate().map(|(i, t)| json!({ "name": t.name, "datatype": t.dtype.kserve_name(), "shape": m.output_dims(i) })).collect::<Vec<_>>(),
     })
 }
 
@@ -190,8 +191,8 @@ pub fn config_json(m: &ModelEntry) -> Value {
         "platform": "kairos",
         "backend": "kairos",
         "max_batch_size": 0,
-        "input": m.inputs.iter().map(|t| json!({ "name": t.name, "data_type": triton_type(t.dtype), "dims": t.shape })).collect::<Vec<_>>(),
-        "output": m.outputs.iter().map(|t| json!({ "name": t.name, "data_type": triton_type(t.dtype), "dims": t.shape })).collect::<Vec<_>>(),
+        "input": m.inputs.iter().enumerate().map(|(i, t)| json!({ "name": t.name, "data_type": triton_type(t.dtype), "dims": m.input_dims(i) })).collect::<Vec<_>>(),
+        "output": m.outputs.iter().enumerate().map(|(i, t)| json!({ "name": t.name, "data_type": triton_type(t.dtype), "dims": m.output_dims(i) })).collect::<Vec<_>>(),
         "instance_group": [{ "name": format!("{}_0", m.name()), "kind": "KIND_GPU", "count": c.instances, "gpus": m.instance_gpus() }],
         "parameters": params,
     })
@@ -213,6 +214,21 @@ pub fn config_parameters(m: &ModelEntry) -> Vec<(String, String)> {
     ];
     if let Some(d) = c.deadline_ns {
         v.push(("deadline_ms".to_string(), format!("{}", d as f64 / 1e6)));
+    }
+    if c.shapes.is_dynamic() {
+        v.push(("seq_len".to_string(), c.seq_len.to_string()));
+        if let Some(b) = c.shapes.batch_max {
+            v.push(("batch_max".to_string(), b.to_string()));
+        }
+        if let Some((lo, hi)) = c.shapes.seq_len {
+            v.push(("seq_len_min".to_string(), lo.to_string()));
+            v.push(("seq_len_max".to_string(), hi.to_string()));
+        }
+        v.push(("shape_plans_max".to_string(), c.shapes.plans_max.to_string()));
+        if let Some(d) = &m.dynamic {
+            let loaded: Vec<String> = d.loaded_shapes().iter().map(|k| format!("b{}s{}", k.batch, k.seq_len)).collect();
+            v.push(("shape_variants_loaded".to_string(), loaded.join(",")));
+        }
     }
     v
 }
@@ -538,7 +554,7 @@ pub fn decode_infer_request(model: &Arc<ModelEntry>, headers: &HeaderMap, body: 
         }
         None => (body, &[]),
     };
-    let values_max = model.inputs.iter().map(|t| t.shape.iter().product::<usize>()).max().unwrap_or(0);
+    let values_max = model.input_values_max();
     let previous = DATA_VALUES_MAX.with(|m| m.replace(values_max));
     let req = serde_json::from_slice::<InferRequestJson>(head);
     DATA_VALUES_MAX.with(|m| m.set(previous));

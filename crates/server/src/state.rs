@@ -6,10 +6,11 @@ use crate::error::{Outcome, ServeError};
 use crate::inflight::InFlight;
 pub use crate::inflight::{CancelCause, Ticket};
 use crate::metrics::{EngineView, Metrics, ModelMetrics, Protocol};
-use crate::repository::{ModelConfig, Repository};
+use crate::repository::{ModelConfig, ModelSource, Repository, ShapeBounds};
 use kairos_gpu::profile::{ModelProfile, ProfileSet};
 use kairos_gpu::{HostMapping, HostMemory};
 use kairos_ir::plan::{IoTensor, Plan};
+use kairos_ir::signature::AxisRole;
 use kairos_ir::{DType, Tensor};
 use kairos_sched::{Class, Engine, IoBinding, ModelInfo, RequestOptions, TenantId, Timing};
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,12 +43,102 @@ const WATCHDOG_IDLE: Duration = Duration::from_secs(1);
 /// It sends a cancel that an engine's full queue refused again after this long.
 const CANCEL_RETRY: Duration = Duration::from_millis(1);
 
+/// Shape variant builds waiting for the builder thread, across models (more: 429).
+pub const VARIANT_BUILDS_QUEUED_MAX: usize = 64;
+/// Requests waiting for one shape variant's build (more: 429).
+pub const VARIANT_WAITERS_MAX: usize = 1024;
+
 /// A model lowered to its plan, ready to load.
 #[derive(Clone, Debug)]
 pub struct PlannedModel {
     pub config: ModelConfig,
     pub plan: Arc<Plan>,
     pub profile: Option<ModelProfile>,
+    /// With shape bounds (`batch_max`, `seq_len_max`): which axes of the inputs and outputs follow
+    /// the batch and the sequence length.
+    pub axes: Option<ShapeAxes>,
+}
+
+/// Which axis of each input and output (plan order) follows the batch or the sequence length;
+/// `None` for a fixed axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeAxes {
+    pub inputs: Vec<Vec<Option<AxisRole>>>,
+    pub outputs: Vec<Vec<Option<AxisRole>>>,
+}
+
+/// One shape a model is planned for: its batch and sequence length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShapeKey {
+    pub batch: usize,
+    pub seq_len: usize,
+}
+
+impl ShapeKey {
+    /// The engine's name of a variant's instance: `name@b2s40`, `name@b2s40#1`.
+    pub fn engine_name(&self, model: &str, instance: Option<usize>) -> String {
+        match instance {
+            None => format!("{model}@b{}s{}", self.batch, self.seq_len),
+            Some(i) => format!("{model}@b{}s{}#{i}", self.batch, self.seq_len),
+        }
+    }
+}
+
+/// A model that serves shapes within bounds: the start-up shape (the model's own instances) and
+/// up to `plans_max` other shapes, each a separate engine model planned when a request first
+/// needs it ([`State::submit_io`]), least recently used idle ones unloaded first.
+pub struct DynamicShapes {
+    pub bounds: ShapeBounds,
+    pub axes: ShapeAxes,
+    /// The start-up shape.
+    pub base: ShapeKey,
+    variants: Mutex<VariantTable>,
+}
+
+impl std::fmt::Debug for DynamicShapes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamicShapes").field("bounds", &self.bounds).field("base", &self.base).finish()
+    }
+}
+
+/// A request waiting for a variant's build: runs on the builder thread with the variant (its
+/// user already counted) or the build's error.
+type VariantWaiter = Box<dyn FnOnce(&State, Result<Arc<Variant>, ServeError>) + Send>;
+
+#[derive(Default)]
+struct VariantTable {
+    slots: BTreeMap<ShapeKey, VariantSlot>,
+    /// Advances at each use, for least-recently-used eviction.
+    clock: u64,
+}
+
+enum VariantSlot {
+    Building(Vec<VariantWaiter>),
+    Ready(Arc<Variant>),
+}
+
+/// A loaded shape variant.
+pub struct Variant {
+    pub key: ShapeKey,
+    /// Its instances (on the GPUs of the model's own, index by index), inputs and outputs.
+    pub entry: Arc<ModelEntry>,
+    /// Requests that hold it (looked up and not answered yet); never evicted while above zero.
+    users: AtomicU32,
+    last_used: AtomicU64,
+}
+
+impl DynamicShapes {
+    /// The loaded variants' shapes, for tests and the log.
+    pub fn loaded_shapes(&self) -> Vec<ShapeKey> {
+        let t = self.variants.lock().unwrap_or_else(|e| e.into_inner());
+        t.slots.iter().filter(|(_, s)| matches!(s, VariantSlot::Ready(_))).map(|(k, _)| *k).collect()
+    }
+}
+
+/// A variant build for the builder thread.
+struct BuildJob {
+    model: Arc<ModelEntry>,
+    key: ShapeKey,
 }
 
 /// Starts the engine of one GPU and adapts plans to it. The server starts its engines before it
@@ -242,6 +333,8 @@ pub struct ModelEntry {
     pub instances: Vec<Instance>,
     pub info: ModelInfo,
     pub metrics: Arc<ModelMetrics>,
+    /// Shape bounds and the variants loaded for them (`None`: one shape, as planned).
+    pub dynamic: Option<Arc<DynamicShapes>>,
 }
 
 impl std::fmt::Debug for ModelEntry {
@@ -354,14 +447,8 @@ impl ModelEntry {
                 tensor.dtype().kserve_name()
             )));
         }
-        if tensor.shape != decl.shape {
-            return Err(ServeError::invalid(format!(
-                "input '{name}' of model '{}' has shape {:?}, the request sent {:?}",
-                self.name(),
-                decl.shape,
-                tensor.shape
-            )));
-        }
+        let sent: Vec<i64> = tensor.shape.iter().map(|&d| d as i64).collect();
+        self.check_shape(i, &sent, "sent")?;
         if slots[i].is_some() {
             return Err(ServeError::invalid(format!("input '{name}' is given twice")));
         }
@@ -397,20 +484,133 @@ impl ModelEntry {
                 decl.dtype.kserve_name()
             )));
         }
-        let same =
-            shape.len() == decl.shape.len() && shape.iter().zip(&decl.shape).all(|(&a, &b)| a >= 0 && a as u64 == b as u64);
-        if !same {
-            return Err(ServeError::invalid(format!(
-                "input '{name}' of model '{}' has shape {:?}, the request says {shape:?}",
-                self.name(),
-                decl.shape
-            )));
-        }
-        Ok((decl.shape.iter().product(), decl.dtype))
+        self.check_shape(i, shape, "says")?;
+        Ok((shape.iter().map(|&d| d as usize).product(), decl.dtype))
     }
 
-    fn pick_instance(&self) -> &Instance {
-        self.instances.iter().min_by_key(|i| i.outstanding.load(Ordering::Relaxed)).expect("a model has at least one instance")
+    /// Checks the shape a request gives input `i`: the planned one, or for a model with shape
+    /// bounds, any shape whose batch and sequence axes lie within them (fixed axes as planned).
+    fn check_shape(&self, i: usize, shape: &[i64], verb: &str) -> Result<(), ServeError> {
+        let decl = &self.inputs[i];
+        let name = &decl.name;
+        let wrong = || {
+            ServeError::invalid(format!(
+                "input '{name}' of model '{}' has shape {:?}, the request {verb} {shape:?}",
+                self.name(),
+                self.input_dims(i)
+            ))
+        };
+        if shape.len() != decl.shape.len() || shape.iter().any(|&d| d < 0) {
+            return Err(wrong());
+        }
+        let Some(d) = &self.dynamic else {
+            return if shape.iter().zip(&decl.shape).all(|(&a, &b)| a as u64 == b as u64) { Ok(()) } else { Err(wrong()) };
+        };
+        for (axis, (&got, &planned)) in shape.iter().zip(&decl.shape).enumerate() {
+            let got = got as usize;
+            let role = d.axes.inputs.get(i).and_then(|r| r.get(axis).copied().flatten());
+            let (what, lo, hi, bound) = match (role, d.bounds.batch_max, d.bounds.seq_len) {
+                (Some(AxisRole::Batch), Some(max), _) => ("batch", 1, max, "1..=batch_max"),
+                (Some(AxisRole::Seq), _, Some((lo, hi))) => ("sequence", lo, hi, "seq_len_min..=seq_len_max"),
+                _ if got == planned => continue,
+                _ => return Err(wrong()),
+            };
+            if !(lo..=hi).contains(&got) {
+                return Err(ServeError::invalid(format!(
+                    "input '{name}' of model '{}': axis {axis} ({what}) is {got}, outside {bound} = {lo}..={hi}",
+                    self.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// An input's dimensions as metadata shows them: -1 for an axis within shape bounds.
+    pub fn input_dims(&self, i: usize) -> Vec<i64> {
+        self.dims_of(&self.inputs[i].shape, self.dynamic.as_ref().and_then(|d| d.axes.inputs.get(i)))
+    }
+
+    /// An output's dimensions as metadata shows them: -1 for an axis that follows the batch or
+    /// the sequence length.
+    pub fn output_dims(&self, i: usize) -> Vec<i64> {
+        self.dims_of(&self.outputs[i].shape, self.dynamic.as_ref().and_then(|d| d.axes.outputs.get(i)))
+    }
+
+    fn dims_of(&self, shape: &[usize], roles: Option<&Vec<Option<AxisRole>>>) -> Vec<i64> {
+        let bounds = self.dynamic.as_ref().map(|d| &d.bounds);
+        shape
+            .iter()
+            .enumerate()
+            .map(|(axis, &n)| {
+                let role = roles.and_then(|r| r.get(axis).copied().flatten());
+                match (role, bounds) {
+                    (Some(AxisRole::Batch), Some(b)) if b.batch_max.is_some() => -1,
+                    (Some(AxisRole::Seq), Some(b)) if b.seq_len.is_some() => -1,
+                    _ => n as i64,
+                }
+            })
+            .collect()
+    }
+
+    /// The most values one input may hold (its planned size, or its size at the bounds).
+    pub fn input_values_max(&self) -> usize {
+        let b = self.dynamic.as_ref().map(|d| &d.bounds);
+        (0..self.inputs.len())
+            .map(|i| {
+                self.input_dims(i)
+                    .iter()
+                    .enumerate()
+                    .map(|(axis, &n)| match (n, b) {
+                        (-1, Some(b)) => {
+                            let role = self.dynamic.as_ref().and_then(|d| d.axes.inputs[i][axis]);
+                            match role {
+                                Some(AxisRole::Batch) => b.batch_max.unwrap_or(1),
+                                _ => b.seq_len.map_or(1, |s| s.1),
+                            }
+                        }
+                        (n, _) => n as usize,
+                    })
+                    .fold(1usize, |a, n| a.saturating_mul(n))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The shape (batch, sequence length) of a request's inputs, all checked by
+    /// [`ModelEntry::bind_input`]: the batch and sequence axes must agree across inputs.
+    pub fn shape_key(&self, inputs: &[Tensor]) -> Result<ShapeKey, ServeError> {
+        let Some(d) = &self.dynamic else { return Ok(ShapeKey { batch: self.config.batch, seq_len: self.config.seq_len }) };
+        // The first (value, input) seen on the batch and the sequence axes.
+        type Seen<'a> = Option<(usize, &'a str)>;
+        let (mut batch, mut seq): (Seen, Seen) = (None, None);
+        for (i, t) in inputs.iter().enumerate() {
+            for (axis, &n) in t.shape.iter().enumerate() {
+                let slot = match d.axes.inputs.get(i).and_then(|r| r.get(axis).copied().flatten()) {
+                    Some(AxisRole::Batch) if d.bounds.batch_max.is_some() => &mut batch,
+                    Some(AxisRole::Seq) if d.bounds.seq_len.is_some() => &mut seq,
+                    _ => continue,
+                };
+                match slot {
+                    None => *slot = Some((n, &self.inputs[i].name)),
+                    Some((m, other)) if *m != n => {
+                        return Err(ServeError::invalid(format!(
+                            "input '{}' of model '{}' has {n} at axis {axis}, input '{other}' has {m} on the same dynamic axis",
+                            self.inputs[i].name,
+                            self.name()
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(ShapeKey { batch: batch.map_or(d.base.batch, |b| b.0), seq_len: seq.map_or(d.base.seq_len, |s| s.0) })
+    }
+
+    /// The index of the instance with the fewest requests outstanding.
+    fn pick_instance(&self) -> usize {
+        (0..self.instances.len())
+            .min_by_key(|&i| self.instances[i].outstanding.load(Ordering::Relaxed))
+            .expect("a model has at least one instance")
     }
 }
 
@@ -551,6 +751,12 @@ pub struct State {
     /// The requests handed to an engine and not answered yet.
     inflight: Arc<InFlight>,
     next_owner: AtomicU64,
+    /// Shape variant builds for the builder thread (bounded: [`VARIANT_BUILDS_QUEUED_MAX`]).
+    builds: std::sync::mpsc::SyncSender<BuildJob>,
+    builds_rx: Mutex<Option<std::sync::mpsc::Receiver<BuildJob>>>,
+    /// Requests waiting for a shape variant's build, by ticket: their answer, so that a cancel
+    /// (timeout, client gone, drain) answers them at once. Bounded by the builds' waiter limits.
+    waiting: Mutex<std::collections::HashMap<u64, (AnswerCell, Arc<ModelMetrics>)>>,
     pub started: Instant,
 }
 
@@ -584,7 +790,11 @@ impl State {
             info!(gpu, device = %device, "engine started");
             engines.push(EngineSlot { engine, device });
         }
+        let (builds, builds_rx) = std::sync::mpsc::sync_channel(VARIANT_BUILDS_QUEUED_MAX);
         let state = Arc::new(State {
+            builds,
+            builds_rx: Mutex::new(Some(builds_rx)),
+            waiting: Mutex::new(Default::default()),
             metrics: Metrics::new(cfg.gpus as usize),
             repository,
             backend,
@@ -617,6 +827,7 @@ impl State {
         }
         state.start_sampler();
         state.start_watchdog()?;
+        state.start_builder()?;
         Ok(state)
     }
 
@@ -673,6 +884,7 @@ impl State {
                         kernels = p.plan.launches.len(),
                         weight_mb = format!("{:.1}", p.plan.weight_bytes as f64 / 1e6),
                         profile = p.profile.is_some(),
+                        shapes = %p.config.shapes.describe(),
                         lower_s = format!("{:.2}", t.elapsed().as_secs_f64()),
                         "planned"
                     );
@@ -1043,6 +1255,15 @@ impl State {
                 }
             }
         }
+        let dynamic = p.axes.map(|axes| {
+            info!(model = %name, shapes = %p.config.shapes.describe(), "dynamic shapes");
+            Arc::new(DynamicShapes {
+                bounds: p.config.shapes.clone(),
+                axes,
+                base: ShapeKey { batch: p.config.batch, seq_len: p.config.seq_len },
+                variants: Mutex::new(VariantTable::default()),
+            })
+        });
         let entry = ModelEntry {
             inputs: p.plan.inputs.clone(),
             outputs: p.plan.outputs.clone(),
@@ -1050,6 +1271,7 @@ impl State {
             info: info.expect("instances >= 1"),
             metrics: self.metrics.model(&name),
             config: p.config,
+            dynamic,
         };
         self.set_slot(&name, &version, SlotState::Ready(Arc::new(entry)));
         Ok(())
@@ -1101,7 +1323,21 @@ impl State {
             (e, slot.version.clone())
         };
         let mut first_error = None;
-        for inst in &entry.instances {
+        let mut instances: Vec<&Instance> = entry.instances.iter().collect();
+        // Its shape variants go with it (a build under way finds the model gone and fails).
+        let variants: Vec<Arc<Variant>> = match &entry.dynamic {
+            Some(d) => {
+                let mut t = d.variants.lock().unwrap_or_else(|e| e.into_inner());
+                let ready = std::mem::take(&mut t.slots);
+                let (ready, building): (Vec<_>, Vec<_>) =
+                    ready.into_iter().partition(|(_, s)| matches!(s, VariantSlot::Ready(_)));
+                t.slots.extend(building);
+                ready.into_iter().filter_map(|(_, s)| if let VariantSlot::Ready(v) = s { Some(v) } else { None }).collect()
+            }
+            None => Vec::new(),
+        };
+        instances.extend(variants.iter().flat_map(|v| v.entry.instances.iter()));
+        for inst in instances {
             if let Err(e) = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name) {
                 first_error.get_or_insert(ServeError::from(e));
             }
@@ -1180,20 +1416,51 @@ impl State {
         on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
     ) -> Result<Ticket, ServeError> {
         let SubmitOptions { engine: options, timeout, owner } = options.into();
+        self.accepting()?;
+        let index = model.pick_instance();
+        let gpu = model.instances[index].gpu;
+        let io = io(gpu)?;
+        if let (Some(d), EngineIo::Tensors(inputs)) = (&model.dynamic, &io) {
+            let key = model.shape_key(inputs)?;
+            if key != d.base {
+                let EngineIo::Tensors(inputs) = io else { unreachable!() };
+                return self.submit_variant(model, d, key, index, inputs, options, timeout, owner, before_done, on_done);
+            }
+        }
+        let ticket = self.inflight.register(gpu, timeout, owner);
+        self.submit_on(model, index, io, options, ticket, before_done, on_done)?;
+        Ok(ticket)
+    }
+
+    /// New requests are taken (no shutdown, no drain).
+    fn accepting(&self) -> Result<(), ServeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ServeError::Unavailable("the server is shutting down".into()));
         }
         if self.draining.load(Ordering::Acquire) {
             return Err(ServeError::Unavailable(DRAINING.into()));
         }
-        let inst = model.pick_instance();
-        let io = io(inst.gpu)?;
+        Ok(())
+    }
+
+    /// Hands a registered request to instance `index` of `model`. On an error the ticket is
+    /// finished and `on_done` is not called.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_on<N: FnOnce() + Send + 'static>(
+        &self,
+        model: &Arc<ModelEntry>,
+        index: usize,
+        io: EngineIo,
+        options: RequestOptions,
+        ticket: Ticket,
+        before_done: Option<N>,
+        on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let inst = &model.instances[index];
         let zero_copy = matches!(io, EngineIo::Bound { .. });
         inst.outstanding.fetch_add(1, Ordering::Relaxed);
         let class = options.class;
         let entry = model.clone();
-        let index = model.instances.iter().position(|i| std::ptr::eq(i, inst)).unwrap();
-        let ticket = self.inflight.register(inst.gpu, timeout, owner);
         let inflight = self.inflight.clone();
         let t0 = Instant::now();
         let done = move |r: Result<kairos_sched::Response, kairos_sched::Error>| {
@@ -1230,7 +1497,7 @@ impl State {
                 if let Some((gpu, id)) = self.inflight.accepted(ticket, id) {
                     self.send_cancel(gpu, id);
                 }
-                Ok(ticket)
+                Ok(())
             }
             Err(e) => {
                 // Refused: the engine never calls `done`.
@@ -1241,6 +1508,340 @@ impl State {
         }
     }
 
+    /// A request whose shape differs from the model's start-up shape: served by the variant of
+    /// that shape if it is loaded, else queued behind its build (started here if none is under
+    /// way: concurrent requests for one new shape wait on one build). Never blocks: the builder
+    /// thread submits the waiting requests when the variant is ready, or answers them with the
+    /// build's error.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_variant<N: FnOnce() + Send + 'static>(
+        &self,
+        model: &Arc<ModelEntry>,
+        d: &Arc<DynamicShapes>,
+        key: ShapeKey,
+        index: usize,
+        inputs: Vec<Tensor>,
+        options: RequestOptions,
+        timeout: Option<Duration>,
+        owner: Option<u64>,
+        before_done: Option<N>,
+        on_done: impl FnOnce(Result<InferDone, ServeError>) + Send + 'static,
+    ) -> Result<Ticket, ServeError> {
+        let gpu = model.instances[index].gpu;
+        let mut t = d.variants.lock().unwrap_or_else(|e| e.into_inner());
+        t.clock += 1;
+        let now = t.clock;
+        if let Some(VariantSlot::Ready(v)) = t.slots.get(&key) {
+            let v = v.clone();
+            v.users.fetch_add(1, Ordering::Relaxed);
+            v.last_used.store(now, Ordering::Relaxed);
+            drop(t);
+            let ticket = self.inflight.register(gpu, timeout, owner);
+            self.submit_held(&v, index, inputs, options, ticket, before_done, Box::new(on_done))?;
+            return Ok(ticket);
+        }
+        let waiting = match t.slots.get(&key) {
+            Some(VariantSlot::Building(w)) => w.len(),
+            _ => 0,
+        };
+        if waiting >= VARIANT_WAITERS_MAX {
+            return Err(ServeError::Overloaded(format!(
+                "{VARIANT_WAITERS_MAX} requests already wait for model '{}' at batch {}, seq_len {}",
+                model.name(),
+                key.batch,
+                key.seq_len
+            )));
+        }
+        let ticket = self.inflight.register(gpu, timeout, owner);
+        let metrics = model.metrics.clone();
+        let answer: AnswerCell = Arc::new(Mutex::new(Some(Box::new(on_done))));
+        self.lock_waiting().insert(ticket.0, (answer.clone(), metrics.clone()));
+        let waiter: VariantWaiter = Box::new(move |state: &State, built: Result<Arc<Variant>, ServeError>| {
+            state.lock_waiting().remove(&ticket.0);
+            let Some(on_done) = answer.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                // Answered already: cancelled while it waited.
+                if let Ok(v) = built {
+                    v.users.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            };
+            let v = match built {
+                Ok(v) => v,
+                Err(e) => {
+                    state.inflight.finish(ticket);
+                    return on_done(Err(e));
+                }
+            };
+            // Cancelled (timeout, client gone, drain) or refused while it waited.
+            let cause = state.inflight.lock().entries.get(&ticket.0).and_then(|e| e.cause.map(|c| (c, e.timeout)));
+            let refused = match cause {
+                Some((c, timeout)) => {
+                    metrics.cancelled(c);
+                    Some(cancel_error(c, timeout))
+                }
+                None => state.accepting().err(),
+            };
+            if let Some(e) = refused {
+                v.users.fetch_sub(1, Ordering::Relaxed);
+                state.inflight.finish(ticket);
+                return on_done(Err(e));
+            }
+            let _ = state.submit_held(&v, index, inputs, options, ticket, before_done, on_done);
+        });
+        match t.slots.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if let VariantSlot::Building(w) = o.get_mut() {
+                    w.push(waiter);
+                }
+            }
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                let refused = match self.builds.try_send(BuildJob { model: model.clone(), key }) {
+                    Ok(()) => None,
+                    Err(std::sync::mpsc::TrySendError::Full(_)) => Some(ServeError::Overloaded(format!(
+                        "{VARIANT_BUILDS_QUEUED_MAX} shape variant builds are queued; try again later"
+                    ))),
+                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                        Some(ServeError::Unavailable("the shape variant builder stopped".into()))
+                    }
+                };
+                if let Some(e) = refused {
+                    // Refused: the waiter (and so `on_done`) is dropped unanswered, as a refused
+                    // submission is.
+                    self.lock_waiting().remove(&ticket.0);
+                    self.inflight.finish(ticket);
+                    return Err(e);
+                }
+                info!(model = %model.name(), batch = key.batch, seq_len = key.seq_len, "building a shape variant");
+                slot.insert(VariantSlot::Building(vec![waiter]));
+            }
+        }
+        Ok(ticket)
+    }
+
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (AnswerCell, Arc<ModelMetrics>)>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Answers a request cancelled while it waits for a shape variant's build (nothing for one
+    /// that is not waiting): it leaves the table of requests in flight at once, with its cause's
+    /// error; the build goes on for the others.
+    fn answer_waiting(&self, ticket: u64) {
+        let Some((answer, metrics)) = self.lock_waiting().remove(&ticket) else { return };
+        let Some(on_done) = answer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let left = self.inflight.finish(Ticket(ticket));
+        let (cause, timeout) = left.and_then(|e| e.cause.map(|c| (c, e.timeout))).unwrap_or((CancelCause::ClientGone, None));
+        metrics.cancelled(cause);
+        on_done(Err(cancel_error(cause, timeout)));
+    }
+
+    /// Submits a registered request to variant `v` (one user of it already counted, given back
+    /// when the request is answered or refused). A refusal finishes the ticket, answers `on_done`
+    /// with the error and returns it.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_held<N: FnOnce() + Send + 'static>(
+        &self,
+        v: &Arc<Variant>,
+        index: usize,
+        inputs: Vec<Tensor>,
+        options: RequestOptions,
+        ticket: Ticket,
+        before_done: Option<N>,
+        on_done: DoneFn,
+    ) -> Result<(), ServeError> {
+        let cell = Arc::new(Mutex::new(Some(on_done)));
+        let (held, answer) = (v.clone(), cell.clone());
+        let done = move |r: Result<InferDone, ServeError>| {
+            held.users.fetch_sub(1, Ordering::Relaxed);
+            if let Some(f) = answer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                f(r);
+            }
+        };
+        let index = index.min(v.entry.instances.len() - 1);
+        let r = self.submit_on(&v.entry, index, EngineIo::Tensors(inputs), options, ticket, before_done, done);
+        if let Err(e) = &r {
+            v.users.fetch_sub(1, Ordering::Relaxed);
+            if let Some(f) = cell.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                f(Err(e.clone()));
+            }
+        }
+        r
+    }
+
+    /// The thread that builds shape variants, one at a time, off every request's path. Holds the
+    /// state only while it builds.
+    fn start_builder(self: &Arc<Self>) -> Result<(), ServeError> {
+        let Some(rx) = self.builds_rx.lock().unwrap_or_else(|e| e.into_inner()).take() else { return Ok(()) };
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("kairos-shape-builder".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let Some(state) = weak.upgrade() else { return };
+                    state.build_variant(job);
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| ServeError::Internal(format!("cannot start the shape variant builder thread: {e}")))
+    }
+
+    /// Plans and loads one shape variant, then hands it to the requests waiting for it (or the
+    /// error). Planning holds no lock; loading holds the admin lock (as repository loads do).
+    fn build_variant(&self, job: BuildJob) {
+        let BuildJob { model, key } = job;
+        let Some(d) = model.dynamic.clone() else { return };
+        let name = model.name().to_string();
+        let t0 = Instant::now();
+        let planned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut config = model.config.clone();
+            config.batch = key.batch;
+            config.seq_len = key.seq_len;
+            // A profile named in config.toml was measured on the start-up shape's plan: the
+            // variant's is looked up by its own batch (and checked against its plan) instead.
+            config.profile = None;
+            plan_config(config, self.backend.profiles(), |plan| {
+                if let Some(line) = self.backend.prepare(plan)? {
+                    info!(model = %name, "{line}");
+                }
+                Ok(())
+            })
+        }))
+        .unwrap_or_else(|p| Err(ServeError::Internal(format!("planning panicked: {}", panic_text(p)))));
+        let admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        let built = planned.and_then(|p| self.load_variant(&model, &d, key, p));
+        let built = built.map_err(|e| match e {
+            e @ (ServeError::Overloaded(_) | ServeError::Unavailable(_)) => e,
+            e => ServeError::Unavailable(format!(
+                "model '{name}' cannot serve batch {}, seq_len {}: building its plan failed: {e}",
+                key.batch, key.seq_len
+            )),
+        });
+        let waiters = {
+            let mut t = d.variants.lock().unwrap_or_else(|e| e.into_inner());
+            let waiters = match t.slots.remove(&key) {
+                Some(VariantSlot::Building(w)) => w,
+                Some(ready) => {
+                    t.slots.insert(key, ready);
+                    Vec::new()
+                }
+                None => Vec::new(),
+            };
+            if let Ok(v) = &built {
+                t.clock += 1;
+                v.last_used.store(t.clock, Ordering::Relaxed);
+                v.users.fetch_add(waiters.len() as u32, Ordering::Relaxed);
+                t.slots.insert(key, VariantSlot::Ready(v.clone()));
+            }
+            waiters
+        };
+        drop(admin);
+        let seconds = t0.elapsed().as_secs_f64();
+        model.metrics.variant_built(built.is_ok(), t0.elapsed().as_nanos() as u64);
+        match &built {
+            Ok(_) => {
+                info!(model = %name, batch = key.batch, seq_len = key.seq_len, waiting = waiters.len(), seconds = format!("{seconds:.2}"), "shape variant loaded")
+            }
+            Err(e) => {
+                warn!(model = %name, batch = key.batch, seq_len = key.seq_len, waiting = waiters.len(), error = %e, "shape variant failed")
+            }
+        }
+        for w in waiters {
+            w(self, built.clone());
+        }
+    }
+
+    /// Loads a planned variant on the GPUs of the model's instances (the admin lock held), after
+    /// making room: at most `shape_plans_max` variants, the least recently used idle one unloaded
+    /// first, never one with requests.
+    fn load_variant(
+        &self,
+        model: &Arc<ModelEntry>,
+        d: &DynamicShapes,
+        key: ShapeKey,
+        p: PlannedModel,
+    ) -> Result<Arc<Variant>, ServeError> {
+        let name = model.name();
+        let current = {
+            let m = self.models.read().unwrap_or_else(|e| e.into_inner());
+            matches!(m.get(name).map(|s| &s.state), Some(SlotState::Ready(e)) if Arc::ptr_eq(e, model))
+        };
+        if !current {
+            return Err(ServeError::Unavailable(format!(
+                "model '{name}' was unloaded or reloaded while its shape variant was built"
+            )));
+        }
+        let evicted = {
+            let mut t = d.variants.lock().unwrap_or_else(|e| e.into_inner());
+            let ready: Vec<(ShapeKey, Arc<Variant>)> = t
+                .slots
+                .iter()
+                .filter_map(|(k, s)| if let VariantSlot::Ready(v) = s { Some((*k, v.clone())) } else { None })
+                .collect();
+            if ready.len() < d.bounds.plans_max {
+                None
+            } else {
+                let idle = ready
+                    .iter()
+                    .filter(|(_, v)| v.users.load(Ordering::Relaxed) == 0)
+                    .min_by_key(|(_, v)| v.last_used.load(Ordering::Relaxed));
+                match idle {
+                    Some((k, v)) => {
+                        t.slots.remove(k);
+                        Some(v.clone())
+                    }
+                    None => {
+                        return Err(ServeError::Overloaded(format!(
+                            "model '{name}' keeps {} shape variants loaded (shape_plans_max) and each has requests in flight; try again",
+                            d.bounds.plans_max
+                        )));
+                    }
+                }
+            }
+        };
+        if let Some(v) = evicted {
+            for inst in &v.entry.instances {
+                if let Err(e) = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name) {
+                    warn!(model = %name, variant = %inst.engine_name, error = %e, "cannot unload an evicted shape variant");
+                }
+            }
+            model.metrics.variant_evicted();
+            info!(model = %name, batch = v.key.batch, seq_len = v.key.seq_len, "shape variant evicted (least recently used)");
+        }
+        let many = model.instances.len() > 1;
+        let mut instances: Vec<Instance> = Vec::new();
+        let mut info = None;
+        for (i, base) in model.instances.iter().enumerate() {
+            let engine_name = key.engine_name(name, many.then_some(i));
+            let spec = kairos_sched::ModelSpec { name: engine_name.clone(), plan: p.plan.clone(), profile: p.profile.clone() };
+            match self.engines[base.gpu as usize].engine.load_model(spec) {
+                Ok(mi) => {
+                    info.get_or_insert(mi);
+                    instances.push(Instance {
+                        gpu: base.gpu,
+                        engine_name,
+                        weight_bytes: p.plan.weight_bytes,
+                        outstanding: AtomicU32::new(0),
+                    });
+                }
+                Err(e) => {
+                    for inst in &instances {
+                        let _ = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        let entry = ModelEntry {
+            inputs: p.plan.inputs.clone(),
+            outputs: p.plan.outputs.clone(),
+            instances,
+            info: info.expect("a model has at least one instance"),
+            metrics: model.metrics.clone(),
+            config: p.config,
+            dynamic: None,
+        };
+        Ok(Arc::new(Variant { key, entry: Arc::new(entry), users: AtomicU32::new(0), last_used: AtomicU64::new(0) }))
+    }
+
     /// Cancels a request in flight for `cause` (nothing if it was answered already, or cancelled
     /// before): the engine stops its GPU work and it is answered with the cause's error. Never
     /// blocks (a cancel the engine's full queue refuses is sent again shortly).
@@ -1249,6 +1850,7 @@ impl State {
         if let Some((gpu, id)) = due {
             self.send_cancel(gpu, id);
         }
+        self.answer_waiting(ticket.0);
     }
 
     /// Cancels every request in flight that the shared-memory connection `owner` sent; how many.
@@ -1262,16 +1864,19 @@ impl State {
     }
 
     fn cancel_where(&self, pick: impl Fn(&crate::inflight::Entry) -> bool, cause: CancelCause) -> usize {
-        let (n, due) = {
+        let (marked, due) = {
             let mut t = self.inflight.lock();
             let tickets: Vec<u64> = t.entries.iter().filter(|(_, e)| e.cause.is_none() && pick(e)).map(|(&k, _)| k).collect();
             let due: Vec<_> = tickets.iter().filter_map(|&k| InFlight::mark(&mut t, k, cause)).collect();
-            (tickets.len(), due)
+            (tickets, due)
         };
         for (gpu, id) in due {
             self.send_cancel(gpu, id);
         }
-        n
+        for &k in &marked {
+            self.answer_waiting(k);
+        }
+        marked.len()
     }
 
     fn send_cancel(&self, gpu: u32, id: kairos_sched::RequestId) {
@@ -1340,18 +1945,24 @@ impl State {
                     }
                     let now = Instant::now();
                     let mut due = std::mem::take(&mut t.retry);
+                    let mut timed_out = Vec::new();
                     while let Some(&(d, ticket)) = t.deadlines.first() {
                         if d > now {
                             break;
                         }
                         t.deadlines.pop_first();
+                        timed_out.push(ticket);
                         due.extend(InFlight::mark(&mut t, ticket, CancelCause::Timeout));
                     }
-                    if !due.is_empty() {
+                    if !due.is_empty() || !timed_out.is_empty() {
                         drop(t);
                         let Some(state) = weak.upgrade() else { return };
                         for (gpu, id) in due {
                             state.send_cancel(gpu, id);
+                        }
+                        // Those waiting for a shape variant have no engine request to cancel.
+                        for ticket in timed_out {
+                            state.answer_waiting(ticket);
                         }
                         drop(state);
                         t = inflight.lock();
@@ -1465,6 +2076,19 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// A request's answer, boxed (a request waiting for a shape variant keeps it until it runs).
+type DoneFn = Box<dyn FnOnce(Result<InferDone, ServeError>) + Send>;
+/// The answer of a request waiting for a shape variant: taken by whoever answers it first (the
+/// builder when the variant is ready, or a cancel).
+type AnswerCell = Arc<Mutex<Option<DoneFn>>>;
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
 /// What a request the server cancelled is answered.
 fn cancel_error(cause: CancelCause, timeout: Option<Duration>) -> ServeError {
     match cause {
@@ -1521,6 +2145,81 @@ fn plan_with(
     prepare: impl FnOnce(&mut Plan) -> Result<(), ServeError>,
 ) -> Result<PlannedModel, ServeError> {
     let config = repo.config(name)?;
+    let mut planned = plan_config(config, profiles, prepare)?;
+    if planned.config.shapes.is_dynamic() {
+        planned.axes = Some(shape_axes(&planned.config, &planned.plan)?);
+    }
+    Ok(planned)
+}
+
+/// Which input and output axes follow the batch and the sequence length: an .onnx file's
+/// symbolic axes (axis 0 the batch, the others the sequence, as the import fixes them); a zoo
+/// model's batch axis, and a transformer's sequence axis. A bound for an axis the model does not
+/// have is an error.
+pub fn shape_axes(config: &ModelConfig, plan: &Plan) -> Result<ShapeAxes, ServeError> {
+    let name = &config.name;
+    let fixed = |t: &IoTensor| vec![None; t.shape.len()];
+    let axes = match &config.source {
+        ModelSource::Onnx(path) => {
+            let bytes =
+                std::fs::read(path).map_err(|e| ServeError::invalid(format!("model '{name}': {}: {e}", path.display())))?;
+            let sig = kairos_ir::signature::read_signature(name, &bytes)
+                .map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
+            let roles = |decl: &[kairos_ir::signature::TensorSignature], t: &IoTensor| {
+                decl.iter().find(|s| s.name == t.name && s.dims.len() == t.shape.len()).map_or_else(|| fixed(t), |s| s.roles())
+            };
+            ShapeAxes {
+                inputs: plan.inputs.iter().map(|t| roles(&sig.inputs, t)).collect(),
+                outputs: plan.outputs.iter().map(|t| roles(&sig.outputs, t)).collect(),
+            }
+        }
+        ModelSource::Zoo(z) => {
+            let transformer = kairos_ir::zoo::find(z).is_some_and(|e| e.kind == kairos_ir::zoo::ZooKind::Transformer);
+            let roles = |t: &IoTensor, output: bool| -> Vec<Option<AxisRole>> {
+                (0..t.shape.len())
+                    .map(|axis| match axis {
+                        0 => Some(AxisRole::Batch),
+                        // Token ids [batch, seq]; hidden states and logits [batch, seq, ..].
+                        1 if transformer && (!output || t.shape.len() >= 3) && t.shape[1] == config.seq_len => {
+                            Some(AxisRole::Seq)
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            };
+            ShapeAxes {
+                inputs: plan.inputs.iter().map(|t| roles(t, false)).collect(),
+                outputs: plan.outputs.iter().map(|t| roles(t, true)).collect(),
+            }
+        }
+    };
+    let has = |role: AxisRole| axes.inputs.iter().any(|r| r.contains(&Some(role)));
+    let inputs = || plan.inputs.iter().map(|t| format!("{} {:?}", t.name, t.shape)).collect::<Vec<_>>().join(", ");
+    if config.shapes.batch_max.is_some() && !has(AxisRole::Batch) {
+        return Err(ServeError::invalid(format!(
+            "model '{name}': batch_max is set, but no input of {} has a dynamic batch axis (inputs: {}); remove batch_max",
+            config.source.describe(),
+            inputs()
+        )));
+    }
+    if config.shapes.seq_len.is_some() && !has(AxisRole::Seq) {
+        return Err(ServeError::invalid(format!(
+            "model '{name}': seq_len_min/seq_len_max are set, but no input of {} has a dynamic sequence axis (inputs: {}); remove them",
+            config.source.describe(),
+            inputs()
+        )));
+    }
+    Ok(axes)
+}
+
+/// Lowers a configuration's model to a plan at its `batch` and `seq_len`, runs `prepare`, and
+/// finds its profile.
+fn plan_config(
+    config: ModelConfig,
+    profiles: Option<&ProfileSet>,
+    prepare: impl FnOnce(&mut Plan) -> Result<(), ServeError>,
+) -> Result<PlannedModel, ServeError> {
+    let name = config.name.as_str();
     let mut plan = config.ir_spec().plan().map_err(|e| ServeError::invalid(format!("model '{name}': {e}")))?;
     prepare(&mut plan)?;
     let profile = match &config.profile {
@@ -1542,5 +2241,5 @@ fn plan_with(
             }
         }
     };
-    Ok(PlannedModel { config, plan: Arc::new(plan), profile })
+    Ok(PlannedModel { config, plan: Arc::new(plan), profile, axes: None })
 }

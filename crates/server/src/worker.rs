@@ -541,6 +541,7 @@ fn load_in_worker(
         config: ModelConfig::defaults(name, ModelSource::Zoo(plan.model.clone())),
         plan: plan.clone(),
         profile: profile.clone(),
+        axes: None,
     };
     // The simulator registers a measured profile with its timing model here (nothing on CUDA).
     backend.register_start_model(gpu, &planned).map_err(|e| Error::InvalidModel(e.to_string()))?;

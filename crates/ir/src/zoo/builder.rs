@@ -3,6 +3,7 @@
 //! The zoo is written as ONNX so that the one front door (tract parse, type, declutter, then
 //! our import) serves zoo models and user files alike.
 
+use crate::signature::Dim;
 use crate::tensor::{DType, Tensor, TensorData};
 use prost::Message;
 use rand::rngs::SmallRng;
@@ -64,6 +65,39 @@ impl OnnxBuilder {
             }),
             ..Default::default()
         }
+    }
+
+    /// A graph input with dynamic dimensions ([`Dim::Symbol`]) where the model takes any size.
+    pub fn input_dims(&mut self, name: &str, dtype: DType, dims: &[Dim]) -> String {
+        self.graph.input.push(Self::value_info_dims(name, onnx_elem_type(dtype), dims));
+        name.to_string()
+    }
+
+    /// [`OnnxBuilder::output`] with dynamic dimensions.
+    pub fn output_dims(&mut self, value: &str, name: &str, dtype: DType, dims: &[Dim]) {
+        self.output(value, name, dtype, &[]);
+        let out = self.graph.output.last_mut().expect("output just added");
+        *out = Self::value_info_dims(&out.name, onnx_elem_type(dtype), dims);
+    }
+
+    fn value_info_dims(name: &str, dtype_onnx: i32, dims: &[Dim]) -> pb::ValueInfoProto {
+        use pb::tensor_shape_proto::dimension::Value;
+        let mut v = Self::value_info(name, dtype_onnx, &[]);
+        if let Some(pb::type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+            t.shape = Some(pb::TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|d| pb::tensor_shape_proto::Dimension {
+                        value: Some(match d {
+                            Dim::Fixed(n) => Value::DimValue(*n as i64),
+                            Dim::Symbol(s) => Value::DimParam(s.clone()),
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+            });
+        }
+        v
     }
 
     pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> String {
