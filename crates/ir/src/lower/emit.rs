@@ -690,7 +690,11 @@ impl Emitter<'_> {
         let mut args = ins;
         args.push(out.clone());
         let n = args.len() - 1;
-        self.push_launch(name, Kernel::Eltwise(p), out.dtype, args, n)
+        // The kernel reads and writes each argument in its own type (the parameters carry them);
+        // the launch's type picks the compiled variant, and there is none for int64: an int64
+        // result runs in the plan's float variant.
+        let launch_dtype = if out.dtype == DType::I64 { self.dtype } else { out.dtype };
+        self.push_launch(name, Kernel::Eltwise(p), launch_dtype, args, n)
     }
 
     // ---- nodes -------------------------------------------------------------------------------
