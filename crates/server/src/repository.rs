@@ -631,8 +631,12 @@ impl Repository {
 mod tests {
     use super::*;
 
+    /// An empty model folder of this test process (the system's temporary folder may hold .onnx
+    /// files, which a folder without `model =` would serve).
     fn dir() -> PathBuf {
-        std::env::temp_dir()
+        let d = std::env::temp_dir().join(format!("kairos-repository-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
     }
 
     #[test]
