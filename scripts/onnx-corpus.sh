@@ -32,7 +32,7 @@ started=$(date +%s)
 # tracebacks for opsets it leaves as they are) to $out/generate.log.
 set +o pipefail
 "$python" scripts/onnx_corpus.py --out "$out" --opsets 17,18,newest "$@" 2> "$out/generate.log" |
-    grep -E '^\[[0-9]+\]|written'
+    grep --line-buffered -E '^\[[0-9]+\]|written'
 status=${PIPESTATUS[0]}
 set -o pipefail
 if [[ $status != 0 || ! -s "$out/manifest.json" ]]; then

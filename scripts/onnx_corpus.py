@@ -34,11 +34,13 @@ import sys
 import time
 import traceback
 import warnings
+import zlib
 
 import numpy as np
 
 SEED = 20261128
-VOCAB = 256
+# Token ids of random inputs elsewhere (`kairos bench latency`) go up to 1000.
+VOCAB = 1024
 POSITIONS = 64
 
 
@@ -376,6 +378,97 @@ def newest_opsets():
     return {"ts": c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET, "dy": c.ONNX_MAX_OPSET}
 
 
+def torch_latency(out, path, reps=50):
+    """PyTorch's own batch-1 time for each model of the corpus (the module each TorchScript export
+    came from, same seed), fp16 on the GPU: eager, and one captured CUDA graph replayed."""
+    torch = _torch()
+    m = json.load(open(os.path.join(out, "manifest.json")))
+    builders = {}
+    for name, _, _, build, size in vision_models(m["tier"]):
+        builders[name] = (build, "vision", size)
+    for name, _, build, kind in transformer_models():
+        builders[name] = (build, kind, None)
+    rows = []
+    dev = torch.device("cuda")
+    for e in m["entries"]:
+        if e["exporter"] != "torchscript" or e["status"] != "ok" or e["arch"] not in builders:
+            continue
+        build, kind, _ = builders[e["arch"]]
+        row = {"model": os.path.join(out, e["file"]), "batch": 1}
+        try:
+            base = randomize(build(), SEED + zlib.crc32(e["arch"].encode()))
+            names = e["inputs"]
+            model = (base if kind == "vision" else wrap(base, names)).to(dev).half().eval()
+            feeds = [np.load(os.path.join(out, f)) for f in e["cases"][0]["inputs"]]
+            args = [torch.from_numpy(x).to(dev) for x in feeds]
+            args = [x.half() if x.is_floating_point() else x for x in args]
+            with torch.no_grad():
+                for _ in range(5):
+                    model(*args)
+                torch.cuda.synchronize()
+                times = []
+                for _ in range(reps):
+                    t = torch.cuda.Event(enable_timing=True)
+                    u = torch.cuda.Event(enable_timing=True)
+                    t.record()
+                    model(*args)
+                    u.record()
+                    u.synchronize()
+                    times.append(t.elapsed_time(u))
+                row["eager_ms"] = float(np.median(times))
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(3):
+                        model(*args)
+                torch.cuda.current_stream().wait_stream(s)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    model(*args)
+                for _ in range(5):
+                    g.replay()
+                torch.cuda.synchronize()
+                times = []
+                for _ in range(reps):
+                    t = torch.cuda.Event(enable_timing=True)
+                    u = torch.cuda.Event(enable_timing=True)
+                    t.record()
+                    g.replay()
+                    u.record()
+                    u.synchronize()
+                    times.append(t.elapsed_time(u))
+                row["graph_ms"] = float(np.median(times))
+        except Exception as ex:  # kept as data: the row says why it has no time
+            row["error"] = error_summary(ex)
+        rows.append(row)
+        print(f"{e['arch']}: eager {row.get('eager_ms', float('nan')):.3f} ms, graph {row.get('graph_ms', float('nan')):.3f} ms",
+              flush=True)
+    with open(path, "w") as fh:
+        json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "dtype": "f16", "rows": rows}, fh,
+                  indent=1)
+
+
+def merge(out, parts):
+    """One manifest over several corpus folders (each a subfolder of `out`), file names made
+    relative to `out`."""
+    merged = None
+    for part in parts:
+        sub = os.path.relpath(part, out)
+        m = json.load(open(os.path.join(part, "manifest.json")))
+        for e in m["entries"]:
+            e["file"] = os.path.join(sub, e["file"])
+            for c in e["cases"]:
+                c["inputs"] = [os.path.join(sub, f) for f in c["inputs"]]
+                c["outputs"] = [os.path.join(sub, f) for f in c["outputs"]]
+        if merged is None:
+            merged = m
+        else:
+            merged["entries"].extend(m["entries"])
+    with open(os.path.join(out, "manifest.json"), "w") as fh:
+        json.dump(merged, fh, indent=1)
+    print(f"merged {len(parts)} folders: {len(merged['entries'])} exports in {out}/manifest.json")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -385,8 +478,20 @@ def main():
     ap.add_argument("--only", default=None, help="regular expression on architecture names")
     ap.add_argument("--skip-vision", action="store_true")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--shard", default=None, help="K/N: only every N-th architecture from the K-th (parallel runs)")
+    ap.add_argument("--latency", default=None,
+                    help="write PyTorch's batch-1 latency (fp16 on CUDA, eager and CUDA graph) of each TorchScript "
+                         "export's module in --out's manifest to this JSON (the rows `kairos bench latency --peer` reads)")
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="merge these corpus folders (subfolders of --out) into one manifest in --out")
     a = ap.parse_args()
 
+    if a.merge:
+        merge(a.out, a.merge)
+        return
+    if a.latency:
+        torch_latency(a.out, a.latency)
+        return
     torch = _torch()
     import onnx
     import onnxruntime as ort
@@ -409,6 +514,9 @@ def main():
             jobs.append((name, family, "transformers", build, kind, None))
     if a.only:
         jobs = [j for j in jobs if re.search(a.only, j[0])]
+    if a.shard:
+        k, n = (int(x) for x in a.shard.split("/"))
+        jobs = jobs[k::n]
 
     versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
     for mod in ("torchvision", "timm", "transformers", "onnxscript"):
@@ -421,7 +529,8 @@ def main():
     started = time.time()
     for k, (name, family, source, build, kind, size) in enumerate(jobs):
         t0 = time.time()
-        base = randomize(build(), SEED + k)
+        # Each architecture's weights from its own name: the same whatever --only or --shard picks.
+        base = randomize(build(), SEED + zlib.crc32(name.encode()))
         cases = cases_for(kind, size)
         names = list(cases[0][0].keys())
         model = base if kind == "vision" else wrap(base, names)
