@@ -756,7 +756,8 @@ impl Importer<'_> {
         let mut kept = in_shape.clone();
         kept[axis] = 1;
         let extreme_op = if max { ReduceOp::Max } else { ReduceOp::Min };
-        let extreme = self.add(&format!("{name}.value"), Op::Reduce { op: extreme_op, axes: vec![axis] }, vec![x], kept.clone(), float);
+        let extreme =
+            self.add(&format!("{name}.value"), Op::Reduce { op: extreme_op, axes: vec![axis] }, vec![x], kept.clone(), float);
         let hit = self.add(&format!("{name}.hit"), Op::Binary(BinaryOp::Equal), vec![x, extreme], in_shape.clone(), float);
         let mut iota_shape = vec![1; in_shape.len()];
         iota_shape[axis] = n;
@@ -764,7 +765,8 @@ impl Importer<'_> {
         let miss = self.graph.add_const(format!("{name}.miss"), Tensor::f32(vec![], vec![if last { -1.0 } else { n as f32 }]));
         let candidates = self.add(&format!("{name}.candidates"), Op::Where, vec![hit, iota, miss], in_shape, float);
         let pick = if last { ReduceOp::Max } else { ReduceOp::Min };
-        let pos = self.add(&format!("{name}.first"), Op::Reduce { op: pick, axes: vec![axis] }, vec![candidates], kept.clone(), float);
+        let pos =
+            self.add(&format!("{name}.first"), Op::Reduce { op: pick, axes: vec![axis] }, vec![candidates], kept.clone(), float);
         let pos = self.reshape(&format!("{name}.shape"), pos, shape.clone());
         Ok(if dtype == float { pos } else { self.add(name, Op::Cast, vec![pos], shape, dtype) })
     }
@@ -798,14 +800,25 @@ impl Importer<'_> {
         }
         let kt = self.transpose(&format!("{name}.kt"), k, &[0, 1, 3, 2]);
         let scores_shape = vec![qs[0], qs[1], qs[2], ks[2]];
-        let mut scores =
-            self.add(&format!("{name}.qk"), Op::MatMul { epilogue: Epilogue::default() }, vec![q, kt], scores_shape.clone(), dtype);
+        let mut scores = self.add(
+            &format!("{name}.qk"),
+            Op::MatMul { epilogue: Epilogue::default() },
+            vec![q, kt],
+            scores_shape.clone(),
+            dtype,
+        );
         let mut softmax_scale = scale;
         if node.inputs.len() > 3 {
             let mask = self.input(node, 3)?;
             let boolean = self.model.outlet_fact(node.inputs[3]).map(|f| f.datum_type == DatumType::Bool).unwrap_or(false);
             let k_scale = self.graph.add_const(format!("{name}.scale"), Tensor::f32(vec![], vec![scale]).cast(dtype));
-            let scaled = self.add(&format!("{name}.scaled"), Op::Binary(BinaryOp::Mul), vec![scores, k_scale], scores_shape.clone(), dtype);
+            let scaled = self.add(
+                &format!("{name}.scaled"),
+                Op::Binary(BinaryOp::Mul),
+                vec![scores, k_scale],
+                scores_shape.clone(),
+                dtype,
+            );
             scores = if boolean {
                 let ninf = self.graph.add_const(format!("{name}.ninf"), Tensor::f32(vec![], vec![f32::NEG_INFINITY]).cast(dtype));
                 self.add(&format!("{name}.masked"), Op::Where, vec![mask, scaled, ninf], scores_shape.clone(), dtype)
@@ -920,7 +933,13 @@ impl Importer<'_> {
     /// GatherND of indices computed at run time (CLIP's text pooling picks each row's end token):
     /// the row number sum(index[j] * stride[j]) computed element-wise (exact in f32 below 2^24;
     /// indices are taken as non-negative), then a row lookup as for constant indices.
-    fn gather_nd_computed(&mut self, node: &TypedNode, data: NodeId, indices: NodeId, shape: Vec<usize>) -> Result<NodeId, Error> {
+    fn gather_nd_computed(
+        &mut self,
+        node: &TypedNode,
+        data: NodeId,
+        indices: NodeId,
+        shape: Vec<usize>,
+    ) -> Result<NodeId, Error> {
         let name = node.name.as_str();
         let in_shape = self.graph.nodes[data].shape.clone();
         let dtype = self.graph.nodes[data].dtype;
@@ -937,12 +956,21 @@ impl Importer<'_> {
         let mut row: Option<NodeId> = None;
         for j in 0..k {
             let stride: usize = in_shape[j + 1..k].iter().product();
-            let part = self.add(&format!("{name}.index{j}"), Op::Slice { axis: last, start: j, end: j + 1 }, vec![indices], part_shape.clone(), DType::I64);
+            let part = self.add(
+                &format!("{name}.index{j}"),
+                Op::Slice { axis: last, start: j, end: j + 1 },
+                vec![indices],
+                part_shape.clone(),
+                DType::I64,
+            );
             let c = self.graph.add_const(format!("{name}.stride{j}"), Tensor::i64(vec![], vec![stride as i64]));
-            let term = self.add(&format!("{name}.term{j}"), Op::Binary(BinaryOp::Mul), vec![part, c], part_shape.clone(), DType::I64);
+            let term =
+                self.add(&format!("{name}.term{j}"), Op::Binary(BinaryOp::Mul), vec![part, c], part_shape.clone(), DType::I64);
             row = Some(match row {
                 None => term,
-                Some(r) => self.add(&format!("{name}.sum{j}"), Op::Binary(BinaryOp::Add), vec![r, term], part_shape.clone(), DType::I64),
+                Some(r) => {
+                    self.add(&format!("{name}.sum{j}"), Op::Binary(BinaryOp::Add), vec![r, term], part_shape.clone(), DType::I64)
+                }
             });
         }
         let lookups = idx_shape[..last].to_vec();

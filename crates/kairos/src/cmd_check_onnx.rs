@@ -180,8 +180,7 @@ pub fn run(args: CheckOnnxArgs) -> Result<()> {
     let mut runner: Box<dyn Runner> = match args.backend {
         CheckBackend::Cpu => Box::new(CpuRunner),
         CheckBackend::Cuda => {
-            let mut gpu =
-                kairos_cuda::CudaGpu::new(args.device).context("the cuda backend needs an NVIDIA GPU and driver")?;
+            let mut gpu = kairos_cuda::CudaGpu::new(args.device).context("the cuda backend needs an NVIDIA GPU and driver")?;
             gpu.set_quick_builds(crate::paths::quick_builds_wanted());
             Box::new(CudaRunner(gpu))
         }

@@ -20,7 +20,10 @@ fn every_export_in_the_corpus_matches_onnxruntime() {
         Ok(d) if !d.is_empty() => PathBuf::from(d),
         _ => {
             let required = std::env::var("KAIROS_REQUIRE_ONNX_CORPUS").is_ok_and(|v| v == "1");
-            assert!(!required, "KAIROS_REQUIRE_ONNX_CORPUS=1 but KAIROS_ONNX_CORPUS names no corpus (scripts/onnx-corpus.sh makes one)");
+            assert!(
+                !required,
+                "KAIROS_REQUIRE_ONNX_CORPUS=1 but KAIROS_ONNX_CORPUS names no corpus (scripts/onnx-corpus.sh makes one)"
+            );
             eprintln!("skipped: KAIROS_ONNX_CORPUS is not set (scripts/onnx-corpus.sh makes the corpus)");
             return;
         }
@@ -48,5 +51,9 @@ fn every_export_in_the_corpus_matches_onnxruntime() {
     assert!(failing.is_empty(), "{} exports do not load or do not match onnxruntime:\n{}", failing.len(), failing.join("\n"));
     assert_eq!(count("fail"), 0);
     assert_eq!(count("unsupported"), 0);
-    assert!(count("pass") >= PASSING_EXPORTS_MIN, "only {} exports passed (expected at least {PASSING_EXPORTS_MIN})", count("pass"));
+    assert!(
+        count("pass") >= PASSING_EXPORTS_MIN,
+        "only {} exports passed (expected at least {PASSING_EXPORTS_MIN})",
+        count("pass")
+    );
 }

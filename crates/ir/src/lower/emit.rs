@@ -853,7 +853,9 @@ impl Emitter<'_> {
         // the element-wise kernel: exact for magnitudes below 2^24, which token ids, positions
         // and masks stay under; an int64 result is truncated toward zero.
         let int_math = node.dtype == DType::I64 || ins.iter().any(|v| v.dtype == DType::I64);
-        if int_math && !matches!(func, EltFunc::Copy | EltFunc::Binary(_) | EltFunc::BinaryScalar(_) | EltFunc::Where | EltFunc::Unary(_)) {
+        if int_math
+            && !matches!(func, EltFunc::Copy | EltFunc::Binary(_) | EltFunc::BinaryScalar(_) | EltFunc::Where | EltFunc::Unary(_))
+        {
             return Err(unsupported(self.g, id, "integer arithmetic at run time"));
         }
         if ins.len() > 3 {

@@ -14,11 +14,8 @@ pub(crate) fn eltwise(p: &EltwiseParams, mem: &mut dyn KernelMemory, blocks: Ran
     let mut vals: Vec<f32> = Vec::new();
     let mut out_idx: Vec<usize> = Vec::new();
     // A same-type int64 copy is bit exact (as the GPU's raw path), not a trip through f32.
-    let raw_i64 = p.func == EltFunc::Copy
-        && p.act == Act::None
-        && n_in == 1
-        && p.in_dtypes[0] == DType::I64
-        && p.out_dtype == DType::I64;
+    let raw_i64 =
+        p.func == EltFunc::Copy && p.act == Act::None && n_in == 1 && p.in_dtypes[0] == DType::I64 && p.out_dtype == DType::I64;
     let mut raw: Vec<i64> = Vec::new();
     for block in blocks {
         let e0 = block as usize * p.elems_per_block as usize;
