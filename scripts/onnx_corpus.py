@@ -378,6 +378,23 @@ def newest_opsets():
     return {"ts": c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET, "dy": c.ONNX_MAX_OPSET}
 
 
+def median_ms(run, reps, warmup=5):
+    """Median GPU time of `run()` in ms, each call between two CUDA events, after a warm-up."""
+    torch = _torch()
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t, u = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t.record()
+        run()
+        u.record()
+        u.synchronize()
+        times.append(t.elapsed_time(u))
+    return float(np.median(times))
+
+
 def torch_latency(out, path, reps=50):
     """PyTorch's own batch-1 time for each model of the corpus (the module each TorchScript export
     came from, same seed), fp16 on the GPU: eager, and one captured CUDA graph replayed."""
@@ -403,19 +420,7 @@ def torch_latency(out, path, reps=50):
             args = [torch.from_numpy(x).to(dev) for x in feeds]
             args = [x.half() if x.is_floating_point() else x for x in args]
             with torch.no_grad():
-                for _ in range(5):
-                    model(*args)
-                torch.cuda.synchronize()
-                times = []
-                for _ in range(reps):
-                    t = torch.cuda.Event(enable_timing=True)
-                    u = torch.cuda.Event(enable_timing=True)
-                    t.record()
-                    model(*args)
-                    u.record()
-                    u.synchronize()
-                    times.append(t.elapsed_time(u))
-                row["eager_ms"] = float(np.median(times))
+                row["eager_ms"] = median_ms(lambda: model(*args), reps)
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
@@ -425,19 +430,7 @@ def torch_latency(out, path, reps=50):
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     model(*args)
-                for _ in range(5):
-                    g.replay()
-                torch.cuda.synchronize()
-                times = []
-                for _ in range(reps):
-                    t = torch.cuda.Event(enable_timing=True)
-                    u = torch.cuda.Event(enable_timing=True)
-                    t.record()
-                    g.replay()
-                    u.record()
-                    u.synchronize()
-                    times.append(t.elapsed_time(u))
-                row["graph_ms"] = float(np.median(times))
+                row["graph_ms"] = median_ms(g.replay, reps)
         except Exception as ex:  # kept as data: the row says why it has no time
             row["error"] = error_summary(ex)
         rows.append(row)
