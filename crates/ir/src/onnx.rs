@@ -22,8 +22,9 @@ use tract_onnx::tract_core::ops;
 /// indices become one row lookup (the gather kernel on the moved, flattened tensor).
 pub const GATHER_SLICES_MAX: usize = 8;
 
-/// Longest axis a cumulative sum runs over (it becomes a product with an n x n constant).
-pub const CUMSUM_LEN_MAX: usize = 8192;
+/// Longest axis a cumulative sum runs over: it becomes a product with an n x n constant (16 MiB
+/// of f32 at 2048; RoBERTa-style position ids need the sequence length).
+pub const CUMSUM_LEN_MAX: usize = 2048;
 
 /// How to give fixed values to the dynamic dimensions of a model's inputs.
 #[derive(Clone, Debug, Default)]
@@ -132,9 +133,10 @@ type FixedInputs = (Vec<(DatumType, Vec<usize>)>, HashMap<String, usize>);
 /// other symbolic dimension (an expression such as `s77*2`) is left for tract to infer.
 fn pin_symbols(graph: &mut pb::GraphProto, symbols: &HashMap<String, usize>) {
     use pb::tensor_shape_proto::dimension::Value;
-    // Intermediate annotations are hints tract re-derives from the inputs; the dynamo exporter's
-    // can contradict its own nodes (a float value annotated on a ConstantOfShape of doubles in
-    // Swin), which onnxruntime ignores and tract would refuse. Derive them, as onnxruntime does.
+    // Intermediate annotations are hints tract re-derives from the inputs, and they can disagree
+    // with what tract derives (its ConstantOfShape without a value is f64, the exporter's
+    // annotation float32), which onnxruntime ignores and tract refuses. Derive them all, as
+    // onnxruntime does.
     graph.value_info.clear();
     for info in graph.output.iter_mut() {
         let Some(pb::type_proto::Value::TensorType(t)) = info.r#type.as_mut().and_then(|t| t.value.as_mut()) else {
