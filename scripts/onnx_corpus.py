@@ -378,27 +378,13 @@ def newest_opsets():
     return {"ts": c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET, "dy": c.ONNX_MAX_OPSET}
 
 
-def median_ms(run, reps, warmup=5):
-    """Median GPU time of `run()` in ms, each call between two CUDA events, after a warm-up."""
-    torch = _torch()
-    for _ in range(warmup):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t, u = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t.record()
-        run()
-        u.record()
-        u.synchronize()
-        times.append(t.elapsed_time(u))
-    return float(np.median(times))
-
-
 def torch_latency(out, path, reps=50):
     """PyTorch's own batch-1 time for each model of the corpus (the module each TorchScript export
-    came from, same seed), fp16 on the GPU: eager, and one captured CUDA graph replayed."""
+    came from, same seed), fp16 on the GPU: eager, and one captured CUDA graph replayed (medians)."""
     torch = _torch()
+    # The zoo peer's timing (scripts/pytorch_peer.py, beside this script): the same method in every table.
+    from pytorch_peer import eager_and_graph
+
     m = json.load(open(os.path.join(out, "manifest.json")))
     builders = {}
     for name, _, _, build, size in vision_models(m["tier"]):
@@ -419,18 +405,8 @@ def torch_latency(out, path, reps=50):
             feeds = [np.load(os.path.join(out, f)) for f in e["cases"][0]["inputs"]]
             args = [torch.from_numpy(x).to(dev) for x in feeds]
             args = [x.half() if x.is_floating_point() else x for x in args]
-            with torch.no_grad():
-                row["eager_ms"] = median_ms(lambda: model(*args), reps)
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(3):
-                        model(*args)
-                torch.cuda.current_stream().wait_stream(s)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    model(*args)
-                row["graph_ms"] = median_ms(g.replay, reps)
+            eager, _, graph, _ = eager_and_graph(model, args, reps)
+            row["eager_ms"], row["graph_ms"] = eager, graph
         except Exception as ex:  # kept as data: the row says why it has no time
             row["error"] = error_summary(ex)
         rows.append(row)

@@ -105,9 +105,9 @@ def time_ms(fn, reps):
     return statistics.median(t), t[max(0, -(-99 * len(t) // 100) - 1)]
 
 
-def measure(model, kind, name, batch, seq, reps):
-    args = inputs(kind, batch, seq)
-    kernels = count_kernels(model, args)
+def eager_and_graph(model, args, reps):
+    """Median and p99 ms of `model(*args)` eager, then of one captured CUDA graph of it replayed
+    (warmed up, captured on a side stream): (eager, eager_p99, graph, graph_p99)."""
     with torch.no_grad():
         for _ in range(10):
             model(*args)
@@ -126,8 +126,16 @@ def measure(model, kind, name, batch, seq, reps):
             g.replay()
         torch.cuda.synchronize()
         graph, graph_p99 = time_ms(g.replay, reps)
-    del g, args
+    del g
     torch.cuda.empty_cache()
+    return eager, eager_p99, graph, graph_p99
+
+
+def measure(model, kind, name, batch, seq, reps):
+    args = inputs(kind, batch, seq)
+    kernels = count_kernels(model, args)
+    eager, eager_p99, graph, graph_p99 = eager_and_graph(model, args, reps)
+    del args
     r = {"model": name, "batch": batch, "kernels_per_forward": kernels, "eager_ms": eager, "graph_ms": graph,
          "eager_p99_ms": eager_p99, "graph_p99_ms": graph_p99}
     if name in TRANSFORMERS:

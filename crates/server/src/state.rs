@@ -1197,6 +1197,38 @@ impl State {
 
     /// Loads a planned model on its GPUs (the admin lock is held by the caller); `at_start`: one of
     /// the start-up models (announced to the backend first).
+    /// One engine model of `p`'s plan per (GPU, engine name), in order; when one fails to load,
+    /// those already loaded are unloaded and the error returned.
+    fn load_instances(
+        &self,
+        p: &PlannedModel,
+        placements: Vec<(u32, String)>,
+    ) -> Result<(Vec<Instance>, Vec<kairos_sched::ModelInfo>), kairos_sched::Error> {
+        let mut instances: Vec<Instance> = Vec::new();
+        let mut infos = Vec::new();
+        for (gpu, engine_name) in placements {
+            let spec = kairos_sched::ModelSpec { name: engine_name.clone(), plan: p.plan.clone(), profile: p.profile.clone() };
+            match self.engines[gpu as usize].engine.load_model(spec) {
+                Ok(mi) => {
+                    infos.push(mi);
+                    instances.push(Instance {
+                        gpu,
+                        engine_name,
+                        weight_bytes: p.plan.weight_bytes,
+                        outstanding: AtomicU32::new(0),
+                    });
+                }
+                Err(e) => {
+                    for inst in &instances {
+                        let _ = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((instances, infos))
+    }
+
     fn load_planned(&self, p: PlannedModel, at_start: bool) -> Result<(), ServeError> {
         let name = p.config.name.clone();
         let version = p.config.version.clone();
@@ -1220,9 +1252,8 @@ impl State {
                 }
             }
         }
-        let mut instances: Vec<Instance> = Vec::new();
-        let mut info = None;
         let mut placed_bytes = if p.config.gpus.is_empty() { self.placed_weight_bytes() } else { Vec::new() };
+        let mut placements = Vec::new();
         for i in 0..p.config.instances {
             let gpu = if p.config.gpus.is_empty() {
                 // The GPU with the fewest weight bytes placed (the lowest ordinal on ties).
@@ -1233,28 +1264,21 @@ impl State {
                 p.config.gpus[i as usize % p.config.gpus.len()]
             };
             let engine_name = if p.config.instances == 1 { name.clone() } else { format!("{name}#{i}") };
-            let spec = kairos_sched::ModelSpec { name: engine_name.clone(), plan: p.plan.clone(), profile: p.profile.clone() };
-            match self.engines[gpu as usize].engine.load_model(spec) {
-                Ok(mi) => {
-                    info!(model = %name, instance = i, gpu, estimated_ms = format!("{:.3}", mi.estimated_ns as f64 / 1e6), "instance loaded");
-                    info.get_or_insert(mi);
-                    instances.push(Instance {
-                        gpu,
-                        engine_name,
-                        weight_bytes: p.plan.weight_bytes,
-                        outstanding: AtomicU32::new(0),
-                    });
-                }
-                Err(e) => {
-                    for inst in &instances {
-                        let _ = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name);
-                    }
-                    let e = ServeError::from(e);
-                    self.set_slot(&name, &version, SlotState::Unavailable(e.to_string()));
-                    return Err(e);
-                }
-            }
+            placements.push((gpu, engine_name));
         }
+        let (instances, infos) = match self.load_instances(&p, placements) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let e = ServeError::from(e);
+                self.set_slot(&name, &version, SlotState::Unavailable(e.to_string()));
+                return Err(e);
+            }
+        };
+        for (i, (inst, mi)) in instances.iter().zip(&infos).enumerate() {
+            let estimated_ms = format!("{:.3}", mi.estimated_ns as f64 / 1e6);
+            info!(model = %name, instance = i, gpu = inst.gpu, estimated_ms, "instance loaded");
+        }
+        let info = infos.into_iter().next();
         let dynamic = p.axes.map(|axes| {
             info!(model = %name, shapes = %p.config.shapes.describe(), "dynamic shapes");
             Arc::new(DynamicShapes {
@@ -1807,29 +1831,10 @@ impl State {
             info!(model = %name, batch = v.key.batch, seq_len = v.key.seq_len, "shape variant evicted (least recently used)");
         }
         let many = model.instances.len() > 1;
-        let mut instances: Vec<Instance> = Vec::new();
-        let mut info = None;
-        for (i, base) in model.instances.iter().enumerate() {
-            let engine_name = key.engine_name(name, many.then_some(i));
-            let spec = kairos_sched::ModelSpec { name: engine_name.clone(), plan: p.plan.clone(), profile: p.profile.clone() };
-            match self.engines[base.gpu as usize].engine.load_model(spec) {
-                Ok(mi) => {
-                    info.get_or_insert(mi);
-                    instances.push(Instance {
-                        gpu: base.gpu,
-                        engine_name,
-                        weight_bytes: p.plan.weight_bytes,
-                        outstanding: AtomicU32::new(0),
-                    });
-                }
-                Err(e) => {
-                    for inst in &instances {
-                        let _ = self.engines[inst.gpu as usize].engine.unload_model(&inst.engine_name);
-                    }
-                    return Err(e.into());
-                }
-            }
-        }
+        let placements =
+            model.instances.iter().enumerate().map(|(i, base)| (base.gpu, key.engine_name(name, many.then_some(i)))).collect();
+        let (instances, infos) = self.load_instances(&p, placements)?;
+        let info = infos.into_iter().next();
         let entry = ModelEntry {
             inputs: p.plan.inputs.clone(),
             outputs: p.plan.outputs.clone(),
