@@ -125,6 +125,11 @@ pub struct ServeArgs {
     /// forwarded; CUDA only; without a peer they are pipelined and deepplan).
     #[arg(long, env = "KAIROS_COLD_STRATEGY", default_value = "deepplan")]
     pub cold_strategy: kairos_sched::cold::ColdStrategy,
+    /// At most this many KiB of a load's copies on the copy engine at once (with
+    /// --weight-budget-mib): the engine runs its queue in order, so warm requests' input copies
+    /// wait behind at most this much of a load. 0: each load's copies all at once.
+    #[arg(long, env = "KAIROS_COLD_COPY_WINDOW_KIB", default_value_t = kairos_sched::dispatcher::COLD_COPY_WINDOW_BYTES_DEFAULT >> 10)]
+    pub cold_copy_window_kib: u64,
     /// Staging memory, MiB, that each secondary GPU reserves for each GPU it copies for under
     /// the parallel cold strategies (parallel, parallel-deepplan: DeepPlan's parallel transmission
     /// through the NVLink peers `kairos inspect --gpus` lists; CUDA backend only).
@@ -350,6 +355,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine.dispatcher.jobs_max = args.jobs_max;
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
     engine.dispatcher.cold_strategy = args.cold_strategy;
+    engine.dispatcher.cold_copy_window_bytes = args.cold_copy_window_kib.saturating_mul(1 << 10);
     if args.worker_gpu.is_some() {
         // A GPU worker resets nothing in place: a sticky CUDA fault outlives any reset and a reset
         // waits for the kernels still running (a hung one for ever); the worker's exit ends them

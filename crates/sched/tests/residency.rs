@@ -103,19 +103,22 @@ fn budget_config(policy: &str, strategy: ColdStrategy, budget_bytes: u64) -> Con
 }
 
 /// Outputs of requests to three instances of a model under a budget that holds one of them, in
-/// an order that evicts at every switch, equal the outputs without a budget, for every strategy
-/// and two policies (whole-job and kernel-level).
+/// an order that evicts at every switch, equal the outputs without a budget, for every strategy,
+/// two policies (whole-job and kernel-level) and two copy windows (the whole load at once; one
+/// 512 KiB piece at a time, which the kernel-level policy never has to bring forward).
 #[test]
 fn cold_requests_compute_what_warm_ones_do() {
     let seed = seed();
     let plan = plan();
     let x = inputs(&plan, seed);
     let want = warm_outputs(&plan, &x, seed);
-    for policy in ["fifo", "paella"] {
+    for (policy, window) in [("fifo", 0), ("paella", 0), ("fifo", 512 << 10), ("paella", 512 << 10)] {
         for strategy in ColdStrategy::ALL {
-            let what = format!("{policy} {strategy:?} (seed {seed})");
+            let what = format!("{policy} window {window} {strategy:?} (seed {seed})");
             let gpu = if strategy.is_parallel() { sim_with_peer(seed) } else { sim(seed) };
-            let mut d = VirtualDriver::new(budget_config(policy, strategy, plan.weight_bytes + 4096), gpu).unwrap();
+            let mut cfg = budget_config(policy, strategy, plan.weight_bytes + 4096);
+            cfg.cold_copy_window_bytes = window;
+            let mut d = VirtualDriver::new(cfg, gpu).unwrap();
             for i in 0..3 {
                 let profile = strategy.uses_host_reads().then(|| profile_with_cheap_early_layers(&plan));
                 d.load_model(ModelSpec { name: format!("m{i}"), plan: plan.clone(), profile }).unwrap();
@@ -158,6 +161,19 @@ fn cold_requests_compute_what_warm_ones_do() {
             assert_eq!(s.loads_completed, 5, "{what}: {s:?}");
             assert_eq!(s.evictions, 5, "{what}: {s:?}");
             assert!(d.dispatcher().resident_weight_bytes() <= plan.weight_bytes + 4096, "{what}");
+            // The window: pieces of at most half of it, queued while less than it is on the
+            // engine, unless a whole job brought one forward (never under the kernel-level policy).
+            if window > 0 && strategy != ColdStrategy::LoadThenRun {
+                if policy == "paella" {
+                    assert_eq!(s.load_copies_forced, 0, "{what}: {s:?}");
+                    assert!(s.load_copy_bytes_in_flight_max < window + window / 2, "{what}: {s:?}");
+                } else if !strategy.is_parallel() {
+                    assert!(s.load_copies_forced > 0, "{what}: a whole job needs every layer queued: {s:?}");
+                }
+            }
+            if window == 0 && !strategy.is_parallel() {
+                assert!(s.load_copy_bytes_in_flight_max >= plan.weight_bytes / 2, "{what}: the load went out at once: {s:?}");
+            }
             let gpu = d.into_gpu();
             gpu.audit().unwrap();
         }

@@ -217,6 +217,12 @@ impl<G: Gpu> Dispatcher<G> {
         behind: Option<LaunchId>,
         after: Option<LaunchId>,
     ) -> Result<LaunchId, Error> {
+        let model = self.jobs[key.slot as usize].as_ref().expect("issued job exists").model;
+        // A launch issued before its layers' turn in a load's copy window (a whole job on a
+        // stream) brings their copies forward: it must have a copy to wait for.
+        if self.models[model].as_ref().and_then(|m| m.residency.as_ref()).is_some_and(|r| r.reads_unqueued(launch as usize)) {
+            self.queue_through(model, launch as usize)?;
+        }
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let l = &m.plan.launches[launch as usize];

@@ -60,7 +60,7 @@ mod issue;
 pub use issue::{RUN_RECORD_CREDIT_MAX_NS, RUN_RECORD_SHARE};
 pub mod recovery;
 mod residency;
-pub use residency::{COLD_CHUNK_BYTES_DEFAULT, ResidencyState};
+pub use residency::{COLD_CHUNK_BYTES_DEFAULT, COLD_COPY_WINDOW_BYTES_DEFAULT, ResidencyState};
 
 use admission::{free_model, free_slot};
 
@@ -158,6 +158,12 @@ pub struct Config {
     pub cold_strategy: crate::cold::ColdStrategy,
     /// Copies of a load hold at least this many bytes of consecutive loaded layers.
     pub cold_chunk_bytes: u64,
+    /// A load's own copies go on the copy engine while less than this many bytes of them are on
+    /// it, in pieces of at most half of it (so at most 1.5x on it); the next go out as earlier ones
+    /// land. The copy engine runs its queue in order, so a warm request's input copy queued behind
+    /// a whole load waited for all of it, and the dispatcher's thread with it (inputs are written
+    /// synchronously). 0: a load's copies all go out at once, unsplit.
+    pub cold_copy_window_bytes: u64,
 }
 
 impl Default for Config {
@@ -190,6 +196,7 @@ impl Default for Config {
             weight_budget_bytes: None,
             cold_strategy: crate::cold::ColdStrategy::default(),
             cold_chunk_bytes: residency::COLD_CHUNK_BYTES_DEFAULT,
+            cold_copy_window_bytes: residency::COLD_COPY_WINDOW_BYTES_DEFAULT,
         }
     }
 }
@@ -328,6 +335,11 @@ pub struct DispatcherStats {
     pub evictions: u64,
     /// Loads whose copies the GPU refused (written synchronously instead).
     pub load_copies_refused: u64,
+    /// The most bytes of loads' own copies (not those through secondaries) that were on the copy
+    /// engine at once (less than [`Config::cold_copy_window_bytes`] plus one piece), and copies
+    /// of layers that a launch issued whole needed before their turn in the window.
+    pub load_copy_bytes_in_flight_max: u64,
+    pub load_copies_forced: u64,
     /// Loads planned through secondary GPUs that went through this GPU alone for some part
     /// because the secondary's link was busy (`Gpu::peer_busy`).
     pub secondary_busy_loads: u64,
@@ -944,10 +956,13 @@ impl<G: Gpu> Dispatcher<G> {
         // what waits on its lane is short of the lookahead.
         let window_open = job.in_flight == 0
             || (job.ahead_launches < self.cfg.lookahead_launches_max && job.ahead_ns < self.cfg.lookahead_ns as f64);
+        // A cold start's launch whose layers are not yet on the copy engine has nothing to wait
+        // for on the GPU: it is offered once their copy is queued (`residency`).
+        let copy_unqueued = |i: u32| m.residency.as_ref().is_some_and(|r| r.reads_unqueued(i as usize));
         let next_ready = if job.cancelled || job.stream.is_some() || job.draining || !window_open {
             None
         } else {
-            job.issuable.first().map(|&i| {
+            job.issuable.first().filter(|&&i| !copy_unqueued(i)).map(|&i| {
                 let first_block = match job.states[i as usize] {
                     LState::Pending { first_block } => first_block,
                     s => unreachable!("issuable launch {i} is {s:?}"),

@@ -16,9 +16,15 @@
 //! and each launch that reads a layer still in flight goes out behind a GPU-side wait for that
 //! layer's copy ([`Gpu::wait_copy`]: the host never waits, and a launch runs as soon as its layer
 //! has landed). Other models' requests are not held back by a load: the copies use a stream of
-//! their own and a copy engine, not SMs. While a model is loading its jobs go launch by launch
-//! (recorded runs do not wait for copies); its slots' runs, dropped at eviction since they name
-//! the old device addresses, are recorded again on demand.
+//! their own and a copy engine, not SMs, and only a window of them ([`Config::cold_copy_window_bytes`])
+//! sits on the copy engine at once, the next going out as each lands: the engine runs its queue in
+//! order, so an input copy of a warm request (written synchronously by the dispatcher's thread)
+//! queued behind a whole load would wait for all of it. A kernel-level job of a loading model is
+//! offered to the policy only when the layers its next launch reads are landed or on the engine; a
+//! launch issued before its layers' turn (a whole job on a stream) brings their copies forward.
+//! While a model is loading its jobs go launch by launch (recorded runs do not wait for copies);
+//! its slots' runs, dropped at eviction since they name the old device addresses, are recorded
+//! again on demand.
 //!
 //! Device addresses: the loaded layers are packed into one device allocation, consecutive loaded
 //! layers at the same distance as in the blob (so a run of them is one contiguous copy), a host
@@ -34,6 +40,12 @@ use kairos_gpu::CopyId;
 /// (one copy per small tensor does not: resnet50's 161 tensors at 24 GB/s against 48 for BERT's
 /// larger ones, measured with PyTorch on an H100).
 pub const COLD_CHUNK_BYTES_DEFAULT: u64 = 2 << 20;
+/// Default [`Config::cold_copy_window_bytes`]: pieces of at most half of it are queued while less
+/// than it is on the copy engine, so two or more are in flight and the engine stays busy while
+/// the host learns of each landing (an event query, microseconds), and an input copy behind them
+/// waits for at most 6 MiB, ~130 us at PCIe 5's ~48 GB/s, instead of a whole load (4.5 ms for
+/// bert_base f16).
+pub const COLD_COPY_WINDOW_BYTES_DEFAULT: u64 = 4 << 20;
 /// Alignment of a loaded layer that follows a host layer in the device blob.
 const DEVICE_LAYER_ALIGN_BYTES: u64 = 256;
 
@@ -60,8 +72,16 @@ pub(super) struct Residency {
     pub(super) device_bytes: u64,
     /// The copies a load issues, as layer ranges.
     chunks: Vec<std::ops::Range<u32>>,
-    /// Per layer, the copy bringing it while it is in flight.
+    /// Per layer, the copy bringing it while it is in flight (its chunk's latest piece queued).
     layer_copy: Vec<Option<CopyId>>,
+    /// Per layer, loaded but its chunk not (wholly) on the copy engine yet.
+    unqueued: Vec<bool>,
+    /// The load's own pieces not queued yet, in issue order (see `top_up`).
+    pieces: std::collections::VecDeque<Piece>,
+    /// The load's own copies on the copy engine, and their bytes.
+    own_in_flight: Vec<(CopyId, u64)>,
+    /// A copy was refused: the rest of the load is written synchronously.
+    refused: bool,
     /// Per launch, the weight layers it reads.
     reads: Vec<Vec<u32>>,
     copies_pending: usize,
@@ -82,6 +102,12 @@ impl Residency {
         self.reads[launch].iter().filter_map(|&l| self.layer_copy[l as usize]).max()
     }
 
+    /// Whether a launch reads a layer whose copy is not on the copy engine yet (nothing to wait
+    /// for on the GPU: it must not be issued before that copy is queued).
+    pub(super) fn reads_unqueued(&self, launch: usize) -> bool {
+        self.state == ResidencyState::Loading && self.reads[launch].iter().any(|&l| self.unqueued[l as usize])
+    }
+
     /// Rewrites the weight arguments of a launch (resolved against the plain blob layout) to where
     /// the cold plan put their layers.
     pub(super) fn resolve_weights(&self, plan: &Plan, args: &[kairos_core::plan::BufRef], out: &mut [DevicePtr]) {
@@ -98,6 +124,17 @@ impl Residency {
             };
         }
     }
+}
+
+/// One copy of a load through this GPU's own link: part of chunk `chunk` (the last part: its
+/// layers are wholly queued once it is), blob bytes `from..to` to device offset `at`.
+#[derive(Clone, Debug)]
+struct Piece {
+    chunk: usize,
+    from: u64,
+    to: u64,
+    at: u64,
+    last: bool,
 }
 
 /// The layer whose range holds blob offset `offset` (every weight argument lies in one).
@@ -197,6 +234,10 @@ impl<G: Gpu> Dispatcher<G> {
             device_bytes,
             chunks,
             layer_copy: vec![None; plan.layers.len()],
+            unqueued: vec![false; plan.layers.len()],
+            pieces: Default::default(),
+            own_in_flight: Vec::new(),
+            refused: false,
             reads: layers_read(plan),
             copies_pending: 0,
             copies_queued: false,
@@ -300,6 +341,11 @@ impl<G: Gpu> Dispatcher<G> {
         r.device = Some(device);
         r.state = ResidencyState::Loading;
         r.copies_queued = false;
+        // Nothing is on the copy engine until `queue_copies`: no launch of it may go out before.
+        r.unqueued = r.cold.host.iter().map(|&h| !h).chain(std::iter::repeat(true)).take(r.unqueued.len()).collect();
+        r.pieces.clear();
+        r.own_in_flight.clear();
+        r.refused = false;
         r.load_started_ns = now;
         self.resident_bytes += r.device_bytes;
         self.stats.cold_starts += 1;
@@ -310,20 +356,20 @@ impl<G: Gpu> Dispatcher<G> {
     /// Queues the copies of a load that `begin_load` started, once the requests it admits have
     /// written their inputs: a request's input copy queued behind a whole model's weights on the
     /// copy engine waits for all of them (measured on an H200: resnet50's 301 KB image waited
-    /// ~1.2 ms, the whole load, so its kernels never overlapped the copies). A copy the GPU
-    /// refuses is written synchronously instead, with the rest of the load (slow, but a launch never
-    /// reads a layer that is not there).
+    /// ~1.2 ms, the whole load, so its kernels never overlapped the copies). The parts copied
+    /// through secondaries go out at once; this GPU's own go in pieces through the window
+    /// (`top_up`). A copy the GPU refuses is written synchronously instead, with the rest of the
+    /// load (slow, but a launch never reads a layer that is not there).
     pub(super) fn queue_copies(&mut self, model: usize) -> Result<(), Error> {
         let Some(r) = self.models[model].as_ref().and_then(|m| m.residency.as_ref()) else { return Ok(()) };
         if r.state != ResidencyState::Loading || r.copies_queued {
             return Ok(());
         }
-        let copy_stream = self.copy_stream.expect("a weight budget creates the copy stream");
+        let window = self.cfg.cold_copy_window_bytes;
+        let piece_max = if window == 0 { u64::MAX } else { (window / 2).max(1) };
         let m = self.models[model].as_mut().expect("model exists");
         let r = m.residency.as_mut().expect("checked above");
         r.copies_queued = true;
-        let device = r.device.expect("a loading model has its device allocation");
-        let mut refused = None;
         // A secondary whose link is busy now (its own loads, other GPUs' copies) would make this
         // load wait behind them: its part goes through this GPU instead, for the whole load.
         // Who copies each layer now: its part's secondary, or this GPU (part 0) for the parts whose
@@ -335,40 +381,129 @@ impl<G: Gpu> Dispatcher<G> {
         }
         let copier: Vec<u32> = r.cold.part.iter().map(|&k| if k > 0 && through[k as usize - 1] { k } else { 0 }).collect();
         for c in interleave_parts(&r.chunks, &copier) {
+            let m = self.models[model].as_mut().expect("model exists");
+            let r = m.residency.as_mut().expect("checked above");
             let range = r.chunks[c].clone();
             let (first, last) = (&m.plan.layers[range.start as usize], &m.plan.layers[range.end as usize - 1]);
             let (from, to) = (first.offset_bytes, last.offset_bytes + last.len_bytes);
             let at = r.device_offset[range.start as usize].expect("chunks hold loaded layers");
-            if refused.is_none() {
-                let (dst, src) = (device.ptr.offset(at), r.host.ptr.offset(from));
-                let copied = match copier.get(range.start as usize).copied().unwrap_or(0) as usize {
-                    0 => self.gpu.copy_async(dst, src, to - from, copy_stream),
-                    k => self.gpu.copy_via_peer(dst, src, to - from, k - 1),
-                };
-                match copied {
-                    Ok(id) => {
-                        for l in range {
-                            r.layer_copy[l as usize] = Some(id);
-                        }
-                        r.copies_pending += 1;
-                        self.copy_owner.insert(id, model);
-                        continue;
+            match copier.get(range.start as usize).copied().unwrap_or(0) as usize {
+                0 => {
+                    let mut p = from;
+                    while p < to {
+                        let q = to.min(p.saturating_add(piece_max));
+                        r.pieces.push_back(Piece { chunk: c, from: p, to: q, at: at + (p - from), last: q == to });
+                        p = q;
                     }
-                    Err(e) => refused = Some(e),
+                    self.top_up(model, None)?;
+                }
+                k => {
+                    let device = r.device.expect("a loading model has its device allocation");
+                    let copied = if r.refused {
+                        None
+                    } else {
+                        match self.gpu.copy_via_peer(device.ptr.offset(at), r.host.ptr.offset(from), to - from, k - 1) {
+                            Ok(id) => Some(id),
+                            Err(_) => {
+                                self.stats.load_copies_refused += 1;
+                                None
+                            }
+                        }
+                    };
+                    let m = self.models[model].as_mut().expect("model exists");
+                    let r = m.residency.as_mut().expect("checked above");
+                    match copied {
+                        Some(id) => {
+                            r.copies_pending += 1;
+                            self.copy_owner.insert(id, model);
+                            for l in range {
+                                r.layer_copy[l as usize] = Some(id);
+                                r.unqueued[l as usize] = false;
+                            }
+                        }
+                        None => {
+                            r.refused = true;
+                            self.write_piece(model, Piece { chunk: c, from, to, at, last: true })?;
+                        }
+                    }
                 }
             }
-            if let Err(e) = self.gpu.write(device.ptr.offset(at), &m.plan.weights.as_slice()[from as usize..to as usize]) {
-                let name = m.name.clone();
-                return Err(Error::Gpu(format!("loading model '{name}': {e}")));
-            }
         }
-        if refused.is_some() {
-            self.stats.load_copies_refused += 1;
-        }
-        if r.copies_pending == 0 {
+        let r = self.models[model].as_ref().and_then(|m| m.residency.as_ref()).expect("checked above");
+        if r.copies_pending == 0 && r.pieces.is_empty() {
             self.load_done(model);
         }
         Ok(())
+    }
+
+    /// Queues the load's own pieces while fewer bytes than the window are on the engine (pieces
+    /// are at most half the window, so two or more are in flight and the engine does not idle
+    /// while the host learns of a landing; one at a time cost a cold bert_base 7-12% on an H200), or,
+    /// with `through`, until that launch reads no layer left unqueued. After a refusal, writes
+    /// them synchronously.
+    fn top_up(&mut self, model: usize, through: Option<usize>) -> Result<(), Error> {
+        let window = self.cfg.cold_copy_window_bytes;
+        let copy_stream = self.copy_stream.expect("a weight budget creates the copy stream");
+        loop {
+            let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) else { return Ok(()) };
+            if r.pieces.is_empty() {
+                return Ok(());
+            }
+            let on_engine: u64 = r.own_in_flight.iter().map(|&(_, b)| b).sum();
+            let forced = through.is_some_and(|l| r.reads_unqueued(l));
+            if !r.refused && !forced && window > 0 && on_engine >= window {
+                return Ok(());
+            }
+            let p = r.pieces.pop_front().expect("looked at");
+            if r.refused {
+                self.write_piece(model, p)?;
+                continue;
+            }
+            let device = r.device.expect("a loading model has its device allocation");
+            let (dst, src, bytes) = (device.ptr.offset(p.at), r.host.ptr.offset(p.from), p.to - p.from);
+            match self.gpu.copy_async(dst, src, bytes, copy_stream) {
+                Ok(id) => {
+                    let r = self.models[model].as_mut().and_then(|m| m.residency.as_mut()).expect("looked at");
+                    r.copies_pending += 1;
+                    r.own_in_flight.push((id, bytes));
+                    self.copy_owner.insert(id, model);
+                    for l in r.chunks[p.chunk].clone() {
+                        r.layer_copy[l as usize] = Some(id);
+                        r.unqueued[l as usize] &= !p.last;
+                    }
+                    self.stats.load_copy_bytes_in_flight_max = self.stats.load_copy_bytes_in_flight_max.max(on_engine + bytes);
+                    self.stats.load_copies_forced += forced as u64;
+                }
+                Err(_) => {
+                    self.stats.load_copies_refused += 1;
+                    let r = self.models[model].as_mut().and_then(|m| m.residency.as_mut()).expect("looked at");
+                    r.refused = true;
+                    self.write_piece(model, p)?;
+                }
+            }
+        }
+    }
+
+    /// Writes a piece of a load synchronously (after a refused copy).
+    fn write_piece(&mut self, model: usize, p: Piece) -> Result<(), Error> {
+        let m = self.models[model].as_mut().expect("model exists");
+        let r = m.residency.as_mut().expect("a loading model");
+        let device = r.device.expect("a loading model has its device allocation");
+        if let Err(e) = self.gpu.write(device.ptr.offset(p.at), &m.plan.weights.as_slice()[p.from as usize..p.to as usize]) {
+            return Err(Error::Gpu(format!("loading model '{}': {e}", m.name)));
+        }
+        if p.last {
+            for l in r.chunks[p.chunk].clone() {
+                r.unqueued[l as usize] = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings forward the copies of the layers `launch` reads (a launch issued before their turn
+    /// in the window: a whole job on a stream).
+    pub(super) fn queue_through(&mut self, model: usize, launch: usize) -> Result<(), Error> {
+        self.top_up(model, Some(launch))
     }
 
     fn loads_in_flight(&self) -> usize {
@@ -414,8 +549,18 @@ impl<G: Gpu> Dispatcher<G> {
         for c in r.layer_copy.iter_mut().filter(|c| **c == Some(copy)) {
             *c = None;
         }
+        r.own_in_flight.retain(|&(c, _)| c != copy);
         r.copies_pending = r.copies_pending.saturating_sub(1);
-        if r.copies_pending == 0 && r.state == ResidencyState::Loading {
+        // The window has room again: the next pieces go out, and jobs waiting for them may be
+        // offered again.
+        if !r.pieces.is_empty() {
+            if let Err(e) = self.top_up(model, None) {
+                self.fail_model_jobs(model, e, out);
+            }
+            self.refresh_model_jobs(model);
+        }
+        let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) else { return };
+        if r.copies_pending == 0 && r.pieces.is_empty() && r.state == ResidencyState::Loading {
             self.load_done(model);
             // Load-then-run holds the model's requests until here.
             self.admit_waiting(model, out);
@@ -474,12 +619,27 @@ impl<G: Gpu> Dispatcher<G> {
     /// requests fail with the reason (their launches may not run on missing layers).
     pub(super) fn queue_copies_after_admission(&mut self, model: usize, out: &mut Vec<Output>) {
         if let Err(e) = self.queue_copies(model) {
-            let keys: Vec<JobKey> =
-                self.jobs.iter().flatten().filter(|j| j.model == model && j.slot.is_some()).map(|j| j.key).collect();
-            for key in keys {
-                self.fail(key, e.clone(), out);
-            }
-            self.fail_waiting(model, e, out);
+            self.fail_model_jobs(model, e, out);
+        }
+        self.refresh_model_jobs(model);
+    }
+
+    /// Fails a model's admitted and waiting requests with `e` (its load could not go on).
+    fn fail_model_jobs(&mut self, model: usize, e: Error, out: &mut Vec<Output>) {
+        let keys: Vec<JobKey> =
+            self.jobs.iter().flatten().filter(|j| j.model == model && j.slot.is_some()).map(|j| j.key).collect();
+        for key in keys {
+            self.fail(key, e.clone(), out);
+        }
+        self.fail_waiting(model, e, out);
+    }
+
+    /// Rewrites the views of a model's admitted jobs (what their next launch may read changed).
+    fn refresh_model_jobs(&mut self, model: usize) {
+        let keys: Vec<JobKey> =
+            self.jobs.iter().flatten().filter(|j| j.model == model && j.view.is_some()).map(|j| j.key).collect();
+        for key in keys {
+            self.refresh(key);
         }
     }
 
