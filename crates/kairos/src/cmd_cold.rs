@@ -62,6 +62,11 @@ pub struct ColdArgs {
     /// Copies of a load hold at least this many bytes of consecutive loaded layers.
     #[arg(long, env = "KAIROS_COLD_CHUNK_BYTES", default_value_t = kairos_sched::dispatcher::COLD_CHUNK_BYTES_DEFAULT)]
     pub chunk_bytes: u64,
+    /// A load's own copies go on the copy engine while less than this many bytes of them are on
+    /// it, in pieces of at most half of it (the next go out as earlier ones land); 0: the whole
+    /// load at once.
+    #[arg(long, env = "KAIROS_COLD_COPY_WINDOW_BYTES", default_value_t = kairos_sched::dispatcher::COLD_COPY_WINDOW_BYTES_DEFAULT)]
+    pub copy_window_bytes: u64,
     /// Keep the lowering's tiles (cuda backend): skip the autotuner.
     #[arg(long, env = "KAIROS_COLD_NO_AUTOTUNE")]
     pub no_autotune: bool,
@@ -106,6 +111,14 @@ pub struct ColdArgs {
     /// The serving experiment's weight budget per GPU, in whole copies of the model's weights.
     #[arg(long, env = "KAIROS_COLD_SERVE_BUDGET_INSTANCES", default_value_t = 8.0)]
     pub serve_budget_instances: f64,
+    /// Hot instances of the serving experiment: the first N instances take --serve-hot-share of
+    /// the arrivals (uniform among them) and stay resident (the budget must hold them), the others
+    /// the rest: warm requests beside a stream of cold starts. 0: arrivals uniform over all.
+    #[arg(long, env = "KAIROS_COLD_SERVE_HOT", default_value_t = 0)]
+    pub serve_hot: usize,
+    /// The share of the arrivals that go to the hot instances (with --serve-hot).
+    #[arg(long, env = "KAIROS_COLD_SERVE_HOT_SHARE", default_value_t = 0.9)]
+    pub serve_hot_share: f64,
     /// Also serve each rate and instance count with every instance resident (no budget): the
     /// warm reference that warm requests under cold loads are compared with.
     #[arg(long, env = "KAIROS_COLD_SERVE_BASELINE")]
@@ -243,6 +256,17 @@ pub fn run(a: ColdArgs) -> Result<()> {
     if a.serve_gpus == 0 || a.serve_gpus > 16 {
         bail!("--serve-gpus must be in 1..=16");
     }
+    if !(0.0..=1.0).contains(&a.serve_hot_share) {
+        bail!("--serve-hot-share must be in 0..=1");
+    }
+    if a.serve_hot as f64 > a.serve_budget_instances * a.serve_gpus as f64 {
+        bail!(
+            "--serve-hot {} instances must stay resident: the budget holds {} copies per GPU on {} GPU(s)",
+            a.serve_hot,
+            a.serve_budget_instances,
+            a.serve_gpus
+        );
+    }
     if a.peer_staging_mib == 0 || a.peer_staging_mib > 1 << 16 {
         bail!("--peer-staging-mib must be in 1..=65536");
     }
@@ -347,6 +371,7 @@ fn measure_model<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], opener: &
             cfg.weight_budget_bytes = Some(cold_plan.load_bytes + cold_plan.load_bytes / 2 + (64 << 10));
             cfg.cold_strategy = strategy;
             cfg.cold_chunk_bytes = a.chunk_bytes;
+            cfg.cold_copy_window_bytes = a.copy_window_bytes;
             let mut d = VirtualDriver::new(cfg, gpu)?;
             for name in ["other", "cold"] {
                 d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: Some(model_profile.clone()) })?;
@@ -603,6 +628,9 @@ struct GpuServed {
     evictions: u64,
     /// Loads that copied a secondary's part here because its link was busy.
     secondary_busy_loads: u64,
+    /// The most bytes of load copies on the copy engine at once, and copies brought forward.
+    copy_bytes_in_flight_max: u64,
+    copies_forced: u64,
     resident_at_start: usize,
     load_s: f64,
     /// Secondaries attached.
@@ -682,10 +710,35 @@ fn serve_gpu<O: Opener>(
         cold_starts: after.cold_starts - before.cold_starts,
         evictions: after.evictions - before.evictions,
         secondary_busy_loads: after.secondary_busy_loads - before.secondary_busy_loads,
+        copy_bytes_in_flight_max: after.load_copy_bytes_in_flight_max,
+        copies_forced: after.load_copies_forced - before.load_copies_forced,
         resident_at_start,
         load_s,
         peers,
     })
+}
+
+/// Seeded arrivals of a serving point, (ns after the start, instance): exponential gaps at `rate`
+/// per second; instances uniform, or with `hot` > 0 the first `hot` take `hot_share` of them
+/// (uniform among them) and the others the rest.
+fn serve_arrivals(seed: u64, requests: usize, rate: f64, instances: usize, hot: usize, hot_share: f64) -> Vec<(u64, usize)> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut at = 0.0f64;
+    let hot = hot.min(instances);
+    (0..requests)
+        .map(|_| {
+            let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+            at += -u.ln() / rate * 1e9;
+            let k = if hot == 0 || hot == instances {
+                rng.random_range(0..instances)
+            } else if rng.random_bool(hot_share) {
+                rng.random_range(0..hot)
+            } else {
+                rng.random_range(hot..instances)
+            };
+            (at as u64, k)
+        })
+        .collect()
 }
 
 /// One serving point on `openers.len()` GPUs: one seeded Poisson stream over the instances,
@@ -706,21 +759,14 @@ fn serve_point<O: Opener>(
     cfg.weight_budget_bytes = strategy.map(|_| budget_bytes);
     cfg.cold_strategy = strategy.unwrap_or_default();
     cfg.cold_chunk_bytes = a.chunk_bytes;
+    cfg.cold_copy_window_bytes = a.copy_window_bytes;
     // Many instances: one I/O slot each at load, a few more on demand.
     cfg.slots_per_model_prealloc = 1;
     cfg.slots_per_model_max = 4;
     cfg.models_max = instances.max(1);
     cfg.jobs_max = a.serve_requests.clamp(1, kairos_sched::JOBS_MAX);
-    // Seeded arrivals: exponential gaps, instances uniform (one seed per point), ns after the start.
-    let mut rng = SmallRng::seed_from_u64(a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits());
-    let mut at = 0.0f64;
-    let arrivals: Vec<(u64, usize)> = (0..a.serve_requests)
-        .map(|_| {
-            let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
-            at += -u.ln() / rate * 1e9;
-            (at as u64, rng.random_range(0..instances))
-        })
-        .collect();
+    let seed = a.seed ^ (instances as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ rate.to_bits();
+    let arrivals = serve_arrivals(seed, a.serve_requests, rate, instances, a.serve_hot, a.serve_hot_share);
     let gpus = openers.len();
     let (barrier, end) = (std::sync::Barrier::new(gpus), std::sync::Barrier::new(gpus));
     let served: Vec<Result<GpuServed>> = std::thread::scope(|scope| {
@@ -737,13 +783,21 @@ fn serve_point<O: Opener>(
     let served: Vec<GpuServed> = served.into_iter().collect::<Result<_>>()?;
     let records: Vec<&(String, u64, u64, bool, bool)> = served.iter().flat_map(|g| &g.records).collect();
     let mut latency_ns = Vec::with_capacity(records.len());
-    let (mut warm_ns, mut cold_ns) = (Vec::new(), Vec::new());
+    let (mut warm_ns, mut cold_ns, mut hot_warm_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut hot_requests, mut hot_cold) = (0usize, 0usize);
     let mut failed = 0usize;
     let mut raw = Vec::with_capacity(records.len());
+    let is_hot = |model: &str| model.strip_prefix('i').and_then(|k| k.parse::<usize>().ok()).is_some_and(|k| k < a.serve_hot);
     for &(model, arrival, latency, ok, cold) in &records {
+        let hot = is_hot(model);
+        hot_requests += hot as usize;
+        hot_cold += (hot && *cold) as usize;
         if *ok {
             latency_ns.push(*latency);
             if *cold { &mut cold_ns } else { &mut warm_ns }.push(*latency);
+            if hot && !*cold {
+                hot_warm_ns.push(*latency);
+            }
         } else {
             failed += 1;
         }
@@ -753,6 +807,9 @@ fn serve_point<O: Opener>(
     let cold_starts: u64 = served.iter().map(|g| g.cold_starts).sum();
     let evictions: u64 = served.iter().map(|g| g.evictions).sum();
     let secondary_busy_loads: u64 = served.iter().map(|g| g.secondary_busy_loads).sum();
+    let copy_bytes_max: u64 = served.iter().map(|g| g.copy_bytes_in_flight_max).max().unwrap_or(0);
+    let copies_forced: u64 = served.iter().map(|g| g.copies_forced).sum();
+    hot_warm_ns.sort_unstable();
     let resident_at_start: usize = served.iter().map(|g| g.resident_at_start).sum();
     let load_s = served.iter().map(|g| g.load_s).fold(0.0, f64::max);
     let span_s = served.iter().map(|g| g.span_ns).max().unwrap_or(0) as f64 / 1e9;
@@ -774,6 +831,14 @@ fn serve_point<O: Opener>(
         "warm_p99_ms": p99_of(&mut warm_ns),
         "cold_p99_ms": p99_of(&mut cold_ns),
         "warm_requests": warm_ns.len(),
+        "hot_instances": a.serve_hot.min(instances),
+        "hot_requests": hot_requests,
+        "hot_cold_starts": hot_cold,
+        "hot_warm_p50_ms": rounded_index(&hot_warm_ns, 50.0).map(ms),
+        "hot_warm_p99_ms": rounded_index(&hot_warm_ns, 99.0).map(ms),
+        "copy_window_bytes": a.copy_window_bytes,
+        "copy_bytes_in_flight_max": copy_bytes_max,
+        "copies_forced": copies_forced,
         "failed": failed,
         "served_per_s": latency_ns.len() as f64 / span_s.max(1e-9),
         "p50_ms": q(50.0),
@@ -808,15 +873,15 @@ fn serve_table(doc: &Value) -> String {
     );
     t += &format!(
         "| rate /s | instances | strategy | served /s | p50 ms | p99 ms | warm p99 ms | cold p99 ms | goodput 100 ms | goodput 50 ms | \
-         goodput {} ms | cold-start rate | resident at start |\n",
+         goodput {} ms | cold-start rate | resident at start | hot warm p50 / p99 ms (n) |\n",
         doc["slo_ms"].as_f64().unwrap_or(f64::NAN)
     );
-    t += "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    t += "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for p in doc["points"].as_array().into_iter().flatten() {
         let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
         if let Some(e) = p["error"].as_str() {
             t += &format!(
-                "| {} | {} | {} | error: {} | | | | | | | | | |\n",
+                "| {} | {} | {} | error: {} | | | | | | | | | | |\n",
                 f("rate_per_s"),
                 p["instances"],
                 p["strategy"].as_str().unwrap_or("?"),
@@ -825,7 +890,7 @@ fn serve_table(doc: &Value) -> String {
             continue;
         }
         t += &format!(
-            "| {:.0} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {:.2} | {} |\n",
+            "| {:.0} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {:.2} | {} | {} |\n",
             f("rate_per_s"),
             p["instances"],
             p["strategy"].as_str().unwrap_or("?"),
@@ -839,7 +904,40 @@ fn serve_table(doc: &Value) -> String {
             f("goodput_slo"),
             f("cold_start_rate"),
             p["resident_at_start"],
+            if p["hot_instances"].as_u64().unwrap_or(0) > 0 {
+                format!("{:.2} / {:.2} ({})", f("hot_warm_p50_ms"), f("hot_warm_p99_ms"), p["hot_requests"].as_u64().unwrap_or(0))
+            } else {
+                "-".to_string()
+            },
         );
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serve_arrivals;
+
+    #[test]
+    fn hot_instances_take_their_share_of_the_arrivals() {
+        let seed = 7;
+        let a = serve_arrivals(seed, 20_000, 500.0, 32, 4, 0.8);
+        let hot = a.iter().filter(|&&(_, k)| k < 4).count() as f64 / a.len() as f64;
+        assert!((hot - 0.8).abs() < 0.02, "hot share {hot} (seed {seed})");
+        assert!(a.iter().all(|&(_, k)| k < 32));
+        // Every cold instance is asked, and the rate is the one asked for (20 000 at 500/s: ~40 s).
+        assert!((4..32).all(|i| a.iter().any(|&(_, k)| k == i)));
+        let span_s = a.last().unwrap().0 as f64 / 1e9;
+        assert!((span_s - 40.0).abs() < 2.0, "span {span_s} s");
+        assert!(a.windows(2).all(|w| w[0].0 <= w[1].0), "arrivals in time order");
+        // No hot instances: uniform over all of them.
+        let u = serve_arrivals(seed, 20_000, 500.0, 32, 0, 0.8);
+        let low = u.iter().filter(|&&(_, k)| k < 4).count() as f64 / u.len() as f64;
+        assert!((low - 4.0 / 32.0).abs() < 0.02, "share of the first 4 without hot ones: {low}");
+        assert_eq!(
+            serve_arrivals(seed, 100, 50.0, 8, 2, 0.5),
+            serve_arrivals(seed, 100, 50.0, 8, 2, 0.5),
+            "one seed, one stream"
+        );
+    }
 }
