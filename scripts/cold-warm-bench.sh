@@ -6,7 +6,7 @@
 # $CARRY/kairos.gz (and, optionally, the GPU test binary of crates/gputest/tests/cold.rs at
 # $CARRY/cold-test.gz); results go to $OUT/r (JSON with every request, logs, tables); the tables
 # are printed last. Knobs (environment): RATE (300), INSTANCES (32), HOT (4), SHARE (0.8),
-# BUDGET (6 copies), POLICIES ("paella streams:8"), REQUESTS (2000), SERVING (1: the serving
+# BUDGET (6 copies), EVICTION (lru; lru2), POLICIES ("paella streams:8"), REQUESTS (2000), SERVING (1: the serving
 # experiment below), SINGLE (1: single cold inferences of bert_base and gpt2 at seq 128 and gpt2 at
 # 1024 under paella, with and without the copy window, beside scripts/cold_peer.py).
 #
@@ -30,6 +30,7 @@ POLICIES=${POLICIES:-"paella streams:8"}
 REQUESTS=${REQUESTS:-2000}
 SINGLE=${SINGLE:-1}
 SERVING=${SERVING:-1}
+EVICTION=${EVICTION:-lru}
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} KAIROS_PROGRESS=lines
 . scripts/cubin-carry.sh
 B=/tmp/kb
@@ -51,7 +52,7 @@ if [ -f "$CARRY/cold-test.gz" ]; then
     KAIROS_GPU_TESTS=1 step cold-test 150 $B/cold-test --include-ignored --test-threads=1 --nocapture
 fi
 SERVE=(bench cold --models bert_base --serve-instances "$INSTANCES" --serve-rate "$RATE" --serve-requests "$REQUESTS"
-    --serve-budget-instances "$BUDGET" --serve-hot "$HOT" --serve-hot-share "$SHARE")
+    --serve-budget-instances "$BUDGET" --serve-hot "$HOT" --serve-hot-share "$SHARE" --eviction "$EVICTION")
 first=1
 [ "$SERVING" = 1 ] || POLICIES=
 for P in $POLICIES; do

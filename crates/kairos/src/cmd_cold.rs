@@ -111,6 +111,10 @@ pub struct ColdArgs {
     /// The serving experiment's weight budget per GPU, in whole copies of the model's weights.
     #[arg(long, env = "KAIROS_COLD_SERVE_BUDGET_INSTANCES", default_value_t = 8.0)]
     pub serve_budget_instances: f64,
+    /// Which idle resident instance a load evicts in the serving experiment: lru (DeepPlan's) or
+    /// lru2 (the oldest second-to-last request first: instances under steady traffic stay).
+    #[arg(long, env = "KAIROS_COLD_EVICTION", default_value = "lru")]
+    pub eviction: kairos_sched::Eviction,
     /// Hot instances of the serving experiment: the first N instances take --serve-hot-share of
     /// the arrivals (uniform among them) and stay resident (the budget must hold them), the others
     /// the rest: warm requests beside a stream of cold starts. 0: arrivals uniform over all.
@@ -597,6 +601,10 @@ fn serve_all<O: Opener>(a: &ColdArgs, strategies: &[ColdStrategy], mut opener: O
                     "dtype": format!("{:?}", a.dtype).to_lowercase(),
                     "seq_len": a.seq_len,
                     "policy": a.policy,
+                    "eviction": a.eviction.to_string(),
+                    "copy_window_bytes": a.copy_window_bytes,
+                    "hot_instances": a.serve_hot,
+                    "hot_share": a.serve_hot_share,
                     "budget_bytes": budget_bytes,
                     "budget_instances": a.serve_budget_instances,
                     "gpus": a.serve_gpus,
@@ -631,6 +639,9 @@ struct GpuServed {
     /// The most bytes of load copies on the copy engine at once, and copies brought forward.
     copy_bytes_in_flight_max: u64,
     copies_forced: u64,
+    /// Runs recorded during the point (again after reloads) and the host time that took.
+    runs_recorded: u64,
+    run_record_ns: u64,
     resident_at_start: usize,
     load_s: f64,
     /// Secondaries attached.
@@ -712,6 +723,8 @@ fn serve_gpu<O: Opener>(
         secondary_busy_loads: after.secondary_busy_loads - before.secondary_busy_loads,
         copy_bytes_in_flight_max: after.load_copy_bytes_in_flight_max,
         copies_forced: after.load_copies_forced - before.load_copies_forced,
+        runs_recorded: after.runs_recorded - before.runs_recorded,
+        run_record_ns: after.run_record_ns - before.run_record_ns,
         resident_at_start,
         load_s,
         peers,
@@ -760,6 +773,7 @@ fn serve_point<O: Opener>(
     cfg.cold_strategy = strategy.unwrap_or_default();
     cfg.cold_chunk_bytes = a.chunk_bytes;
     cfg.cold_copy_window_bytes = a.copy_window_bytes;
+    cfg.eviction = a.eviction;
     // Many instances: one I/O slot each at load, a few more on demand.
     cfg.slots_per_model_prealloc = 1;
     cfg.slots_per_model_max = 4;
@@ -809,6 +823,12 @@ fn serve_point<O: Opener>(
     let secondary_busy_loads: u64 = served.iter().map(|g| g.secondary_busy_loads).sum();
     let copy_bytes_max: u64 = served.iter().map(|g| g.copy_bytes_in_flight_max).max().unwrap_or(0);
     let copies_forced: u64 = served.iter().map(|g| g.copies_forced).sum();
+    let runs_recorded: u64 = served.iter().map(|g| g.runs_recorded).sum();
+    let run_record_ns: u64 = served.iter().map(|g| g.run_record_ns).sum();
+    // The longest time in which no request completed (a stall of the dispatcher or the GPU).
+    let mut done_ns: Vec<u64> = records.iter().filter(|r| r.3).map(|r| r.1 + r.2).collect();
+    done_ns.sort_unstable();
+    let completion_gap_max_ns = done_ns.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
     hot_warm_ns.sort_unstable();
     let resident_at_start: usize = served.iter().map(|g| g.resident_at_start).sum();
     let load_s = served.iter().map(|g| g.load_s).fold(0.0, f64::max);
@@ -839,6 +859,10 @@ fn serve_point<O: Opener>(
         "copy_window_bytes": a.copy_window_bytes,
         "copy_bytes_in_flight_max": copy_bytes_max,
         "copies_forced": copies_forced,
+        "eviction": a.eviction.to_string(),
+        "runs_recorded": runs_recorded,
+        "run_record_ms": ms(run_record_ns),
+        "completion_gap_max_ms": ms(completion_gap_max_ns),
         "failed": failed,
         "served_per_s": latency_ns.len() as f64 / span_s.max(1e-9),
         "p50_ms": q(50.0),
@@ -861,15 +885,24 @@ fn serve_point<O: Opener>(
 
 fn serve_table(doc: &Value) -> String {
     let mut t = format!(
-        "Serving instances of {} (Poisson, uniform over instances; {} x {}, instance k on GPU k mod {}; weight budget {:.0} MB = {} \
-         copies per GPU; policy {})\n\n",
+        "Serving instances of {} (Poisson, {}; {} x {}, instance k on GPU k mod {}; weight budget {:.0} MB = {} \
+         copies per GPU; policy {}; eviction {}; copy window {} bytes)\n\n",
         doc["model"].as_str().unwrap_or("?"),
+        match doc["hot_instances"].as_u64().unwrap_or(0) {
+            0 => "uniform over instances".to_string(),
+            k => format!(
+                "{:.0}% over the first {k} instances, the rest over the others",
+                100.0 * doc["hot_share"].as_f64().unwrap_or(0.0)
+            ),
+        },
         doc["gpus"].as_u64().unwrap_or(1),
         doc["device"].as_str().unwrap_or("?"),
         doc["gpus"].as_u64().unwrap_or(1),
         doc["budget_bytes"].as_f64().unwrap_or(0.0) / 1e6,
         doc["budget_instances"],
         doc["policy"].as_str().unwrap_or("?"),
+        doc["eviction"].as_str().unwrap_or("lru"),
+        doc["copy_window_bytes"],
     );
     t += &format!(
         "| rate /s | instances | strategy | served /s | p50 ms | p99 ms | warm p99 ms | cold p99 ms | goodput 100 ms | goodput 50 ms | \
@@ -916,7 +949,25 @@ fn serve_table(doc: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::serve_arrivals;
+    use super::{serve_arrivals, serve_table};
+    use serde_json::json;
+
+    #[test]
+    fn the_serving_table_says_how_arrivals_were_spread_and_shows_the_hot_requests() {
+        let point = json!({"rate_per_s": 300.0, "instances": 32, "strategy": "deepplan", "served_per_s": 297.5, "p50_ms": 2.3,
+            "p99_ms": 8.1, "warm_p99_ms": 4.5, "cold_p99_ms": 10.1, "goodput_100ms": 1.0, "goodput_50ms": 1.0, "goodput_slo": 0.93,
+            "cold_start_rate": 0.16, "resident_at_start": 12, "hot_instances": 4, "hot_requests": 1557, "hot_warm_p50_ms": 2.15,
+            "hot_warm_p99_ms": 4.19});
+        let doc = json!({"model": "bert_base", "gpus": 1, "device": "GPU", "budget_bytes": 2.172e9, "budget_instances": 10.0,
+            "policy": "paella", "eviction": "lru2", "copy_window_bytes": 4194304, "hot_instances": 4, "hot_share": 0.8,
+            "slo_ms": 5.0, "points": [point]});
+        let t = serve_table(&doc);
+        assert!(t.contains("80% over the first 4 instances"), "{t}");
+        assert!(t.contains("eviction lru2; copy window 4194304 bytes"), "{t}");
+        assert!(t.contains("| 12 | 2.15 / 4.19 (1557) |"), "{t}");
+        let uniform = serve_table(&json!({"hot_instances": 0, "points": [{"rate_per_s": 1.0, "hot_instances": 0}]}));
+        assert!(uniform.contains("uniform over instances") && uniform.trim_end().ends_with("| - |"), "{uniform}");
+    }
 
     #[test]
     fn hot_instances_take_their_share_of_the_arrivals() {

@@ -130,6 +130,11 @@ pub struct ServeArgs {
     /// wait behind at most this much of a load. 0: each load's copies all at once.
     #[arg(long, env = "KAIROS_COLD_COPY_WINDOW_KIB", default_value_t = kairos_sched::dispatcher::COLD_COPY_WINDOW_BYTES_DEFAULT >> 10)]
     pub cold_copy_window_kib: u64,
+    /// Which idle resident model a load evicts (with --weight-budget-mib): lru (least recently
+    /// used, DeepPlan's) or lru2 (the oldest second-to-last request first, then least recently
+    /// used: a model under steady traffic is not evicted by a burst of models asked once).
+    #[arg(long, env = "KAIROS_EVICTION", default_value = "lru")]
+    pub eviction: kairos_sched::Eviction,
     /// Staging memory, MiB, that each secondary GPU reserves for each GPU it copies for under
     /// the parallel cold strategies (parallel, parallel-deepplan: DeepPlan's parallel transmission
     /// through the NVLink peers `kairos inspect --gpus` lists; CUDA backend only).
@@ -356,6 +361,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
     engine.dispatcher.cold_strategy = args.cold_strategy;
     engine.dispatcher.cold_copy_window_bytes = args.cold_copy_window_kib.saturating_mul(1 << 10);
+    engine.dispatcher.eviction = args.eviction;
     if args.worker_gpu.is_some() {
         // A GPU worker resets nothing in place: a sticky CUDA fault outlives any reset and a reset
         // waits for the kernels still running (a hung one for ever); the worker's exit ends them

@@ -38,7 +38,7 @@ pub mod occupancy;
 pub mod policy;
 pub mod request;
 
-pub use dispatcher::{Config, Dispatcher, DispatcherStats, IssueRecord, ResidencyState};
+pub use dispatcher::{Config, Dispatcher, DispatcherStats, Eviction, IssueRecord, ResidencyState};
 pub use driver::{RequestRecord, VirtualDriver};
 pub use engine::{Engine, EngineConfig, EngineStats, RequestHandle};
 pub use policy::{Decision, Policy, PolicyConfig};

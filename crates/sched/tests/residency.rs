@@ -180,6 +180,53 @@ fn cold_requests_compute_what_warm_ones_do() {
     }
 }
 
+/// A model under steady traffic and a stream of models asked once, with room for three: at the
+/// third cold start plain LRU evicts the steady model (its last request is older than the
+/// others' loads), LRU-2 evicts a model asked once; the steady model's next request is a cold
+/// start under LRU only. Answers are the warm ones either way.
+#[test]
+fn lru2_keeps_a_model_under_steady_traffic() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let want = warm_outputs(&plan, &x, seed);
+    for eviction in [Eviction::Lru, Eviction::Lru2] {
+        let what = format!("{eviction} (seed {seed})");
+        let mut cfg = budget_config("paella", ColdStrategy::Pipelined, 3 * plan.weight_bytes + 4096);
+        cfg.eviction = eviction;
+        let mut d = VirtualDriver::new(cfg, sim(seed)).unwrap();
+        for name in ["hot", "c0", "c1", "c2", "c3", "c4"] {
+            d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: None }).unwrap();
+        }
+        // hot, c0 and c1 fit at load.
+        let ms = 1_000_000u64;
+        let mut ids = Vec::new();
+        for (at_ms, name) in [(0, "hot"), (10, "hot"), (20, "hot"), (30, "c2"), (60, "c3"), (90, "c4"), (120, "hot")] {
+            ids.push((name, d.submit_at(at_ms * ms, name, x.clone(), RequestOptions::default())));
+        }
+        d.run_until_idle().unwrap();
+        let records: HashMap<RequestId, RequestRecord> = d.take_records().into_iter().map(|r| (r.id, r)).collect();
+        let mut cold = Vec::new();
+        for (name, id) in &ids {
+            let r = &records[id];
+            let t = r.result.as_ref().unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
+            let got: Vec<Vec<u8>> = r.outputs.iter().map(|t| t.to_bytes()).collect();
+            assert_eq!(got, want, "{what}: {name}");
+            cold.push(t.cold_start);
+        }
+        let last_hot_cold = *cold.last().unwrap();
+        assert_eq!(&cold[..6], &[false, false, false, true, true, true], "{what}");
+        match eviction {
+            Eviction::Lru => assert!(last_hot_cold, "{what}: LRU evicted the steady model at 90 ms"),
+            Eviction::Lru2 => {
+                assert!(!last_hot_cold, "{what}: LRU-2 kept the steady model");
+                assert_eq!(d.dispatcher().residency_of("hot"), Some(ResidencyState::Resident), "{what}");
+            }
+        }
+        assert_eq!(d.dispatcher().stats().evictions, 3 + last_hot_cold as u64, "{what}");
+    }
+}
+
 /// Two requests at once to two models when the budget holds one: the second model's load waits
 /// until the first model's request is done (a model with requests is never evicted), then runs.
 #[test]

@@ -461,6 +461,9 @@ impl<G: Gpu> Dispatcher<G> {
         self.tenant_add(tenant);
         let m = self.models[model].as_mut().expect("named model exists");
         m.jobs += 1;
+        if let Some(r) = m.residency.as_mut() {
+            r.arrivals_ns = [arrival_ns.max(1), r.arrivals_ns[0]];
+        }
         m.waiting.push_back(key);
         m.realtime_waiting += (class == Class::RealTime) as usize;
         self.admit_waiting(model, out);

@@ -60,7 +60,7 @@ mod issue;
 pub use issue::{RUN_RECORD_CREDIT_MAX_NS, RUN_RECORD_SHARE};
 pub mod recovery;
 mod residency;
-pub use residency::{COLD_CHUNK_BYTES_DEFAULT, COLD_COPY_WINDOW_BYTES_DEFAULT, ResidencyState};
+pub use residency::{COLD_CHUNK_BYTES_DEFAULT, COLD_COPY_WINDOW_BYTES_DEFAULT, Eviction, ResidencyState};
 
 use admission::{free_model, free_slot};
 
@@ -164,6 +164,8 @@ pub struct Config {
     /// a whole load waited for all of it, and the dispatcher's thread with it (inputs are written
     /// synchronously). 0: a load's copies all go out at once, unsplit.
     pub cold_copy_window_bytes: u64,
+    /// Which idle resident model a load evicts: LRU (DeepPlan's) or LRU-2.
+    pub eviction: Eviction,
 }
 
 impl Default for Config {
@@ -197,6 +199,7 @@ impl Default for Config {
             cold_strategy: crate::cold::ColdStrategy::default(),
             cold_chunk_bytes: residency::COLD_CHUNK_BYTES_DEFAULT,
             cold_copy_window_bytes: residency::COLD_COPY_WINDOW_BYTES_DEFAULT,
+            eviction: Eviction::default(),
         }
     }
 }
