@@ -277,9 +277,7 @@ pub fn run_preset(
     if matches!(preset, Preset::PaellaHol) && !target.simulated() {
         catalog.insert(calibrate_hol(target, &opts.base, progress)?);
     }
-    if matches!(preset, Preset::Coldstart) {
-        crate::presets::add_instances(&mut catalog, opts.preset.instances)?;
-    }
+    crate::presets::add_instances(&mut catalog, preset, opts.preset.instances)?;
     let mut calib = Calibration::default();
     if preset.needs_isolated() {
         for a in &archs {

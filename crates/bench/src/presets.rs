@@ -9,6 +9,7 @@
 //! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
 //! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | the GPU's throughput for this task mix, measured in closed loop |
 //! | `coldstart` | 3 instances each of 8 vision models under the engine's weight budget (LRU) | Poisson, uniform over instances | serial capacity of the warm models |
+//! | `deepplan-azure` | instances of bert_base, roberta_base and gpt2 in 4:4:1 (`--instances` k: 4k, 4k, k) under the weight budget | an Azure Functions trace (`--arrival azure:FILE`): function j drives the instances i with i mod F = j | serial capacity of the warm models |
 //! | `custom` | `--models` (`ARCH@bN`: batch N) | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` (closed:N: N x load clients) |
 //!
 //! Sources of the parameters:
@@ -34,9 +35,15 @@
 //!   at once: the serial utilization sum(C_i / T_i) would call a load "150%" that leaves the GPU
 //!   half idle), and higher loads shorten every period (150%: 4x the isolated latency).
 //! - Cold starts (DeepPlan, EuroSys'23, models beyond GPU memory): Poisson requests spread
-//!   uniformly over more model instances than the budget holds. kairos has no residency manager yet,
-//!   so the harness keeps its own LRU over the engine's load and unload, within a byte budget that
-//!   stands in for GPU memory (the zoo's fp16 weights are far smaller than an H200's 141 GB).
+//!   uniformly over more model instances than the budget holds, served under the dispatcher's
+//!   weight budget (its residency manager, LRU), which stands in for GPU memory (the zoo's fp16
+//!   weights are far smaller than an H200's 141 GB).
+//! - DeepPlan's Azure serving (EuroSys'23, Sec. 5): transformer instances under the budget, arrivals
+//!   from the Azure Functions 2019 trace. The issue asks for bert_base, roberta_base and gpt2 4:4:1;
+//!   the authors' artifact (github.com/Sys-KU/DeepPlan, `scripts/fig14/run.sh`) runs 5 bert_base :
+//!   4 roberta_base at 100 req/s with 216 instances. How functions map to instances is kairos'
+//!   choice (function j drives the instances i with i mod F = j), as is load 1 (the warm models'
+//!   serial capacity).
 
 use crate::Error;
 use crate::azure::AzureTrace;
@@ -75,6 +82,10 @@ pub const DARIS_PERIOD_FACTOR: f64 = 6.0;
 pub const DARIS_REPLICAS_MAX: u32 = 256;
 pub const COLDSTART_MODELS: [&str; 8] =
     ["resnet18", "resnet34", "resnet50", "mobilenet_v2", "squeezenet1_1", "googlenet", "densenet121", "inception_v3"];
+/// `deepplan-azure`'s architectures and their instances per `--instances` unit (the issue's 4:4:1
+/// of bert_base, roberta_base and gpt2; DeepPlan's artifact runs its Azure figure with bert_base
+/// and roberta_base instances 5:4).
+pub const DEEPPLAN_AZURE_MODELS: [(&str, u32); 3] = [("bert_base", 4), ("roberta_base", 4), ("gpt2", 1)];
 /// The synthetic head-of-line job's model name.
 pub const HOL_MODEL: &str = "hol";
 pub const HOL_KERNELS: u32 = 8;
@@ -112,6 +123,8 @@ pub struct PresetOptions {
     pub tenant_per_model: bool,
     /// `disb-*`: run the variant `rt-only` instead, without the best-effort clients (REEF's RT-Only).
     pub rt_only: bool,
+    /// `deepplan-azure`: the Azure Functions trace to replay (else `custom.arrival`'s `azure:FILE`).
+    pub azure_trace: Option<std::path::PathBuf>,
 }
 
 impl Default for PresetOptions {
@@ -124,6 +137,7 @@ impl Default for PresetOptions {
             custom: CustomSpec::default(),
             tenant_per_model: false,
             rt_only: false,
+            azure_trace: None,
         }
     }
 }
@@ -179,6 +193,9 @@ pub enum Preset {
     Disb(char),
     Daris,
     Coldstart,
+    /// DeepPlan's Azure-trace serving (EuroSys'23, Sec. 5): instances of three transformers under
+    /// a weight budget, arrivals from the Azure Functions trace.
+    DeepPlanAzure,
     Custom,
 }
 
@@ -194,7 +211,7 @@ pub struct Calibration {
 }
 
 impl Preset {
-    pub const NAMES: [&'static str; 12] = [
+    pub const NAMES: [&'static str; 13] = [
         "paella-mix",
         "mix8",
         "paella-short-long",
@@ -206,6 +223,7 @@ impl Preset {
         "disb-e",
         "daris",
         "coldstart",
+        "deepplan-azure",
         "custom",
     ];
 
@@ -222,6 +240,7 @@ impl Preset {
             "disb-e" => Preset::Disb('e'),
             "daris" => Preset::Daris,
             "coldstart" => Preset::Coldstart,
+            "deepplan-azure" => Preset::DeepPlanAzure,
             "custom" => Preset::Custom,
             _ => return None,
         })
@@ -236,6 +255,7 @@ impl Preset {
             Preset::Disb(c) => format!("disb-{c}"),
             Preset::Daris => "daris".into(),
             Preset::Coldstart => "coldstart".into(),
+            Preset::DeepPlanAzure => "deepplan-azure".into(),
             Preset::Custom => "custom".into(),
         }
     }
@@ -255,6 +275,10 @@ impl Preset {
             Preset::Coldstart => {
                 "cold starts: Poisson requests over more model instances than fit the memory budget (LRU)".into()
             }
+            Preset::DeepPlanAzure => {
+                "DeepPlan: bert_base, roberta_base, gpt2 instances 4:4:1 under the memory budget, Azure Functions trace arrivals"
+                    .into()
+            }
             Preset::Custom => "a workload from --models, --arrival and --rate".into(),
         }
     }
@@ -268,7 +292,7 @@ impl Preset {
             Preset::PaellaHol => "fraction of the rate that keeps 32 streams busy",
             Preset::Disb(_) => "multiple of DISB's real-time rates (best-effort clients stay closed-loop)",
             Preset::Daris => "fraction of the GPU's measured throughput on this task mix (closed loop, base policy)",
-            Preset::Coldstart => "multiple of the warm models' serial capacity",
+            Preset::Coldstart | Preset::DeepPlanAzure => "multiple of the warm models' serial capacity",
             Preset::Custom => "multiple of --rate",
         }
     }
@@ -285,6 +309,7 @@ impl Preset {
             Preset::Disb(_) => v(&DISB_MODELS),
             Preset::Daris => DARIS_HIGH.iter().chain(DARIS_LOW.iter()).map(|s| s.to_string()).collect(),
             Preset::Coldstart => v(&COLDSTART_MODELS),
+            Preset::DeepPlanAzure => DEEPPLAN_AZURE_MODELS.iter().map(|(m, _)| m.to_string()).collect(),
             Preset::Custom => opts.custom.models.clone(),
         }
     }
@@ -297,7 +322,7 @@ impl Preset {
             Preset::Disb('b') => vec![1.0],
             Preset::Disb(_) => vec![0.1, 0.25, 0.5, 1.0],
             Preset::Daris => vec![1.0, 1.5],
-            Preset::Coldstart => vec![0.25, 0.5, 1.0],
+            Preset::Coldstart | Preset::DeepPlanAzure => vec![0.25, 0.5, 1.0],
             Preset::Custom => vec![0.5, 1.0],
         }
     }
@@ -310,15 +335,18 @@ impl Preset {
             Preset::PaellaHol => vec!["streams", "paella"],
             Preset::Disb(_) => vec!["seq", "streams", "paella", "reef"],
             Preset::Daris => vec!["fifo", "streams", "paella", "sjf"],
-            Preset::Coldstart | Preset::Custom => vec!["streams", "paella"],
+            Preset::Coldstart | Preset::DeepPlanAzure | Preset::Custom => vec!["streams", "paella"],
         }
     }
 
     pub fn default_length(&self) -> Length {
         match self {
-            Preset::PaellaMix | Preset::Mix8 | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Coldstart => {
-                Length::Requests(2000)
-            }
+            Preset::PaellaMix
+            | Preset::Mix8
+            | Preset::PaellaShortLong
+            | Preset::PaellaHol
+            | Preset::Coldstart
+            | Preset::DeepPlanAzure => Length::Requests(2000),
             Preset::Disb(_) | Preset::Custom => Length::DurationNs(2_000_000_000),
             Preset::Daris => Length::DurationNs(3_000_000_000),
         }
@@ -350,7 +378,13 @@ impl Preset {
     pub fn needs_isolated(&self) -> bool {
         matches!(
             self,
-            Preset::PaellaMix | Preset::Mix8 | Preset::PaellaShortLong | Preset::PaellaHol | Preset::Daris | Preset::Coldstart
+            Preset::PaellaMix
+                | Preset::Mix8
+                | Preset::PaellaShortLong
+                | Preset::PaellaHol
+                | Preset::Daris
+                | Preset::Coldstart
+                | Preset::DeepPlanAzure
         )
     }
 
@@ -468,17 +502,16 @@ impl Preset {
                 let mean = COLDSTART_MODELS.iter().map(|m| iso(m)).sum::<Result<f64, Error>>()? / COLDSTART_MODELS.len() as f64;
                 let mut streams = Vec::new();
                 let mut total_bytes = 0u64;
-                for m in COLDSTART_MODELS {
-                    for k in 0..opts.instances.max(1) {
-                        let name = instance_name(m, k);
-                        total_bytes += catalog.weight_bytes(m)?;
-                        streams.push((w.stream(Stream::new(&name, &name)), 1.0));
-                    }
+                for (m, k) in instances_of(self, opts.instances) {
+                    let name = instance_name(m, k);
+                    total_bytes += catalog.weight_bytes(m)?;
+                    streams.push((w.stream(Stream::new(&name, &name)), 1.0));
                 }
                 w.sources.push(Source { arrival: Arrival::Poisson { rate_per_s: load * 1e9 / mean }, streams });
                 let budget_bytes = opts.budget_bytes.unwrap_or((total_bytes as f64 * opts.budget_fraction) as u64);
                 residency = Residency::Budget { weight_bytes: budget_bytes };
             }
+            Preset::DeepPlanAzure => residency = deepplan_azure(&mut w, load, catalog, opts, &iso)?,
             Preset::Custom => custom(&mut w, &opts.custom, load)?,
         }
         w.validate().map_err(Error::Invalid)?;
@@ -491,15 +524,73 @@ pub fn instance_name(model: &str, k: u32) -> String {
     format!("{model}.{k}")
 }
 
-/// Adds the coldstart instances to a catalog holding the architectures.
-pub fn add_instances(catalog: &mut Catalog, instances: u32) -> Result<(), Error> {
-    for m in COLDSTART_MODELS {
+/// The instances a preset serves, as (architecture, instance index): `coldstart`'s and
+/// `deepplan-azure`'s (interleaved 4 bert_base, 4 roberta_base, 1 gpt2 per unit), none for the others.
+pub fn instances_of(preset: &Preset, instances: u32) -> Vec<(&'static str, u32)> {
+    let units = instances.max(1);
+    match preset {
+        Preset::Coldstart => COLDSTART_MODELS.iter().flat_map(|&m| (0..units).map(move |k| (m, k))).collect(),
+        Preset::DeepPlanAzure => (0..units)
+            .flat_map(|u| DEEPPLAN_AZURE_MODELS.iter().flat_map(move |&(m, n)| (0..n).map(move |j| (m, u * n + j))))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Adds a preset's instances ([`instances_of`]) to a catalog holding the architectures.
+pub fn add_instances(catalog: &mut Catalog, preset: &Preset, instances: u32) -> Result<(), Error> {
+    for (m, k) in instances_of(preset, instances) {
         let spec = catalog.get(m)?.clone();
-        for k in 0..instances.max(1) {
-            catalog.insert_as(&instance_name(m, k), &spec);
-        }
+        catalog.insert_as(&instance_name(m, k), &spec);
     }
     Ok(())
+}
+
+/// `deepplan-azure`: the instances under a weight budget, driven by the Azure trace of
+/// `opts.custom` (`azure:FILE`, its busiest `functions`, `minutes` of `minute_ns` each); function j
+/// of F drives the instances i with i mod F = j (uniform among them), so every instance is asked
+/// and the trace's skew and bursts fall on groups of instances; load 1 is the warm models' serial
+/// capacity.
+fn deepplan_azure(
+    w: &mut Workload,
+    load: f64,
+    catalog: &Catalog,
+    opts: &PresetOptions,
+    iso: &dyn Fn(&str) -> Result<f64, Error>,
+) -> Result<Residency, Error> {
+    let c = &opts.custom;
+    let file = match (&opts.azure_trace, c.arrival.strip_prefix("azure:")) {
+        (Some(f), _) => f.clone(),
+        (None, Some(f)) => f.into(),
+        (None, None) => {
+            return Err(Error::Invalid(format!(
+                "deepplan-azure replays an Azure Functions trace: --arrival azure:FILE.csv, not '{}'",
+                c.arrival
+            )));
+        }
+    };
+    let trace = AzureTrace::load(&file).map_err(Error::Invalid)?;
+    let instances = instances_of(&Preset::DeepPlanAzure, opts.instances);
+    let mut total_bytes = 0u64;
+    let mut mean_ns = 0.0;
+    let mut streams = Vec::with_capacity(instances.len());
+    for &(m, k) in &instances {
+        let name = instance_name(m, k);
+        total_bytes += catalog.weight_bytes(m)?;
+        mean_ns += iso(m)? / instances.len() as f64;
+        streams.push(w.stream(Stream::new(&name, &name)));
+    }
+    let functions = c.functions.min(trace.functions.len()).max(1);
+    let minutes = c.minutes.unwrap_or(trace.minutes()).min(trace.minutes());
+    let mut sources = trace.sources(functions, 0, minutes, c.minute_ns, load * 1e9 / mean_ns, |_| 0).map_err(Error::Invalid)?;
+    let f = sources.len();
+    for (j, source) in sources.iter_mut().enumerate() {
+        let mine: Vec<(u32, f64)> = (0..streams.len()).filter(|i| i % f == j).map(|i| (streams[i], 1.0)).collect();
+        source.streams = if mine.is_empty() { vec![(streams[j % streams.len()], 1.0)] } else { mine };
+    }
+    w.sources.extend(sources);
+    let budget_bytes = opts.budget_bytes.unwrap_or((total_bytes as f64 * opts.budget_fraction) as u64);
+    Ok(Residency::Budget { weight_bytes: budget_bytes })
 }
 
 fn disb_text(c: char) -> &'static str {
@@ -625,8 +716,8 @@ mod tests {
         for name in Preset::NAMES {
             let p = Preset::by_name(name).unwrap();
             assert_eq!(p.name(), name);
-            if matches!(p, Preset::Coldstart) {
-                continue; // needs plans in the catalog: covered by the integration tests
+            if matches!(p, Preset::Coldstart | Preset::DeepPlanAzure) {
+                continue; // needs plans in the catalog (and a trace): covered by the integration tests
             }
             for v in p.variants(&opts) {
                 for load in p.default_loads() {
@@ -638,6 +729,31 @@ mod tests {
             }
         }
         assert!(Preset::by_name("disb-f").is_none());
+    }
+
+    #[test]
+    fn deepplan_azure_instances_are_4_4_1_and_interleaved() {
+        let i = instances_of(&Preset::DeepPlanAzure, 2);
+        let count = |m: &str| i.iter().filter(|(a, _)| *a == m).count();
+        assert_eq!((count("bert_base"), count("roberta_base"), count("gpt2")), (8, 8, 2));
+        assert_eq!(
+            &i[..9].iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+            &[
+                "bert_base",
+                "bert_base",
+                "bert_base",
+                "bert_base",
+                "roberta_base",
+                "roberta_base",
+                "roberta_base",
+                "roberta_base",
+                "gpt2"
+            ]
+        );
+        let names: std::collections::BTreeSet<String> = i.iter().map(|&(m, k)| instance_name(m, k)).collect();
+        assert_eq!(names.len(), 18, "instance names are unique: {names:?}");
+        assert_eq!(instances_of(&Preset::Coldstart, 3).len(), 24);
+        assert!(instances_of(&Preset::Mix8, 3).is_empty());
     }
 
     #[test]

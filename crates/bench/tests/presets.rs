@@ -200,6 +200,26 @@ fn coldstart_loads_and_evicts_within_the_budget() {
 }
 
 #[test]
+fn deepplan_azure_replays_the_trace_over_instances_under_the_budget() {
+    let mut opts = small(&["paella"], &[0.5], Length::Requests(200));
+    opts.preset.instances = 1;
+    opts.preset.custom.arrival = format!("azure:{}", repo().join("data/traces/azure-functions-sample.csv").display());
+    opts.preset.custom.minute_ns = 50_000_000;
+    let r = run("deepplan-azure", &opts);
+    check_points(&r, min_isolated_ns(&r) / 2);
+    let p = &r.points[0];
+    // 4 bert_base, 4 roberta_base, 1 gpt2 under a budget of a third of their weights: loads beyond
+    // the first 9, evictions, cold requests measured; the 8 functions of the sample drive all 9.
+    assert_eq!(p.metrics.models.len(), 9, "{:?}", p.metrics.models.iter().map(|m| &m.name).collect::<Vec<_>>());
+    assert!(p.model_loads > 9 && p.model_unloads > 0, "{} loads, {} unloads", p.model_loads, p.model_unloads);
+    assert!(p.metrics.overall.cold > 0, "no measured request was a cold start");
+    let mut bad = opts.clone();
+    bad.preset.custom.arrival = "poisson".into();
+    let err = run_preset(&mut sim(seed()), &Preset::by_name("deepplan-azure").unwrap(), catalog(), &bad, &mut Quiet).unwrap_err();
+    assert!(err.to_string().contains("azure:FILE"), "{err}");
+}
+
+#[test]
 fn custom_replays_the_azure_sample() {
     let mut opts = small(&["streams"], &[1.0], Length::DurationNs(2_000_000_000));
     opts.preset.custom.models = vec!["resnet18".into(), "mobilenet_v2".into()];

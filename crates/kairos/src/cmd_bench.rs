@@ -215,7 +215,7 @@ pub enum EngineMode {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// Presets, comma-separated: paella-mix, paella-short-long, paella-hol, disb-a..disb-e, daris,
-    /// coldstart, custom (`kairos bench list`). PRESET:L1:L2 gives that preset its own loads.
+    /// coldstart, deepplan-azure, custom (`kairos bench list`). PRESET:L1:L2 gives that preset its own loads.
     #[arg(value_delimiter = ',', required = true)]
     pub presets: Vec<String>,
     #[arg(long, value_enum, env = "KAIROS_BACKEND", default_value = "sim")]
@@ -296,10 +296,10 @@ pub struct RunArgs {
     /// RT-Only reference, the real-time latency the GPU gives alone).
     #[arg(long)]
     pub rt_only: bool,
-    /// coldstart: instances of each model.
+    /// coldstart: instances of each model; deepplan-azure: k gives 4k bert_base, 4k roberta_base, k gpt2.
     #[arg(long, default_value_t = 3)]
     pub instances: u32,
-    /// coldstart: the dispatcher's weight budget in MiB (default: a third of all instances' weights).
+    /// coldstart, deepplan-azure: the dispatcher's weight budget in MiB (default: a third of all instances' weights).
     #[arg(long)]
     pub budget_mb: Option<f64>,
     /// custom: models, comma-separated; ARCH@bN serves ARCH at batch N (resnet50@b8).
@@ -307,7 +307,8 @@ pub struct RunArgs {
     pub models: Vec<String>,
     /// custom: poisson, lognormal:SIGMA, periodic, closed:CLIENTS (CLIENTS x load closed-loop
     /// clients) or azure:FILE.csv (Azure Functions invocation trace:
-    /// HashOwner,HashApp,HashFunction,Trigger,1..1440).
+    /// HashOwner,HashApp,HashFunction,Trigger,1..1440); deepplan-azure: azure:FILE.csv (default: the
+    /// synthetic sample data/traces/azure-functions-sample.csv).
     #[arg(long, default_value = "poisson")]
     pub arrival: String,
     /// custom: requests per second at load 1.
@@ -319,7 +320,8 @@ pub struct RunArgs {
     /// custom: relative deadline of every request (ms).
     #[arg(long)]
     pub deadline_ms: Option<f64>,
-    /// custom azure: functions replayed (busiest first), dealt to the models round robin.
+    /// custom azure: functions replayed (busiest first), dealt to the models round robin
+    /// (deepplan-azure: function j drives the instances i with i mod F = j).
     #[arg(long, default_value_t = 16)]
     pub functions: usize,
     /// custom azure: trace minutes replayed (default: all), each lasting --minute-ms.
@@ -706,6 +708,11 @@ fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
         rt_only: a.rt_only,
         instances: a.instances,
         budget_bytes: a.budget_mb.map(|m| (m * 1024.0 * 1024.0) as u64),
+        // deepplan-azure: --arrival azure:FILE, else the synthetic sample in the data folder.
+        azure_trace: Some(match a.arrival.strip_prefix("azure:") {
+            Some(f) => f.into(),
+            None => crate::paths::data_dir().join("traces/azure-functions-sample.csv"),
+        }),
         custom: CustomSpec {
             models: a.models.clone(),
             arrival: a.arrival.clone(),
