@@ -8,7 +8,9 @@
 # are printed last. Knobs (environment): RATE (300), INSTANCES (32), HOT (4), SHARE (0.8),
 # BUDGET (6 copies), EVICTION (lru; lru2), POLICIES ("paella streams:8"), REQUESTS (2000), SERVING (1: the serving
 # experiment below), SINGLE (1: single cold inferences of bert_base and gpt2 at seq 128 and gpt2 at
-# 1024 under paella, with and without the copy window, beside scripts/cold_peer.py).
+# 1024 under paella, with and without the copy window, beside scripts/cold_peer.py), AZURE (1: the
+# `deepplan-azure` preset, 8 bert_base, 8 roberta_base and 2 gpt2 instances under a third of their
+# weights, the trace in data/traces or AZURE_TRACE=FILE, loads 0.25 and 0.5, paella and streams).
 #
 # The serving experiment: bert_base instances i0..i{INSTANCES-1}; the first HOT take SHARE of a
 # Poisson stream of RATE req/s and stay resident, the others take the rest and are cold most of
@@ -30,6 +32,7 @@ POLICIES=${POLICIES:-"paella streams:8"}
 REQUESTS=${REQUESTS:-2000}
 SINGLE=${SINGLE:-1}
 SERVING=${SERVING:-1}
+AZURE=${AZURE:-0}
 EVICTION=${EVICTION:-lru}
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} KAIROS_PROGRESS=lines
 . scripts/cubin-carry.sh
@@ -72,9 +75,13 @@ if [ "$SINGLE" = 1 ]; then
     step peer128 90 python3 scripts/cold_peer.py --models bert_base,gpt2 --reps 30 --out $R/peer128.json
     step peer1024 90 python3 scripts/cold_peer.py --models gpt2 --seq 1024 --reps 30 --out $R/peer1024.json
 fi
+if [ "$AZURE" = 1 ]; then
+    step azure 400 $B/kairos bench run deepplan-azure --backend cuda --policies paella,streams --loads 0.25,0.5 \
+        --instances 2 --arrival "azure:${AZURE_TRACE:-data/traces/azure-functions-sample.csv}" --out $R/azure
+fi
 grep -hE "^test |test result|panicked" $R/cold-test.log 2>/dev/null | tail -12
 grep -lE "panicked|^Error" $R/*.log 2>/dev/null | sed 's/^/errors in: /'
-for f in $R/serve-*.md $R/single*.md; do
+for f in $R/serve-*.md $R/single*.md $R/azure/results.md; do
     [ -f "$f" ] && echo "== $(basename "$f")" && cat "$f"
 done
 for f in $R/peer*.log; do
