@@ -40,12 +40,16 @@ use kairos_gpu::CopyId;
 /// (one copy per small tensor does not: resnet50's 161 tensors at 24 GB/s against 48 for BERT's
 /// larger ones, measured with PyTorch on an H100).
 pub const COLD_CHUNK_BYTES_DEFAULT: u64 = 2 << 20;
-/// Default [`Config::cold_copy_window_bytes`]: pieces of at most half of it are queued while less
-/// than it is on the copy engine, so two or more are in flight and the engine stays busy while
-/// the host learns of each landing (an event query, microseconds), and an input copy behind them
-/// waits for at most 6 MiB, ~130 us at PCIe 5's ~48 GB/s, instead of a whole load (4.5 ms for
-/// bert_base f16).
-pub const COLD_COPY_WINDOW_BYTES_DEFAULT: u64 = 4 << 20;
+/// Default [`Config::cold_copy_window_bytes`]: a load's copies are queued while less than it is
+/// on the copy engine, in pieces of at most half of it (a chunk of the plan, 2-5 MiB for BERT's
+/// layers, goes whole; a longer one is cut into equal pieces), so two or more are in flight and
+/// the engine stays busy while the host learns of each landing; an input copy behind them waits
+/// for at most 24 MiB, ~0.45 ms at PCIe 5's ~55 GB/s, instead of a whole load (4 ms for bert_base
+/// f16). Smaller pieces cost bandwidth: with a 4 or 8 MiB window (chunks cut into 2 MiB pieces) a
+/// single cold bert_base's load took 0.2 ms (7%) longer than with whole chunks, and DeepPlan's
+/// serving experiment, bound by the copy engine, lost up to half its goodput (H200, 2026-11-28;
+/// PyTorch's 2 MiB copies run at 48.8 GB/s against 52-54 in one copy, H100).
+pub const COLD_COPY_WINDOW_BYTES_DEFAULT: u64 = 16 << 20;
 /// Alignment of a loaded layer that follows a host layer in the device blob.
 const DEVICE_LAYER_ALIGN_BYTES: u64 = 256;
 
@@ -221,6 +225,15 @@ fn pack(plan: &Plan, host: &[bool]) -> (Vec<Option<u64>>, u64) {
         previous_loaded = Some(i);
     }
     (offsets, end)
+}
+
+/// The byte ranges `[from, to)` is copied in: the fewest pieces of at most `piece_max` bytes,
+/// of equal length (within a byte), since a short tail would be a slow copy of its own; none for
+/// an empty range.
+fn equal_pieces(from: u64, to: u64, piece_max: u64) -> impl Iterator<Item = (u64, u64)> {
+    let len = to.saturating_sub(from);
+    let n = len.div_ceil(piece_max.max(1));
+    (0..n).map(move |k| (from + len * k / n, from + len * (k + 1) / n))
 }
 
 /// The order a load issues its chunks in: round robin over the parts (`part`, per layer; a chunk
@@ -435,11 +448,8 @@ impl<G: Gpu> Dispatcher<G> {
             let at = r.device_offset[range.start as usize].expect("chunks hold loaded layers");
             match copier.get(range.start as usize).copied().unwrap_or(0) as usize {
                 0 => {
-                    let mut p = from;
-                    while p < to {
-                        let q = to.min(p.saturating_add(piece_max));
+                    for (p, q) in equal_pieces(from, to, piece_max) {
                         r.pieces.push_back(Piece { chunk: c, from: p, to: q, at: at + (p - from), last: q == to });
-                        p = q;
                     }
                     self.top_up(model, None)?;
                 }
@@ -763,5 +773,24 @@ mod tests {
         assert_eq!(interleave_parts(&[0..1, 1..2, 2..3], &[]), vec![0, 1, 2]);
         assert_eq!(interleave_parts(&[0..1, 1..2, 2..3], &[0, 1, 1]), vec![0, 1, 2]);
         assert!(interleave_parts(&[], &[0]).is_empty());
+    }
+
+    #[test]
+    fn a_chunk_is_copied_in_equal_pieces() {
+        let pieces = |from, to, max| equal_pieces(from, to, max).collect::<Vec<_>>();
+        // A chunk no longer than a piece goes whole.
+        assert_eq!(pieces(100, 4196, 4096), vec![(100, 4196)]);
+        // One byte over: two halves, not a full piece and a 1-byte tail.
+        assert_eq!(pieces(0, 4097, 4096), vec![(0, 2048), (2048, 4097)]);
+        assert_eq!(pieces(0, 12288, 4096), vec![(0, 4096), (4096, 8192), (8192, 12288)]);
+        assert!(pieces(5, 5, 4096).is_empty());
+        for (from, to, max) in [(7u64, 10_000_007u64, 1u64 << 20), (0, 5_000_000, 2 << 20), (3, 4, 1)] {
+            let p = pieces(from, to, max);
+            assert_eq!((p[0].0, p[p.len() - 1].1), (from, to), "{p:?}");
+            assert!(p.windows(2).all(|w| w[0].1 == w[1].0), "contiguous: {p:?}");
+            let (short, long) = (p.iter().map(|(a, b)| b - a).min().unwrap(), p.iter().map(|(a, b)| b - a).max().unwrap());
+            assert!(long <= max && long - short <= 1, "{p:?}");
+            assert_eq!(p.len() as u64, (to - from).div_ceil(max), "{p:?}");
+        }
     }
 }
