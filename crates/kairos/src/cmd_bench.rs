@@ -769,6 +769,19 @@ fn run_presets(a: RunArgs) -> Result<()> {
     if a.backend == Backend::Cuda && !a.no_autotune {
         autotune_catalog(&mut catalog, a.device)?;
     }
+    if a.backend == Backend::Cuda {
+        // Presets under a weight budget load models cold: DeepPlan's plan (the default cold
+        // strategy) needs each model's layer profile, else it reads no layer in place.
+        let mut cold: Vec<&str> = Vec::new();
+        for (p, _) in &presets {
+            for (m, _) in kairos_bench::presets::instances_of(p, 1) {
+                if !cold.contains(&m) {
+                    cold.push(m);
+                }
+            }
+        }
+        layer_profile_catalog(&mut catalog, a.device, &cold)?;
+    }
     std::fs::create_dir_all(&a.out)?;
     let trace_dir = a.out.join("traces");
     let sweep = SweepOptions {
@@ -1014,6 +1027,38 @@ pub fn autotune_catalog(catalog: &mut kairos_bench::runner::Catalog, device: u32
             spec.profile = None;
         }
         spec.plan = Arc::new(plan);
+        catalog.insert(spec);
+    }
+    Ok(())
+}
+
+/// Measures DeepPlan's layer profile (each launch with its weights in GPU and in host memory,
+/// the copy times; `kairos profile --layers`) of the catalog's `models` on the GPU and attaches it
+/// to their profiles, so the dispatcher's cold plans under a weight budget come from measured
+/// times, as `kairos bench cold` and `kairos serve` with a profile do.
+pub fn layer_profile_catalog(catalog: &mut kairos_bench::runner::Catalog, device: u32, models: &[&str]) -> Result<()> {
+    /// Repetitions of each launch and copy (`kairos bench cold`'s default).
+    const LAYER_PROFILE_REPS: usize = 5;
+    if models.is_empty() {
+        return Ok(());
+    }
+    let mut gpu = kairos_cuda::CudaGpu::new(device)?;
+    for &m in models {
+        let mut spec = catalog.get(m).map_err(|e| anyhow::anyhow!("{e}"))?.clone();
+        let t0 = Instant::now();
+        let layers = kairos_gpu::exec::profile_layers(&mut gpu, &spec.plan, LAYER_PROFILE_REPS)?;
+        eprintln!("  layer profile of {m}: {} weight layers in {:.2} s", spec.plan.layers.len(), t0.elapsed().as_secs_f64());
+        let profile = spec.profile.get_or_insert_with(|| kairos_gpu::profile::ModelProfile {
+            model: spec.plan.model.clone(),
+            dtype: spec.plan.dtype,
+            batch: 1,
+            device: gpu.info().name.clone(),
+            sm_count: 0,
+            latency_ns: 0,
+            kernels: vec![],
+            layers: None,
+        });
+        profile.layers = Some(layers);
         catalog.insert(spec);
     }
     Ok(())
