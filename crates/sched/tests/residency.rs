@@ -292,6 +292,52 @@ fn the_pipelined_load_overlaps_copies_with_kernels() {
     assert!(latency[1] < latency[0], "pipelined {} ns is not below load-then-run {} ns", latency[1], latency[0]);
 }
 
+/// Two loads that start together go through the copy engine one after the other, each at the
+/// engine's full rate (the first cold request answers about as fast as alone, the second one
+/// load's copy time later), not sharing it piece by piece (both answering about one load's copy
+/// time later than alone), under the kernel-level policy and a window much smaller than a model.
+#[test]
+fn loads_take_the_copy_engine_in_turn() {
+    let seed = seed();
+    let plan = plan();
+    let x = inputs(&plan, seed);
+    let mut cfg = budget_config("paella", ColdStrategy::Pipelined, 2 * plan.weight_bytes + 8192);
+    cfg.cold_copy_window_bytes = 512 << 10;
+    assert!(plan.weight_bytes > 4 * cfg.cold_copy_window_bytes, "the model must span many windows");
+    // A slow link, so that the copies, not the kernels, make a cold start.
+    let mut desc = GpuDesc::h100_sxm();
+    desc.h2d_bytes_per_s = 1e9;
+    let cold_latency_ns = |cold: &[&str]| {
+        let gpu = SimGpu::new(desc.clone(), SimOptions { seed, check_invariants: true, ..SimOptions::default() });
+        let mut d = VirtualDriver::new(cfg.clone(), gpu).unwrap();
+        // "w0" and "w1" take the budget at load; the others start in host memory.
+        for name in ["w0", "w1", "a", "b"] {
+            d.load_model(ModelSpec { name: name.into(), plan: plan.clone(), profile: None }).unwrap();
+        }
+        let ids: Vec<_> = cold.iter().map(|m| d.submit_at(0, m, x.clone(), RequestOptions::default())).collect();
+        d.run_until_idle().unwrap();
+        let records = d.take_records();
+        assert_eq!(d.dispatcher().stats().cold_starts, cold.len() as u64);
+        let s = d.dispatcher().stats();
+        assert!(s.load_copy_bytes_in_flight_max <= cfg.cold_copy_window_bytes * 3 / 2, "one window for all loads: {s:?}");
+        ids.iter()
+            .map(|id| records.iter().find(|r| r.id == *id).unwrap().result.as_ref().unwrap().latency_ns())
+            .collect::<Vec<u64>>()
+    };
+    let alone = cold_latency_ns(&["a"])[0];
+    let both = cold_latency_ns(&["a", "b"]);
+    println!("cold latency in virtual time: alone {alone} ns, two loads at once {both:?} ns");
+    // One load's copies at 1 GB/s: a nanosecond a byte. Sharing the engine piece by piece, both
+    // would answer about one load's copy time later than alone.
+    let copy_ns = plan.weight_bytes as f64;
+    assert!(
+        both[0] as f64 <= alone as f64 + 0.25 * copy_ns,
+        "the first load shared the engine: {} ns, {alone} ns alone",
+        both[0]
+    );
+    assert!(both[1] as f64 >= alone as f64 + 0.75 * copy_ns, "the second load did not wait for the first: {} ns", both[1]);
+}
+
 /// The layer profile measured on the simulator (whose kernels read mapped host memory at the
 /// PCIe rate): one entry per launch and per layer, kernels reading their weights from host memory
 /// no faster than from device memory (within the jitter), and a plan from it that the dispatcher accepts.

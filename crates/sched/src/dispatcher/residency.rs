@@ -492,22 +492,47 @@ impl<G: Gpu> Dispatcher<G> {
         Ok(())
     }
 
-    /// Queues the load's own pieces while fewer bytes than the window are on the engine (pieces
-    /// are at most half the window, so two or more are in flight and the engine does not idle
-    /// while the host learns of a landing; one at a time cost a cold bert_base 7-12% on an H200), or,
-    /// with `through`, until that launch reads no layer left unqueued. After a refusal, writes
-    /// them synchronously.
+    /// Bytes of the loads' own pieces on the copy engine, every load's together (one window for
+    /// the engine, whichever loads fill it).
+    fn load_bytes_on_engine(&self) -> u64 {
+        let loads = self.models.iter().flatten().filter_map(|m| m.residency.as_ref());
+        loads.map(|r| r.own_in_flight.iter().map(|&(_, b)| b).sum::<u64>()).sum()
+    }
+
+    /// Whether a load that started before `model`'s (ties: the lower index) still has pieces to
+    /// queue: the engine takes the loads in the order they started.
+    fn older_load_waiting(&self, model: usize) -> bool {
+        let key = |i: usize, r: &Residency| (r.load_started_ns, i);
+        let Some(mine) = self.models[model].as_ref().and_then(|m| m.residency.as_ref()).map(|r| key(model, r)) else {
+            return false;
+        };
+        self.models.iter().enumerate().any(|(i, m)| {
+            m.as_ref()
+                .and_then(|m| m.residency.as_ref())
+                .is_some_and(|r| r.state == ResidencyState::Loading && !r.pieces.is_empty() && key(i, r) < mine)
+        })
+    }
+
+    /// Queues the load's own pieces while fewer bytes than the window are on the engine, all
+    /// loads' pieces counted, and no load that started earlier has pieces left (pieces are at most
+    /// half the window, so two or more are in flight and the engine does not idle while the host
+    /// learns of a landing; one at a time cost a cold bert_base 7-12% on an H200), or, with
+    /// `through`, until that launch reads no layer left unqueued. Loads thus go through the
+    /// engine one after another, each at its full rate, as whole loads queued at once do; with
+    /// a window per load, loads started together shared the engine and all finished late. After
+    /// a refusal, writes them synchronously.
     fn top_up(&mut self, model: usize, through: Option<usize>) -> Result<(), Error> {
         let window = self.cfg.cold_copy_window_bytes;
         let copy_stream = self.copy_stream.expect("a weight budget creates the copy stream");
         loop {
+            let on_engine = self.load_bytes_on_engine();
+            let older_first = window > 0 && self.older_load_waiting(model);
             let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) else { return Ok(()) };
             if r.pieces.is_empty() {
                 return Ok(());
             }
-            let on_engine: u64 = r.own_in_flight.iter().map(|&(_, b)| b).sum();
             let forced = through.is_some_and(|l| r.reads_unqueued(l));
-            if !r.refused && !forced && window > 0 && on_engine >= window {
+            if !r.refused && !forced && window > 0 && (on_engine >= window || older_first) {
                 return Ok(());
             }
             let p = r.pieces.pop_front().expect("looked at");
@@ -610,13 +635,19 @@ impl<G: Gpu> Dispatcher<G> {
         }
         r.own_in_flight.retain(|&(c, _)| c != copy);
         r.copies_pending = r.copies_pending.saturating_sub(1);
-        // The window has room again: the next pieces go out, and jobs waiting for them may be
-        // offered again.
-        if !r.pieces.is_empty() {
-            if let Err(e) = self.top_up(model, None) {
-                self.fail_model_jobs(model, e, out);
+        // The window has room again: the next pieces go out, the oldest load's first (this one's
+        // or another's), and jobs waiting for them may be offered again.
+        let mut loads: Vec<(u64, usize)> = (self.models.iter().enumerate())
+            .filter_map(|(i, m)| m.as_ref().and_then(|m| m.residency.as_ref()).map(|r| (i, r)))
+            .filter(|(_, r)| r.state == ResidencyState::Loading && !r.pieces.is_empty())
+            .map(|(i, r)| (r.load_started_ns, i))
+            .collect();
+        loads.sort_unstable();
+        for (_, m) in loads {
+            if let Err(e) = self.top_up(m, None) {
+                self.fail_model_jobs(m, e, out);
             }
-            self.refresh_model_jobs(model);
+            self.refresh_model_jobs(m);
         }
         let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) else { return };
         if r.copies_pending == 0 && r.pieces.is_empty() && r.state == ResidencyState::Loading {
