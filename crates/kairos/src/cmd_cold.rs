@@ -62,9 +62,9 @@ pub struct ColdArgs {
     /// Copies of a load hold at least this many bytes of consecutive loaded layers.
     #[arg(long, env = "KAIROS_COLD_CHUNK_BYTES", default_value_t = kairos_sched::dispatcher::COLD_CHUNK_BYTES_DEFAULT)]
     pub chunk_bytes: u64,
-    /// A load's own copies go on the copy engine while less than this many bytes of them are on
-    /// it, in pieces of at most half of it (the next go out as earlier ones land); 0: the whole
-    /// load at once.
+    /// Loads' own copies go on the copy engine while less than this many bytes of them (all loads
+    /// together, the first started first) are on it, in pieces of at most half of it (the next go
+    /// out as earlier ones land); 0: the whole load at once.
     #[arg(long, env = "KAIROS_COLD_COPY_WINDOW_BYTES", default_value_t = kairos_sched::dispatcher::COLD_COPY_WINDOW_BYTES_DEFAULT)]
     pub copy_window_bytes: u64,
     /// Keep the lowering's tiles (cuda backend): skip the autotuner.

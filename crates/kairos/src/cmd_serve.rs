@@ -125,10 +125,10 @@ pub struct ServeArgs {
     /// forwarded; CUDA only; without a peer they are pipelined and deepplan).
     #[arg(long, env = "KAIROS_COLD_STRATEGY", default_value = "deepplan")]
     pub cold_strategy: kairos_sched::cold::ColdStrategy,
-    /// A load's copies go on the copy engine while less than this many KiB of them are there, in
-    /// pieces of at most half of it (with --weight-budget-mib): the engine runs its queue in
-    /// order, so warm requests' input copies wait behind at most 1.5x this much of a load. 0:
-    /// each load's copies all at once.
+    /// Loads' copies go on the copy engine while less than this many KiB of them (all loads
+    /// together, the first started first) are there, in pieces of at most half of it (with
+    /// --weight-budget-mib): the engine runs its queue in order, so warm requests' input copies
+    /// wait behind at most 1.5x this much of loads. 0: each load's copies all at once.
     #[arg(long, env = "KAIROS_COLD_COPY_WINDOW_KIB", default_value_t = kairos_sched::dispatcher::COLD_COPY_WINDOW_BYTES_DEFAULT >> 10)]
     pub cold_copy_window_kib: u64,
     /// Which idle resident model a load evicts (with --weight-budget-mib): lru (least recently

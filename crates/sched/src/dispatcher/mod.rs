@@ -158,11 +158,13 @@ pub struct Config {
     pub cold_strategy: crate::cold::ColdStrategy,
     /// Copies of a load hold at least this many bytes of consecutive loaded layers.
     pub cold_chunk_bytes: u64,
-    /// A load's own copies go on the copy engine while less than this many bytes of them are on
-    /// it, in pieces of at most half of it (so at most 1.5x on it; a chunk no longer than that goes
-    /// whole, a longer one in equal pieces); the next go out as earlier ones land. The copy engine runs its queue in order, so a warm request's input copy queued behind
-    /// a whole load waited for all of it, and the dispatcher's thread with it (inputs are written
-    /// synchronously). 0: a load's copies all go out at once, unsplit.
+    /// Loads' own copies go on the copy engine while less than this many bytes of them (all loads
+    /// together) are on it, the load that started first first, in pieces of at most half of it (so
+    /// at most 1.5x on it; a chunk no longer than that goes whole, a longer one in equal pieces);
+    /// the next go out as earlier ones land. The copy engine runs its queue in order, so a warm
+    /// request's input copy queued behind a whole load waited for all of it, and the dispatcher's
+    /// thread with it (inputs are written synchronously). 0: a load's copies all go out at once,
+    /// unsplit.
     pub cold_copy_window_bytes: u64,
     /// Which idle resident model a load evicts: LRU (DeepPlan's) or LRU-2.
     pub eviction: Eviction,
