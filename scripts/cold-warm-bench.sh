@@ -16,7 +16,9 @@
 # `deepplan-azure` preset, 8 bert_base, 8 roberta_base and 2 gpt2 instances under a third of their
 # weights, the trace in data/traces or AZURE_TRACE=FILE, loads 0.25 and 0.5, paella and streams),
 # LINKS_CHUNKS (MiB, e.g. "1 2 4 8": the copy engine's rate in copies of that size,
-# scripts/links_peer.py on GPU 0, first).
+# scripts/links_peer.py on GPU 0, first), PEER (1: PyTorch's load-then-run server,
+# scripts/cold_serve_peer.py, on the same arrivals as the goodput points and the first policy's
+# serving points).
 #
 # The serving experiment: bert_base instances i0..i{INSTANCES-1}; the first HOT take SHARE of a
 # Poisson stream of RATE req/s and stay resident, the others take the rest and are cold most of
@@ -44,6 +46,7 @@ NOWINDOW=${NOWINDOW:-1}
 SINGLE_MODELS=${SINGLE_MODELS:-bert_base,gpt2}
 GOODPUT=${GOODPUT:-0}
 LINKS_CHUNKS=${LINKS_CHUNKS:-}
+PEER=${PEER:-1}
 GOODPUT_INSTANCES=${GOODPUT_INSTANCES:-64}
 GOODPUT_RATES=${GOODPUT_RATES:-300,330,360}
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} KAIROS_PROGRESS=lines
@@ -83,6 +86,12 @@ for EV in $EVICTION; do
             step "serve-$tag-nowindow" 200 $B/kairos "${SERVE[@]}" --eviction "$EV" --policy "$P" \
                 --strategies pipelined,deepplan --copy-window-bytes 0 --out $R/serve-$tag-nowindow.json
         fi
+        if [ $first = 1 ] && [ "$PEER" = 1 ]; then
+            for r in ${RATE//,/ }; do
+                step "serve-peer-$r" 300 python3 scripts/cold_serve_peer.py --replay $R/serve-$tag.json --rate "$r" \
+                    --out $R/serve-peer-$r.json
+            done
+        fi
         first=0
     done
     baseline=()
@@ -95,6 +104,12 @@ if [ "$GOODPUT" = 1 ]; then
         step goodput-nowindow 400 $B/kairos bench cold --models bert_base --serve-instances "$GOODPUT_INSTANCES" \
             --serve-rate "$GOODPUT_RATES" --serve-requests "$REQUESTS" --serve-budget-instances 4 --policy fifo \
             --copy-window-bytes 0 --out $R/goodput-nowindow.json
+    fi
+    if [ "$PEER" = 1 ]; then
+        for r in ${GOODPUT_RATES//,/ }; do
+            step goodput-peer-$r 300 python3 scripts/cold_serve_peer.py --replay $R/goodput.json --rate "$r" \
+                --out $R/goodput-peer-$r.json
+        done
     fi
 fi
 if [ "$SINGLE" = 1 ]; then
@@ -116,6 +131,9 @@ grep -hE "^test |test result|panicked" $R/cold-test.log 2>/dev/null | tail -12
 grep -lE "panicked|^Error" $R/*.log 2>/dev/null | sed 's/^/errors in: /'
 for f in $R/serve-*.md $R/goodput*.md $R/single*.md $R/azure/results.md; do
     [ -f "$f" ] && echo "== $(basename "$f")" && cat "$f"
+done
+for f in $R/*peer-*.log; do
+    [ -f "$f" ] && echo "== $(basename "$f")" && tail -2 "$f"
 done
 for f in $R/links-*.log $R/peer*.log; do
     [ -f "$f" ] && echo "== $(basename "$f")" && tail -8 "$f"
