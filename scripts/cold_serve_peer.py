@@ -97,7 +97,8 @@ def arrivals_of(doc, rate, instances):
             continue
         recs = sorted(p["records"], key=lambda r: r[1])
         return [(int(r[1]), r[0]) for r in recs], p
-    raise SystemExit(f"no point at {rate} req/s" + (f" and {instances} instances" if instances else "") + " with records")
+    which = f"{rate} req/s" + (f" and {instances} instances" if instances else "")
+    raise SystemExit(f"no point at {which} with records")
 
 
 def self_test():
@@ -188,8 +189,17 @@ def main():
         m, _ = cold_peer.build(model_name, dtype)
         m.cuda()
         dev = [t for _, t in cold_peer.state_tensors(m)]
+        for d, h in zip(dev, host, strict=True):
+            if d.shape != h.shape or d.dtype != h.dtype or not d.is_cuda:
+                sys.exit(f"slot {s}: a device tensor {tuple(d.shape)} {d.dtype} against its host copy "
+                         f"{tuple(h.shape)} {h.dtype}")
         x = x_host.cuda()
-        fwd = (lambda m=m, x=x: m(x)) if kind[0] == "vision" else (lambda m=m, x=x: m(input_ids=x))
+        if kind[0] == "vision":
+            fwd = lambda m=m, x=x: m(x)  # noqa: E731
+        elif model_name == "gpt2":
+            fwd = lambda m=m, x=x: m(input_ids=x, use_cache=False)  # noqa: E731
+        else:  # HF's default mask (all ones): an explicit one makes BERT's forward sync (see scripts/cold_peer.py)
+            fwd = lambda m=m, x=x: m(input_ids=x)  # noqa: E731
         graph, _ = cold_peer.capture(fwd)
         slots.append((dev, x, graph))
         print(f"slot {s}: {model_name} captured", file=sys.stderr)
