@@ -643,11 +643,18 @@ impl<G: Gpu> Dispatcher<G> {
             .map(|(i, r)| (r.load_started_ns, i))
             .collect();
         loads.sort_unstable();
+        let pieces_left =
+            |d: &Self, m: usize| d.models[m].as_ref().and_then(|x| x.residency.as_ref()).map_or(0, |r| r.pieces.len());
         for (_, m) in loads {
+            let before = pieces_left(self, m);
             if let Err(e) = self.top_up(m, None) {
                 self.fail_model_jobs(m, e, out);
             }
-            self.refresh_model_jobs(m);
+            // Only a load that queued pieces (or the one whose copy landed) has jobs whose next
+            // launch may now go out.
+            if m == model || pieces_left(self, m) != before {
+                self.refresh_model_jobs(m);
+            }
         }
         let Some(r) = self.models[model].as_mut().and_then(|m| m.residency.as_mut()) else { return };
         if r.copies_pending == 0 && r.pieces.is_empty() && r.state == ResidencyState::Loading {
