@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """REEF's metrics from `kairos bench run disb-*` outputs and the PyTorch peer, in one table.
 
-    python3 scripts/reef_table.py DIR [DIR ...] [--peers peers.json ...] [--json out.json]
+    python3 scripts/reef_table.py DIR[=TAG] [DIR[=TAG] ...] [--peers peers.json ...] [--json out.json]
 
 Each DIR is a `kairos bench run` output folder (raw/*.raw.json per point, traces/*.trace.json). Runs
 of the variant `rt-only` (`--rt-only`) are the RT-Only reference: each system's real-time latency
 is divided by the same system's RT-Only latency on the same workload (kairos: the `reef` RT-Only
 run, or the policy's own when there is one; a peer mode: its replay of the rt-only trace). Only
-requests that arrived in the measured window (after the warm-up) count. Per row: real-time requests
+requests that arrived in the measured window (after the warm-up) count. A DIR=TAG argument appends
+TAG to its systems' names (runs of one policy under other settings, e.g. `reef host-flag`). Per row: real-time requests
 done, their mean / p50 / p99 latency (ms) and the ratios to RT-Only, arrival to first block taken
 (us, kairos only), real-time, best-effort and overall completions per second, overall throughput
 over RT-Only's, and preemptions (kairos). REEF reports RT mean latency and overall throughput.
@@ -58,7 +59,9 @@ def main():
     a = ap.parse_args()
     rows = {}  # (preset, system, variant) -> summary
     traces = {}
-    for d in a.dirs:
+    for arg in a.dirs:
+        d, _, tag = arg.partition("=")
+        suffix = " " + tag if tag else ""
         for f in glob.glob(os.path.join(d, "traces", "*.trace.json")):
             traces[os.path.basename(f)] = json.load(open(f))
         stats = {}
@@ -73,7 +76,7 @@ def main():
             s = summarize(r["streams"], list(zip(r["stream"], r["arrival_ns"], r["done_ns"], fb)), r["warmup_ns"], r["duration_ns"])
             s["preemptions"] = stats.get((r["preset"], r["policy"], r["variant"], r["load"]), {}).get("preemptions")
             s["load"] = r["load"]
-            rows[(r["preset"], "kairos " + r["policy"], r["variant"])] = s
+            rows[(r["preset"], "kairos " + r["policy"] + suffix, r["variant"])] = s
     for pf in a.peers:
         for run in json.load(open(pf)).get("runs", []):
             t = traces.get(os.path.basename(run["trace"]))
@@ -85,7 +88,7 @@ def main():
             s["preemptions"], s["load"] = None, t["load"]
             rows[(t["preset"], "pytorch " + run["mode"], t["variant"])] = s
     out = []
-    hdr = (f"{'workload':<7} {'system':<24} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
+    hdr = (f"{'workload':<7} {'system':<30} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
            f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'preempt':>7}")
     print(hdr)
     for (preset, system, variant), s in sorted(rows.items()):
@@ -97,7 +100,7 @@ def main():
         r_all = s["total_per_s"] / ref["total_per_s"] if ref and variant != "rt-only" else float("nan")
         label = system + (" [RT-Only]" if variant == "rt-only" else "")
         pre = "" if s["preemptions"] is None else str(s["preemptions"])
-        print(f"{preset[-6:]:<7} {label:<24} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
+        print(f"{preset[-6:]:<7} {label:<30} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
               f"{r_mean:>8.3f} {r_p99:>7.3f} {s['first_block_p50_us']:>11.1f} {s['first_block_p99_us']:>7.1f} {s['rt_per_s']:>6.1f} "
               f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {pre:>7}")
         out.append({"preset": preset, "system": system, "variant": variant, **s,

@@ -314,6 +314,19 @@ impl Preset {
         }
     }
 
+    /// Models only best-effort clients of a DISB preset request (its best-effort models that none
+    /// of its real-time clients use): the ones a best-effort plan variant may replace without
+    /// touching real-time requests. Empty for the other presets.
+    pub fn best_effort_only_archs(&self) -> Vec<&'static str> {
+        let rt: &[&str] = match self {
+            Preset::Disb('a' | 'b' | 'c') => &["vgg19"],
+            Preset::Disb(_) => &DISB_BE,
+            _ => return Vec::new(),
+        };
+        let be: &[&str] = if matches!(self, Preset::Disb('a' | 'b')) { &["resnet152"] } else { &DISB_BE };
+        be.iter().copied().filter(|m| !rt.contains(m)).collect()
+    }
+
     pub fn default_loads(&self) -> Vec<f64> {
         match self {
             Preset::PaellaMix | Preset::Mix8 => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0],
@@ -707,6 +720,28 @@ mod tests {
                 .collect(),
             capacity_per_s: Some(400.0),
         }
+    }
+
+    #[test]
+    fn best_effort_only_models_are_requested_by_best_effort_streams_alone() {
+        let opts = PresetOptions::default();
+        for name in ["disb-a", "disb-b", "disb-c", "disb-d", "disb-e"] {
+            let p = Preset::by_name(name).unwrap();
+            let (w, _) = p.workload(1.0, &p.variants(&opts)[0], &iso_all(), &Catalog::default(), &opts).unwrap();
+            let with = |class: StreamClass| -> Vec<&str> {
+                w.streams.iter().filter(|s| s.class == class).map(|s| s.model.as_str()).collect()
+            };
+            let (rt, be) = (with(StreamClass::Rt), with(StreamClass::Be));
+            let mut want: Vec<&str> = be.iter().copied().filter(|m| !rt.contains(m)).collect();
+            want.sort_unstable();
+            want.dedup();
+            let mut got = p.best_effort_only_archs();
+            got.sort_unstable();
+            assert_eq!(got, want, "{name}");
+        }
+        assert_eq!(Preset::Disb('a').best_effort_only_archs(), ["resnet152"]);
+        assert_eq!(Preset::Disb('c').best_effort_only_archs().len(), 4);
+        assert!(Preset::Disb('e').best_effort_only_archs().is_empty());
     }
 
     #[test]

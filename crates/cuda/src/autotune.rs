@@ -105,6 +105,50 @@ pub struct TuneEntry {
     pub choice: TileChoice,
     pub duration_ns: u64,
     pub plan_duration_ns: u64,
+    /// The choice's estimated time per logical block ([`block_ns`]); 0 in tables written before
+    /// it was recorded.
+    #[serde(default)]
+    pub block_ns: u64,
+}
+
+/// Estimated time of one logical block of a launch that took `duration_ns` on the whole GPU:
+/// its persistent CTAs (at most `ctas_per_sm` on each of `sm_count` SMs) take the blocks in
+/// rounds, so a block lasts about the duration over the rounds.
+pub fn block_ns(duration_ns: u64, logical_blocks: u32, ctas_per_sm: u32, sm_count: u32) -> u64 {
+    let resident = (ctas_per_sm.max(1) as u64 * sm_count.max(1) as u64).min(logical_blocks.max(1) as u64);
+    duration_ns / (logical_blocks.max(1) as u64).div_ceil(resident)
+}
+
+/// The table key of a shape tuned under a block-time budget (`shape_key` plus the budget).
+pub fn budget_key(shape_key: &str, block_budget_ns: Option<u64>) -> String {
+    match block_budget_ns {
+        Some(b) => format!("{shape_key}|block<={b}ns"),
+        None => shape_key.to_string(),
+    }
+}
+
+/// The candidate a tuning keeps, from (choice, duration, block time) in timing order, the plan's
+/// own choice first: without a budget the fastest, where the plan's own choice stays unless a
+/// candidate beats it by more than [`KEEP_PLAN_SLACK`]; under a budget the same among candidates
+/// whose blocks fit it, and the one with the shortest blocks when none fits.
+pub fn pick(timed: &[(TileChoice, u64, u64)], block_budget_ns: Option<u64>) -> Option<(TileChoice, u64, u64)> {
+    let fastest = |it: &mut dyn Iterator<Item = &(TileChoice, u64, u64)>| {
+        let mut best: Option<(TileChoice, u64, u64)> = None;
+        for &c in it {
+            match best {
+                None => best = Some(c),
+                Some(b) if (c.1 as f64) < b.1 as f64 * KEEP_PLAN_SLACK => best = Some(c),
+                _ => {}
+            }
+        }
+        best
+    };
+    match block_budget_ns {
+        None => fastest(&mut timed.iter()),
+        Some(budget) => {
+            fastest(&mut timed.iter().filter(|c| c.2 <= budget)).or_else(|| timed.iter().copied().min_by_key(|c| (c.2, c.1)))
+        }
+    }
 }
 
 /// Choices by shape key ([`shape_key`]).
@@ -224,10 +268,15 @@ pub fn candidates(kernel: &Kernel, dtype: DType, plan_shape: &LaunchShape) -> Ve
 
 /// Rewrites every launch whose shape the table knows; returns how many launches changed.
 pub fn apply_table(plan: &mut Plan, table: &TuneTable) -> usize {
+    apply_table_within(plan, table, None)
+}
+
+/// [`apply_table`] with the choices made under a block-time budget.
+pub fn apply_table_within(plan: &mut Plan, table: &TuneTable, block_budget_ns: Option<u64>) -> usize {
     let mut changed = 0;
     for l in &mut plan.launches {
         let Some(key) = shape_key(&l.kernel, l.dtype) else { continue };
-        let Some(e) = table.entries.get(&key) else { continue };
+        let Some(e) = table.entries.get(&budget_key(&key, block_budget_ns)) else { continue };
         let k = with_tile(&l.kernel, e.choice.tile_m, e.choice.tile_n);
         let shape = LaunchShape {
             logical_blocks: k.logical_blocks(),
@@ -262,6 +311,12 @@ pub struct TuneOptions {
     /// server's first load wants) time only the candidates whose units are at hand, compile the
     /// others in the background into the cache, and save nothing (the next load tunes them all).
     pub compile_all_candidates: bool,
+    /// A block-time budget (the REEF issue's best-effort plans): choose the fastest candidate
+    /// whose logical blocks each take at most this long ([`block_ns`]), else the one with the
+    /// shortest blocks. A preempted launch stops at a block boundary, so its blocks bound how long
+    /// a preemption waits. `None`: the fastest candidate. Budgeted choices have table keys of
+    /// their own ([`budget_key`]).
+    pub block_budget_ns: Option<u64>,
 }
 
 impl Default for TuneOptions {
@@ -274,6 +329,7 @@ impl Default for TuneOptions {
             time_budget_ms: 60_000,
             log_candidates: false,
             compile_all_candidates: true,
+            block_budget_ns: None,
         }
     }
 }
@@ -353,7 +409,7 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
         if !opts.dtypes.contains(&l.dtype) {
             continue;
         }
-        if let Some(key) = shape_key(&l.kernel, l.dtype)
+        if let Some(key) = shape_key(&l.kernel, l.dtype).map(|k| budget_key(&k, opts.block_budget_ns))
             && seen.insert(key.clone())
         {
             shapes.push((key, i));
@@ -442,7 +498,7 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
     let mut all = table.clone();
     all.entries.extend(chosen);
     for l in &plan.launches {
-        if let Some(key) = shape_key(&l.kernel, l.dtype)
+        if let Some(key) = shape_key(&l.kernel, l.dtype).map(|k| budget_key(&k, opts.block_budget_ns))
             && let Some(e) = all.entries.get(&key)
             && opts.dtypes.contains(&l.dtype)
         {
@@ -451,7 +507,7 @@ pub fn autotune_plan(gpu: &mut CudaGpu, plan: &mut Plan, opts: &TuneOptions) -> 
         }
     }
     all.entries.retain(|k, _| shapes.iter().any(|(s, _)| s == k));
-    report.launches_changed = apply_table(plan, &all);
+    report.launches_changed = apply_table_within(plan, &all, opts.block_budget_ns);
     plan.validate().map_err(|e| GpuError::Invalid(format!("autotuned plan is invalid: {e}")))?;
     report.elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
     if opts.progress {
@@ -480,6 +536,7 @@ fn time_shapes(
 ) -> Result<()> {
     let stream = gpu.utility_stream()?;
     let whole = gpu.info().partitions[0].sms;
+    let sm_count = gpu.info().sm_count;
     let mut args = Vec::new();
     let activity = crate::progress::Activity::begin(format!("autotuning {}: 0/{} shapes", plan.model, todo.len()));
     for (n, (key, i)) in todo.iter().enumerate() {
@@ -492,8 +549,7 @@ fn time_shapes(
         }
         let l = &plan.launches[*i];
         bufs.bases.resolve_all(&l.args, &mut args);
-        let mut best: Option<(TileChoice, u64)> = None;
-        let mut own_ns = None;
+        let mut timed_all: Vec<(TileChoice, u64, u64)> = Vec::new();
         for c in candidates(&l.kernel, l.dtype, &l.shape) {
             let kernel = with_tile(&l.kernel, c.tile_m, c.tile_n);
             if !skip.is_empty() && unit_of(&kernel, l.dtype, c.threads).is_ok_and(|u| skip.contains(&u)) {
@@ -534,20 +590,21 @@ fn time_shapes(
                     continue;
                 }
             };
+            let per_sm = gpu.kernel_resources(&kernel, l.dtype, &shape).map_or(1, |r| r.ctas_per_sm_max);
+            let b_ns = block_ns(ns, shape.logical_blocks, per_sm, sm_count);
             if opts.log_candidates {
-                eprintln!("autotune   {} {}: {:.1} us", describe(&l.kernel, l.dtype), c.label(), ns as f64 / 1e3);
+                eprintln!(
+                    "autotune   {} {}: {:.1} us, blocks of {:.1} us",
+                    describe(&l.kernel, l.dtype),
+                    c.label(),
+                    ns as f64 / 1e3,
+                    b_ns as f64 / 1e3
+                );
             }
-            if own_ns.is_none() {
-                own_ns = Some(ns); // the plan's own choice comes first
-                best = Some((c, ns));
-            } else if let Some((_, b)) = best
-                && (ns as f64) < b as f64 * KEEP_PLAN_SLACK
-            {
-                best = Some((c, ns));
-            }
+            timed_all.push((c, ns, b_ns)); // the plan's own choice comes first
         }
-        let Some((choice, duration_ns)) = best else { continue };
-        let plan_duration_ns = own_ns.unwrap_or(duration_ns);
+        let Some((choice, duration_ns, chosen_block_ns)) = pick(&timed_all, opts.block_budget_ns) else { continue };
+        let plan_duration_ns = timed_all.first().map_or(duration_ns, |c| c.1);
         if opts.progress {
             let own = TileChoice {
                 tile_m: tile_of(&l.kernel).map_or(0, |t| t.0),
@@ -566,7 +623,7 @@ fn time_shapes(
                 plan_duration_ns as f64 / 1e3
             );
         }
-        chosen.insert(key.clone(), TuneEntry { choice, duration_ns, plan_duration_ns });
+        chosen.insert(key.clone(), TuneEntry { choice, duration_ns, plan_duration_ns, block_ns: chosen_block_ns });
     }
     Ok(())
 }
@@ -673,7 +730,13 @@ mod tests {
         let key = shape_key(&k, DType::F16).unwrap();
         let mut table = TuneTable::default();
         let choice = TileChoice { tile_m: 16, tile_n: 16, threads: 128, smem_bytes: 52 * 1024 };
-        table.entries.insert(key, TuneEntry { choice, duration_ns: 1, plan_duration_ns: 2 });
+        table.entries.insert(key.clone(), TuneEntry { choice, duration_ns: 1, plan_duration_ns: 2, block_ns: 1 });
+        // A budgeted table entry applies only to plans tuned under that budget.
+        let wider = TileChoice { tile_m: 32, tile_n: 32, threads: 128, smem_bytes: 0 };
+        table.entries.insert(
+            budget_key(&key, Some(10_000)),
+            TuneEntry { choice: wider, duration_ns: 1, plan_duration_ns: 2, block_ns: 1 },
+        );
         let mut plan = Plan {
             model: "t".into(),
             dtype: DType::F16,
@@ -701,5 +764,36 @@ mod tests {
         assert_eq!(l.kernel, conv(16, 16, 1));
         assert_eq!((l.shape.logical_blocks, l.shape.threads_per_block, l.shape.shared_mem_bytes), (4 * 32, 128, 52 * 1024));
         assert_eq!(apply_table(&mut plan, &table), 0, "a second application changes nothing");
+        assert_eq!(apply_table_within(&mut plan, &table, Some(10_000)), 1);
+        assert_eq!(plan.launches[0].kernel, conv(32, 32, 1));
+        assert_eq!(apply_table_within(&mut plan, &table, Some(5_000)), 0, "no entry under another budget");
+    }
+
+    #[test]
+    fn block_time_is_the_duration_over_the_rounds_of_resident_ctas() {
+        // 132 SMs x 2 CTAs: 264 resident; 100 blocks run in one round, 600 in three.
+        assert_eq!(block_ns(30_000, 100, 2, 132), 30_000);
+        assert_eq!(block_ns(30_000, 600, 2, 132), 10_000);
+        assert_eq!(block_ns(30_000, 264, 2, 132), 30_000);
+        assert_eq!(block_ns(30_000, 265, 2, 132), 15_000);
+        // Degenerate inputs do not divide by zero.
+        assert_eq!(block_ns(30_000, 0, 0, 0), 30_000);
+    }
+
+    #[test]
+    fn a_block_budget_picks_the_fastest_candidate_whose_blocks_fit() {
+        let c = |t: u32| TileChoice { tile_m: t, tile_n: t, threads: 128, smem_bytes: 0 };
+        // (choice, duration, block time); the plan's own choice first.
+        let timed = [(c(128), 40_000, 40_000), (c(64), 42_000, 21_000), (c(32), 50_000, 8_000), (c(16), 48_000, 9_000)];
+        // Unbudgeted: the plan's own choice unless beaten by more than the slack.
+        assert_eq!(pick(&timed, None).unwrap().0, c(128));
+        assert_eq!(pick(&[(c(128), 40_000, 1), (c(64), 39_500, 1)], None).unwrap().0, c(128));
+        assert_eq!(pick(&[(c(128), 40_000, 1), (c(64), 30_000, 1)], None).unwrap().0, c(64));
+        // A 10 us budget: the fastest of those with blocks of at most 10 us.
+        assert_eq!(pick(&timed, Some(10_000)).unwrap().0, c(16));
+        assert_eq!(pick(&timed, Some(25_000)).unwrap().0, c(64));
+        // Nothing fits: the shortest blocks.
+        assert_eq!(pick(&timed, Some(1_000)).unwrap().0, c(32));
+        assert_eq!(pick(&[], Some(1_000)), None);
     }
 }

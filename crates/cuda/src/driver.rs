@@ -157,6 +157,19 @@ pub fn stream_create(priority: i32) -> DResult<CUstream> {
     Ok(s)
 }
 
+/// Queues a 4-byte store of `value` at `addr` on `stream` (a stream memory operation: the GPU's
+/// front end performs it when the stream reaches it, without a kernel or a copy engine).
+///
+/// # Safety
+/// 1. `stream` is live.
+/// 2. `addr` is a 4-byte-aligned device address of this context that stays allocated until the
+///    store has happened (until the stream has passed it).
+pub unsafe fn stream_write_value32(stream: CUstream, addr: CUdeviceptr, value: u32) -> DResult<()> {
+    // SAFETY: contracts 1 and 2; flags 0 is the default (the write is not ordered with earlier
+    // writes of other streams, which nothing here needs).
+    check("cuStreamWriteValue32", unsafe { sys::cuStreamWriteValue32_v2(stream, addr, value, 0) })
+}
+
 /// # Safety
 /// 1. `stream` is live and is not used after this call.
 pub unsafe fn stream_destroy(stream: CUstream) -> DResult<()> {

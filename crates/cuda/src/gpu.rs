@@ -20,7 +20,7 @@
 use crate::driver::{self, CUdevice, CUdevice_attribute as A, DriverError};
 use crate::launcher::{Failure, Job, Launchers};
 use crate::nvrtc::{self, KernelCache, Variant};
-use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_TIMEOUT_NS, Record, RingError};
+use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_TIMEOUT_NS, Raise, Record, RingError, StopFlag};
 use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
 use kairos_gpu::idmap::IdMap;
 use kairos_gpu::*;
@@ -309,6 +309,10 @@ pub struct CudaGpu {
     helper_stream: Stream,
     /// Carries `Gpu::write`'s copies (each waited for; nothing else runs on it).
     write_stream: Stream,
+    /// Carries the stream writes that raise device-memory preempt flags (`StopFlag::Device`): a
+    /// stream of its own at the highest priority, created before the pool so that it gets a
+    /// hardware queue no kernel stream is ahead of it in.
+    preempt_stream: Stream,
     partitions: Vec<PartitionState>,
     partition_by_size: HashMap<u32, PartitionId>,
     /// Why green contexts are unavailable, when they are.
@@ -402,8 +406,13 @@ impl CudaGpu {
         let ctx = Context::new(dev).map_err(drv)?;
         let driver_version = driver::driver_version().map_err(drv)?;
         let cache = KernelCache::new((major * 10 + minor) as u32, driver_version);
-        let protocol = Protocol::new(ring_capacity).map_err(drv)?;
         let priority_range = driver::stream_priority_range().map_err(drv)?;
+        let preempt_stream = Stream::new(priority_range.1).map_err(drv)?;
+        let stop_flag = match crate::settings::settings().stop_flag {
+            StopFlag::Device if !driver::has_symbol("cuStreamWriteValue32_v2") => StopFlag::Host,
+            f => f,
+        };
+        let protocol = Protocol::new(ring_capacity, stop_flag).map_err(drv)?;
         let helper_stream = Stream::new(priority_range.1).map_err(drv)?;
         let write_stream = Stream::new(priority_range.1).map_err(drv)?;
         let info = DeviceInfo {
@@ -471,6 +480,7 @@ impl CudaGpu {
             overlap_launches: major >= 9 && crate::settings::settings().overlap_launches,
             helper_stream,
             write_stream,
+            preempt_stream,
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
             green_note: None,
@@ -1166,10 +1176,13 @@ impl CudaGpu {
                 if self.overlap_launches && !light {
                     flags |= source::FLAG_OVERLAPPED;
                 }
-                // A silent launch's slot fields are never read: slot 0's address stands in.
-                let s = s.unwrap_or(0);
                 // An unknown stream has no gate; stream_for below refuses it.
                 let gate = gate.unwrap_or_default();
+                if let Some(s) = s {
+                    self.protocol.bind_slot(s, gate.seq);
+                }
+                // A silent launch's slot fields are never read: slot 0's address stands in.
+                let s = s.unwrap_or(0);
                 self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0), gate)
             }
             (Variant::Plain, _) => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
@@ -1414,6 +1427,22 @@ impl CudaGpu {
             self.host_maps.note_launch(id, request.args, |l| slot_of.contains_key(&l));
         }
         Ok(id)
+    }
+
+    /// Where the preempt flags of launches from now on live (the settings' `stop_flag` at open;
+    /// measurements compare both in one process). `StopFlag::Device` needs the driver's stream
+    /// writes.
+    pub fn set_stop_flag(&mut self, stop_flag: StopFlag) -> Result<()> {
+        if stop_flag == StopFlag::Device && !driver::has_symbol("cuStreamWriteValue32_v2") {
+            return Err(GpuError::Invalid("this driver has no stream writes (cuStreamWriteValue32_v2)".into()));
+        }
+        self.flush_launches();
+        self.protocol.set_stop_flag(stop_flag);
+        Ok(())
+    }
+
+    pub fn stop_flag(&self) -> StopFlag {
+        self.protocol.stop_flag()
     }
 
     /// The `kairos_spin` helper: `blocks` logical blocks of `ns_per_block` each, counting every
@@ -2324,8 +2353,14 @@ impl Gpu for CudaGpu {
     }
 
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
-        if let Some(&slot) = self.slot_of.get(&launch) {
-            self.protocol.set_preempt(slot);
+        if let Some(&slot) = self.slot_of.get(&launch)
+            && let Raise::WriteDevice { addr, value } = self.protocol.set_preempt(slot)
+        {
+            self.bind()?;
+            // SAFETY: the preempt stream is live while self lives; `addr` is a 4-byte word of the
+            // protocol's stop-word buffer in this context, released only when self drops, and
+            // cuMemFree waits for the device's work in flight, this store included.
+            unsafe { driver::stream_write_value32(self.preempt_stream.raw(), addr, value) }.map_err(drv)?;
         }
         Ok(())
     }

@@ -27,9 +27,29 @@ pub const LAUNCH_SLOTS_MAX: u32 = 1024;
 pub const RING_TIMEOUT_NS: u64 = 50_000_000;
 /// Stream gate words (one per live stream; see protocol.cuh, "Stream gate").
 pub const GATE_WORDS_MAX: u32 = 2048;
-/// How often, at most, a launch's CTAs read the host's preempt flag (one PCIe read per launch per
-/// interval: such reads serialize across the device, so not every CTA may poll).
+/// How often, at most, a launch's CTAs read the host's preempt flag when it lives in mapped host
+/// memory ([`StopFlag::Host`]; one PCIe read per launch per interval: such reads serialize across
+/// the device, so not every CTA may poll). The device-memory flag is read at every take.
 pub const PREEMPT_POLL_NS: u32 = 4_000;
+
+/// Where launches' preempt flags live (protocol.cuh, point 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopFlag {
+    /// A word per slot in device memory, written with a stream memory operation (the launch's
+    /// `seq`), read at every take.
+    Device,
+    /// A word per slot in mapped pinned host memory, set with one store, polled every
+    /// [`PREEMPT_POLL_NS`].
+    Host,
+}
+
+/// What raising a preempt flag takes from the caller: nothing more (the host word was stored), or
+/// a stream write of `value` at the device address `addr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Raise {
+    Stored,
+    WriteDevice { addr: u64, value: u32 },
+}
 
 const _: () = assert!(RING_CAPACITY.is_power_of_two() && RING_CAPACITY >= RING_CAPACITY_MIN);
 
@@ -79,6 +99,11 @@ pub struct Protocol {
     free_gate_words: Vec<u32>,
     /// Launch sequence numbers: the last one handed out (never 0).
     seq: u32,
+    /// Where the preempt flags live; with [`StopFlag::Device`], `stop_words` holds them.
+    stop_flag: StopFlag,
+    stop_words: DeviceBuffer,
+    /// The `seq` of the launch last given each slot's parameters (what its device flag must hold).
+    slot_seq: Vec<u32>,
     /// Records the ring holds: a power of two, at least [`RING_CAPACITY_MIN`].
     capacity: u32,
 }
@@ -95,7 +120,7 @@ pub struct Gate {
 impl Protocol {
     /// A protocol whose ring holds `capacity` records; the caller checks the capacity
     /// ([`check_capacity`]).
-    pub fn new(capacity: u32) -> DResult<Protocol> {
+    pub fn new(capacity: u32, stop_flag: StopFlag) -> DResult<Protocol> {
         debug_assert!(check_capacity(capacity).is_ok());
         let records = MappedBuffer::new(capacity as u64 * source::RECORD_BYTES as u64)?;
         let ring_host = MappedBuffer::new(source::RING_HOST_BYTES as u64)?;
@@ -108,7 +133,13 @@ impl Protocol {
         slots.fill(0)?;
         let gate_words = DeviceBuffer::new(GATE_WORDS_MAX as u64 * 4)?;
         gate_words.fill(0)?;
+        // Zero is never a launch's seq: no flag starts raised.
+        let stop_words = DeviceBuffer::new(LAUNCH_SLOTS_MAX as u64 * 4)?;
+        stop_words.fill(0)?;
         Ok(Protocol {
+            stop_flag,
+            stop_words,
+            slot_seq: vec![0; LAUNCH_SLOTS_MAX as usize],
             records,
             ring_host,
             flags,
@@ -159,10 +190,36 @@ impl Protocol {
         LAUNCH_SLOTS_MAX - self.free_slots.len() as u32
     }
 
-    /// Raises a slot's preempt flag: one store to pinned memory the device reads.
-    pub fn set_preempt(&self, slot: u32) {
-        self.flags.store_u32(slot as u64 * 4, 1);
-        fence(Ordering::SeqCst);
+    /// Raises the preempt flag of the launch last given `slot`'s parameters: one store to the
+    /// pinned word the device polls ([`StopFlag::Host`]), or the stream write the caller must queue
+    /// ([`StopFlag::Device`]: the launch's `seq` into the slot's device word; a write that lands
+    /// after the launch ended is ignored by the slot's later launches, whose `seq` differs).
+    pub fn set_preempt(&self, slot: u32) -> Raise {
+        match self.stop_flag {
+            StopFlag::Host => {
+                self.flags.store_u32(slot as u64 * 4, 1);
+                fence(Ordering::SeqCst);
+                Raise::Stored
+            }
+            StopFlag::Device => {
+                Raise::WriteDevice { addr: self.stop_words.ptr() + slot as u64 * 4, value: self.slot_seq[slot as usize] }
+            }
+        }
+    }
+
+    /// Notes which launch (its `seq`) `slot` now carries: the value that raises its device flag.
+    pub fn bind_slot(&mut self, slot: u32, seq: u32) {
+        self.slot_seq[slot as usize] = seq;
+    }
+
+    pub fn stop_flag(&self) -> StopFlag {
+        self.stop_flag
+    }
+
+    /// Where the flags of launches given parameters from now on live (launches in flight keep
+    /// theirs: each slot's words stay valid in both places).
+    pub fn set_stop_flag(&mut self, stop_flag: StopFlag) {
+        self.stop_flag = stop_flag;
     }
 
     /// The protocol parameters of a launch in `slot`.
@@ -177,9 +234,13 @@ impl Protocol {
         sm_bitmap: u64,
         gate: Gate,
     ) -> ProtoParams {
+        let (preempt_flag, flags) = match self.stop_flag {
+            StopFlag::Host => (self.flags.dev_ptr() + slot as u64 * 4, flags),
+            StopFlag::Device => (self.stop_words.ptr() + slot as u64 * 4, flags | source::FLAG_DEVICE_STOP),
+        };
         ProtoParams {
             slot_state: self.slots.ptr() + slot as u64 * source::SLOT_BYTES as u64,
-            preempt_flag: self.flags.dev_ptr() + slot as u64 * 4,
+            preempt_flag,
             ring_records: self.records.dev_ptr(),
             ring_host: self.ring_host.dev_ptr(),
             ring_dev: self.ring_dev.ptr(),

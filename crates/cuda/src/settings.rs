@@ -8,6 +8,7 @@
 //! CUBIN cache folder, compilation on every core, progress on stderr, light launches on, two
 //! launcher threads, eight hardware queues.
 
+pub use crate::protocol::StopFlag;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -54,6 +55,10 @@ pub struct Settings {
     /// Hardware queues the driver gives the context's streams: what it reads from
     /// `CUDA_DEVICE_MAX_CONNECTIONS` (the driver's default is 8; kairos' scripts set 32).
     pub hardware_queues: u32,
+    /// Where launches' preempt flags live (protocol.cuh, point 3): device memory, read at every
+    /// block take and raised by a stream write (default), or mapped host memory, polled every
+    /// 4 µs. `KAIROS_PREEMPT_FLAG=device|host`. A driver without stream writes falls back to host.
+    pub stop_flag: StopFlag,
 }
 
 impl Default for Settings {
@@ -68,6 +73,7 @@ impl Default for Settings {
             light_launches: true,
             launch_threads: crate::gpu::LAUNCH_THREADS_DEFAULT,
             hardware_queues: 8,
+            stop_flag: StopFlag::Device,
         }
     }
 }
@@ -103,6 +109,10 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "KAIROS_RUN_KERNELS", meaning: "light: recorded runs replay light protocol launches, not plain grids" },
     EnvVar { name: "KAIROS_OVERLAP_LAUNCHES", meaning: "1: overlap each launch's start with the previous one's end (sm_90+)" },
     EnvVar { name: "KAIROS_LIGHT_LAUNCHES", meaning: "0: every launch under the full protocol" },
+    EnvVar {
+        name: "KAIROS_PREEMPT_FLAG",
+        meaning: "host: preempt flags in mapped host memory, polled every 4 us (default device: read at every block take)",
+    },
     EnvVar { name: "KAIROS_LAUNCH_THREADS", meaning: "launcher threads, 0 to 16 (default 2; 0: the dispatcher's thread)" },
     EnvVar {
         name: "CUDA_DEVICE_MAX_CONNECTIONS",
@@ -157,6 +167,13 @@ impl Settings {
             s.launch_threads = v.trim().parse::<usize>().ok().filter(|&n| n <= LAUNCH_THREADS_MAX).ok_or_else(|| {
                 bad("KAIROS_LAUNCH_THREADS", &v, format!("a number of launcher threads (0 to {LAUNCH_THREADS_MAX})"))
             })?;
+        }
+        if let Some(v) = get("KAIROS_PREEMPT_FLAG") {
+            s.stop_flag = match v.trim() {
+                "device" | "" => StopFlag::Device,
+                "host" => StopFlag::Host,
+                _ => return Err(bad("KAIROS_PREEMPT_FLAG", &v, "device or host")),
+            };
         }
         if let Some(v) = get("CUDA_DEVICE_MAX_CONNECTIONS") {
             s.hardware_queues = v
@@ -240,6 +257,7 @@ mod tests {
             ("KAIROS_LIGHT_LAUNCHES", "0"),
             ("KAIROS_LAUNCH_THREADS", "0"),
             ("CUDA_DEVICE_MAX_CONNECTIONS", "32"),
+            ("KAIROS_PREEMPT_FLAG", "host"),
         ])
         .unwrap();
         assert_eq!(s.cache_dir, Some(PathBuf::from("/c")));
@@ -248,12 +266,13 @@ mod tests {
         assert_eq!(s.progress, ProgressMode::Off);
         assert!(!s.run_kernels_plain && s.overlap_launches && !s.light_launches);
         assert_eq!((s.launch_threads, s.hardware_queues), (0, 32));
+        assert_eq!(s.stop_flag, StopFlag::Host);
         // Every variable read is in the table.
         let read = ["KAIROS_CACHE_DIR", "KAIROS_COMPILE_JOBS", "KAIROS_NVRTC_OPTIONS", "KAIROS_PROGRESS", "KAIROS_RUN_KERNELS"];
         for name in read {
             assert!(ENV_VARS.iter().any(|v| v.name == name), "{name}");
         }
-        assert_eq!(ENV_VARS.len(), 9);
+        assert_eq!(ENV_VARS.len(), 10);
     }
 
     #[test]
@@ -267,6 +286,7 @@ mod tests {
             ("KAIROS_LIGHT_LAUNCHES", "2"),
             ("KAIROS_LAUNCH_THREADS", "17"),
             ("CUDA_DEVICE_MAX_CONNECTIONS", "0"),
+            ("KAIROS_PREEMPT_FLAG", "pcie"),
         ] {
             let e = from(&[(k, v)]).unwrap_err();
             assert_eq!((e.variable, e.value.as_str()), (k, v));

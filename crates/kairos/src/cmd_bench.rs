@@ -296,6 +296,12 @@ pub struct RunArgs {
     /// RT-Only reference, the real-time latency the GPU gives alone).
     #[arg(long)]
     pub rt_only: bool,
+    /// disb-*: autotune the models only best-effort clients request under this block-time budget
+    /// (µs): each logical block of theirs takes at most about this long where a tile allows it,
+    /// so preempting them waits less (REEF's preemption floor; `--backend cuda`). Models that
+    /// real-time clients request too keep their fastest tiles.
+    #[arg(long)]
+    pub be_block_budget_us: Option<u64>,
     /// coldstart: instances of each model; deepplan-azure: k gives 4k bert_base, 4k roberta_base, k gpt2.
     #[arg(long, default_value_t = 3)]
     pub instances: u32,
@@ -769,6 +775,18 @@ fn run_presets(a: RunArgs) -> Result<()> {
     if a.backend == Backend::Cuda && !a.no_autotune {
         autotune_catalog(&mut catalog, a.device)?;
     }
+    if let Some(budget_us) = a.be_block_budget_us {
+        anyhow::ensure!(a.backend == Backend::Cuda, "--be-block-budget-us needs --backend cuda (it times tiles on the GPU)");
+        let mut be: Vec<&str> = presets.iter().flat_map(|(p, _)| p.best_effort_only_archs()).collect();
+        be.sort_unstable();
+        be.dedup();
+        anyhow::ensure!(
+            !be.is_empty(),
+            "--be-block-budget-us: no model of these presets is requested by best-effort clients alone"
+        );
+        eprintln!("  best-effort plans with blocks of at most {budget_us} us: {}", be.join(", "));
+        autotune_models(&mut catalog, a.device, Some(&be), Some(budget_us * 1000))?;
+    }
     if a.backend == Backend::Cuda {
         // Presets under a weight budget load models cold: DeepPlan's plan (the default cold
         // strategy) needs each model's layer profile, else it reads no layer in place.
@@ -1010,14 +1028,29 @@ fn launch_cost_probe(
 /// lowering's tiles no longer matches a retiled plan: such a model starts from roofline estimates
 /// and learns its kernels' durations online.
 pub fn autotune_catalog(catalog: &mut kairos_bench::runner::Catalog, device: u32) -> Result<()> {
+    autotune_models(catalog, device, None, None)
+}
+
+/// [`autotune_catalog`] for `models` only (None: all), under a block-time budget (see
+/// `kairos_cuda::TuneOptions::block_budget_ns`). The plan is tuned as lowered: a budget replaces
+/// an earlier tuning's choices.
+pub fn autotune_models(
+    catalog: &mut kairos_bench::runner::Catalog,
+    device: u32,
+    models: Option<&[&str]>,
+    block_budget_ns: Option<u64>,
+) -> Result<()> {
     let mut gpu = kairos_cuda::CudaGpu::new(device)?;
     let specs: Vec<ModelSpec> = catalog.specs().cloned().collect();
     for mut spec in specs {
-        if spec.plan.launches.is_empty() || spec.name == kairos_bench::presets::HOL_MODEL {
+        if spec.plan.launches.is_empty()
+            || spec.name == kairos_bench::presets::HOL_MODEL
+            || models.is_some_and(|m| !m.contains(&spec.name.as_str()))
+        {
             continue;
         }
         let mut plan = (*spec.plan).clone();
-        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], ..kairos_cuda::TuneOptions::default() };
+        let opts = kairos_cuda::TuneOptions { dtypes: vec![plan.dtype], block_budget_ns, ..kairos_cuda::TuneOptions::default() };
         let r = kairos_cuda::autotune_plan(&mut gpu, &mut plan, &opts)?;
         if r.launches_changed > 0
             && let Some(p) = &spec.profile

@@ -13,12 +13,22 @@
 //      launch stops at a logical-block boundary, and relaunching with first_block = that boundary
 //      runs exactly the blocks never taken. With KAIROS_FLAG_ONE_TAKE (the host knows every CTA
 //      lands in the mask and the grid covers the blocks left) a CTA leaves after one block.
-//   3. The host's preempt flag is a word in mapped pinned host memory (set with one store, no
-//      copy). Reading it costs a PCIe round trip (~1.5 us) and such reads serialize across the
-//      device, so CTAs do not all poll it: after a take, the CTA that finds the launch's last poll
-//      older than `poll_ns` claims the poll (a CAS) and reads the flag; if it is set, it sets the
-//      stop bit (atomicOr) and records the count it saw, which is where the launch stops.
-//      Preemption latency is therefore at most poll_ns + one PCIe read + the longest block.
+//   3. The preempt flag, in one of two places (the host chooses per launch):
+//      a. With KAIROS_FLAG_DEVICE_STOP (the default), a word in device memory per launch slot
+//         that the host writes with a stream memory operation (cuStreamWriteValue32 on a stream
+//         of its own) holding the launch's `seq`. Every take reads it (an L2 read issued beside
+//         the take's atomic, so it adds no round trip); a take that finds its own `seq` there
+//         sets the stop bit. The value is the launch's sequence number, not 1, so a write that
+//         lands after its launch ended never stops the slot's next launch, and nothing has to
+//         clear the word. Preemption latency: the write's trip through the GPU's front end +
+//         the longest block.
+//      b. Otherwise a word in mapped pinned host memory (set with one store, no copy). Reading
+//         it costs a PCIe round trip (~1.5 us) and such reads serialize across the device, so
+//         CTAs do not all poll it: after a take, the CTA that finds the launch's last poll older
+//         than `poll_ns` claims the poll (a CAS) and reads the flag. Preemption latency is
+//         therefore at most poll_ns + one PCIe read + the longest block.
+//      Either way a CTA that finds the flag raised sets the stop bit (atomicOr) and records the
+//      count it saw, which is where the launch stops.
 //   4. Stream gate. A launch queued on a stream behind another launch must not run on the
 //      partial result of one that was stopped early. Every launch carries a sequence number
 //      (`seq`), the sequence number of the launch before it on its stream (`gate_seq`, 0: none)
@@ -117,6 +127,9 @@ typedef long long i64;
 // With KAIROS_FLAG_LIGHT: the launch reports nothing and keeps no books (a later launch on its
 // stream that reports its end implies this one's; the host infers it from stream order).
 #define KAIROS_FLAG_SILENT 256u
+// The preempt flag is the device-memory word of point 3a (raised when it holds the launch's seq),
+// read at every take; without it, the mapped host word of point 3b, polled.
+#define KAIROS_FLAG_DEVICE_STOP 512u
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -155,7 +168,7 @@ struct KairosSlot {
 // The protocol half of every kernel's parameters (the first kernel parameter, by value).
 struct KairosProto {
     u64 slot_state;    // KairosSlot* (device memory)
-    u64 preempt_flag;  // volatile u32* (mapped pinned host memory, device address)
+    u64 preempt_flag;  // volatile u32*: device memory (KAIROS_FLAG_DEVICE_STOP) or mapped pinned host memory
     u64 ring_records;  // KairosRecord* (mapped pinned host memory, device address)
     u64 ring_host;     // KairosRingHost* (mapped pinned host memory, device address)
     u64 ring_dev;      // KairosRingDev* (device memory)
@@ -322,11 +335,26 @@ __device__ __forceinline__ bool kairos_gate_closed(const KairosProto& P) {
     return P.gate_seq != 0u && *(volatile u32*)P.gate_word == P.gate_seq;
 }
 
+// Whether the launch's preempt flag is raised (one read; point 3).
+__device__ __forceinline__ bool kairos_flag_raised(const KairosProto& P) {
+    const u32 f = *(volatile u32*)P.preempt_flag;
+    return (P.flags & KAIROS_FLAG_DEVICE_STOP) ? f == P.seq : f != 0u;
+}
+
 // One take (leader thread only): the next logical block, or KAIROS_NO_BLOCK when the launch is
-// exhausted or stopped. A CTA that takes a block also polls the host's preempt flag when the
-// launch's last poll is older than poll_ns, unless `gated` (the take of a CTA that still has to
-// check its stream gate, which no poll may race).
+// exhausted or stopped. A CTA that takes a block also reads the preempt flag: the device word at
+// every take, the host word when the launch's last poll is older than poll_ns; neither when
+// `gated` (the take of a CTA that still has to check its stream gate, which no stop may race).
 __device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S, bool gated = false) {
+    if (P.flags & KAIROS_FLAG_DEVICE_STOP) {
+        // The flag's read is issued before the take's atomic; both round trips overlap.
+        const u32 f = gated ? 0u : *(volatile u32*)P.preempt_flag;
+        const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
+        const u32 taken = (u32)v;
+        if ((v & KAIROS_STOP_BIT) || taken >= P.total_blocks - P.first_block) return KAIROS_NO_BLOCK;
+        if (!gated && f == P.seq) kairos_stop(S);
+        return P.first_block + taken;
+    }
     const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
     // The poll clock is read beside the take (both round trips overlap), not after it.
     const u64 last = gated ? 0ull : *(volatile u64*)&S->last_poll_ns;
@@ -511,7 +539,7 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
             kairos_stop_at_gate(S);
             s_rescue = 0;
         }
-        if (s_rescue && *(volatile u32*)P.preempt_flag) {
+        if (s_rescue && kairos_flag_raised(P)) {
             kairos_stop(S);
             s_rescue = 0;
         }

@@ -550,6 +550,9 @@ pub const FLAG_START_RECORD: u32 = 64;
 pub const FLAG_LIGHT: u32 = 128;
 /// KAIROS_FLAG_SILENT: a light launch that reports nothing (a later launch on its stream implies its end).
 pub const FLAG_SILENT: u32 = 256;
+/// KAIROS_FLAG_DEVICE_STOP: the preempt flag is a device-memory word, raised when it holds the
+/// launch's `seq`, read at every take (without it: a mapped host word, polled every `poll_ns`).
+pub const FLAG_DEVICE_STOP: u32 = 512;
 
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1226,6 +1229,7 @@ mod tests {
             ("KAIROS_FLAG_START_RECORD", FLAG_START_RECORD),
             ("KAIROS_FLAG_LIGHT", FLAG_LIGHT),
             ("KAIROS_FLAG_SILENT", FLAG_SILENT),
+            ("KAIROS_FLAG_DEVICE_STOP", FLAG_DEVICE_STOP),
             ("KAIROS_REC_PLACED", REC_PLACED),
             ("KAIROS_REC_FINISHED", REC_FINISHED),
             ("KAIROS_REC_DONE", REC_DONE),

@@ -58,6 +58,11 @@ pub struct LatencyDesc {
     /// the last one is older; kairos-cuda's `PREEMPT_POLL_NS`).
     #[serde(default = "default_preempt_poll_ns")]
     pub preempt_poll_ns: u64,
+    /// With kairos-cuda's device-memory preempt flag (its default, `KAIROS_PREEMPT_FLAG=device`):
+    /// from the host's stream-write call until the flag is in device memory; every take reads it,
+    /// so the two fields above do not apply. `None`: the host-memory flag.
+    #[serde(default)]
+    pub preempt_flag_write_ns: Option<u64>,
     /// Fixed setup time of one DMA copy on a copy engine, and of a synchronous read or write.
     pub copy_setup_ns: u64,
     /// Time a CTA that takes no logical block (outside its SM mask, nothing left, flag set) holds

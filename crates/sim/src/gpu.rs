@@ -165,8 +165,11 @@ struct Grid {
     /// The last CTA left and the tail is running.
     in_tail: bool,
     jitter: f64,
-    /// The host set the launch's preempt flag (in mapped host memory).
+    /// The host raised the launch's preempt flag (a store to mapped host memory, or a stream
+    /// write to device memory that lands at `flag_at_ns`).
     host_flag: bool,
+    /// When the raised flag is there to be read.
+    flag_at_ns: u64,
     /// When the CTAs' last read of the host flag was claimed (0: the clock has not started).
     last_poll_ns: u64,
     /// When the launch's stop bit is visible to takes (a poll found the host flag set).
@@ -1531,7 +1534,7 @@ impl SimGpu {
                 let grid = &mut self.grids[g];
                 let last_out = grid.ctas_live == n && grid.ctas_unplaced == 0;
                 let stopped = grid.stop_ns.is_some_and(|s| s <= t);
-                if last_out && !stopped && grid.next_block < grid.end_block && grid.host_flag {
+                if last_out && !stopped && grid.next_block < grid.end_block && grid.host_flag && grid.flag_at_ns <= t {
                     // The last CTA reads the host flag itself.
                     grid.stop_ns = Some(t);
                 }
@@ -1627,12 +1630,21 @@ impl SimGpu {
         }
     }
 
-    /// A take that got a block claims the launch's flag poll when the last one is `preempt_poll_ns`
-    /// old (the first claim only starts the clock); a poll that finds the host flag set makes the
-    /// stop bit visible one PCIe read (`preempt_flag_delay_ns`) later.
+    /// A take that got a block reads the launch's flag. In device memory
+    /// (`preempt_flag_write_ns` set): every take, and a raised flag stops the launch at once. In
+    /// host memory: the take claims the poll when the last one is `preempt_poll_ns` old (the first
+    /// claim only starts the clock), and a poll that finds the flag set makes the stop bit
+    /// visible one PCIe read (`preempt_flag_delay_ns`) later.
     fn poll_flag(&mut self, g: u32, t: u64) {
         let lat = &self.desc.latency;
         let grid = &mut self.grids[g];
+        if lat.preempt_flag_write_ns.is_some() {
+            if grid.host_flag && grid.flag_at_ns <= t && grid.stop_ns.is_none() {
+                grid.stop_ns = Some(t);
+                self.schedule(t, Ev::FlagVisible);
+            }
+            return;
+        }
         if grid.last_poll_ns == 0 {
             grid.last_poll_ns = t.max(1);
         } else if t - grid.last_poll_ns >= lat.preempt_poll_ns {
@@ -2041,6 +2053,7 @@ impl SimGpu {
             in_tail: false,
             jitter,
             host_flag: false,
+            flag_at_ns: 0,
             last_poll_ns: 0,
             stop_ns: None,
             state: GridState::Queued,
@@ -2371,8 +2384,10 @@ impl Gpu for SimGpu {
         if grid.state == GridState::Finished {
             return Ok(());
         }
-        // One store to mapped host memory; CTAs find it at their next poll (see `poll_flag`).
+        // One store to mapped host memory, or a stream write that lands in device memory a
+        // while later; CTAs find it at their next poll or take (see `poll_flag`).
         grid.host_flag = true;
+        grid.flag_at_ns = self.now_ns + self.desc.latency.preempt_flag_write_ns.unwrap_or(0);
         Ok(())
     }
 

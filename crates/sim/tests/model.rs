@@ -339,7 +339,18 @@ fn masked_launches_work_only_on_their_sms() {
 
 #[test]
 fn preemption_stops_at_a_block_boundary_and_resume_finishes_the_rest() {
-    let desc = GpuDesc::h100_sxm();
+    // The preempt flag in mapped host memory (polled) and in device memory (read at every take).
+    let host = GpuDesc::h100_sxm();
+    let mut device = host.clone();
+    device.latency.preempt_flag_write_ns = Some(3_000);
+    // Each within its bound (blocks of ~110 us here: where the flag lands against the CTAs' takes
+    // decides the latency, not how it gets there).
+    preempt_and_resume(host);
+    preempt_and_resume(device);
+}
+
+/// Preempts a long GEMM 100 us in; checks the stop against its bound, and the resume.
+fn preempt_and_resume(desc: GpuDesc) {
     let mut gpu = SimGpu::new(desc.clone(), exact());
     let k = gemm(8192, 8192, 2048, 128);
     let n = k.logical_blocks();
@@ -361,7 +372,12 @@ fn preemption_stops_at_a_block_boundary_and_resume_finishes_the_rest() {
         gpu.estimate_duration_ns(&k, DType::F16, &shape(&k, 256, 0), 132).unwrap() / (n as u64).div_ceil(132 * occ as u64);
     // The next take polls the flag (at most every preempt_poll_ns), one PCIe read later the stop bit
     // is set; blocks taken before that finish. CTAs move in waves here, so that is up to two blocks.
-    let bound = desc.latency.preempt_poll_ns + desc.latency.preempt_flag_delay_ns + 2 * block_ns;
+    // A device flag is read by the first take after its write lands.
+    let flag_ns = match desc.latency.preempt_flag_write_ns {
+        Some(w) => w,
+        None => desc.latency.preempt_poll_ns + desc.latency.preempt_flag_delay_ns,
+    };
+    let bound = flag_ns + 2 * block_ns;
     println!("preempted {} ns after the call (bound {bound})", at - t_preempt);
     assert!(at - t_preempt <= bound, "preempted after {} ns", at - t_preempt);
     let mut req = request(&k, DType::F16, shape(&k, 256, 0), &p, s);

@@ -60,6 +60,8 @@ fn random_desc(rng: &mut SmallRng) -> GpuDesc {
     ] {
         *v = (*v as f64 * scale) as u64;
     }
+    // Half the devices keep their preempt flags in device memory (kairos-cuda's default).
+    l.preempt_flag_write_ns = rng.random_bool(0.5).then_some((3_000.0 * scale) as u64);
     d.validate().unwrap();
     d
 }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# REEF's preemption floor on the GPU, in one device call (docs/benchmarks.md "Preemption floor"):
+#
+#   tests   the GPU tests of preemption and exact resume (crates/gputest/tests/gpu.rs, filter
+#           `preempt`), with the preempt flag in device memory and in host memory
+#   bench   crates/gputest/examples/preempt_bench.rs: spin kernels and every kernel of real models
+#           preempted at random instants, both flags, plans autotuned with and without a block budget
+#   disb    DISB workloads (DISB, default "disb-a disb-c") under `reef` at REEF's rates: device flag
+#           (reef, reef+wait, streams), host flag (reef), device flag with best-effort plans under a
+#           block budget (reef), and the RT-Only reference; REEF's table last (scripts/reef_table.py)
+#
+# Here (no GPU), build what the call carries:
+#   cargo build --release -p kairos-gputest --example preempt_bench
+#   cargo test --release -p kairos-gputest --test gpu --no-run   (its path: cargo's "Executable" line)
+#   then strip + gzip them into $CARRY/preempt_bench.gz and $CARRY/gpu-tests.gz, the binary into
+#   $CARRY/kairos.gz (scripts/carry-build.sh), the CUBIN cache into .carry-cubin/.
+# On the device: OUT=... STEPS="tests bench disb" bash scripts/preempt-bench.sh
+# Knobs: TRIALS (spin trials per case, 1000), KERNEL_TRIALS (per model kernel, 4), MODELS (comma list),
+# BUDGET_US (10), DISB, REQUESTS (2250 a point), CARRY (.carry).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1
+. scripts/cubin-carry.sh
+CARRY=${CARRY:-.carry}
+R=${OUT:-out/preempt}
+W=/tmp/preempt-work
+rm -rf $W
+mkdir -p $R $W
+BIN=/tmp/preempt-bin
+mkdir -p $BIN
+for b in preempt_bench gpu-tests kairos; do
+    [ -f $CARRY/$b.gz ] && gunzip -c $CARRY/$b.gz >$BIN/$b && chmod +x $BIN/$b
+done
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $W/device.txt
+cp "$0" $W/
+STEPS=${STEPS:-tests bench disb}
+BUDGET_US=${BUDGET_US:-10}
+summary=""
+
+for step in $STEPS; do
+    t=$(date +%s)
+    case $step in
+    tests)
+        for f in device host; do
+            KAIROS_PREEMPT_FLAG=$f timeout 240 $BIN/gpu-tests --test-threads 1 preempt light_launches notifications launches_stay >$W/tests-$f.log 2>&1
+            rc=$?
+            summary="$summary\ntests (preempt, $f flag): rc $rc, $(grep -E '^test result' $W/tests-$f.log | tail -1)"
+        done
+        ;;
+    bench)
+        timeout 400 $BIN/preempt_bench --out $W --trials ${TRIALS:-1000} --kernel-trials ${KERNEL_TRIALS:-4} \
+            --block-budget-us $BUDGET_US ${MODELS:+--models $MODELS} >$W/bench.log 2>&1
+        summary="$summary\npreempt_bench: rc $?"
+        ;;
+    disb)
+        N=${REQUESTS:-2250}
+        dirs=""
+        for w in ${DISB:-disb-a disb-c}; do
+            run() { # name, extra env, extra args
+                local name=$1 envs=$2
+                shift 2
+                env $envs timeout 200 $BIN/kairos bench run $w --backend cuda --engine threaded --loads 1 --requests $N \
+                    --saturation 0 --out $W/$w-$name "$@" >$W/$w-$name.log 2>&1
+                summary="$summary\n$w $name: rc $?"
+            }
+            run device KAIROS_PREEMPT_FLAG=device --policies reef,reef+wait,streams
+            run host KAIROS_PREEMPT_FLAG=host --policies reef
+            run budget KAIROS_PREEMPT_FLAG=device --policies reef --be-block-budget-us $BUDGET_US
+            run rt KAIROS_PREEMPT_FLAG=device --policies reef --rt-only
+            dirs="$dirs $W/$w-device $W/$w-host=host-flag $W/$w-budget=be-blocks<=${BUDGET_US}us $W/$w-rt"
+        done
+        python3 scripts/reef_table.py $dirs --json $W/reef_table.json >$W/reef_table.txt 2>&1
+        ;;
+    esac
+    summary="$summary ($(($(date +%s) - t)) s)"
+done
+find $W -name "*.png" -delete
+find $W -name "*.svg" -delete
+tar cJf $R/preempt.tar.xz -C $W .
+echo "== logs"
+for f in $W/tests-*.log; do [ -f $f ] && grep -E "^test |panicked" $f | head -20; done
+[ -f $W/bench.log ] && grep -vE "^(spin|model) " $W/bench.log | tail -40
+[ -f $W/reef_table.txt ] && cat $W/reef_table.txt
+printf "$summary\n"
