@@ -181,6 +181,8 @@ const SPANS_MAX: usize = 4096;
 const HOST_EVENTS_MAX: usize = 1 << 20;
 /// How often a waiting host asks the driver whether a stream with work in flight has failed.
 const HEALTH_CHECK_NS: u64 = 2_000_000;
+/// Device-flag writes held back at most (`CudaGpu::pending_preempts`); more go out at once.
+const PENDING_PREEMPTS_MAX: usize = 64;
 
 enum Allocated {
     Device(DeviceBuffer),
@@ -313,6 +315,10 @@ pub struct CudaGpu {
     /// stream of its own at the highest priority, created before the pool so that it gets a
     /// hardware queue no kernel stream is ahead of it in.
     preempt_stream: Stream,
+    /// Device-flag writes `preempt` has not queued yet: they go out right after the next launch
+    /// has been handed to its launcher (a real-time kernel that follows a preemption is not held
+    /// behind ~1.5 µs of driver call per preempted launch), or at the next poll.
+    pending_preempts: Vec<(u64, u32)>,
     partitions: Vec<PartitionState>,
     partition_by_size: HashMap<u32, PartitionId>,
     /// Why green contexts are unavailable, when they are.
@@ -481,6 +487,7 @@ impl CudaGpu {
             helper_stream,
             write_stream,
             preempt_stream,
+            pending_preempts: Vec::new(),
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
             green_note: None,
@@ -538,6 +545,21 @@ impl CudaGpu {
 
     /// Waits until every launch posted to the launcher threads went to the driver: anything that
     /// must follow launches on a stream (events, copies, synchronizing, destroying) calls this first.
+    /// Queues the device-flag writes `preempt` left pending (see `pending_preempts`).
+    fn flush_preempts(&mut self) -> Result<()> {
+        if self.pending_preempts.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        for (addr, value) in self.pending_preempts.drain(..) {
+            // SAFETY: the preempt stream is live while self lives; `addr` is a 4-byte word of the
+            // protocol's stop-word buffer in this context, released only when self drops, and
+            // cuMemFree waits for the device's work in flight, this store included.
+            unsafe { driver::stream_write_value32(self.preempt_stream.raw(), addr, value) }.map_err(drv)?;
+        }
+        Ok(())
+    }
+
     fn flush_launches(&self) {
         if let Some(l) = &self.launchers {
             l.flush();
@@ -2211,7 +2233,9 @@ impl Gpu for CudaGpu {
     }
 
     fn launch(&mut self, request: &LaunchRequest<'_>) -> Result<LaunchId> {
-        self.launch_with(request, None)
+        let id = self.launch_with(request, None);
+        self.flush_preempts()?;
+        id
     }
 
     /// Captures the launches into a CUDA graph on a capture stream of its own, as plain grids (or
@@ -2356,11 +2380,10 @@ impl Gpu for CudaGpu {
         if let Some(&slot) = self.slot_of.get(&launch)
             && let Raise::WriteDevice { addr, value } = self.protocol.set_preempt(slot)
         {
-            self.bind()?;
-            // SAFETY: the preempt stream is live while self lives; `addr` is a 4-byte word of the
-            // protocol's stop-word buffer in this context, released only when self drops, and
-            // cuMemFree waits for the device's work in flight, this store included.
-            unsafe { driver::stream_write_value32(self.preempt_stream.raw(), addr, value) }.map_err(drv)?;
+            self.pending_preempts.push((addr, value));
+            if self.pending_preempts.len() >= PENDING_PREEMPTS_MAX {
+                self.flush_preempts()?;
+            }
         }
         Ok(())
     }
@@ -2584,6 +2607,7 @@ impl CudaGpu {
     /// overflow it waits for the device to go idle, recovers the ring, and reports the launches
     /// whose end was dropped as [`GpuEvent::LaunchLost`] (the rest keep working).
     fn poll_device(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
+        self.flush_preempts()?;
         if let Some(l) = &self.launchers {
             let mut failed: Vec<Failure> = Vec::new();
             l.take_failures(&mut failed);

@@ -122,6 +122,9 @@ fn wait_placed(gpu: &mut CudaGpu, launch: LaunchId, events: &mut Vec<GpuEvent>) 
 /// seeing LaunchDone after the flag, the preempt call's cost, where the launch stopped.
 struct Stop {
     last_left_ns: u64,
+    /// The first CTA's exit after the flag (0: none left after it), and the completion records.
+    first_left_ns: u64,
+    finished_records: u32,
     host_done_ns: u64,
     call_ns: u64,
     next_block: u32,
@@ -132,6 +135,8 @@ struct Stop {
 /// launch sent before the flag count too (a launch may end before it).
 fn preempt_at(gpu: &mut CudaGpu, launch: LaunchId, at_ns: u64, events: &mut Vec<GpuEvent>) -> Result<Stop> {
     let mut last_left = 0u64;
+    let mut first_left = u64::MAX;
+    let mut finished_records = 0;
     let mut done = None;
     while gpu.now_ns() < at_ns {}
     let t_flag = gpu.now_ns();
@@ -143,7 +148,13 @@ fn preempt_at(gpu: &mut CudaGpu, launch: LaunchId, at_ns: u64, events: &mut Vec<
         gpu.poll(events)?;
         for e in events.iter() {
             match *e {
-                GpuEvent::CtasFinished { launch: l, at_ns, .. } if l == launch => last_left = last_left.max(at_ns),
+                GpuEvent::CtasFinished { launch: l, at_ns, .. } if l == launch => {
+                    last_left = last_left.max(at_ns);
+                    if at_ns >= t_flag {
+                        first_left = first_left.min(at_ns);
+                    }
+                    finished_records += 1;
+                }
                 GpuEvent::LaunchDone { launch: l, next_block, preempted, .. } if l == launch => {
                     done = Some((gpu.now_ns(), next_block, preempted))
                 }
@@ -155,7 +166,15 @@ fn preempt_at(gpu: &mut CudaGpu, launch: LaunchId, at_ns: u64, events: &mut Vec<
         }
     }
     let (t_done, next_block, preempted) = done.expect("loop ends with it");
-    Ok(Stop { last_left_ns: last_left.saturating_sub(t_flag), host_done_ns: t_done - t_flag, call_ns, next_block, preempted })
+    Ok(Stop {
+        last_left_ns: last_left.saturating_sub(t_flag),
+        first_left_ns: if first_left == u64::MAX { 0 } else { first_left - t_flag },
+        finished_records,
+        host_done_ns: t_done - t_flag,
+        call_ns,
+        next_block,
+        preempted,
+    })
 }
 
 /// Spin launches of `ns_per_block` blocks on `ctas` CTAs (0: as many as fit, 16 per SM),
@@ -165,7 +184,8 @@ fn spin_case(gpu: &mut CudaGpu, stream: StreamId, ns_per_block: u64, ctas: u32, 
     let counts = gpu.alloc(blocks as u64 * 4, MemKind::Device)?;
     let o = LaunchOptions { ctas, ..suite::whole_device(gpu, stream) };
     let mut rng = suite::Rng::new(ns_per_block ^ ctas as u64);
-    let (mut left, mut host, mut call) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut left, mut host, mut call, mut first) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut records, mut stopped_at) = (Vec::new(), Vec::new());
     let mut events = Vec::new();
     let mut not_preempted = 0;
     for _ in 0..trials {
@@ -177,9 +197,21 @@ fn spin_case(gpu: &mut CudaGpu, stream: StreamId, ns_per_block: u64, ctas: u32, 
             not_preempted += 1;
         }
         left.push((us(s.last_left_ns), 1.0));
+        first.push((us(s.first_left_ns), 1.0));
         host.push((us(s.host_done_ns), 1.0));
         call.push((us(s.call_ns), 1.0));
+        records.push(s.finished_records);
+        stopped_at.push(s.next_block);
     }
+    // Every sample, in trial order, before `summary` sorts them.
+    let raw = json!({
+        "flag_to_last_cta_left_us": left.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "flag_to_first_cta_left_us": first.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "flag_to_host_sees_done_us": host.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "preempt_call_us": call.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "finished_records": records,
+        "stopped_at_block": stopped_at,
+    });
     gpu.free(counts)?;
     if not_preempted > 0 {
         return Err(GpuError::Driver(format!("{not_preempted} spin launches ran to the end despite the flag")));
@@ -187,8 +219,10 @@ fn spin_case(gpu: &mut CudaGpu, stream: StreamId, ns_per_block: u64, ctas: u32, 
     Ok(json!({
         "ns_per_block": ns_per_block, "ctas": ctas, "trials": trials,
         "flag_to_last_cta_left_us": summary(&mut left),
+        "flag_to_first_cta_left_us": summary(&mut first),
         "flag_to_host_sees_done_us": summary(&mut host),
         "preempt_call_us": summary(&mut call),
+        "samples": raw,
     }))
 }
 
@@ -208,7 +242,7 @@ fn model_case(
     let mut rng = suite::Rng::new(seed);
     let mut args = Vec::new();
     let mut events = Vec::new();
-    let (mut left, mut kernels) = (Vec::new(), Vec::new());
+    let (mut left, mut kernels, mut samples) = (Vec::new(), Vec::new(), Vec::new());
     let mut total_ns = 0u64;
     for (i, l) in m.plan.launches.iter().enumerate() {
         bufs.bases.resolve_all(&l.args, &mut args);
@@ -236,6 +270,7 @@ fn model_case(
             }
             kernel_left.push(us(s.last_left_ns));
             left.push((us(s.last_left_ns), duration_ns as f64 / trials as f64));
+            samples.push(json!([i, us(s.last_left_ns), s.preempted]));
         }
         let mut kl: Vec<(f64, f64)> = kernel_left.iter().map(|&x| (x, 1.0)).collect();
         kernels.push(json!({
@@ -250,6 +285,7 @@ fn model_case(
         "model": m.plan.model, "launches": m.plan.launches.len(), "kernel_time_us": us(total_ns), "trials_per_kernel": trials,
         "flag_to_last_cta_left_us": summary(&mut left),
         "kernels": kernels,
+        "samples_kernel_us_preempted": samples,
     }))
 }
 
@@ -347,6 +383,13 @@ fn run(a: &Args, gpu: &mut CudaGpu) -> Result<()> {
             None => "?".into(),
         };
         row(format!("spin {:.0} us blocks, {ctas}", g(r, "ns_per_block") / 1e3), &r["flag"], &r["flag_to_last_cta_left_us"]);
+    }
+    for r in &spin {
+        row(
+            format!("  first CTA gone: spin {:.0} us, ctas {}", g(r, "ns_per_block") / 1e3, r["ctas"]),
+            &r["flag"],
+            &r["flag_to_first_cta_left_us"],
+        );
     }
     for r in &spin {
         row(

@@ -16,19 +16,21 @@
 //   3. The preempt flag, in one of two places (the host chooses per launch):
 //      a. With KAIROS_FLAG_DEVICE_STOP (the default), a word in device memory per launch slot
 //         that the host writes with a stream memory operation (cuStreamWriteValue32 on a stream
-//         of its own) holding the launch's `seq`. Every take reads it (an L2 read issued beside
-//         the take's atomic, so it adds no round trip); a take that finds its own `seq` there
-//         sets the stop bit. The value is the launch's sequence number, not 1, so a write that
-//         lands after its launch ended never stops the slot's next launch, and nothing has to
-//         clear the word. Preemption latency: the write's trip through the GPU's front end +
-//         the longest block.
+//         of its own) holding the launch's `seq`. Every take first reads it (one L2 round trip);
+//         a CTA that finds its own `seq` there sets the stop bit instead of taking a block. The
+//         value is the launch's sequence number, not 1, so a write that lands after its launch
+//         ended never stops the slot's next launch, and nothing has to clear the word.
+//         Preemption latency: the write's trip through the GPU's front end + the rest of the
+//         blocks running when it lands.
 //      b. Otherwise a word in mapped pinned host memory (set with one store, no copy). Reading
 //         it costs a PCIe round trip (~1.5 us) and such reads serialize across the device, so
 //         CTAs do not all poll it: after a take, the CTA that finds the launch's last poll older
 //         than `poll_ns` claims the poll (a CAS) and reads the flag. Preemption latency is
 //         therefore at most poll_ns + one PCIe read + the longest block.
-//      Either way a CTA that finds the flag raised sets the stop bit (atomicOr) and records the
-//      count it saw, which is where the launch stops.
+//      The CTA that finds the flag raised sets the stop bit (atomicOr) and records the count it
+//      saw, which is where the launch stops; a host-word poll comes after a take, and its CTA gives
+//      that block back when no take came after its own (a CAS from one past it to it with the stop
+//      bit), else runs it.
 //   4. Stream gate. A launch queued on a stream behind another launch must not run on the
 //      partial result of one that was stopped early. Every launch carries a sequence number
 //      (`seq`), the sequence number of the launch before it on its stream (`gate_seq`, 0: none)
@@ -241,11 +243,20 @@ __device__ __forceinline__ KairosReservation kairos_reserve_begin(const KairosPr
 __device__ __forceinline__ u64 kairos_reserve_end(const KairosProto& P, KairosReservation r) {
     KairosRingDev* rd = (KairosRingDev*)P.ring_dev;
     const u64 idx = r.idx;
+    volatile KairosRingHost* rh = (volatile KairosRingHost*)P.ring_host;
+    // Every half ring, the one producer of that index pushes the cached limit ahead from what the
+    // host has consumed (one PCIe read), so producers do not all find it exhausted at once: a
+    // burst of CTAs ending together at the wrap would each read the host's word over PCIe, and
+    // such reads serialize (measured: 100-500 us of stall on a full-grid preemption, 2026-11-28).
+    if ((idx & (u64)(P.ring_capacity / 2u - 1u)) == 0ull && idx != 0ull) {
+        atomicMax(&rd->limit, rh->consumed + P.ring_capacity);
+    }
     if (idx >= r.limit) {
-        // Slow path: ask the host how far it has consumed; wait while the ring is full.
-        volatile KairosRingHost* rh = (volatile KairosRingHost*)P.ring_host;
+        // Slow path: the ring may be full. Another producer may have refreshed the limit (read it
+        // again from device memory first); else ask the host how far it has consumed, and wait.
         u64 t0 = kairos_globaltimer();
         for (;;) {
+            if (idx < *(volatile u64*)&rd->limit) break;
             u64 fresh = rh->consumed + P.ring_capacity;
             atomicMax(&rd->limit, fresh);
             if (idx < fresh) break;
@@ -335,6 +346,19 @@ __device__ __forceinline__ bool kairos_gate_closed(const KairosProto& P) {
     return P.gate_seq != 0u && *(volatile u32*)P.gate_word == P.gate_seq;
 }
 
+// Stops the launch at a take that found the preempt flag raised: when no other take came after
+// it (the counter still reads one past it), the take is given back, so the launch stops at that
+// block and the CTA runs nothing more; otherwise the take stands (later takes were granted too)
+// and the stop comes after them. Returns whether the block was given back.
+__device__ __forceinline__ bool kairos_stop_at_take(KairosSlot* S, u64 v) {
+    if (atomicCAS((unsigned long long*)&S->next, v + 1ull, v | KAIROS_STOP_BIT) == v + 1ull) {
+        S->stop_at = (u32)v;
+        return true;
+    }
+    kairos_stop(S);
+    return false;
+}
+
 // Whether the launch's preempt flag is raised (one read; point 3).
 __device__ __forceinline__ bool kairos_flag_raised(const KairosProto& P) {
     const u32 f = *(volatile u32*)P.preempt_flag;
@@ -347,12 +371,19 @@ __device__ __forceinline__ bool kairos_flag_raised(const KairosProto& P) {
 // `gated` (the take of a CTA that still has to check its stream gate, which no stop may race).
 __device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S, bool gated = false) {
     if (P.flags & KAIROS_FLAG_DEVICE_STOP) {
-        // The flag's read is issued before the take's atomic; both round trips overlap.
-        const u32 f = gated ? 0u : *(volatile u32*)P.preempt_flag;
+        // The flag is read before the take, and a raised flag stops the launch without one: a CTA
+        // at a block boundary after the flag landed runs nothing more, so a preemption waits for
+        // the blocks running when it lands and no more. (Read beside the take, the flag would
+        // stop the launch only after the block that take handed out: CTAs that run in step, as
+        // a kernel's tiles do, all take together, so none could give its block back.) The price
+        // is one L2 round trip per take that the take's atomic no longer overlaps.
+        if (!gated && *(volatile u32*)P.preempt_flag == P.seq) {
+            kairos_stop(S);
+            return KAIROS_NO_BLOCK;
+        }
         const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
         const u32 taken = (u32)v;
         if ((v & KAIROS_STOP_BIT) || taken >= P.total_blocks - P.first_block) return KAIROS_NO_BLOCK;
-        if (!gated && f == P.seq) kairos_stop(S);
         return P.first_block + taken;
     }
     const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
@@ -367,7 +398,7 @@ __device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S, 
         // launch). Nothing waits for the answer: whoever wins, the clock has started.
         atomicCAS((unsigned long long*)&S->last_poll_ns, 0ull, now);
     } else if (now - last >= P.poll_ns && atomicCAS((unsigned long long*)&S->last_poll_ns, last, now) == last) {
-        if (*(volatile u32*)P.preempt_flag) kairos_stop(S);
+        if (*(volatile u32*)P.preempt_flag && kairos_stop_at_take(S, v)) return KAIROS_NO_BLOCK;
     }
     return P.first_block + taken;
 }

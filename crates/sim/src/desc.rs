@@ -59,8 +59,9 @@ pub struct LatencyDesc {
     #[serde(default = "default_preempt_poll_ns")]
     pub preempt_poll_ns: u64,
     /// With kairos-cuda's device-memory preempt flag (its default, `KAIROS_PREEMPT_FLAG=device`):
-    /// from the host's stream-write call until the flag is in device memory; every take reads it,
-    /// so the two fields above do not apply. `None`: the host-memory flag.
+    /// from the host's stream-write call until the flag is in device memory; every take reads it
+    /// first and takes nothing once it is there, so the two fields above do not apply. `None`:
+    /// the host-memory flag.
     #[serde(default)]
     pub preempt_flag_write_ns: Option<u64>,
     /// Fixed setup time of one DMA copy on a copy engine, and of a synchronous read or write.

@@ -1631,18 +1631,15 @@ impl SimGpu {
     }
 
     /// A take that got a block reads the launch's flag. In device memory
-    /// (`preempt_flag_write_ns` set): every take, and a raised flag stops the launch at once. In
-    /// host memory: the take claims the poll when the last one is `preempt_poll_ns` old (the first
+    /// (`preempt_flag_write_ns` set) every take reads it before taking, which `preempt` models as
+    /// the stop bit set when the write lands; nothing to do here. In host memory: the take claims the poll when the last one is `preempt_poll_ns` old (the first
     /// claim only starts the clock), and a poll that finds the flag set makes the stop bit
     /// visible one PCIe read (`preempt_flag_delay_ns`) later.
     fn poll_flag(&mut self, g: u32, t: u64) {
         let lat = &self.desc.latency;
         let grid = &mut self.grids[g];
         if lat.preempt_flag_write_ns.is_some() {
-            if grid.host_flag && grid.flag_at_ns <= t && grid.stop_ns.is_none() {
-                grid.stop_ns = Some(t);
-                self.schedule(t, Ev::FlagVisible);
-            }
+            // Takes read the device flag before taking: `preempt` set the stop for when it lands.
             return;
         }
         if grid.last_poll_ns == 0 {
@@ -2388,6 +2385,12 @@ impl Gpu for SimGpu {
         // while later; CTAs find it at their next poll or take (see `poll_flag`).
         grid.host_flag = true;
         grid.flag_at_ns = self.now_ns + self.desc.latency.preempt_flag_write_ns.unwrap_or(0);
+        if self.desc.latency.preempt_flag_write_ns.is_some() && grid.stop_ns.is_none() {
+            // Every take from then on finds the device flag first and takes nothing.
+            let at = grid.flag_at_ns;
+            grid.stop_ns = Some(at);
+            self.schedule(at, Ev::FlagVisible);
+        }
         Ok(())
     }
 
