@@ -14,6 +14,9 @@
 //!    Each model runs as `serve` loads it (autotuned) and autotuned under a block-time budget
 //!    (`--block-budget-us`, default 10: the best-effort plan variant, `TuneOptions::block_budget_ns`).
 //!
+//! 3. REEF's synthetic experiment: a real-time kernel arriving during a chain of N best-effort kernels
+//!    of T µs, which are preempted or waited for ([`chain_case`]).
+//!
 //! Writes `preempt.json` into the output folder (every sample) and prints a table last.
 //!
 //! usage: preempt_bench [--out DIR] [--trials N] [--kernel-trials N] [--models a,b,..] [--block-budget-us N]
@@ -289,6 +292,78 @@ fn model_case(
     }))
 }
 
+/// REEF's synthetic preemption experiment: a best-effort stream holds a chain of `n` spin
+/// kernels of about `kernel_ns` each (every SM full, blocks of `BLOCK_NS`, so a kernel is
+/// `kernel_ns / BLOCK_NS` rounds of blocks), and a real-time spin kernel (one 20 µs block per SM)
+/// arrives at a random instant of the chain on the most urgent stream. With `preempt`, every
+/// launch of the chain is preempted at the arrival (the running one stops at its blocks'
+/// boundary, the queued ones at their first take); without, the real-time kernel waits for the
+/// running one to end (its stream's priority puts its CTAs ahead of the next one's). Measured
+/// from the arrival: the real-time kernel's first CTA placed and its end as the host sees it.
+fn chain_case(gpu: &mut CudaGpu, n: usize, kernel_ns: u64, preempt: bool, trials: usize) -> Result<serde_json::Value> {
+    const BLOCK_NS: u64 = 10_000;
+    let sms = gpu.info().sm_count;
+    let be = gpu.create_stream(0)?;
+    let rt = gpu.create_stream(5)?; // the most urgent CUDA priority (-5 on Hopper)
+    let per_launch = 16 * sms * (kernel_ns / BLOCK_NS).max(1) as u32;
+    let counts = gpu.alloc(per_launch as u64 * 4, MemKind::Device)?;
+    let rt_counts = gpu.alloc(sms as u64 * 4, MemKind::Device)?;
+    let mut rng = suite::Rng::new(n as u64 * 7 + kernel_ns + preempt as u64);
+    let (mut start, mut end) = (Vec::new(), Vec::new());
+    let mut events = Vec::new();
+    for _ in 0..trials {
+        let mut chain: Vec<LaunchId> = Vec::new();
+        for _ in 0..n {
+            let o = suite::whole_device(gpu, be);
+            chain.push(gpu.launch_spin(counts.ptr, per_launch, BLOCK_NS, &o)?);
+        }
+        wait_placed(gpu, chain[0], &mut events)?;
+        let at = gpu.now_ns() + rng.next_u64() % (n as u64 * kernel_ns).max(1);
+        while gpu.now_ns() < at {}
+        let t0 = gpu.now_ns();
+        if preempt {
+            for &l in &chain {
+                gpu.preempt(l)?;
+            }
+        }
+        let o = LaunchOptions { ctas: sms, ..suite::whole_device(gpu, rt) };
+        let r = gpu.launch_spin(rt_counts.ptr, sms, 20_000, &o)?;
+        let (mut placed, mut done) = (None, None);
+        let mut left: std::collections::HashSet<LaunchId> = chain.iter().copied().collect();
+        let deadline = t0 + 10_000_000_000;
+        while done.is_none() || !left.is_empty() {
+            events.clear();
+            gpu.poll(&mut events)?;
+            for e in &events {
+                match *e {
+                    GpuEvent::CtasPlaced { launch, at_ns, .. } if launch == r => {
+                        placed = Some(placed.map_or(at_ns, |p: u64| p.min(at_ns)))
+                    }
+                    GpuEvent::LaunchDone { launch, .. } if launch == r => done = Some(gpu.now_ns()),
+                    GpuEvent::LaunchDone { launch, .. } => {
+                        left.remove(&launch);
+                    }
+                    _ => {}
+                }
+            }
+            if gpu.now_ns() > deadline {
+                return Err(GpuError::Driver("a chain trial did not end within 10 s".into()));
+            }
+        }
+        start.push((us(placed.unwrap_or(t0).saturating_sub(t0)), 1.0));
+        end.push((us(done.expect("loop ends with it") - t0), 1.0));
+    }
+    gpu.free(counts)?;
+    gpu.free(rt_counts)?;
+    gpu.destroy_stream(be)?;
+    gpu.destroy_stream(rt)?;
+    Ok(json!({
+        "kernels": n, "kernel_us": us(kernel_ns), "preempt": preempt, "trials": trials,
+        "arrival_to_rt_first_cta_us": summary(&mut start),
+        "arrival_to_rt_done_seen_us": summary(&mut end),
+    }))
+}
+
 struct Model<'a> {
     plan: &'a kairos_ir::plan::Plan,
     inputs: &'a [kairos_ir::Tensor],
@@ -327,6 +402,18 @@ fn run(a: &Args, gpu: &mut CudaGpu) -> Result<()> {
             spin.push(r);
         }
     }
+    // REEF's synthetic experiment: chains of N kernels of T µs, preempted or waited for (device flag).
+    gpu.set_stop_flag(StopFlag::Device)?;
+    let mut chains = Vec::new();
+    for (n, t_us) in [(1usize, 50u64), (4, 50), (8, 50), (4, 200)] {
+        for preempt in [false, true] {
+            // A case that fails is reported and the others still run.
+            let r = chain_case(gpu, n, t_us * 1000, preempt, a.trials.min(100))
+                .unwrap_or_else(|e| json!({ "kernels": n, "kernel_us": t_us, "preempt": preempt, "error": e.to_string() }));
+            println!("chain {n} x {t_us} us, preempt {preempt}: {}", r["arrival_to_rt_first_cta_us"]);
+            chains.push(r);
+        }
+    }
     // Each model's plan autotuned as `serve` loads it, and autotuned under the block budget (the
     // best-effort variant); the host flag on the first only, for the comparison.
     let mut models = Vec::new();
@@ -355,7 +442,7 @@ fn run(a: &Args, gpu: &mut CudaGpu) -> Result<()> {
             }
         }
     }
-    let out = json!({ "device": info.name, "sm_count": info.sm_count, "spin": spin, "models": models });
+    let out = json!({ "device": info.name, "sm_count": info.sm_count, "spin": spin, "chains": chains, "models": models });
     std::fs::write(a.out.join("preempt.json"), serde_json::to_string_pretty(&out).unwrap())
         .map_err(|e| GpuError::Invalid(e.to_string()))?;
 
@@ -403,6 +490,19 @@ fn run(a: &Args, gpu: &mut CudaGpu) -> Result<()> {
             format!("  preempt call: spin {:.0} us, ctas {}", g(r, "ns_per_block") / 1e3, r["ctas"]),
             &r["flag"],
             &r["preempt_call_us"],
+        );
+    }
+    for r in &chains {
+        let what = if r["preempt"].as_bool() == Some(true) { "preempted" } else { "waited for" };
+        row(
+            format!("RT arrival -> first CTA: chain {} x {:.0} us, {what}", r["kernels"], g(r, "kernel_us")),
+            &json!("device"),
+            &r["arrival_to_rt_first_cta_us"],
+        );
+        row(
+            format!("RT arrival -> done seen: chain {} x {:.0} us, {what}", r["kernels"], g(r, "kernel_us")),
+            &json!("device"),
+            &r["arrival_to_rt_done_seen_us"],
         );
     }
     for r in &models {
