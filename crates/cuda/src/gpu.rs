@@ -543,8 +543,6 @@ impl CudaGpu {
         self.launchers.as_ref().map_or(0, |l| l.busy_ns())
     }
 
-    /// Waits until every launch posted to the launcher threads went to the driver: anything that
-    /// must follow launches on a stream (events, copies, synchronizing, destroying) calls this first.
     /// Queues the device-flag writes `preempt` left pending (see `pending_preempts`).
     fn flush_preempts(&mut self) -> Result<()> {
         if self.pending_preempts.is_empty() {
@@ -560,6 +558,8 @@ impl CudaGpu {
         Ok(())
     }
 
+    /// Waits until every launch posted to the launcher threads went to the driver: anything that
+    /// must follow launches on a stream (events, copies, synchronizing, destroying) calls this first.
     fn flush_launches(&self) {
         if let Some(l) = &self.launchers {
             l.flush();

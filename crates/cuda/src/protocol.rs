@@ -102,8 +102,9 @@ pub struct Protocol {
     /// Where the preempt flags live; with [`StopFlag::Device`], `stop_words` holds them.
     stop_flag: StopFlag,
     stop_words: DeviceBuffer,
-    /// The `seq` of the launch last given each slot's parameters (what its device flag must hold).
-    slot_seq: Vec<u32>,
+    /// The `seq` of the launch each slot carries (what its device flag must hold) and where that
+    /// launch reads its flag (a switch of `stop_flag` leaves launches in flight as they were).
+    slot_seq: Vec<(u32, StopFlag)>,
     /// Records the ring holds: a power of two, at least [`RING_CAPACITY_MIN`].
     capacity: u32,
 }
@@ -139,7 +140,7 @@ impl Protocol {
         Ok(Protocol {
             stop_flag,
             stop_words,
-            slot_seq: vec![0; LAUNCH_SLOTS_MAX as usize],
+            slot_seq: vec![(0, stop_flag); LAUNCH_SLOTS_MAX as usize],
             records,
             ring_host,
             flags,
@@ -195,21 +196,21 @@ impl Protocol {
     /// ([`StopFlag::Device`]: the launch's `seq` into the slot's device word; a write that lands
     /// after the launch ended is ignored by the slot's later launches, whose `seq` differs).
     pub fn set_preempt(&self, slot: u32) -> Raise {
-        match self.stop_flag {
+        let (seq, flag) = self.slot_seq[slot as usize];
+        match flag {
             StopFlag::Host => {
                 self.flags.store_u32(slot as u64 * 4, 1);
                 fence(Ordering::SeqCst);
                 Raise::Stored
             }
-            StopFlag::Device => {
-                Raise::WriteDevice { addr: self.stop_words.ptr() + slot as u64 * 4, value: self.slot_seq[slot as usize] }
-            }
+            StopFlag::Device => Raise::WriteDevice { addr: self.stop_words.ptr() + slot as u64 * 4, value: seq },
         }
     }
 
-    /// Notes which launch (its `seq`) `slot` now carries: the value that raises its device flag.
+    /// Notes which launch (its `seq`) `slot` now carries, and that it reads the flag where
+    /// [`Protocol::params`] will point it now: what raising it takes.
     pub fn bind_slot(&mut self, slot: u32, seq: u32) {
-        self.slot_seq[slot as usize] = seq;
+        self.slot_seq[slot as usize] = (seq, self.stop_flag);
     }
 
     pub fn stop_flag(&self) -> StopFlag {
@@ -217,7 +218,7 @@ impl Protocol {
     }
 
     /// Where the flags of launches given parameters from now on live (launches in flight keep
-    /// theirs: each slot's words stay valid in both places).
+    /// theirs: `set_preempt` raises a slot's flag where its launch reads it).
     pub fn set_stop_flag(&mut self, stop_flag: StopFlag) {
         self.stop_flag = stop_flag;
     }

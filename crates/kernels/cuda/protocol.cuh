@@ -247,7 +247,7 @@ __device__ __forceinline__ u64 kairos_reserve_end(const KairosProto& P, KairosRe
     // Every half ring, the one producer of that index pushes the cached limit ahead from what the
     // host has consumed (one PCIe read), so producers do not all find it exhausted at once: a
     // burst of CTAs ending together at the wrap would each read the host's word over PCIe, and
-    // such reads serialize (measured: 100-500 us of stall on a full-grid preemption, 2026-11-28).
+    // such reads serialize (measured: 100-600 us of stall on a full-grid preemption, 2026-11-28).
     if ((idx & (u64)(P.ring_capacity / 2u - 1u)) == 0ull && idx != 0ull) {
         atomicMax(&rd->limit, rh->consumed + P.ring_capacity);
     }

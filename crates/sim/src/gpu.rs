@@ -1632,9 +1632,10 @@ impl SimGpu {
 
     /// A take that got a block reads the launch's flag. In device memory
     /// (`preempt_flag_write_ns` set) every take reads it before taking, which `preempt` models as
-    /// the stop bit set when the write lands; nothing to do here. In host memory: the take claims the poll when the last one is `preempt_poll_ns` old (the first
-    /// claim only starts the clock), and a poll that finds the flag set makes the stop bit
-    /// visible one PCIe read (`preempt_flag_delay_ns`) later.
+    /// the stop bit set when the write lands; nothing to do here. In host memory: the take claims
+    /// the poll when the last one is `preempt_poll_ns` old (the first claim only starts the
+    /// clock), and a poll that finds the flag set makes the stop bit visible one PCIe read
+    /// (`preempt_flag_delay_ns`) later.
     fn poll_flag(&mut self, g: u32, t: u64) {
         let lat = &self.desc.latency;
         let grid = &mut self.grids[g];

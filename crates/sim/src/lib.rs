@@ -39,10 +39,12 @@
 //! `cta_exit_ns`). A CTA inside the mask reports its placement, then takes logical blocks from the
 //! launch's counter and runs them until none is left or the stop bit is set, and reports how many
 //! blocks it ran when it leaves (zero for a CTA that found none: it too holds its slot for
-//! `cta_exit_ns`). [`Gpu::preempt`](kairos_gpu::Gpu::preempt) sets a flag in host memory; a take
-//! that got a block polls it when the launch's last poll is `preempt_poll_ns` (4 us) old, and a poll
-//! that finds it set makes the stop bit visible one PCIe read (`preempt_flag_delay_ns`) later:
-//! blocks taken before that still run. When the last CTA leaves, `LaunchDone` reports the first
+//! `cta_exit_ns`). [`Gpu::preempt`](kairos_gpu::Gpu::preempt) raises the launch's flag. In device
+//! memory (`preempt_flag_write_ns` set, as kairos-cuda's default) the write lands that much later
+//! and every take from then on finds it and takes nothing. In host memory a take that got a block
+//! polls it when the launch's last poll is `preempt_poll_ns` (4 us) old, and a poll that finds it
+//! set makes the stop bit visible one PCIe read (`preempt_flag_delay_ns`) later. Blocks taken
+//! before the stop still run. When the last CTA leaves, `LaunchDone` reports the first
 //! block never taken and `preempted` when that is short of the end; the grid completes for its
 //! stream `grid_complete_ns` later. If the last CTA finds blocks left and no stop (no CTA landed
 //! inside the mask), it runs them itself on its SM, reporting its placement there. A launch issued
