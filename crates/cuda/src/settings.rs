@@ -109,10 +109,7 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "KAIROS_RUN_KERNELS", meaning: "light: recorded runs replay light protocol launches, not plain grids" },
     EnvVar { name: "KAIROS_OVERLAP_LAUNCHES", meaning: "1: overlap each launch's start with the previous one's end (sm_90+)" },
     EnvVar { name: "KAIROS_LIGHT_LAUNCHES", meaning: "0: every launch under the full protocol" },
-    EnvVar {
-        name: "KAIROS_PREEMPT_FLAG",
-        meaning: "host: preempt flags in mapped host memory, polled every 4 us (default device: read at every block take)",
-    },
+    EnvVar { name: "KAIROS_PREEMPT_FLAG", meaning: "host: preempt flags in host memory, polled (default: device)" },
     EnvVar { name: "KAIROS_LAUNCH_THREADS", meaning: "launcher threads, 0 to 16 (default 2; 0: the dispatcher's thread)" },
     EnvVar {
         name: "CUDA_DEVICE_MAX_CONNECTIONS",
