@@ -4,14 +4,16 @@
     python3 scripts/reef_table.py DIR[=TAG] [DIR[=TAG] ...] [--peers peers.json ...] [--json out.json]
 
 Each DIR is a `kairos bench run` output folder (raw/*.raw.json per point, traces/*.trace.json). Runs
-of the variant `rt-only` (`--rt-only`) are the RT-Only reference: each system's real-time latency
+of the variant `rt-only` (`--rt-only`) are the RT-Only reference (a variant's other parts, e.g.
+`rt-rate=220` from `--rt-rate`, name the workload: `disb-b@rt-rate=220`): each system's real-time latency
 is divided by the same system's RT-Only latency on the same workload (kairos: the `reef` RT-Only
 run, or the policy's own when there is one; a peer mode: its replay of the rt-only trace). Only
 requests that arrived in the measured window (after the warm-up) count. A DIR=TAG argument appends
 TAG to its systems' names (runs of one policy under other settings, e.g. `reef host-flag`). Per row: real-time requests
 done, their mean / p50 / p99 latency (ms) and the ratios to RT-Only, arrival to first block taken
 (us, kairos only), real-time, best-effort and overall completions per second, overall throughput
-over RT-Only's, and preemptions (kairos). REEF reports RT mean latency and overall throughput.
+over RT-Only's, best-effort completions over kairos `streams`' on the same workload, best-effort p99 (ms), and preemptions
+(kairos). REEF reports RT mean latency and overall throughput.
 """
 import argparse, glob, json, os, sys
 
@@ -25,7 +27,7 @@ def pct(xs, q):
 
 def summarize(streams, rows, warmup_ns, duration_ns):
     """rows: (stream index, arrival_ns, done_ns or None, first_block_ns or None)."""
-    rt_lat, first, rt_done, be_done = [], [], 0, 0
+    rt_lat, be_lat, first, rt_done, be_done = [], [], [], 0, 0
     for s, a, d, fb in rows:
         if a < warmup_ns or a >= duration_ns or d is None:
             continue
@@ -36,6 +38,7 @@ def summarize(streams, rows, warmup_ns, duration_ns):
                 first.append(fb / 1e3)
         else:
             be_done += 1
+            be_lat.append((d - a) / 1e6)
     window_s = (duration_ns - warmup_ns) / 1e9
     mean = sum(rt_lat) / len(rt_lat) if rt_lat else float("nan")
     return {
@@ -45,6 +48,7 @@ def summarize(streams, rows, warmup_ns, duration_ns):
         "rt_p99_ms": pct(rt_lat, 0.99),
         "first_block_p50_us": pct(first, 0.5),
         "first_block_p99_us": pct(first, 0.99),
+        "be_p99_ms": pct(be_lat, 0.99),
         "rt_per_s": rt_done / window_s,
         "be_per_s": be_done / window_s,
         "total_per_s": (rt_done + be_done) / window_s,
@@ -57,7 +61,14 @@ def main():
     ap.add_argument("--peers", nargs="*", default=[])
     ap.add_argument("--json")
     a = ap.parse_args()
-    rows = {}  # (preset, system, variant) -> summary
+    rows = {}  # (workload, system, "rt-only" or "") -> summary
+
+    def key(preset, variant):
+        """(workload, "rt-only" or ""): the variant's rt-only part apart, the rest names the workload."""
+        parts = [p for p in (variant or "").split(",") if p]
+        rest = [p for p in parts if p != "rt-only"]
+        return preset + ("@" + ",".join(rest) if rest else ""), ("rt-only" if "rt-only" in parts else "")
+
     traces = {}
     for arg in a.dirs:
         d, _, tag = arg.partition("=")
@@ -76,7 +87,8 @@ def main():
             s = summarize(r["streams"], list(zip(r["stream"], r["arrival_ns"], r["done_ns"], fb)), r["warmup_ns"], r["duration_ns"])
             s["preemptions"] = stats.get((r["preset"], r["policy"], r["variant"], r["load"]), {}).get("preemptions")
             s["load"] = r["load"]
-            rows[(r["preset"], "kairos " + r["policy"] + suffix, r["variant"])] = s
+            workload, rt_only = key(r["preset"], r["variant"])
+            rows[(workload, "kairos " + r["policy"] + suffix, rt_only)] = s
     for pf in a.peers:
         for run in json.load(open(pf)).get("runs", []):
             t = traces.get(os.path.basename(run["trace"]))
@@ -86,10 +98,11 @@ def main():
             s = summarize(names, list(zip(run["stream"], run["arrival_ns"], run["done_ns"], [None] * len(run["stream"]))),
                           t["warmup_ns"], t["duration_ns"])
             s["preemptions"], s["load"] = None, t["load"]
-            rows[(t["preset"], "pytorch " + run["mode"], t["variant"])] = s
+            workload, rt_only = key(t["preset"], t["variant"])
+            rows[(workload, "pytorch " + run["mode"], rt_only)] = s
     out = []
-    hdr = (f"{'workload':<7} {'system':<30} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
-           f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'preempt':>7}")
+    hdr = (f"{'workload':<12} {'system':<30} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
+           f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'BE/str':>6} {'BE p99':>6} {'preempt':>7}")
     print(hdr)
     for (preset, system, variant), s in sorted(rows.items()):
         ref = rows.get((preset, system, "rt-only")) or rows.get((preset, "kairos reef", "rt-only"))
@@ -98,13 +111,15 @@ def main():
         r_mean = s["rt_mean_ms"] / ref["rt_mean_ms"] if ref and variant != "rt-only" else float("nan")
         r_p99 = s["rt_p99_ms"] / ref["rt_p99_ms"] if ref and variant != "rt-only" else float("nan")
         r_all = s["total_per_s"] / ref["total_per_s"] if ref and variant != "rt-only" else float("nan")
+        streams = rows.get((preset, "kairos streams", ""))
+        be_str = s["be_per_s"] / streams["be_per_s"] if streams and streams["be_per_s"] > 0 and variant != "rt-only" else float("nan")
         label = system + (" [RT-Only]" if variant == "rt-only" else "")
         pre = "" if s["preemptions"] is None else str(s["preemptions"])
-        print(f"{preset[-6:]:<7} {label:<30} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
+        print(f"{preset.removeprefix('disb-'):<12} {label:<30} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
               f"{r_mean:>8.3f} {r_p99:>7.3f} {s['first_block_p50_us']:>11.1f} {s['first_block_p99_us']:>7.1f} {s['rt_per_s']:>6.1f} "
-              f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {pre:>7}")
+              f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {be_str:>6.2f} {s['be_p99_ms']:>6.1f} {pre:>7}")
         out.append({"preset": preset, "system": system, "variant": variant, **s,
-                    "rt_mean_over_rt_only": r_mean, "rt_p99_over_rt_only": r_p99, "total_over_rt_only": r_all})
+                    "rt_mean_over_rt_only": r_mean, "rt_p99_over_rt_only": r_p99, "total_over_rt_only": r_all, "be_over_streams": be_str})
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1, default=str)
 

@@ -123,6 +123,10 @@ pub struct PresetOptions {
     pub tenant_per_model: bool,
     /// `disb-*`: run the variant `rt-only` instead, without the best-effort clients (REEF's RT-Only).
     pub rt_only: bool,
+    /// `disb-*`: each real-time client's rate (req/s at load 1) in place of DISB's (100 for A and
+    /// C, 20 for D and E); B's real-time client, a closed loop by default, becomes uniform at this
+    /// rate (REEF's Table 2 runs B at 220 req/s). Variant `rt-rate=R`.
+    pub disb_rt_rate_per_s: Option<f64>,
     /// `deepplan-azure`: the Azure Functions trace to replay (else `custom.arrival`'s `azure:FILE`).
     pub azure_trace: Option<std::path::PathBuf>,
 }
@@ -137,6 +141,7 @@ impl Default for PresetOptions {
             custom: CustomSpec::default(),
             tenant_per_model: false,
             rt_only: false,
+            disb_rt_rate_per_s: None,
             azure_trace: None,
         }
     }
@@ -317,14 +322,17 @@ impl Preset {
     /// Models only best-effort clients of a DISB preset request (its best-effort models that none
     /// of its real-time clients use): the ones a best-effort plan variant may replace without
     /// touching real-time requests. Empty for the other presets.
-    pub fn best_effort_only_archs(&self) -> Vec<&'static str> {
-        let rt: &[&str] = match self {
-            Preset::Disb('a' | 'b' | 'c') => &["vgg19"],
-            Preset::Disb(_) => &DISB_BE,
-            _ => return Vec::new(),
-        };
-        let be: &[&str] = if matches!(self, Preset::Disb('a' | 'b')) { &["resnet152"] } else { &DISB_BE };
-        be.iter().copied().filter(|m| !rt.contains(m)).collect()
+    pub fn best_effort_only_archs(&self) -> Vec<String> {
+        let Preset::Disb(c) = self else { return Vec::new() };
+        let mut w = Workload::default();
+        if disb(&mut w, *c, 1.0, true, None).is_err() {
+            return Vec::new();
+        }
+        let of = |class: StreamClass| w.streams.iter().filter(move |s| s.class == class).map(|s| s.model.clone());
+        let rt: Vec<String> = of(StreamClass::Rt).collect();
+        let mut be: Vec<String> = of(StreamClass::Be).filter(|m| !rt.contains(m)).collect();
+        be.dedup();
+        be
     }
 
     pub fn default_loads(&self) -> Vec<f64> {
@@ -382,7 +390,16 @@ impl Preset {
                 .iter()
                 .map(|s| format!("sigma={s}{}", if opts.tenant_per_model { ",tenant-per-model" } else { "" }))
                 .collect(),
-            Preset::Disb(_) if opts.rt_only => vec!["rt-only".into()],
+            Preset::Disb(_) => {
+                let mut parts = Vec::new();
+                if opts.rt_only {
+                    parts.push("rt-only".to_string());
+                }
+                if let Some(r) = opts.disb_rt_rate_per_s {
+                    parts.push(format!("rt-rate={r}"));
+                }
+                vec![parts.join(",")]
+            }
             _ => vec![String::new()],
         }
     }
@@ -478,11 +495,25 @@ impl Preset {
                 let capacity = HOL_STREAMS * 1e9 / iso(HOL_MODEL)?;
                 w.stream_with(Stream::new(HOL_MODEL, HOL_MODEL), Arrival::Poisson { rate_per_s: load * capacity });
             }
-            Preset::Disb(c) => match variant {
-                "" => disb(&mut w, *c, load, true)?,
-                "rt-only" => disb(&mut w, *c, load, false)?,
-                v => return Err(Error::Invalid(format!("disb variant '{v}' is not '' or rt-only"))),
-            },
+            Preset::Disb(c) => {
+                let (mut with_be, mut rt_rate) = (true, None);
+                for part in variant.split(',').filter(|p| !p.is_empty()) {
+                    match part.split_once('=') {
+                        None if part == "rt-only" => with_be = false,
+                        Some(("rt-rate", r)) => {
+                            rt_rate = Some(r.parse::<f64>().ok().filter(|r| r.is_finite() && *r > 0.0).ok_or_else(|| {
+                                Error::Invalid(format!("disb variant '{variant}': rt-rate '{r}' is not a positive rate"))
+                            })?)
+                        }
+                        _ => {
+                            return Err(Error::Invalid(format!(
+                                "disb variant '{variant}': '{part}' is not rt-only or rt-rate=R (comma-separated)"
+                            )));
+                        }
+                    }
+                }
+                disb(&mut w, *c, load, with_be, rt_rate)?
+            }
             Preset::Daris => {
                 let capacity = calib
                     .capacity_per_s
@@ -617,10 +648,14 @@ fn disb_text(c: char) -> &'static str {
     }
 }
 
-/// DISB workload `c` at `load`; `with_be` false leaves out its best-effort clients (RT-Only).
-fn disb(w: &mut Workload, c: char, load: f64, with_be: bool) -> Result<(), Error> {
+/// DISB workload `c` at `load`; `with_be` false leaves out its best-effort clients (RT-Only);
+/// `rt_rate` replaces each real-time client's rate (and makes B's uniform).
+fn disb(w: &mut Workload, c: char, load: f64, with_be: bool, rt_rate: Option<f64>) -> Result<(), Error> {
     let rt = |m: &str| Stream::new(&format!("{m}-rt"), m).with_class(StreamClass::Rt, "rt").with_priority(1);
-    let uniform = |rate: f64| Arrival::Periodic { period_ns: (1e9 / (rate * load)).round() as u64, phase_ns: None };
+    let uniform = |rate: f64| {
+        let rate = rt_rate.unwrap_or(rate);
+        Arrival::Periodic { period_ns: (1e9 / (rate * load)).round() as u64, phase_ns: None }
+    };
     let closed = Arrival::ClosedLoop { clients: 1, think_ns: 0 };
     let be_models: &[&str] = match c {
         'a' => {
@@ -628,7 +663,7 @@ fn disb(w: &mut Workload, c: char, load: f64, with_be: bool) -> Result<(), Error
             &["resnet152"]
         }
         'b' => {
-            w.stream_with(rt("vgg19"), closed.clone());
+            w.stream_with(rt("vgg19"), if rt_rate.is_some() { uniform(0.0) } else { closed.clone() });
             &["resnet152"]
         }
         'c' => {
@@ -637,7 +672,7 @@ fn disb(w: &mut Workload, c: char, load: f64, with_be: bool) -> Result<(), Error
         }
         'd' | 'e' => {
             for m in DISB_BE {
-                let a = if c == 'd' { uniform(20.0) } else { Arrival::Poisson { rate_per_s: 20.0 * load } };
+                let a = if c == 'd' { uniform(20.0) } else { Arrival::Poisson { rate_per_s: rt_rate.unwrap_or(20.0) * load } };
                 w.stream_with(rt(m), a);
             }
             &DISB_BE
@@ -843,6 +878,19 @@ mod tests {
         assert!(d_rt.streams.iter().all(|s| s.class == StreamClass::Rt) && d_rt.streams.len() == 5);
         assert!(d_rt.sources.iter().all(|s| !s.arrival.is_closed()));
         assert!(Preset::Disb('d').workload(0.5, "other", &iso, &Catalog::default(), &rt_opts).is_err());
+        // B at REEF's 220 req/s: the closed real-time loop becomes uniform; RT-Only keeps the rate.
+        let b_opts = PresetOptions { rt_only: true, disb_rt_rate_per_s: Some(220.0), ..PresetOptions::default() };
+        assert_eq!(Preset::Disb('b').variants(&b_opts), vec!["rt-only,rt-rate=220".to_string()]);
+        let (b, _) = Preset::Disb('b').workload(1.0, "rt-rate=220", &iso, &Catalog::default(), &b_opts).unwrap();
+        assert!((b.open_rate_per_s() - 220.0).abs() < 1e-3);
+        assert_eq!(b.sources.iter().filter(|s| s.arrival.is_closed()).count(), 1, "resnet152's best-effort loop");
+        let (b_rt, _) = Preset::Disb('b').workload(1.0, "rt-only,rt-rate=220", &iso, &Catalog::default(), &b_opts).unwrap();
+        assert!((b_rt.open_rate_per_s() - 220.0).abs() < 1e-3 && b_rt.sources.iter().all(|s| !s.arrival.is_closed()));
+        let (e, _) = Preset::Disb('e').workload(1.0, "rt-rate=30", &iso, &Catalog::default(), &b_opts).unwrap();
+        assert!((e.open_rate_per_s() - 150.0).abs() < 1e-6);
+        for bad in ["rt-rate=0", "rt-rate=x", "rt-rate", "rt-only,fast"] {
+            assert!(Preset::Disb('b').workload(1.0, bad, &iso, &Catalog::default(), &b_opts).is_err(), "{bad}");
+        }
         // Paella's mix at load 2 with 10 ms models: 200 requests/s.
         let (m, _) = Preset::PaellaMix.workload(2.0, "sigma=2", &iso, &Catalog::default(), &opts).unwrap();
         assert!((m.open_rate_per_s() - 200.0).abs() < 1e-6);

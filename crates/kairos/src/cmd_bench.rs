@@ -296,6 +296,11 @@ pub struct RunArgs {
     /// RT-Only reference, the real-time latency the GPU gives alone).
     #[arg(long)]
     pub rt_only: bool,
+    /// disb-*: each real-time client's rate in req/s at load 1, in place of DISB's (A, C: 100; D,
+    /// E: 20); B's real-time client becomes uniform at this rate instead of a closed loop (REEF's
+    /// Table 2: 220).
+    #[arg(long, value_name = "REQ_PER_S")]
+    pub rt_rate: Option<f64>,
     /// disb-*: autotune the models only best-effort clients request under this block-time budget
     /// (µs): each logical block of theirs takes at most about this long where a tile allows it,
     /// so preempting them waits less (REEF's preemption floor; `--backend cuda`). Models that
@@ -687,7 +692,7 @@ fn list() {
         );
     }
     println!(
-        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+nopad, krisp:N (SMs of overlap, or inf), static:N (partitions)).",
+        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+runs, reef+nopad, krisp:N (SMs of overlap, or inf), static:N (partitions)).",
         kairos_sched::PolicyConfig::NAMES.join(", ")
     );
     println!(
@@ -712,6 +717,7 @@ fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
         sigmas: a.sigma.clone(),
         tenant_per_model: a.tenant_per_model,
         rt_only: a.rt_only,
+        disb_rt_rate_per_s: a.rt_rate,
         instances: a.instances,
         budget_bytes: a.budget_mb.map(|m| (m * 1024.0 * 1024.0) as u64),
         // deepplan-azure: --arrival azure:FILE, else the synthetic sample in the data folder.
@@ -777,7 +783,7 @@ fn run_presets(a: RunArgs) -> Result<()> {
     }
     if let Some(budget_us) = a.be_block_budget_us {
         anyhow::ensure!(a.backend == Backend::Cuda, "--be-block-budget-us needs --backend cuda (it times tiles on the GPU)");
-        let mut be: Vec<&str> = presets.iter().flat_map(|(p, _)| p.best_effort_only_archs()).collect();
+        let mut be: Vec<String> = presets.iter().flat_map(|(p, _)| p.best_effort_only_archs()).collect();
         be.sort_unstable();
         be.dedup();
         anyhow::ensure!(
@@ -785,6 +791,7 @@ fn run_presets(a: RunArgs) -> Result<()> {
             "--be-block-budget-us: no model of these presets is requested by best-effort clients alone"
         );
         eprintln!("  best-effort plans with blocks of at most {budget_us} us: {}", be.join(", "));
+        let be: Vec<&str> = be.iter().map(String::as_str).collect();
         autotune_models(&mut catalog, a.device, Some(&be), Some(budget_us * 1000))?;
     }
     if a.backend == Backend::Cuda {

@@ -55,7 +55,8 @@ fn results_are_exact_through_every_policy() {
     for seed in seeds(6) {
         with_seed("results_are_exact_through_every_policy", seed, |seed| {
             let mut rng = SmallRng::seed_from_u64(seed);
-            for name in PolicyConfig::NAMES {
+            // `reef+runs`: best-effort work in recorded segments as well.
+            for name in PolicyConfig::NAMES.into_iter().chain(["reef+runs"]) {
                 for preempt in [false, true] {
                     let policy = PolicyConfig::by_name(name).unwrap();
                     if preempt && !policy.is_kernel_level() {
@@ -438,7 +439,7 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
 /// request arrives and pads the SMs the real-time model leaves: its real-time latency stays near
 /// that of the real-time requests alone, below `paella`'s (real-time first, no preemption) and
 /// `streams`' (no priority), and best-effort work still gets done beside it; `+wait` (no
-/// preemption) preempts nothing.
+/// preemption) preempts nothing, nor does `+runs` (best-effort work in recorded segments).
 #[test]
 fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
     let seed = seeds(1)[0];
@@ -492,11 +493,15 @@ fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
     let (alone_mean, alone_max, _, _) = measure("reef", false);
     let (reef_mean, reef_max, reef_be_done, reef) = measure("reef", true);
     let (_, _, _, wait) = measure("reef+wait", true);
+    let (_, _, runs_be_done, runs) = measure("reef+runs", true);
     let (paella_mean, _, _, _) = measure("paella", true);
     let (streams_mean, _, _, _) = measure("streams", true);
     let (_, _, seq_be_done, _) = measure("seq", true);
     assert!(reef.preemptions > 0, "reef preempted nothing");
     assert_eq!(wait.preemptions, 0, "reef+wait preempted");
+    assert_eq!(runs.preemptions, 0, "reef+runs preempted");
+    assert!(runs.segments_launched > 0, "reef+runs launched no segment");
+    assert!(runs_be_done <= seq_be_done, "reef+runs finished best-effort work at {runs_be_done} ns, seq at {seq_be_done}");
     assert!(reef_mean * 100 <= alone_mean * 125, "reef: real-time mean {reef_mean} ns vs {alone_mean} ns alone");
     assert!(reef_max * 100 <= alone_max * 150, "reef: real-time max {reef_max} ns vs {alone_max} ns alone");
     assert!(

@@ -290,7 +290,7 @@ pub enum PolicyConfig {
     Edf { slowdown: f64, backfill: bool },
     Sjf,
     Rr,
-    Reef { kill: bool, padding: bool },
+    Reef { kill: bool, padding: bool, be_runs: bool },
     Seq,
     Krisp { overlap_sms: u32 },
     Static { partitions: u32 },
@@ -308,17 +308,21 @@ impl PolicyConfig {
     /// [`paella::SLOWDOWN_BOUND_DEFAULT`]). Suffixes come in that order. `reef` takes `+wait`
     /// (no preemption: best-effort launches already issued run to their end, REEF's wait-based
     /// baseline) and `+nopad` (no best-effort kernel while real-time work is admitted), in that
-    /// order. `krisp:N` allows N SMs of overlap per kernel (`krisp` = `krisp:0`, KRISP-I;
+    /// order; `+runs` in place of `+wait` sends best-effort kernel-level jobs in recorded segments as
+    /// well (not preemptible, so no preemption either). `krisp:N` allows N SMs of overlap per kernel (`krisp` = `krisp:0`, KRISP-I;
     /// `krisp:inf`, KRISP-O); `static:N` cuts the GPU into N equal partitions.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
         if let Some(rest) = name.strip_prefix("reef") {
-            let (wait, rest) = match rest.strip_prefix("+wait") {
-                Some(r) => (true, r),
-                None => (false, rest),
+            let (kill, be_runs, rest) = if let Some(r) = rest.strip_prefix("+wait") {
+                (false, false, r)
+            } else if let Some(r) = rest.strip_prefix("+runs") {
+                (false, true, r)
+            } else {
+                (true, false, rest)
             };
             return match rest {
-                "" => Some(PolicyConfig::Reef { kill: !wait, padding: true }),
-                "+nopad" => Some(PolicyConfig::Reef { kill: !wait, padding: false }),
+                "" => Some(PolicyConfig::Reef { kill, padding: true, be_runs }),
+                "+nopad" => Some(PolicyConfig::Reef { kill, padding: false, be_runs }),
                 _ => None,
             };
         }
@@ -429,8 +433,10 @@ impl PolicyConfig {
             PolicyConfig::Paella { slowdown_bound: Some(s), .. } => l += &format!("+bound={s}"),
             _ => {}
         }
-        if let PolicyConfig::Reef { kill, padding } = *self {
-            if !kill {
+        if let PolicyConfig::Reef { kill, padding, be_runs } = *self {
+            if be_runs {
+                l += "+runs";
+            } else if !kill {
                 l += "+wait";
             }
             if !padding {
@@ -464,7 +470,7 @@ impl PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
-            PolicyConfig::Reef { kill, padding } => Box::new(reef::Reef { kill, padding }),
+            PolicyConfig::Reef { kill, padding, be_runs } => Box::new(reef::Reef { kill: kill && !be_runs, padding, be_runs }),
             PolicyConfig::Seq => Box::new(seq::Seq),
             PolicyConfig::Krisp { overlap_sms } => Box::new(krisp::Krisp { overlap_sms }),
             PolicyConfig::Static { partitions } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
@@ -491,7 +497,9 @@ impl std::fmt::Display for PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => {
                 write!(f, "edf(slowdown={slowdown}{})", if *backfill { ",backfill" } else { "" })
             }
-            PolicyConfig::Reef { kill, padding } => write!(f, "reef(kill={kill},padding={padding})"),
+            PolicyConfig::Reef { kill, padding, be_runs } => {
+                write!(f, "reef(kill={kill},padding={padding},be_runs={be_runs})")
+            }
             PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY } => write!(f, "krisp(overlap=any)"),
             PolicyConfig::Krisp { overlap_sms } => write!(f, "krisp(overlap={overlap_sms}sms)"),
             PolicyConfig::Static { partitions } => write!(f, "static(partitions={partitions})"),
@@ -549,6 +557,8 @@ mod tests {
             "reef+wait",
             "reef+nopad",
             "reef+wait+nopad",
+            "reef+runs",
+            "reef+runs+nopad",
             "seq",
             "krisp",
             "krisp:16",
@@ -574,6 +584,9 @@ mod tests {
             "paella+bound+backfill",
             "reef:2",
             "reef+nopad+wait",
+            "reef+wait+runs",
+            "reef+runs+wait",
+            "reef+nopad+runs",
             "reef+backfill",
             "seq:1",
             "krisp:x",

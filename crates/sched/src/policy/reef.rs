@@ -14,6 +14,13 @@
 //!    the CTAs that fit there now, and only while nothing issued waits to be placed. So no RT
 //!    kernel ever waits for a BE block.
 //!
+//! `+runs` sends BE kernel-level jobs in recorded segments as RT ones go (`Config::run_segment_ns`
+//! of kernels replayed as one CUDA graph, a driver call and a record pair per segment instead of
+//! per kernel), which a preempt flag cannot stop: no preemption (as `+wait`), and a BE segment
+//! running when an RT job arrives runs to its end beside it, its CTAs placed after the RT
+//! kernels' (high-priority streams). The trade measured on the GPU: BE throughput against the
+//! RT tail (docs/benchmarks.md).
+//!
 //! Otherwise (*normal mode*) BE kernels run concurrently, the least recently served job first,
 //! each when it passes the occupancy gate (the best-ranked one that does: no BE job starves
 //! behind a larger one). RT launches are never preempted, so they go out as not preemptible and
@@ -41,6 +48,9 @@ pub struct Reef {
     pub kill: bool,
     /// Issue best-effort kernels on the SMs real-time work leaves while it is admitted.
     pub padding: bool,
+    /// Best-effort jobs go in recorded segments like real-time ones (`+runs`): not preemptible,
+    /// so `kill` must be off; what runs when a real-time job arrives is waited for.
+    pub be_runs: bool,
 }
 
 impl Reef {
@@ -62,13 +72,14 @@ impl Policy for Reef {
     }
 
     /// Best-effort launches are preemptible with and without `kill` (so `+wait` differs from
-    /// `reef` only in never stopping them); real-time ones never are.
+    /// `reef` only in never stopping them), unless they go in recorded segments (`+runs`);
+    /// real-time ones never are.
     fn preempts(&self) -> bool {
-        true
+        !self.be_runs
     }
 
     fn preempts_class(&self, class: Class) -> bool {
-        class == Class::BestEffort
+        class == Class::BestEffort && !self.be_runs
     }
 
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
@@ -84,6 +95,7 @@ impl Policy for Reef {
         }
         // 1. A new RT job: every running BE launch stops (one decision each).
         if self.kill
+            && !self.be_runs
             && arriving
             && let Some(j) = view.jobs.iter().find(|j| j.class != Class::RealTime && j.running.is_some())
         {

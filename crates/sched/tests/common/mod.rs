@@ -93,7 +93,10 @@ pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
     match rng.random_range(0..11) {
         9 => PolicyConfig::Krisp { overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)] },
         10 => PolicyConfig::Static { partitions: rng.random_range(1..=4) },
-        7 => PolicyConfig::Reef { kill: rng.random_bool(0.75), padding: rng.random_bool(0.75) },
+        7 => {
+            let be_runs = rng.random_bool(0.2);
+            PolicyConfig::Reef { kill: !be_runs && rng.random_bool(0.75), padding: rng.random_bool(0.75), be_runs }
+        }
         8 => PolicyConfig::Seq,
         6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)], backfill: rng.random_bool(0.5) },
         0 => PolicyConfig::Fifo { jobs_queued: rng.random_range(1..=3) },
@@ -710,7 +713,7 @@ impl Policy for Checked {
             Decision::Preempt { job, launch } => {
                 // Only `reef` with kill preempts: a best-effort job's running launch, while a
                 // real-time job waits with nothing issued.
-                let PolicyConfig::Reef { kill: true, .. } = self.config else {
+                let PolicyConfig::Reef { kill: true, be_runs: false, .. } = self.config else {
                     bad(format!("{}: preempted, but only reef (with kill) preempts", self.name()));
                     return Some(d);
                 };
