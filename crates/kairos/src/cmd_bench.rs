@@ -363,6 +363,11 @@ pub struct RunArgs {
     /// estimated GPU time (0: launch by launch; default: the dispatcher's, 500).
     #[arg(long, env = "KAIROS_RUN_SEGMENT_US")]
     pub run_segment_us: Option<u64>,
+    /// Threaded engine: with nothing in flight the dispatcher thread polls its queue for this many
+    /// µs since it last had work before it sleeps (one core busy; a request arriving meanwhile is
+    /// taken without a thread wake-up). 0: sleep at once.
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    pub idle_spin_us: u64,
     /// Streams in the dispatcher's pool (default: the device's hardware queues, at least 32). A
     /// kernel-level job holds one while it has launches in flight, so this caps how many jobs run
     /// at once.
@@ -881,14 +886,8 @@ fn run_presets(a: RunArgs) -> Result<()> {
         (Backend::Cuda, EngineMode::Threaded) => {
             let device = a.device;
             let factory = move || kairos_cuda::CudaGpu::new(device);
-            sweep_all(
-                &mut EngineTarget::new(factory, EngineConfig::default(), false),
-                &presets,
-                &catalog,
-                &sweep,
-                a.seed,
-                &a.out,
-            )?
+            let engine = EngineConfig { idle_spin_ns: a.idle_spin_us.saturating_mul(1000), ..EngineConfig::default() };
+            sweep_all(&mut EngineTarget::new(factory, engine, false), &presets, &catalog, &sweep, a.seed, &a.out)?
         }
     };
     for p in &a.peers {

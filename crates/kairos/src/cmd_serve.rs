@@ -109,6 +109,12 @@ pub struct ServeArgs {
     /// Commands waiting for each dispatcher thread; more is 429 / RESOURCE_EXHAUSTED.
     #[arg(long, env = "KAIROS_SUBMIT_QUEUE_MAX", default_value_t = 4096)]
     pub submit_queue_max: usize,
+    /// With nothing in flight each dispatcher thread polls its queue for this many µs since it
+    /// last had work before it sleeps (a core busy meanwhile; a request arriving then is taken
+    /// without a thread wake-up: for real-time requests on a server that is often idle). 0: sleep
+    /// at once.
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    pub idle_spin_us: u64,
     /// Requests each dispatcher holds (waiting or running); more is 429 / RESOURCE_EXHAUSTED.
     #[arg(long, env = "KAIROS_JOBS_MAX", default_value_t = 4096)]
     pub jobs_max: usize,
@@ -356,7 +362,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let policy = PolicyConfig::by_name(&args.policy)
         .with_context(|| format!("unknown policy {}: use fifo, streams, streams-kernel, paella, sjf or rr", args.policy))?;
-    let mut engine = EngineConfig { submit_queue_max: args.submit_queue_max, ..EngineConfig::default() };
+    let mut engine = EngineConfig {
+        submit_queue_max: args.submit_queue_max,
+        idle_spin_ns: args.idle_spin_us.saturating_mul(1000),
+        ..EngineConfig::default()
+    };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = args.jobs_max;
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);

@@ -133,7 +133,7 @@ impl Gpu for NullGpu {
 }
 
 fn policies() -> Vec<PolicyConfig> {
-    PolicyConfig::NAMES.iter().map(|n| PolicyConfig::by_name(n).unwrap()).collect()
+    PolicyConfig::NAMES.iter().chain(&["reef+runs"]).map(|n| PolicyConfig::by_name(n).unwrap()).collect()
 }
 
 fn main() {
@@ -142,9 +142,14 @@ fn main() {
     let opts = RequestOptions { skip_io: true, ..Default::default() };
 
     println!("## Cost of one decision (Policy::decide on the view), by admitted jobs\n");
-    println!("| policy | jobs | ns/decision |");
-    println!("|---|---:|---:|");
-    for p in policies().into_iter().filter(|p| p.is_kernel_level()) {
+    println!("| policy | jobs | real-time jobs | ns/decision |");
+    println!("|---|---:|---:|---:|");
+    // `reef` also in real-time mode: every tenth job real-time (the first one just arrived).
+    let cases = policies().into_iter().filter(|p| p.is_kernel_level()).flat_map(|p| {
+        let rt = matches!(p, PolicyConfig::Reef { .. });
+        [(p.clone(), false)].into_iter().chain(rt.then_some((p, true)))
+    });
+    for (p, with_rt) in cases {
         for jobs in [1usize, 10, 100, 1000] {
             let cfg = Config {
                 jobs_max: 4096,
@@ -156,7 +161,8 @@ fn main() {
             let mut out = Vec::new();
             d.on_command(Command::LoadModel(spec.clone()), &mut out);
             for i in 0..jobs {
-                let o = RequestOptions { tenant: TenantId((i % 8) as u32), ..opts.clone() };
+                let class = if with_rt && i % 10 == 0 { Class::RealTime } else { Class::BestEffort };
+                let o = RequestOptions { tenant: TenantId((i % 8) as u32), class, ..opts.clone() };
                 d.on_command(
                     Command::Submit(Request {
                         id: RequestId(i as u64),
@@ -180,7 +186,8 @@ fn main() {
             }
             let ns = t.elapsed().as_nanos() as f64 / reps as f64;
             assert_eq!(n as usize, reps);
-            println!("| {} | {jobs} | {ns:.0} |", p.name());
+            let rt_jobs = if with_rt { jobs.div_ceil(10) } else { 0 };
+            println!("| {} | {jobs} | {rt_jobs} | {ns:.0} |", p.label());
         }
     }
 
@@ -213,7 +220,7 @@ fn main() {
             assert_eq!(stats.completed as usize, total_jobs);
             println!(
                 "| {} | {concurrent} | {} | {:.0} | {:.0} | {:.0} |",
-                p.name(),
+                p.label(),
                 stats.launches,
                 stats.launches as f64 / secs,
                 secs * 1e9 / stats.launches as f64,

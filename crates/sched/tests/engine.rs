@@ -159,6 +159,27 @@ fn many_threads_submit_and_wait() {
     }
 }
 
+/// With an idle spin the dispatcher thread polls its queue instead of sleeping: requests that
+/// arrive while it spins are served, and a shutdown during the spin ends the thread at once.
+#[test]
+fn an_idle_spin_serves_requests_and_shuts_down() {
+    let cfg = EngineConfig { idle_spin_ns: 60_000_000_000, ..config("reef", 64) };
+    let engine = Engine::start(cfg, || Ok(MiniGpu::new(MiniConfig::default()))).unwrap();
+    let a = model("a", 3);
+    engine.load_model(a.clone()).unwrap();
+    for i in 0..6 {
+        let class = if i % 2 == 0 { kairos_sched::Class::RealTime } else { kairos_sched::Class::BestEffort };
+        let r = engine.submit("a", input(&a), RequestOptions { class, ..Default::default() }).unwrap().wait().unwrap();
+        assert_eq!(r.outputs.len(), 1);
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let s = engine.stats();
+    assert_eq!((s.submitted, s.completed, s.failed), (6, 6, 0), "{s:?}");
+    let t = std::time::Instant::now();
+    engine.shutdown();
+    assert!(t.elapsed() < Duration::from_secs(5), "shutdown waited {:?} for the spinning thread", t.elapsed());
+}
+
 #[test]
 fn a_full_queue_is_an_error_and_nothing_is_lost() {
     let gate = Gate::closed();

@@ -515,7 +515,18 @@ impl std::fmt::Display for PolicyConfig {
 pub(crate) fn gated_pick<K: Ord>(view: &View<'_>, backfill: bool, key: impl Fn(&JobView) -> K) -> Option<Decision> {
     let ok = |k: &ReadyKernel| view.gpu.can_issue(k) && view.gpu.fits(k);
     let best = if backfill {
-        view.jobs.iter().filter(|j| j.next_ready.is_some_and(|k| ok(&k))).min_by_key(|j| key(j))?
+        // The first job of least key whose kernel passes: the gate is asked only of jobs that
+        // would improve on the best so far.
+        let mut best: Option<(K, &JobView)> = None;
+        for j in view.jobs {
+            let Some(k) = &j.next_ready else { continue };
+            let jk = key(j);
+            if best.as_ref().is_some_and(|(b, _)| *b <= jk) || !ok(k) {
+                continue;
+            }
+            best = Some((jk, j));
+        }
+        best?.1
     } else {
         let best = view.jobs.iter().filter(|j| j.next_ready.is_some()).min_by_key(|j| key(j))?;
         if !ok(&best.next_ready?) {
