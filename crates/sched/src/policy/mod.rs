@@ -308,9 +308,10 @@ impl PolicyConfig {
     /// [`paella::SLOWDOWN_BOUND_DEFAULT`]). Suffixes come in that order. `reef` takes `+wait`
     /// (no preemption: best-effort launches already issued run to their end, REEF's wait-based
     /// baseline) and `+nopad` (no best-effort kernel while real-time work is admitted), in that
-    /// order; `+runs` in place of `+wait` sends best-effort kernel-level jobs in recorded segments as
-    /// well (not preemptible, so no preemption either). `krisp:N` allows N SMs of overlap per kernel (`krisp` = `krisp:0`, KRISP-I;
-    /// `krisp:inf`, KRISP-O); `static:N` cuts the GPU into N equal partitions.
+    /// order; `+runs` in place of `+wait` sends best-effort kernel-level jobs in recorded segments
+    /// as well (not preemptible, so no preemption either). `krisp:N` allows N SMs of overlap per
+    /// kernel (`krisp` = `krisp:0`, KRISP-I; `krisp:inf`, KRISP-O); `static:N` cuts the GPU into
+    /// N equal partitions.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
         if let Some(rest) = name.strip_prefix("reef") {
             let (kill, be_runs, rest) = if let Some(r) = rest.strip_prefix("+wait") {
