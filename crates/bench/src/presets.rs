@@ -663,7 +663,13 @@ fn disb(w: &mut Workload, c: char, load: f64, with_be: bool, rt_rate: Option<f64
             &["resnet152"]
         }
         'b' => {
-            w.stream_with(rt("vgg19"), if rt_rate.is_some() { uniform(0.0) } else { closed.clone() });
+            w.stream_with(
+                rt("vgg19"),
+                match rt_rate {
+                    Some(r) => uniform(r),
+                    None => closed.clone(),
+                },
+            );
             &["resnet152"]
         }
         'c' => {

@@ -793,10 +793,11 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             active_at = turn;
             continue;
         }
-        if d.work_in_flight() > 0 {
+        let in_flight = d.work_in_flight();
+        if in_flight > 0 {
             active_at = turn;
         }
-        if d.work_in_flight() == 0 {
+        if in_flight == 0 {
             if disconnected {
                 continue;
             }

@@ -471,7 +471,7 @@ impl PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
-            PolicyConfig::Reef { kill, padding, be_runs } => Box::new(reef::Reef { kill: kill && !be_runs, padding, be_runs }),
+            PolicyConfig::Reef { kill, padding, be_runs } => Box::new(reef::Reef { kill, padding, be_runs }),
             PolicyConfig::Seq => Box::new(seq::Seq),
             PolicyConfig::Krisp { overlap_sms } => Box::new(krisp::Krisp { overlap_sms }),
             PolicyConfig::Static { partitions } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),

@@ -49,7 +49,7 @@ pub struct Reef {
     /// Issue best-effort kernels on the SMs real-time work leaves while it is admitted.
     pub padding: bool,
     /// Best-effort jobs go in recorded segments like real-time ones (`+runs`): not preemptible,
-    /// so `kill` must be off; what runs when a real-time job arrives is waited for.
+    /// so `kill` is ignored; what runs when a real-time job arrives is waited for.
     pub be_runs: bool,
 }
 
