@@ -11,7 +11,10 @@
 # Knobs: WORKLOADS (disb-X, or disb-X@R: the real-time clients at R req/s each, `--rt-rate R`;
 # default "disb-a disb-c disb-e"), POLICIES (reef,reef+runs,streams), REQUESTS (2250 a point:
 # >= 2000 real-time requests after the 10% warm-up), PEER_MODES (graph-priority:4; "" skips the
-# peer), PEERS_S (the peer's time budget, 200 s), RT_ONLY (1), EXTRA (more `bench run` arguments).
+# peer), PEERS_S (the peer's time budget, 200 s), RT_ONLY (1), EXTRA (more `bench run` arguments),
+# TESTS (name filters of crates/gputest/tests/gpu.rs to run first when the call carries
+# $CARRY/gpu-tests.gz, built with `cargo test --release -p kairos-gputest --test gpu --no-run`;
+# default: stop words, preemption, light launches, recorded runs; "" skips them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1
@@ -28,6 +31,15 @@ cp "$0" $W/
 N=${REQUESTS:-2250}
 summary=""
 dirs=""
+TESTS=${TESTS-stop_words preempted_launches light_launches recorded_runs}
+if [ -n "$TESTS" ] && [ -f ${CARRY:-.carry}/gpu-tests.gz ]; then
+    t=$(date +%s)
+    gunzip -c ${CARRY:-.carry}/gpu-tests.gz >$BIN/gpu-tests && chmod +x $BIN/gpu-tests
+    timeout 300 $BIN/gpu-tests --test-threads 1 --include-ignored --nocapture $TESTS >$W/tests.log 2>&1
+    summary="$summary
+tests ($TESTS): rc $? ($(($(date +%s) - t)) s), $(grep -E '^test result' $W/tests.log | tail -1)"
+    grep -E "^test |trial|panicked" $W/tests.log | tail -40
+fi
 for spec in ${WORKLOADS:-disb-a disb-c disb-e}; do
     w=${spec%@*}
     rate=""

@@ -773,6 +773,17 @@ impl Plan {
         self.launches.iter().map(|l| l.flops).sum()
     }
 
+    /// Whether every launch may run again whole after it stopped part-way with the same result:
+    /// none reads memory it writes (a launch writes its last argument, and only that). What a
+    /// recorded run stopped between kernels relies on ([`crate::plan`] users: the dispatcher's
+    /// stoppable segments).
+    pub fn launches_rerunnable(&self) -> bool {
+        self.launches.iter().all(|l| match l.args.split_last() {
+            Some((out, inputs)) => inputs.iter().all(|a| !a.overlaps(out)),
+            None => true,
+        })
+    }
+
     /// Kernel names with their launch counts, most frequent first.
     pub fn kernel_histogram(&self) -> Vec<(&'static str, usize)> {
         let mut h: std::collections::BTreeMap<&'static str, usize> = Default::default();

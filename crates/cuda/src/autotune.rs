@@ -575,6 +575,7 @@ fn time_shapes(
                 report_start: false,
                 preemptible: true,
                 report_end: true,
+                stop_word: None,
             };
             let timed = (|| {
                 gpu.time_span(&req)?;

@@ -136,8 +136,9 @@ struct StreamState {
     /// that reads the gate): only a launch behind such a one needs to read the gate.
     last_may_stop: bool,
     /// Silent launches queued here and not yet known done, in issue order: (issue order, id,
-    /// logical blocks). A later launch on the stream that reports its end implies theirs.
-    silent: VecDeque<(u64, LaunchId, u32)>,
+    /// logical blocks, its stop word and position in its run + 1, or `NO_STOP`). A later launch
+    /// on the stream that reports its end implies theirs.
+    silent: VecDeque<(u64, LaunchId, u32, (u32, u32))>,
     /// Launches queued here that report their end, in issue order: (issue order, id, whether its
     /// start is implied by the end of the one before it instead of a record of its own, when it
     /// was issued on the host clock).
@@ -157,6 +158,20 @@ struct InFlight {
     first_placed_ns: Option<u64>,
     /// Queued by the backend itself to report the silent launches before it (no event of its own).
     internal: bool,
+    /// The stop word it carries (`LaunchRequest::stop_word`).
+    stop_word: Option<u32>,
+}
+
+/// A silent launch that carries no stop word (`StreamState::silent`).
+const NO_STOP: (u32, u32) = (u32::MAX, 0);
+
+/// A stop word's books on the host (`Gpu::create_stop_word`).
+#[derive(Clone, Copy, Debug, Default)]
+struct StopWordState {
+    /// A raise was queued since the word was last cleared (another would change nothing).
+    raised: bool,
+    /// The next launch or replay that carries it clears it first, in its stream's order.
+    needs_clear: bool,
 }
 
 /// A recorded run: the CUDA graph of its launches, and each launch's logical blocks (what its
@@ -164,6 +179,8 @@ struct InFlight {
 struct RecordedRun {
     graph: crate::safe::Graph,
     blocks: Vec<u32>,
+    /// The stop word its launches obey (`LaunchRequest::stop_word`).
+    stop_word: Option<u32>,
 }
 
 /// Recorded runs one GPU holds at most (each is a CUDA graph instance in device memory).
@@ -338,6 +355,15 @@ pub struct CudaGpu {
     light_launches: bool,
     /// CTAs per SM of the next launch's entry when the caller already knows them.
     next_launch_per_sm: Option<u32>,
+    /// The stop word the next `launch_inner` carries: (id, its position in the run being
+    /// recorded + 1, or 0).
+    next_launch_stop: Option<(u32, u32)>,
+    /// Position + 1 of the launch `record_run` is capturing (0: not recording).
+    recording_pos: u32,
+    /// Stop words (protocol.cuh point 8): `STOP_WORDS_MAX` words of `source::STOP_WORD_BYTES` in
+    /// device memory, made on first use; and their books by id (None: free).
+    run_stop_words: Option<DeviceBuffer>,
+    stop_word_states: Vec<Option<StopWordState>>,
     protocol: Protocol,
     bound: Cell<Option<ThreadId>>,
     ordinal: u32,
@@ -498,6 +524,10 @@ impl CudaGpu {
             issue_order: 0,
             light_launches: crate::settings::settings().light_launches,
             next_launch_per_sm: None,
+            next_launch_stop: None,
+            recording_pos: 0,
+            run_stop_words: None,
+            stop_word_states: Vec::new(),
             protocol,
             bound: Cell::new(Some(std::thread::current().id())),
             ordinal,
@@ -541,6 +571,58 @@ impl CudaGpu {
     /// Host time the launcher threads spent in driver calls so far.
     pub fn launcher_busy_ns(&self) -> u64 {
         self.launchers.as_ref().map_or(0, |l| l.busy_ns())
+    }
+
+    /// Errs unless `w` is a live stop word.
+    fn check_stop_word(&self, w: StopWordId) -> Result<()> {
+        match self.stop_word_states.get(w.0 as usize) {
+            Some(Some(_)) => Ok(()),
+            _ => Err(GpuError::Invalid(format!("unknown stop word {}", w.0))),
+        }
+    }
+
+    /// The device address of stop word `w` (a `KairosStopWord`).
+    fn stop_word_addr(&self, w: u32) -> u64 {
+        self.run_stop_words.as_ref().expect("stop words exist once one was made").ptr() + w as u64 * source::STOP_WORD_BYTES
+    }
+
+    /// Raises stop word `w` (protocol.cuh point 8) with a write on the preempt stream, as a
+    /// device preempt flag (held back like one until the next launch has gone out). Once per clear.
+    fn raise_stop_word(&mut self, w: u32) -> Result<()> {
+        let Some(Some(state)) = self.stop_word_states.get_mut(w as usize) else { return Ok(()) };
+        state.needs_clear = true;
+        if std::mem::replace(&mut state.raised, true) {
+            return Ok(());
+        }
+        self.pending_preempts.push((self.stop_word_addr(w), 1));
+        if self.pending_preempts.len() >= PENDING_PREEMPTS_MAX {
+            self.flush_preempts()?;
+        }
+        Ok(())
+    }
+
+    /// Clears stop word `w` (both its halves) on `stream`, in order with what was launched there
+    /// before and after, if it was raised since it was last cleared (or is new).
+    fn clear_stop_word_before(&mut self, w: u32, stream: StreamId) -> Result<()> {
+        let Some(Some(state)) = self.stop_word_states.get_mut(w as usize) else {
+            return Err(GpuError::Invalid(format!("unknown stop word {w}")));
+        };
+        if !state.needs_clear {
+            return Ok(());
+        }
+        *state = StopWordState::default();
+        let addr = self.stop_word_addr(w);
+        let raw = self.stream_for(stream, 0)?.raw();
+        for (at, value) in [(addr, 0u32), (addr + 4, 0u32)] {
+            match self.launchers.as_ref().filter(|_| !self.launch_inline) {
+                // Behind the launches posted to the stream's launcher before it.
+                Some(l) => l.post(stream.0, Job::write32(raw, at, value)),
+                // SAFETY: `raw` is a live stream of self; `at` lies in the stop-word buffer, which
+                // lives as long as self (cuMemFree waits for the device's work, this write included).
+                None => unsafe { driver::stream_write_value32(raw, at, value) }.map_err(drv)?,
+            }
+        }
+        Ok(())
     }
 
     /// Queues the device-flag writes `preempt` left pending (see `pending_preempts`).
@@ -1091,6 +1173,7 @@ impl CudaGpu {
         let extra_flags = std::mem::take(&mut self.next_launch_flags);
         let implied_start = std::mem::take(&mut self.next_launch_implied_start);
         let known_per_sm = self.next_launch_per_sm.take();
+        let stop = self.next_launch_stop.take();
         let light = variant == Variant::Protocol && extra_flags & source::FLAG_LIGHT != 0;
         self.bind()?;
         if o.first_block > total_blocks {
@@ -1204,10 +1287,39 @@ impl CudaGpu {
                     self.protocol.bind_slot(s, gate.seq);
                 }
                 // A silent launch's slot fields are never read: slot 0's address stands in.
-                let s = s.unwrap_or(0);
-                self.protocol.params(s, o.first_block, total_blocks, &mask, flags, o.sm_bitmap.map_or(0, |p| p.0), gate)
+                let slot_index = s.unwrap_or(0);
+                let mut p = self.protocol.params(
+                    slot_index,
+                    o.first_block,
+                    total_blocks,
+                    &mask,
+                    flags,
+                    o.sm_bitmap.map_or(0, |p| p.0),
+                    gate,
+                );
+                if let Some((w, pos)) = stop {
+                    // protocol.cuh point 8: the flag is the stop word; a run's silent launch
+                    // carries its position in `slot` (it writes no record).
+                    p.preempt_flag = self.stop_word_addr(w);
+                    p.flags |= source::FLAG_STOP_WORD | source::FLAG_DEVICE_STOP;
+                    if s.is_none() {
+                        p.slot = pos;
+                    }
+                }
+                p
             }
-            (Variant::Plain, _) => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
+            // A plain grid of a run with a stop word reads it as light launches do (point 8).
+            (Variant::Plain, _) => match stop {
+                Some((w, pos)) => source::ProtoParams {
+                    first_block: o.first_block,
+                    total_blocks,
+                    preempt_flag: self.stop_word_addr(w),
+                    flags: source::FLAG_STOP_WORD,
+                    slot: pos,
+                    ..Default::default()
+                },
+                None => source::ProtoParams { first_block: o.first_block, total_blocks, ..Default::default() },
+            },
         };
         let proto = proto.to_block();
         let overlap = self.overlap_launches && variant == Variant::Protocol && !light;
@@ -1263,8 +1375,13 @@ impl CudaGpu {
             (Ok(()), Some(s)) => {
                 self.issue_order += 1;
                 let order = self.issue_order;
-                self.in_flight[s as usize] =
-                    Some(InFlight { id, queue: (o.stream, o.partition.0), first_placed_ns: None, internal: false });
+                self.in_flight[s as usize] = Some(InFlight {
+                    id,
+                    queue: (o.stream, o.partition.0),
+                    first_placed_ns: None,
+                    internal: false,
+                    stop_word: stop.map(|x| x.0),
+                });
                 self.slot_of.insert(id, s);
                 if let (Some(g), Some(st)) = (gate, self.streams.get_mut(o.stream.0 as usize)) {
                     st.last_seq = g.seq;
@@ -1281,7 +1398,7 @@ impl CudaGpu {
                     st.last_seq = g.seq;
                     st.last_launch = Some(id);
                     st.last_may_stop = false;
-                    st.silent.push_back((order, id, total_blocks));
+                    st.silent.push_back((order, id, total_blocks, stop.unwrap_or(NO_STOP)));
                 }
                 Ok(id)
             }
@@ -1418,7 +1535,19 @@ impl CudaGpu {
         // CTA, runs light; and silent too when the caller does not need its own end (a later
         // launch on its stream reports it) and no mapped host memory must see its writes.
         let whole = self.partitions.get(request.partition.0 as usize).is_some_and(|p| request.sm_mask.intersect(&p.sms) == p.sms);
-        let light = self.light_launches && !request.preemptible && whole && sm_bitmap.is_none() && !request.report_ctas;
+        // A launch of a run being recorded with a stop word is light and silent: it stops between
+        // kernels through the word (protocol.cuh point 8), not at its blocks.
+        let stop_run = request.stop_word.is_some() && self.recording_pos > 0;
+        let light =
+            self.light_launches && (!request.preemptible || stop_run) && whole && sm_bitmap.is_none() && !request.report_ctas;
+        if let Some(w) = request.stop_word {
+            self.check_stop_word(w)?;
+            if !stop_run {
+                // Raised since it was last cleared: cleared first, in this stream's order.
+                self.clear_stop_word_before(w.0, request.stream)?;
+            }
+        }
+        self.next_launch_stop = request.stop_word.map(|w| (w.0, if stop_run { self.recording_pos } else { 0 }));
         let silent = light && !request.report_end && !request.report_start && !fenced;
         // A light launch queued right behind one that reports its end starts when that one ends
         // (stream order; it cannot be stopped at the gate, nothing before it may stop): its start
@@ -1597,6 +1726,11 @@ impl CudaGpu {
         }
         let d = self.direct_launch(&LaunchRequest { after: None, ..*request }, variant)?;
         let (blocks, threads) = (request.shape.logical_blocks, request.shape.threads_per_block);
+        // A plain grid of a run being recorded with a stop word reads it (protocol.cuh point 8).
+        if let Some(w) = request.stop_word.filter(|_| self.recording_pos > 0) {
+            self.check_stop_word(w)?;
+            self.next_launch_stop = Some((w.0, self.recording_pos));
+        }
         self.launch_inner(&d.name, &d.f, Some(&d.block), blocks, threads, d.dyn_smem, &d.o, variant)
     }
 
@@ -2252,6 +2386,16 @@ impl Gpu for CudaGpu {
         // cached or loaded); otherwise, with quick builds on (serving), light launches now and the
         // plain units compile in the background for the runs recorded later, and with them off
         // (benchmarks, tests) the plain units compile first.
+        let stop_word = launches[0].stop_word;
+        if let Some(w) = stop_word {
+            self.check_stop_word(w)?;
+            if launches.len() > STOP_RUN_LAUNCHES_MAX {
+                return Err(GpuError::Invalid(format!(
+                    "a run with a stop word holds at most {STOP_RUN_LAUNCHES_MAX} launches, got {}",
+                    launches.len()
+                )));
+            }
+        }
         let mut plain = self.run_kernels_plain;
         if plain {
             let mut missing = Vec::new();
@@ -2280,8 +2424,13 @@ impl Gpu for CudaGpu {
         }
         let whole = self.partitions[0].sms;
         for (i, l) in launches.iter().enumerate() {
-            if l.preemptible || l.report_ctas || l.report_start || l.report_end || l.after.is_some() {
-                return Err(GpuError::Invalid(format!("launch {i} of a run is preemptible, gated or reports itself")));
+            if l.stop_word != stop_word || l.preemptible != stop_word.is_some() {
+                return Err(GpuError::Invalid(format!(
+                    "launch {i} of a run: its launches are preemptible exactly when they all carry the same stop word"
+                )));
+            }
+            if l.report_ctas || l.report_start || l.report_end || l.after.is_some() {
+                return Err(GpuError::Invalid(format!("launch {i} of a run is gated or reports itself")));
             }
             if l.partition != PartitionId::WHOLE || l.sm_mask.intersect(&whole) != whole {
                 return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole device")));
@@ -2300,13 +2449,12 @@ impl Gpu for CudaGpu {
             }
         };
         let graph = self.capture_plain(stream, |g| {
-            for l in launches {
+            for (i, l) in launches.iter().enumerate() {
                 let r = LaunchRequest { stream, ..*l };
-                if plain {
-                    g.launch_variant(&r, Variant::Plain)?;
-                } else {
-                    g.launch(&r)?;
-                }
+                g.recording_pos = i as u32 + 1;
+                let launched = if plain { g.launch_variant(&r, Variant::Plain) } else { g.launch(&r) };
+                g.recording_pos = 0;
+                launched?;
             }
             Ok(())
         });
@@ -2321,14 +2469,24 @@ impl Gpu for CudaGpu {
         let graph = graph?;
         let id = self.next_run;
         self.next_run += 1;
-        self.runs.insert(id, RecordedRun { graph, blocks: launches.iter().map(|l| l.shape.logical_blocks).collect() });
+        self.runs.insert(
+            id,
+            RecordedRun {
+                graph,
+                blocks: launches.iter().map(|l| l.shape.logical_blocks).collect(),
+                stop_word: stop_word.map(|w| w.0),
+            },
+        );
         Ok(RunId(id))
     }
 
     fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
         self.bind()?;
         let Some(r) = self.runs.get(&run.0) else { return Err(GpuError::Invalid(format!("unknown run {}", run.0))) };
-        let (exec, count) = (r.graph.raw_exec(), r.blocks.len() as u32);
+        let (exec, count, stop_word) = (r.graph.raw_exec(), r.blocks.len() as u32, r.stop_word);
+        if let Some(w) = stop_word {
+            self.clear_stop_word_before(w, stream)?;
+        }
         // The stream's whole-device CUDA stream (ordered behind its work in other partitions, as
         // for a launch).
         let raw = self.stream_for(stream, 0)?.raw();
@@ -2357,7 +2515,8 @@ impl Gpu for CudaGpu {
         for (k, &blocks) in r.blocks.iter().enumerate() {
             self.issue_order += 1;
             let id = LaunchId(first.0 + k as u64);
-            st.silent.push_back((self.issue_order, id, blocks));
+            let stop = stop_word.map_or(NO_STOP, |w| (w, k as u32 + 1));
+            st.silent.push_back((self.issue_order, id, blocks, stop));
             ids.push(id);
         }
         st.last_launch = ids.last().copied();
@@ -2377,6 +2536,15 @@ impl Gpu for CudaGpu {
     }
 
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
+        // A launch that carries a stop word (a reporter in flight, or a run's silent launch):
+        // the word stops them all.
+        let word = match self.slot_of.get(&launch) {
+            Some(&slot) => self.in_flight[slot as usize].as_ref().and_then(|f| f.stop_word),
+            None => self.streams.iter().flat_map(|st| st.silent.iter()).find(|x| x.1 == launch).map(|x| x.3.0),
+        };
+        if let Some(w) = word.filter(|&w| w != NO_STOP.0) {
+            return self.raise_stop_word(w);
+        }
         if let Some(&slot) = self.slot_of.get(&launch)
             && let Raise::WriteDevice { addr, value } = self.protocol.set_preempt(slot)
         {
@@ -2385,6 +2553,33 @@ impl Gpu for CudaGpu {
                 self.flush_preempts()?;
             }
         }
+        Ok(())
+    }
+
+    fn create_stop_word(&mut self) -> Result<StopWordId> {
+        self.bind()?;
+        if self.run_stop_words.is_none() {
+            let words = DeviceBuffer::new(STOP_WORDS_MAX as u64 * source::STOP_WORD_BYTES).map_err(drv)?;
+            words.fill(0).map_err(drv)?;
+            self.run_stop_words = Some(words);
+        }
+        let free = self.stop_word_states.iter().position(|w| w.is_none());
+        let i = match free {
+            Some(i) => i,
+            None if self.stop_word_states.len() < STOP_WORDS_MAX => {
+                self.stop_word_states.push(None);
+                self.stop_word_states.len() - 1
+            }
+            None => return Err(GpuError::Exhausted { limit: "stop words", max: STOP_WORDS_MAX as u64 }),
+        };
+        // A word used before may still be raised: its first launch clears it.
+        self.stop_word_states[i] = Some(StopWordState { raised: false, needs_clear: true });
+        Ok(StopWordId(i as u32))
+    }
+
+    fn destroy_stop_word(&mut self, word: StopWordId) -> Result<()> {
+        self.check_stop_word(word)?;
+        self.stop_word_states[word.0 as usize] = None;
         Ok(())
     }
 
@@ -2506,9 +2701,15 @@ impl CudaGpu {
                     {
                         // Stream order: the silent launches queued before this one have ended too.
                         let (order, ..) = st.reporting[i];
-                        while let Some(&(_, silent, blocks)) = st.silent.front().filter(|x| x.0 < order) {
+                        // A reporter of a run with a stop word names in `ctas` where the run stopped
+                        // (position + 1; 0: it ran whole): from there its launches ran no block, or
+                        // part of them, and run again whole (protocol.cuh point 8).
+                        let skipped = r.ctas;
+                        while let Some(&(_, silent, blocks, (_, pos))) = st.silent.front().filter(|x| x.0 < order) {
                             st.silent.pop_front();
-                            events.push(GpuEvent::LaunchDone { launch: silent, next_block: blocks, preempted: false, at_ns });
+                            let stopped = skipped != 0 && pos >= skipped;
+                            let (next_block, preempted) = if stopped { (0, true) } else { (blocks, false) };
+                            events.push(GpuEvent::LaunchDone { launch: silent, next_block, preempted, at_ns });
                         }
                         // The launch behind it starts now, if its start is implied by this end (not
                         // before it was issued: the end may have come first, unread).
@@ -2523,6 +2724,14 @@ impl CudaGpu {
                         self.spans.pop_front();
                     }
                     self.spans.push_back((id, r.device_ns.saturating_sub(first_placed.unwrap_or(r.device_ns))));
+                    // Stopped by its stop word, whatever raised it: the next launch that carries
+                    // it clears it (a raise may land after a clear that was queued behind it).
+                    if let Some(w) = self.in_flight[r.slot as usize].as_ref().and_then(|f| f.stop_word)
+                        && (r.aux != 0 || r.ctas != 0)
+                        && let Some(Some(state)) = self.stop_word_states.get_mut(w as usize)
+                    {
+                        state.needs_clear = true;
+                    }
                     self.in_flight[r.slot as usize] = None;
                     self.slot_of.remove(&id);
                     self.protocol.free_slot(r.slot);
@@ -2551,6 +2760,14 @@ impl CudaGpu {
             return;
         }
         let o = LaunchOptions { ctas: 1, ..self.whole_device(stream) };
+        // Silent launches of a run with a stop word: the closer reads where it stopped.
+        let word = self.streams[stream.0 as usize].silent.iter().map(|x| x.3.0).find(|&w| w != NO_STOP.0);
+        if let Some(w) = word
+            && let Err(e) = self.clear_stop_word_before(w, stream)
+        {
+            eprintln!("kairos: could not clear stop word {w} on stream {}: {e}", stream.0);
+        }
+        self.next_launch_stop = word.map(|w| (w, 0));
         match self.launch_noop(1, 32, &o) {
             Ok(id) => {
                 if let Some(f) = self.slot_of.get(&id).and_then(|&s| self.in_flight[s as usize].as_mut()) {
@@ -2560,7 +2777,7 @@ impl CudaGpu {
             Err(e) => {
                 eprintln!("kairos: could not queue the launch that reports stream {}'s silent launches: {e}", stream.0);
                 let now = self.now_ns();
-                for (_, id, _) in self.streams[stream.0 as usize].silent.drain(..) {
+                for (_, id, ..) in self.streams[stream.0 as usize].silent.drain(..) {
                     events.push(GpuEvent::LaunchLost { launch: id, at_ns: now });
                 }
             }
@@ -2588,12 +2805,21 @@ impl CudaGpu {
                 }
             }
         }
-        // The device is idle: the silent launches have run (they never stop early).
+        // The device is idle: the silent launches have run (they never stop early), but those
+        // of a run with a stop word may have stopped, where the lost end record would have said.
         for st in &mut self.streams {
             st.reporting.clear();
-            for (_, id, blocks) in st.silent.drain(..) {
-                events.push(GpuEvent::LaunchDone { launch: id, next_block: blocks, preempted: false, at_ns: now });
+            for (_, id, blocks, (word, _)) in st.silent.drain(..) {
+                if word == NO_STOP.0 {
+                    events.push(GpuEvent::LaunchDone { launch: id, next_block: blocks, preempted: false, at_ns: now });
+                } else {
+                    events.push(GpuEvent::LaunchLost { launch: id, at_ns: now });
+                }
             }
+        }
+        // Where a stop word was, the next launch that carries it starts from a lowered one.
+        for state in self.stop_word_states.iter_mut().flatten() {
+            state.needs_clear = true;
         }
         eprintln!(
             "kairos: the notification ring overflowed (the host stopped reading for over {} ms): {dropped} records dropped, \
@@ -2614,6 +2840,10 @@ impl CudaGpu {
             let any_failed = !failed.is_empty();
             let mut to_close = Vec::new();
             for f in failed {
+                if f.launch.0 == 0 {
+                    // A stream write (clearing a stop word): what follows it would stop for nothing.
+                    return Err(GpuError::Driver(format!("a stream write to a stop word failed in the driver: {}", f.error)));
+                }
                 // The driver refused it: nothing ran, the slot is still zero.
                 eprintln!("kairos: launch {} failed in the driver: {}; its request fails", f.launch.0, f.error);
                 let mut internal = false;

@@ -54,6 +54,10 @@ pub struct Job {
     /// its `run_launches` launches have consecutive ids from `launch`.
     graph: driver::CUgraphExec,
     pub run_launches: u32,
+    /// A stream write of `write_value` to this device address instead of a launch (0: none):
+    /// what must follow the stream's launches in order, like clearing a stop word.
+    write_addr: u64,
+    write_value: u32,
     /// Byte lengths of the kernel's parameters, laid out one after the other (each at a 16-byte
     /// boundary) in `params`.
     lens: [u16; 2],
@@ -114,6 +118,8 @@ impl Job {
             slot,
             graph: std::ptr::null_mut(),
             run_launches: 0,
+            write_addr: 0,
+            write_value: 0,
             lens,
             count: params.len() as u8,
             params: p,
@@ -134,10 +140,18 @@ impl Job {
             slot: u32::MAX,
             graph,
             run_launches,
+            write_addr: 0,
+            write_value: 0,
             lens: [0; 2],
             count: 0,
             params: [0; PARAM_BYTES_MAX / 16],
         }
+    }
+
+    /// A stream write of `value` to the 4-byte device word at `addr` on `stream`, in order with
+    /// the launches posted before and after it (its failure is reported with launch id 0).
+    pub fn write32(stream: CUstream, addr: u64, value: u32) -> Job {
+        Job { write_addr: addr, write_value: value, ..Job::graph(std::ptr::null_mut(), stream, LaunchId(0), 0) }
     }
 
     /// Makes the driver call on this thread.
@@ -147,6 +161,11 @@ impl Job {
     /// 2. The parameters match the kernel's signature, and the device memory they name stays
     ///    allocated until the kernel ends (the `Gpu::launch` contract of the poster).
     pub unsafe fn launch(&self) -> DResult<()> {
+        if self.write_addr != 0 {
+            // SAFETY: contract 1; the poster keeps the word allocated until the write has been
+            // made (it flushes the launchers before it frees anything).
+            return unsafe { driver::stream_write_value32(self.stream, self.write_addr, self.write_value) };
+        }
         if !self.graph.is_null() {
             // SAFETY: contract 1 (the poster keeps the graph's instance alive until the replay has
             // been queued: it flushes the launchers before destroying one) and 2.

@@ -239,6 +239,17 @@ pub struct RunId(pub u64);
 /// Launches one recorded run may hold at most.
 pub const RUN_LAUNCHES_MAX: usize = 4096;
 
+/// A stop word ([`Gpu::create_stop_word`]): what stops a recorded run between its kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StopWordId(pub u32);
+
+/// Launches a recorded run with a stop word may hold at most (the CUDA backend reports where a
+/// stopped run stopped in 11 bits of a record).
+pub const STOP_RUN_LAUNCHES_MAX: usize = 2047;
+
+/// Stop words one GPU hands out at most.
+pub const STOP_WORDS_MAX: usize = 4096;
+
 /// A kernel launch as the dispatcher issues it.
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchRequest<'a> {
@@ -281,6 +292,20 @@ pub struct LaunchRequest<'a> {
     /// (a backend whose later launch fails to queue reports the silent ones itself). Only for
     /// launches whose own end time the caller does not need.
     pub report_end: bool,
+    /// A stop word ([`Gpu::create_stop_word`]) this launch obeys, or None. Raising it
+    /// ([`Gpu::preempt`] of any launch that carries it) stops every launch that carries it: a
+    /// preemptible launch as if preempted (it may report `next_block` 0 although blocks ran, see
+    /// below), and the launches of a run recorded with it (`preemptible` true, silent, see
+    /// [`Gpu::record_run`]) between their kernels: a kernel that starts after the word is raised
+    /// runs no block, and the one running when it lands may stop part-way. Every stopped launch
+    /// reports [`GpuEvent::LaunchDone`] with `preempted` and the block to resume from, which for a
+    /// run's launch is 0 (it runs again whole): exact only for kernels that never read memory
+    /// they write, which the caller checks (a plan's launches write only their last argument).
+    /// The word stays raised until the backend clears it, in stream order, before it queues the
+    /// next launch or replay that carries it: the caller issues that only after everything the
+    /// word stopped has reported its end. A run's silent launches report with the next launch on
+    /// their stream that reports its end, which must carry the same word.
+    pub stop_word: Option<StopWordId>,
 }
 
 impl<'a> LaunchRequest<'a> {
@@ -307,6 +332,7 @@ impl<'a> LaunchRequest<'a> {
             report_start: false,
             preemptible: true,
             report_end: true,
+            stop_word: None,
         }
     }
 }
@@ -576,9 +602,11 @@ pub trait Gpu {
     /// and no per-launch host work). Every launch must be one the caller will never preempt and
     /// whose own end it does not need: `preemptible`, `report_ctas`, `report_start` and
     /// `report_end` false, `after` None, the whole device (`PartitionId::WHOLE`, a full mask);
-    /// their `stream` is ignored. The buffers they name must stay allocated, with the same
-    /// addresses, for as long as the run exists (replays read and write them in place). At most
-    /// [`RUN_LAUNCHES_MAX`] launches. Backends without recorded runs return
+    /// their `stream` is ignored. Or, all with the same stop word, `preemptible` true: the run
+    /// stops between its kernels when the word is raised (see [`LaunchRequest::stop_word`]; at
+    /// most [`STOP_RUN_LAUNCHES_MAX`] launches). The buffers they name must stay allocated, with
+    /// the same addresses, for as long as the run exists (replays read and write them in place).
+    /// At most [`RUN_LAUNCHES_MAX`] launches. Backends without recorded runs return
     /// [`GpuError::Unsupported`] (the default): the caller issues the launches one by one.
     fn record_run(&mut self, launches: &[LaunchRequest<'_>]) -> Result<RunId> {
         let _ = launches;
@@ -598,5 +626,18 @@ pub trait Gpu {
     /// Forgets a recorded run (replays already queued still complete).
     fn drop_run(&mut self, run: RunId) -> Result<()> {
         Err(GpuError::Unsupported(format!("this backend has no recorded run {}", run.0)))
+    }
+
+    /// A new stop word, lowered ([`LaunchRequest::stop_word`]): runs recorded with it stop between
+    /// their kernels when it is raised. At most [`STOP_WORDS_MAX`] live ones
+    /// ([`GpuError::Exhausted`]). Backends without them return [`GpuError::Unsupported`] (the
+    /// default): the caller sends what it may stop launch by launch.
+    fn create_stop_word(&mut self) -> Result<StopWordId> {
+        Err(GpuError::Unsupported("this backend has no stop words".into()))
+    }
+
+    /// Releases a stop word; no launch in flight may carry it.
+    fn destroy_stop_word(&mut self, word: StopWordId) -> Result<()> {
+        Err(GpuError::Unsupported(format!("this backend has no stop word {}", word.0)))
     }
 }

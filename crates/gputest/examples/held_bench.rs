@@ -19,6 +19,9 @@
 //!   job-run       whole-job dispatch with recorded runs (`Gpu::record_run`): the launches but the
 //!                 last replayed as one CUDA graph of light, silent launches, then the last one
 //!   job-run-plain the same with the run recorded from plain grids (`KAIROS_RUN_KERNELS=plain`)
+//!   job-run-stop  the same with a run that stops between kernels (a stop word, lowered:
+//!                 protocol.cuh point 8), the last launch preemptible and carrying the word, as
+//!                 `reef+stopruns` sends a best-effort segment
 //!
 //! usage: held_bench [--models a,b,..] [--reps N] [--out FILE]
 
@@ -29,7 +32,8 @@ use kairos_ir::DType;
 use serde_json::json;
 
 const HOLD_NS: u64 = 8_000_000;
-const VARIANTS: [&str; 8] = ["plain", "graph", "job", "kernel", "job-light", "kernel-light", "job-run", "job-run-plain"];
+const VARIANTS: [&str; 9] =
+    ["plain", "graph", "job", "kernel", "job-light", "kernel-light", "job-run", "job-run-plain", "job-run-stop"];
 
 struct Model {
     name: String,
@@ -37,8 +41,9 @@ struct Model {
     bufs: profile::PlanBuffers,
     graph: Option<kairos_cuda::safe::Graph>,
     /// The launches but the last as recorded runs (`Gpu::record_run`): light protocol launches,
-    /// and plain grids.
-    runs: Option<(RunId, RunId)>,
+    /// plain grids, and light launches that stop between kernels (with `stop_word`).
+    runs: Option<(RunId, RunId, RunId)>,
+    stop_word: Option<StopWordId>,
 }
 
 /// Queues one forward pass of `m` on `stream` as `variant` does; returns its protocol launches.
@@ -56,6 +61,7 @@ fn queue(gpu: &mut CudaGpu, m: &Model, variant: &str, stream: StreamId) -> Resul
     if let Some(run) = match variant {
         "job-run" => m.runs.map(|r| r.0),
         "job-run-plain" => m.runs.map(|r| r.1),
+        "job-run-stop" => m.runs.map(|r| r.2),
         _ => None,
     } {
         // The dispatcher's whole-job issue with runs: the run, then the last launch, reporting.
@@ -73,7 +79,10 @@ fn queue(gpu: &mut CudaGpu, m: &Model, variant: &str, stream: StreamId) -> Resul
         req.after = previous;
         req.report_ctas = false;
         req.report_start = variant.starts_with("kernel");
-        req.preemptible = !variant.ends_with("-light") && !variant.starts_with("job-run");
+        req.preemptible = !variant.ends_with("-light") && (!variant.starts_with("job-run") || variant == "job-run-stop");
+        if variant == "job-run-stop" {
+            req.stop_word = m.stop_word;
+        }
         req.report_end = variant != "job-light" || i + 1 == n;
         let id = gpu.launch(&req)?;
         previous = Some(id);
@@ -129,7 +138,8 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
             units.push((u, Variant::Plain));
         }
         let bufs = profile::PlanBuffers::new(&mut gpu, &z.plan, &z.inputs, MemKind::Device)?;
-        models.push(Model { name: name.to_string(), plan: z.plan, bufs, graph: None, runs: None });
+        let stop_word = Some(gpu.create_stop_word()?);
+        models.push(Model { name: name.to_string(), plan: z.plan, bufs, graph: None, runs: None, stop_word });
     }
     units.sort();
     units.dedup();
@@ -140,7 +150,7 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
     #[allow(clippy::needless_range_loop)] // models[i] is updated inside the loop
     for i in 0..models.len() {
         let m = &models[i];
-        let record = |gpu: &mut CudaGpu, plain: bool| {
+        let record = |gpu: &mut CudaGpu, plain: bool, stop_word: Option<StopWordId>| {
             gpu.set_run_kernels_plain(plain);
             let whole = gpu.info().partitions[0].sms;
             let launches = &m.plan.launches[..m.plan.launches.len() - 1];
@@ -156,23 +166,24 @@ fn run(names: &str, reps: usize, out: &std::path::Path) -> Result<()> {
                 .iter()
                 .zip(&args)
                 .map(|(l, a)| LaunchRequest {
-                    preemptible: false,
+                    preemptible: stop_word.is_some(),
                     report_ctas: false,
                     report_start: false,
                     report_end: false,
+                    stop_word,
                     ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, streams[0])
                 })
                 .collect();
             gpu.record_run(&reqs)
         };
-        let runs = (record(&mut gpu, false)?, record(&mut gpu, true)?);
+        let runs = (record(&mut gpu, false, None)?, record(&mut gpu, true, None)?, record(&mut gpu, false, m.stop_word)?);
         gpu.set_run_kernels_plain(false);
         models[i].runs = Some(runs);
         let m = &models[i];
         gpu.time_held(&streams[..1], HOLD_NS, |g| queue(g, m, "plain", streams[0]))?;
         let plain_out = m.bufs.outputs(&mut gpu, &m.plan)?;
         let mut err = 0f64;
-        for v in ["job", "job-light", "kernel-light", "job-run", "job-run-plain"] {
+        for v in ["job", "job-light", "kernel-light", "job-run", "job-run-plain", "job-run-stop"] {
             clear_outputs(&mut gpu, m)?;
             gpu.time_held(&streams[..1], HOLD_NS, |g| queue(g, m, v, streams[0]))?;
             let out = m.bufs.outputs(&mut gpu, &m.plan)?;

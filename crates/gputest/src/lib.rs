@@ -1055,6 +1055,7 @@ pub fn check_kernel_case(
         report_start: false,
         preemptible: true,
         report_end: true,
+        stop_word: None,
     };
     let r = (|| {
         let id = gpu.launch(&req)?;

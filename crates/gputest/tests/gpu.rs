@@ -168,6 +168,7 @@ impl GemmJob {
             report_start: false,
             preemptible: true,
             report_end: true,
+            stop_word: None,
         }
     }
     fn args(&self) -> Vec<DevicePtr> {
@@ -806,6 +807,126 @@ fn recorded_runs_replay_whole_jobs_with_new_inputs() {
         for s in streams {
             gpu.destroy_stream(s).unwrap();
         }
+        bufs.free(&mut gpu).unwrap();
+    }
+}
+
+/// Stop words (protocol.cuh point 8): a model's launches but the last, recorded as a run that
+/// stops between kernels, followed by the last launch carrying the same word, raised at instants
+/// spread over the replay. The launches report a suffix of the run stopped (next block 0), the
+/// reporter stops whenever a run launch did, and running the stopped launches again launch by
+/// launch gives outputs bit for bit those of a replay that was not stopped. A replay after a
+/// stopped one starts from a cleared word and runs whole; mixed stop words are refused. Runs of
+/// light protocol launches and of plain grids alike.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
+fn stop_words_stop_runs_between_kernels_and_the_rerun_is_exact() {
+    use kairos_cuda::profile::PlanBuffers;
+    let mut gpu = gpu();
+    for name in ["resnet18", "densenet121"] {
+        let m = suite::zoo_model(name, DType::F16, 1, 32).unwrap();
+        assert!(m.plan.launches_rerunnable(), "{name}: a launch reads what it writes");
+        let bufs = PlanBuffers::new(&mut gpu, &m.plan, &m.inputs, MemKind::Device).unwrap();
+        let whole = gpu.info().partitions[0].sms;
+        let stream = gpu.create_stream(0).unwrap();
+        let word = gpu.create_stop_word().unwrap();
+        let other = gpu.create_stop_word().unwrap();
+        let args = run_args(&m.plan, &bufs);
+        let requests: Vec<LaunchRequest<'_>> = run_requests(&m.plan, &args, whole, stream)
+            .into_iter()
+            .map(|r| LaunchRequest { preemptible: true, stop_word: Some(word), ..r })
+            .collect();
+        let mixed: Vec<LaunchRequest<'_>> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| LaunchRequest { stop_word: Some(if i == 0 { other } else { word }), ..*r })
+            .collect();
+        assert!(matches!(gpu.record_run(&mixed), Err(GpuError::Invalid(_))), "a run of mixed stop words was recorded");
+        // The plain build of the model's units, so that plain runs do not fall back to light ones.
+        let units: Vec<_> = CudaGpu::plan_units(&m.plan).unwrap().into_iter().map(|(u, _)| (u, Variant::Plain)).collect();
+        gpu.prepare_units(&units, "stoppable runs").unwrap();
+        for plain in [false, true] {
+            gpu.set_run_kernels_plain(plain);
+            let run = gpu.record_run(&requests).unwrap();
+            gpu.set_run_kernels_plain(false);
+            let n = m.plan.launches.len();
+            let last = m.plan.launches.last().unwrap();
+            let mut last_args = Vec::new();
+            bufs.bases.resolve_all(&last.args, &mut last_args);
+            // One replay and its reporter, the word raised `raise_after_us` after the replay was queued
+            // (None: not raised); returns each launch's (next block, preempted).
+            let replay = |gpu: &mut CudaGpu, raise_after_us: Option<u64>| -> Vec<(u32, bool)> {
+                let mut ids = Vec::new();
+                gpu.launch_run(run, stream, &mut ids).unwrap();
+                let req = LaunchRequest {
+                    after: ids.last().copied(),
+                    stop_word: Some(word),
+                    ..LaunchRequest::of_launch(last, &last_args, whole, PartitionId::WHOLE, stream)
+                };
+                let reporter = gpu.launch(&req).unwrap();
+                if let Some(us) = raise_after_us {
+                    let t0 = std::time::Instant::now();
+                    while t0.elapsed().as_micros() < us as u128 {
+                        std::hint::spin_loop();
+                    }
+                    gpu.preempt(reporter).unwrap();
+                }
+                ids.into_iter().chain([reporter]).map(|id| gpu.wait_done(id).unwrap()).collect()
+            };
+            let whole_run = replay(&mut gpu, None);
+            assert!(whole_run.iter().all(|&(_, p)| !p), "{name}: a replay with the word lowered stopped");
+            let want: Vec<u8> = bufs.outputs(&mut gpu, &m.plan).unwrap().iter().flat_map(|t| t.to_bytes()).collect();
+            let mut stopped_part_way = 0;
+            for trial in 0..12u64 {
+                // Scribble over the outputs: what the rerun leaves must be what a whole replay wrote.
+                for (k, &o) in bufs.bases.outputs.iter().enumerate() {
+                    let len = m.plan.outputs[k].len_bytes() as usize;
+                    gpu.write(o, &vec![0xA5u8; len]).unwrap();
+                }
+                let ends = replay(&mut gpu, Some(trial * 60));
+                let first_stopped = ends.iter().position(|&(_, p)| p).unwrap_or(n);
+                assert!(
+                    ends[first_stopped..].iter().all(|&(_, p)| p),
+                    "{name}, trial {trial}: launches after the first stopped one ran: {ends:?}"
+                );
+                for (i, &(next, p)) in ends.iter().enumerate() {
+                    let blocks = m.plan.launches[i].shape.logical_blocks;
+                    assert!(p || next == blocks, "{name}, trial {trial}: launch {i} ended at {next} of {blocks}, not stopped");
+                    if i + 1 < n && p {
+                        assert_eq!(next, 0, "{name}, trial {trial}: run launch {i} stopped at block {next}, not 0");
+                    }
+                }
+                if first_stopped > 0 && first_stopped < n - 1 {
+                    stopped_part_way += 1;
+                }
+                // The rest again, launch by launch, from where each stopped.
+                for (i, &(next, p)) in ends.iter().enumerate().skip(first_stopped) {
+                    assert!(p);
+                    let mut a = Vec::new();
+                    bufs.bases.resolve_all(&m.plan.launches[i].args, &mut a);
+                    let req = LaunchRequest {
+                        first_block: next,
+                        preemptible: false,
+                        ..LaunchRequest::of_launch(&m.plan.launches[i], &a, whole, PartitionId::WHOLE, stream)
+                    };
+                    let id = gpu.launch(&req).unwrap();
+                    assert_eq!(gpu.wait_done(id).unwrap().1, false);
+                }
+                let got: Vec<u8> = bufs.outputs(&mut gpu, &m.plan).unwrap().iter().flat_map(|t| t.to_bytes()).collect();
+                println!(
+                    "{name} (plain {plain}): trial {trial}, raised after {} us: {first_stopped} of {n} launches ran",
+                    trial * 60
+                );
+                assert!(got == want, "{name}, trial {trial}: the outputs after a stop and a rerun differ from a whole replay");
+            }
+            assert!(stopped_part_way >= 2, "{name}: only {stopped_part_way} trials stopped the run part-way");
+            // A replay after the stopped ones runs whole: the word was cleared in stream order.
+            assert!(replay(&mut gpu, None).iter().all(|&(_, p)| !p), "{name}: a replay after a stopped one stopped");
+            gpu.drop_run(run).unwrap();
+        }
+        gpu.destroy_stop_word(word).unwrap();
+        gpu.destroy_stop_word(other).unwrap();
+        gpu.destroy_stream(stream).unwrap();
         bufs.free(&mut gpu).unwrap();
     }
 }

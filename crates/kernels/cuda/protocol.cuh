@@ -80,6 +80,23 @@
 // up to `ring_timeout_ns`, then drop the record and raise the ring's overflow word, which the
 // host reports as an error. A record is never overwritten unread.
 //
+//   8. Stop words (KAIROS_FLAG_STOP_WORD), for recorded runs that must stop between kernels. A stop
+//      word (KairosStopWord, device memory, one per job slot of the host's) replaces the preempt
+//      flag: `preempt_flag` points at it and it is raised when `raised` is nonzero, which the host
+//      does with a stream write (and clears with one, in stream order, before the next launch
+//      that carries it). A light launch of a run with it (silent; `slot` holds its position in
+//      the run + 1) reads the word beside its gate: a CTA that finds it raised runs no block and
+//      records the position in `first_skipped` if nothing smaller is there (kernels of a run run
+//      in stream order, so the first to skip has the smallest position). The kernel running when
+//      the word lands may thus run part of its blocks: the host runs it again whole, which is
+//      exact for kernels that never read what they write. A full launch with it (the launch that
+//      reports the run's end) stops at every take that finds the word raised, its first take
+//      included, and its last CTA out hands `first_skipped` to the host in its end record's CTA
+//      field and zeroes it: the run before it stopped at that position (0: it ran whole). A
+//      stop at a first take records no block taken (the host runs the launch again from its first
+//      block, exact by the same rule). Plain grids (KAIROS_PROTOCOL_OFF, what runs are recorded
+//      from by default) read the word the same way when the host sets the flag.
+//
 // With KAIROS_PROTOCOL_OFF defined the same kernel bodies compile to a plain grid (one CTA per
 // logical block, no flag, mask or notifications): the baseline for measuring the protocol's cost.
 //
@@ -132,6 +149,14 @@ typedef long long i64;
 // The preempt flag is the device-memory word of point 3a (raised when it holds the launch's seq),
 // read at every take; without it, the mapped host word of point 3b, polled.
 #define KAIROS_FLAG_DEVICE_STOP 512u
+// `preempt_flag` is a stop word (point 8 above).
+#define KAIROS_FLAG_STOP_WORD 1024u
+
+// A stop word (point 8), device memory.
+struct KairosStopWord {
+    u32 raised;         // nonzero: raised (the host writes it)
+    u32 first_skipped;  // position + 1 of the first launch of a run that skipped its blocks, or 0
+};
 
 // One notification, in mapped pinned host memory: 4 words of (seq << 32 | payload).
 //   word 0: kind << 30 | aux << 29 | slot << 19 | sm << 11 | ctas (11 bits)
@@ -359,10 +384,17 @@ __device__ __forceinline__ bool kairos_stop_at_take(KairosSlot* S, u64 v) {
     return false;
 }
 
+// Whether the device-memory preempt flag is raised (one read): it holds the launch's seq, or it
+// is a stop word and nonzero.
+__device__ __forceinline__ bool kairos_device_flag_raised(const KairosProto& P) {
+    const u32 f = *(volatile u32*)P.preempt_flag;
+    return (P.flags & KAIROS_FLAG_STOP_WORD) ? f != 0u : f == P.seq;
+}
+
 // Whether the launch's preempt flag is raised (one read; point 3).
 __device__ __forceinline__ bool kairos_flag_raised(const KairosProto& P) {
-    const u32 f = *(volatile u32*)P.preempt_flag;
-    return (P.flags & KAIROS_FLAG_DEVICE_STOP) ? f == P.seq : f != 0u;
+    if (P.flags & KAIROS_FLAG_DEVICE_STOP) return kairos_device_flag_raised(P);
+    return *(volatile u32*)P.preempt_flag != 0u;
 }
 
 // One take (leader thread only): the next logical block, or KAIROS_NO_BLOCK when the launch is
@@ -377,8 +409,14 @@ __device__ __forceinline__ u32 kairos_take(const KairosProto& P, KairosSlot* S, 
         // stop the launch only after the block that take handed out: CTAs that run in step, as
         // a kernel's tiles do, all take together, so none could give its block back.) The price
         // is one L2 round trip per take that the take's atomic no longer overlaps.
-        if (!gated && *(volatile u32*)P.preempt_flag == P.seq) {
+        if (!gated && kairos_device_flag_raised(P)) {
             kairos_stop(S);
+            return KAIROS_NO_BLOCK;
+        }
+        if (gated && (P.flags & KAIROS_FLAG_STOP_WORD) && kairos_device_flag_raised(P)) {
+            // A stop word raised before the first take: what the run before this launch left may
+            // be partial, so no block of it runs (stopped as at a closed gate: no block taken).
+            kairos_stop_at_gate(S);
             return KAIROS_NO_BLOCK;
         }
         const u64 v = atomicAdd((unsigned long long*)&S->next, 1ull);
@@ -473,7 +511,15 @@ __device__ __forceinline__ void kairos_run_light(const KairosProto& P, Body body
     const bool report = (P.flags & (KAIROS_FLAG_NOTIFY | KAIROS_FLAG_SILENT)) == KAIROS_FLAG_NOTIFY;
     const u32 b = P.first_block + blockIdx.x;
     if (leader) {
-        const bool go = P.gate_seq == 0u || *(volatile u32*)P.gate_word != P.gate_seq;
+        bool go = P.gate_seq == 0u || *(volatile u32*)P.gate_word != P.gate_seq;
+        if (P.flags & KAIROS_FLAG_STOP_WORD) {
+            // Point 8: a raised stop word skips this CTA's block; the first launch to skip says so.
+            const u64 w = *(volatile u64*)P.preempt_flag;
+            if ((u32)w != 0u) {
+                go = false;
+                if ((u32)(w >> 32) == 0u) atomicCAS(&((KairosStopWord*)P.preempt_flag)->first_skipped, 0u, P.slot);
+            }
+        }
         s_go = go;
         if (go && blockIdx.x == 0 && report && (P.flags & KAIROS_FLAG_START_RECORD)) {
             kairos_emit(P, KAIROS_REC_PLACED, kairos_smid(), min(gridDim.x, 0x7ffu), 0, 1u);
@@ -507,6 +553,17 @@ __device__ __forceinline__ void kairos_run_light(const KairosProto& P, Body body
 template <typename Body>
 __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
 #ifdef KAIROS_PROTOCOL_OFF
+    if (P.flags & KAIROS_FLAG_STOP_WORD) {
+        // Point 8 in a plain grid (a kernel of a recorded run): a raised stop word skips the CTA.
+        __shared__ u32 s_run;
+        if (threadIdx.x == 0) {
+            const u64 w = *(volatile u64*)P.preempt_flag;
+            s_run = (u32)w == 0u;
+            if (!s_run && (u32)(w >> 32) == 0u) atomicCAS(&((KairosStopWord*)P.preempt_flag)->first_skipped, 0u, P.slot);
+        }
+        __syncthreads();
+        if (!s_run) return;
+    }
     for (u32 b = P.first_block + blockIdx.x; b < P.total_blocks; b += gridDim.x) {
         body(b);
         __syncthreads();
@@ -550,10 +607,15 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
             const bool notify = (P.flags & KAIROS_FLAG_NOTIFY) != 0u;
             KairosReservation r = {0ull, 0ull};
             if (notify) r = kairos_reserve_begin(P);
+            // A run stops only with a word raised before this launch's first take, which then
+            // takes no block: this is 0 here, read for the record all the same.
+            const u32 skipped = (P.flags & KAIROS_FLAG_STOP_WORD)
+                                    ? atomicExch(&((KairosStopWord*)P.preempt_flag)->first_skipped, 0u)
+                                    : 0u;
             kairos_reset_slot(S);
             if (P.flags & KAIROS_FLAG_FENCE_SYSTEM) __threadfence_system();
             else __threadfence();
-            if (notify) kairos_write_record(P, kairos_reserve_end(P, r), KAIROS_REC_DONE, sm, 0, P.total_blocks, 0u);
+            if (notify) kairos_write_record(P, kairos_reserve_end(P, r), KAIROS_REC_DONE, sm, skipped, P.total_blocks, 0u);
         }
         return;
     }
@@ -587,11 +649,15 @@ __device__ __forceinline__ void kairos_run(const KairosProto& P, Body body) {
         const u64 v = *(volatile u64*)&S->next;
         const u32 valid = (v & KAIROS_STOP_BIT) ? *(volatile u32*)&S->stop_at : (u32)v;
         const u32 next_block = P.first_block + (valid < left ? valid : left);
+        // Point 8: where the run before this launch stopped (0: it ran whole), handed over once.
+        const u32 skipped = (P.flags & KAIROS_FLAG_STOP_WORD)
+                                ? atomicExch(&((KairosStopWord*)P.preempt_flag)->first_skipped, 0u)
+                                : 0u;
         kairos_reset_slot(S);
         // Stopped early: close the gate of the launch behind this one on the stream.
         if (next_block < P.total_blocks && P.gate_word != 0ull) *(volatile u32*)P.gate_word = P.seq;
         __threadfence();
-        kairos_emit(P, KAIROS_REC_DONE, sm, 0, next_block, next_block < P.total_blocks ? 1u : 0u);
+        kairos_emit(P, KAIROS_REC_DONE, sm, skipped, next_block, next_block < P.total_blocks ? 1u : 0u);
     }
 #endif
 }

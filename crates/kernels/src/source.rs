@@ -554,6 +554,14 @@ pub const FLAG_SILENT: u32 = 256;
 /// launch's `seq`, read at every take (without it: a mapped host word, polled every `poll_ns`).
 pub const FLAG_DEVICE_STOP: u32 = 512;
 
+/// KAIROS_FLAG_STOP_WORD: `preempt_flag` is a stop word (protocol.cuh point 8: raised when
+/// nonzero; a run's light launch skips its block when it is raised, `slot` holding its position in
+/// the run + 1; a full launch reports the run's first skipped position in its end record).
+pub const FLAG_STOP_WORD: u32 = 1024;
+
+/// Bytes of a stop word in device memory (`KairosStopWord`).
+pub const STOP_WORD_BYTES: u64 = 8;
+
 /// The protocol parameters of one launch (mirror of `KairosProto`). Addresses are device addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProtoParams {
@@ -1230,6 +1238,7 @@ mod tests {
             ("KAIROS_FLAG_LIGHT", FLAG_LIGHT),
             ("KAIROS_FLAG_SILENT", FLAG_SILENT),
             ("KAIROS_FLAG_DEVICE_STOP", FLAG_DEVICE_STOP),
+            ("KAIROS_FLAG_STOP_WORD", FLAG_STOP_WORD),
             ("KAIROS_REC_PLACED", REC_PLACED),
             ("KAIROS_REC_FINISHED", REC_FINISHED),
             ("KAIROS_REC_DONE", REC_DONE),

@@ -124,6 +124,7 @@ fn main() {
                     report_start: false,
                     preemptible: true,
                     report_end: true,
+                    stop_word: None,
                 };
                 let id = gpu.launch(&req).unwrap();
                 owner.insert(id, i);

@@ -186,6 +186,19 @@ struct Grid {
     cohort_ends: BTreeMap<u64, u32>,
     /// Issued `after` the launch before it on its stream: the stream gate applies.
     gated: bool,
+    /// The stop word it obeys (`LaunchRequest::stop_word`).
+    stop_word: Option<u32>,
+    /// The backend clears its stop word, in stream order, as it leaves its queue.
+    clears_stop_word: bool,
+}
+
+/// A stop word ([`Gpu::create_stop_word`]) as the simulator keeps it.
+#[derive(Clone, Copy, Debug, Default)]
+struct StopWord {
+    /// When a raise landed or lands (None: lowered).
+    raised_at_ns: Option<u64>,
+    /// Raised since the last clear was queued: the next launch that carries it clears it first.
+    needs_clear: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -403,6 +416,8 @@ pub struct SimGpu {
     next_run: u64,
     /// Replaying a run: its launches cost the host nothing one by one (the replay's call does).
     replaying: bool,
+    /// Stop words by id (None: free).
+    stop_words: Vec<Option<StopWord>>,
 }
 
 /// One launch of a recorded run, owned.
@@ -416,6 +431,7 @@ struct RecordedLaunch {
     ctas: u32,
     sm_mask: SmMask,
     report_ctas: bool,
+    stop_word: Option<StopWordId>,
 }
 
 /// Recorded runs a simulated GPU holds at most.
@@ -488,6 +504,7 @@ impl SimGpu {
             runs: HashMap::new(),
             next_run: 1,
             replaying: false,
+            stop_words: Vec::new(),
             desc,
             opts,
         }
@@ -1042,6 +1059,27 @@ impl SimGpu {
                         if self.grids[g].gated && self.streams[head.stream as usize].gate_closed {
                             // Behind a launch that stopped early: every take finds the stop bit.
                             self.grids[g].stop_ns = Some(0);
+                        }
+                        if let Some(w) = self.grids[g].stop_word {
+                            let word = self.stop_words[w as usize].as_mut().expect("a launch's stop word is live");
+                            // The clear is a stream write before it: a raise that landed is gone,
+                            // one still on its way lands after.
+                            if self.grids[g].clears_stop_word && word.raised_at_ns.is_some_and(|r| r <= t) {
+                                word.raised_at_ns = None;
+                            }
+                            match word.raised_at_ns {
+                                // Raised before it starts: it runs no block.
+                                Some(r) if r <= t => self.grids[g].stop_ns = Some(0),
+                                // Landing while it runs: a preemptible launch stops then.
+                                Some(r) if !self.grids[g].silent => {
+                                    let grid = &mut self.grids[g];
+                                    grid.host_flag = true;
+                                    grid.flag_at_ns = r;
+                                    grid.stop_ns = Some(r);
+                                    self.schedule(r, Ev::FlagVisible);
+                                }
+                                _ => {}
+                            }
                         }
                         let id = self.grids[g].id;
                         self.record(TraceEvent::Dispatch { launch: id, queue: q as u32, at_ns: t });
@@ -1728,6 +1766,13 @@ impl SimGpu {
         if first < self.grids[g].end_block {
             self.streams[stream].gate_closed = preempted;
         }
+        if preempted && let Some(w) = self.grids[g].stop_word {
+            // Whatever raised it (a raise may land after the clear queued behind it), the next
+            // launch that carries it clears it.
+            if let Some(word) = self.stop_words[w as usize].as_mut() {
+                word.needs_clear = true;
+            }
+        }
         if let Some(pos) = self.cwd.iter().position(|&x| x == g) {
             self.cwd.remove(pos);
         }
@@ -1925,6 +1970,55 @@ impl SimGpu {
 }
 
 impl SimGpu {
+    /// The live stop word `w`.
+    fn stop_word(&self, w: StopWordId) -> Result<&StopWord> {
+        self.stop_words
+            .get(w.0 as usize)
+            .and_then(|x| x.as_ref())
+            .ok_or_else(|| GpuError::Invalid(format!("unknown stop word {}", w.0)))
+    }
+
+    /// Raises launch `g`'s preempt flag: one store to mapped host memory, or a stream write that
+    /// lands in device memory a while later; CTAs find it at their next poll or take (see
+    /// `poll_flag`).
+    fn raise_flag(&mut self, g: u32) {
+        let grid = &mut self.grids[g];
+        if grid.state == GridState::Finished {
+            return;
+        }
+        grid.host_flag = true;
+        grid.flag_at_ns = self.now_ns + self.desc.latency.preempt_flag_write_ns.unwrap_or(0);
+        if self.desc.latency.preempt_flag_write_ns.is_some() && grid.stop_ns.is_none() {
+            // Every take from then on finds the device flag first and takes nothing.
+            let at = grid.flag_at_ns;
+            grid.stop_ns = Some(at);
+            self.schedule(at, Ev::FlagVisible);
+        }
+    }
+
+    /// Raises stop word `w` (a stream write, as a device flag): launches that carry it and leave
+    /// their queue after it lands run no block (see `dispatch_queues`); a preemptible
+    /// one that already left stops as if preempted; a run's launch that already left runs whole
+    /// (on CUDA it may stop part-way and run again: the simulator keeps the simpler case).
+    fn raise_stop_word(&mut self, w: u32) {
+        let at = self.now_ns + self.desc.latency.preempt_flag_write_ns.unwrap_or(0);
+        let Some(word) = self.stop_words.get_mut(w as usize).and_then(|x| x.as_mut()) else { return };
+        word.needs_clear = true;
+        if word.raised_at_ns.is_some() {
+            return;
+        }
+        word.raised_at_ns = Some(at);
+        let running: Vec<u32> = self
+            .grids
+            .iter()
+            .filter(|(_, g)| g.stop_word == Some(w) && !g.silent && matches!(g.state, GridState::Dispatching | GridState::InCwd))
+            .map(|(i, _)| i)
+            .collect();
+        for g in running {
+            self.raise_flag(g);
+        }
+    }
+
     /// [`Gpu::launch`] proper (the trait method adds what a failed launch means for silent ones).
     fn launch_request(&mut self, req: &LaunchRequest<'_>) -> Result<LaunchId> {
         self.check_sticky()?;
@@ -1970,6 +2064,9 @@ impl SimGpu {
         }
         if self.grids.len() >= LAUNCHES_IN_FLIGHT_MAX {
             return Err(GpuError::Exhausted { limit: "launches in flight", max: LAUNCHES_IN_FLIGHT_MAX as u64 });
+        }
+        if let Some(w) = req.stop_word {
+            self.stop_word(w)?;
         }
         let mut args = Vec::with_capacity(req.args.len());
         for (i, &p) in req.args.iter().enumerate() {
@@ -2061,6 +2158,8 @@ impl SimGpu {
             rescued: false,
             stalled_at: NOT_STALLED,
             gated: req.after.is_some(),
+            stop_word: None,
+            clears_stop_word: false,
         });
         let (queue, arrive) = match self.enqueue(s, Cmd::Kernel(g)) {
             Ok(x) => x,
@@ -2070,6 +2169,12 @@ impl SimGpu {
             }
         };
         self.next_launch += 1;
+        if let Some(w) = req.stop_word {
+            // Raised since it was last cleared: this launch clears it as it leaves its queue.
+            let word = self.stop_words[w.0 as usize].as_mut().expect("checked above");
+            self.grids[g].stop_word = Some(w.0);
+            self.grids[g].clears_stop_word = std::mem::take(&mut word.needs_clear);
+        }
         self.streams[s as usize].last_launch = Some(id);
         self.launch_slots.insert(id.0, g);
         self.stats.launches += 1;
@@ -2290,12 +2395,27 @@ impl Gpu for SimGpu {
             return Err(GpuError::Exhausted { limit: "recorded runs", max: RUNS_MAX as u64 });
         }
         let whole = self.info.partitions[0].sms;
+        let stop_word = launches[0].stop_word;
+        if let Some(w) = stop_word {
+            self.stop_word(w)?;
+            if launches.len() > STOP_RUN_LAUNCHES_MAX {
+                return Err(GpuError::Invalid(format!(
+                    "a run with a stop word holds at most {STOP_RUN_LAUNCHES_MAX} launches, got {}",
+                    launches.len()
+                )));
+            }
+        }
         let mut recorded = Vec::with_capacity(launches.len());
         for (i, l) in launches.iter().enumerate() {
             // (CTA records may be asked for: the simulator reports a replay's CTAs, which test
             // harnesses use to audit every CTA.)
-            if l.preemptible || l.report_start || l.report_end || l.after.is_some() {
-                return Err(GpuError::Invalid(format!("launch {i} of a run is preemptible, gated or reports itself")));
+            if l.stop_word != stop_word || l.preemptible != stop_word.is_some() {
+                return Err(GpuError::Invalid(format!(
+                    "launch {i} of a run: its launches are preemptible exactly when they all carry the same stop word"
+                )));
+            }
+            if l.report_start || l.report_end || l.after.is_some() {
+                return Err(GpuError::Invalid(format!("launch {i} of a run is gated or reports itself")));
             }
             if l.partition != PartitionId::WHOLE || l.sm_mask.intersect(&whole) != whole {
                 return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole device")));
@@ -2312,6 +2432,7 @@ impl Gpu for SimGpu {
                 ctas: l.ctas,
                 sm_mask: l.sm_mask,
                 report_ctas: l.report_ctas,
+                stop_word: l.stop_word,
             });
         }
         let id = self.next_run;
@@ -2345,6 +2466,7 @@ impl Gpu for SimGpu {
                 report_start: false,
                 preemptible: false,
                 report_end: false,
+                stop_word: l.stop_word,
             };
             match self.launch_request(&request) {
                 Ok(id) => ids.push(id),
@@ -2378,20 +2500,35 @@ impl Gpu for SimGpu {
                 Err(GpuError::Invalid(format!("unknown launch {launch:?}")))
             };
         };
-        let grid = &mut self.grids[g];
-        if grid.state == GridState::Finished {
+        if let Some(w) = self.grids[g].stop_word {
+            self.raise_stop_word(w);
             return Ok(());
         }
-        // One store to mapped host memory, or a stream write that lands in device memory a
-        // while later; CTAs find it at their next poll or take (see `poll_flag`).
-        grid.host_flag = true;
-        grid.flag_at_ns = self.now_ns + self.desc.latency.preempt_flag_write_ns.unwrap_or(0);
-        if self.desc.latency.preempt_flag_write_ns.is_some() && grid.stop_ns.is_none() {
-            // Every take from then on finds the device flag first and takes nothing.
-            let at = grid.flag_at_ns;
-            grid.stop_ns = Some(at);
-            self.schedule(at, Ev::FlagVisible);
+        self.raise_flag(g);
+        Ok(())
+    }
+
+    fn create_stop_word(&mut self) -> Result<StopWordId> {
+        self.check_sticky()?;
+        let free = self.stop_words.iter().position(|w| w.is_none());
+        let i = match free {
+            Some(i) => i,
+            None if self.stop_words.len() < STOP_WORDS_MAX => {
+                self.stop_words.push(None);
+                self.stop_words.len() - 1
+            }
+            None => return Err(GpuError::Exhausted { limit: "stop words", max: STOP_WORDS_MAX as u64 }),
+        };
+        self.stop_words[i] = Some(StopWord::default());
+        Ok(StopWordId(i as u32))
+    }
+
+    fn destroy_stop_word(&mut self, word: StopWordId) -> Result<()> {
+        self.stop_word(word)?;
+        if self.grids.iter().any(|(_, g)| g.stop_word == Some(word.0)) {
+            return Err(GpuError::Invalid(format!("stop word {} is carried by a launch in flight", word.0)));
         }
+        self.stop_words[word.0 as usize] = None;
         Ok(())
     }
 

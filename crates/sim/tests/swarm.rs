@@ -223,6 +223,7 @@ impl Swarm {
             report_start: self.rng.random_bool(0.5),
             preemptible: true,
             report_end: true,
+            stop_word: None,
         };
         let id = self.gpu.launch(&req).unwrap_or_else(|e| panic!("seed {}: launch failed: {e}", self.seed));
         self.jobs[job].launches += 1;

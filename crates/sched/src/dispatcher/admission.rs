@@ -223,7 +223,9 @@ impl<G: Gpu> Dispatcher<G> {
             widest_sms,
             right_sms,
             realtime_waiting: 0,
+            rerunnable: false,
         };
+        model.rerunnable = model.plan.launches_rerunnable();
         if self.segments_on() {
             (model.segments, model.segment_at) =
                 issue::segments_of(&model.estimates, model.plan.launches.len(), self.cfg.run_segment_ns);
@@ -245,7 +247,7 @@ impl<G: Gpu> Dispatcher<G> {
             && n >= 3
         {
             for i in 0..model.slots_free.len() {
-                let Some(run) = self.record_at_load(&model, i, 0..n - 1) else { break };
+                let Some(run) = self.record_at_load(&model, i, 0..n - 1, None) else { break };
                 model.slots_free[i].run = Some(run);
             }
         }
@@ -257,10 +259,18 @@ impl<G: Gpu> Dispatcher<G> {
                         continue;
                     }
                     let range = issue::segment_run_range(&model.segments[g]);
-                    let Some(run) = self.record_at_load(&model, i, range) else { break 'slots };
+                    let Some(run) = self.record_at_load(&model, i, range.clone(), None) else { break 'slots };
                     let runs = &mut model.slots_free[i].segment_runs;
                     runs.resize(model.segments.len(), None);
                     runs[g] = Some(run);
+                    // And stoppable ones for the jobs a preemption may stop.
+                    if self.stop_runs_on(&model) {
+                        let Some(word) = self.slot_stop_word(&mut model.slots_free[i]) else { continue };
+                        let Some(run) = self.record_at_load(&model, i, range, Some(word)) else { break 'slots };
+                        let runs = &mut model.slots_free[i].stop_runs;
+                        runs.resize(model.segments.len(), None);
+                        runs[g] = Some(run);
+                    }
                 }
             }
         }
@@ -737,11 +747,17 @@ impl<G: Gpu> Dispatcher<G> {
     /// Records `launches` of a model being loaded on its slot `slot` (see
     /// [`issue::record_slot_run`]); None when the GPU has no runs or refused (not fatal: the slot is
     /// recorded, or goes launch by launch, later).
-    fn record_at_load(&mut self, model: &Model, slot: usize, launches: std::ops::Range<u32>) -> Option<RunId> {
+    fn record_at_load(
+        &mut self,
+        model: &Model,
+        slot: usize,
+        launches: std::ops::Range<u32>,
+        stop_word: Option<StopWordId>,
+    ) -> Option<RunId> {
         let t0 = self.gpu.now_ns();
         let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
-        let recorded =
-            issue::record_slot_run(&mut self.gpu, model, &model.slots_free[slot], launches, launch_ctas_max, whole, stream);
+        let slot = &model.slots_free[slot];
+        let recorded = issue::record_slot_run(&mut self.gpu, model, slot, launches, launch_ctas_max, whole, stream, stop_word);
         let run = self.run_or_fallback(recorded.map(Some))?;
         self.stats.runs_recorded += 1;
         self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
@@ -768,7 +784,9 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
         Ok::<_, kairos_gpu::GpuError>(bases)
     })();
     match result {
-        Ok(bases) => Ok(IoSlot { allocations, bases, run: None, segment_runs: Vec::new() }),
+        Ok(bases) => {
+            Ok(IoSlot { allocations, bases, run: None, segment_runs: Vec::new(), stop_word: None, stop_runs: Vec::new() })
+        }
         Err(e) => {
             for a in allocations {
                 let _ = gpu.free(a);
@@ -779,8 +797,11 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
 }
 
 pub(super) fn free_slot<G: Gpu>(gpu: &mut G, slot: IoSlot) {
-    for r in slot.run.into_iter().chain(slot.segment_runs.into_iter().flatten()) {
+    for r in slot.run.into_iter().chain(slot.segment_runs.into_iter().flatten()).chain(slot.stop_runs.into_iter().flatten()) {
         let _ = gpu.drop_run(r);
+    }
+    if let Some(w) = slot.stop_word {
+        let _ = gpu.destroy_stop_word(w);
     }
     for a in slot.allocations {
         let _ = gpu.free(a);

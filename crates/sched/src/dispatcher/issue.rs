@@ -89,7 +89,7 @@ impl<G: Gpu> Dispatcher<G> {
             }
             Some(Err(e)) => Err(e),
             Some(Ok(None)) | None => {
-                self.issue(key, launch, stream, first_block, ctas, sm_mask, after, after).map(|id| (id, launch..launch + 1))
+                self.issue(key, launch, stream, first_block, ctas, sm_mask, after, after, None).map(|id| (id, launch..launch + 1))
             }
         };
         match issued {
@@ -132,6 +132,24 @@ impl<G: Gpu> Dispatcher<G> {
         // Nothing more goes to the lane until it is empty: what waits behind the stopped launch
         // stops at the stream gate, and the dispatcher stops it too.
         job.draining = true;
+        if self.in_flight.get(&id).is_some_and(|f| f.stoppable) {
+            // A segment that stops between kernels: its stop word stops every launch that carries
+            // it (one raise), and the job's other launches in flight are preempted one by one.
+            let mut result = self.gpu.preempt(id);
+            for l in std::mem::take(&mut job.running) {
+                if let LState::Issued(other) = job.states[l as usize]
+                    && !self.in_flight.get(&other).is_some_and(|f| f.stoppable)
+                {
+                    result = result.and(self.gpu.preempt(other));
+                }
+            }
+            if let Err(e) = result {
+                self.fail(key, e.into(), out);
+            }
+            self.stats.preemptions += 1;
+            self.refresh(key);
+            return true;
+        }
         let mut result = self.gpu.preempt(id);
         let mut ahead = self.in_flight.get(&id).and_then(|f| f.ahead);
         while let Some(a) = ahead {
@@ -187,7 +205,7 @@ impl<G: Gpu> Dispatcher<G> {
             };
             // Each launch reads what the ones before it on the stream wrote: the stream gate
             // stops the rest of the job if one of them stops early.
-            match self.issue(key, i, stream, first_block, None, None, None, previous) {
+            match self.issue(key, i, stream, first_block, None, None, None, previous, None) {
                 Ok(id) => previous = Some(id),
                 Err(e) => {
                     result = Err(e);
@@ -216,6 +234,7 @@ impl<G: Gpu> Dispatcher<G> {
         sm_mask: Option<SmMask>,
         behind: Option<LaunchId>,
         after: Option<LaunchId>,
+        stop_word: Option<StopWordId>,
     ) -> Result<LaunchId, Error> {
         let model = self.jobs[key.slot as usize].as_ref().expect("issued job exists").model;
         // A launch issued before its layers' turn in a load's copy window (a whole job on a
@@ -285,12 +304,15 @@ impl<G: Gpu> Dispatcher<G> {
             report_start,
             preemptible: self.policy.preempts_class(job.options.class),
             report_end,
+            stop_word,
         };
         let t0 = self.gpu.now_ns();
         let id = self.gpu.launch(&request)?;
         let call_ns = self.gpu.now_ns().saturating_sub(t0);
         self.stats.launch_call_ns += call_ns;
-        let issued = Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, at_ns: t0, call_ns };
+        let stoppable = stop_word.is_some();
+        let issued =
+            Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, stoppable, at_ns: t0, call_ns };
         self.note_issued(key, launch, id, issued);
         Ok(id)
     }
@@ -298,7 +320,8 @@ impl<G: Gpu> Dispatcher<G> {
     /// Records a launch the GPU accepted: the job's state, the launch in flight, the streams, the
     /// tenant's charge, the trace.
     fn note_issued(&mut self, key: JobKey, launch: u32, id: LaunchId, i: Issued) {
-        let Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, at_ns: t0, call_ns } = i;
+        let Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, stoppable, at_ns: t0, call_ns } =
+            i;
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let cost = m.estimates.get(launch);
@@ -369,6 +392,7 @@ impl<G: Gpu> Dispatcher<G> {
                 est_ns: cost,
                 in_window: report_start,
                 run_from: None,
+                stoppable,
                 trace,
             },
         );
@@ -410,7 +434,7 @@ impl<G: Gpu> Dispatcher<G> {
                 }
             }
         };
-        let (last, result) = self.replay_run(key, run, stream, 0, true);
+        let (last, result) = self.replay_run(key, run, stream, 0, true, false);
         result?;
         self.stats.runs_launched += 1;
         Ok(last)
@@ -446,6 +470,7 @@ impl<G: Gpu> Dispatcher<G> {
         stream: u32,
         first: u32,
         in_books: bool,
+        stoppable: bool,
     ) -> (Option<LaunchId>, Result<(), kairos_gpu::GpuError>) {
         let t0 = self.gpu.now_ns();
         let mut ids = std::mem::take(&mut self.run_ids);
@@ -471,6 +496,7 @@ impl<G: Gpu> Dispatcher<G> {
                 report_ctas: false,
                 report_start: false,
                 learns: false,
+                stoppable,
                 at_ns: t0,
                 call_ns: if k == 0 { call_ns } else { 0 },
             };
@@ -486,7 +512,7 @@ impl<G: Gpu> Dispatcher<G> {
     fn record_whole_run(&mut self, key: JobKey) -> Result<Option<RunId>, kairos_gpu::GpuError> {
         let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
         let n = self.models[job.model].as_ref().expect("model of a job exists").plan.launches.len() as u32;
-        let run = self.record_on_demand(key, 0..n - 1)?;
+        let run = self.record_on_demand(key, 0..n - 1, None)?;
         if let Some(r) = run {
             let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
             job.slot.as_mut().expect("admitted job has a slot").run = Some(r);
@@ -501,7 +527,12 @@ impl<G: Gpu> Dispatcher<G> {
     /// spent goes launch by launch (`Ok(None)`). Without the budget a burst that made dozens of new
     /// slots stalled an H100 serving at its capacity into collapse (every stall queued more jobs,
     /// which took more new slots to record).
-    fn record_on_demand(&mut self, key: JobKey, launches: Range<u32>) -> Result<Option<RunId>, kairos_gpu::GpuError> {
+    fn record_on_demand(
+        &mut self,
+        key: JobKey,
+        launches: Range<u32>,
+        stop_word: Option<StopWordId>,
+    ) -> Result<Option<RunId>, kairos_gpu::GpuError> {
         let now = self.gpu.now_ns();
         let earned = now.saturating_sub(self.run_credit_at_ns) as f64 * RUN_RECORD_SHARE;
         self.run_credit_ns = (self.run_credit_ns + earned).min(RUN_RECORD_CREDIT_MAX_NS as f64);
@@ -513,7 +544,7 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
-        let run = record_slot_run(&mut self.gpu, m, slot, launches, launch_ctas_max, whole, stream);
+        let run = record_slot_run(&mut self.gpu, m, slot, launches, launch_ctas_max, whole, stream, stop_word);
         let took_ns = self.gpu.now_ns().saturating_sub(now);
         self.run_credit_ns -= took_ns as f64;
         self.stats.run_record_ns += took_ns;
@@ -523,14 +554,38 @@ impl<G: Gpu> Dispatcher<G> {
     }
 
     /// Kernel-level jobs go out in recorded segments ([`Config::run_segment_ns`]): those of a
-    /// class the policy never preempts ([`Policy::preempts_class`]).
+    /// class the policy never preempts ([`Policy::preempts_class`]), or whose segments it wants
+    /// stopped between kernels ([`Policy::stops_runs`]).
     pub(super) fn segments_on(&self) -> bool {
+        let class_on = |c| !self.policy.preempts_class(c) || self.policy.stops_runs(c);
         self.cfg.run_segment_ns > 0
             && self.cfg.record_runs
             && self.runs_supported
             && self.cfg.policy.is_kernel_level()
-            && (!self.policy.preempts_class(Class::RealTime) || !self.policy.preempts_class(Class::BestEffort))
+            && (class_on(Class::RealTime) || class_on(Class::BestEffort))
             && !self.cfg.policy.masks_kernels()
+    }
+
+    /// Whether the model's segments may go out stoppable ([`Policy::stops_runs`]) for some class:
+    /// segments on, the GPU has stop words, and its launches may run again whole.
+    pub(super) fn stop_runs_on(&self, m: &Model) -> bool {
+        self.segments_on()
+            && self.stop_words_supported
+            && m.rerunnable
+            && (self.policy.stops_runs(Class::RealTime) || self.policy.stops_runs(Class::BestEffort))
+    }
+
+    /// The slot's stop word, made on first use; None when the GPU has none (which turns
+    /// stoppable segments off) or could not make one now.
+    pub(super) fn slot_stop_word(&mut self, slot: &mut IoSlot) -> Option<StopWordId> {
+        if slot.stop_word.is_none() && self.stop_words_supported {
+            match self.gpu.create_stop_word() {
+                Ok(w) => slot.stop_word = Some(w),
+                Err(kairos_gpu::GpuError::Unsupported(_)) => self.stop_words_supported = false,
+                Err(_) => {}
+            }
+        }
+        slot.stop_word
     }
 
     /// Counts a launch of job `key` in flight in (`add`) or out of the groups its mask touches:
@@ -573,7 +628,12 @@ impl<G: Gpu> Dispatcher<G> {
         let job = self.job(key)?;
         let m = self.models[job.model].as_ref()?;
         let g = *m.segment_at.get(launch as usize)?;
-        if g == NO_SEGMENT || job.bound_bases.is_some() || self.policy.preempts_class(job.options.class) {
+        if g == NO_SEGMENT || job.bound_bases.is_some() {
+            return None;
+        }
+        // A class the policy may preempt goes in segments only where they stop between kernels.
+        let class = job.options.class;
+        if self.policy.preempts_class(class) && !(self.policy.stops_runs(class) && self.stop_runs_on(m)) {
             return None;
         }
         // A run does not wait for a load's copies: launch by launch until the model is resident,
@@ -604,20 +664,37 @@ impl<G: Gpu> Dispatcher<G> {
         let range = m.segments[g as usize].clone();
         let segment_count = m.segments.len();
         let segment_ns: f64 = range.clone().map(|i| m.estimates.get(i)).sum();
-        let recorded = job.slot.as_ref().and_then(|s| s.segment_runs.get(g as usize).copied().flatten());
+        // A class the policy may preempt: the slot's runs that its stop word stops between kernels
+        // (`segment_to_issue` checked they may be).
+        let stoppable = self.policy.preempts_class(job.options.class);
+        let stop_word = if stoppable {
+            let mut slot = self.jobs[key.slot as usize].as_mut().and_then(|j| j.slot.take()).expect("admitted job has a slot");
+            let word = self.slot_stop_word(&mut slot);
+            self.jobs[key.slot as usize].as_mut().expect("issued job exists").slot = Some(slot);
+            match word {
+                Some(w) => Some(w),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
+        let runs = |s: &IoSlot| if stoppable { &s.stop_runs } else { &s.segment_runs }.get(g as usize).copied().flatten();
+        let recorded = job.slot.as_ref().and_then(runs);
         let run = match recorded {
             Some(r) => r,
             None => {
-                let recorded = self.record_on_demand(key, segment_run_range(&range));
+                let recorded = self.record_on_demand(key, segment_run_range(&range), stop_word);
                 let Some(r) = self.run_or_fallback(recorded) else { return Ok(None) };
                 let slot = self.job_mut(key).and_then(|j| j.slot.as_mut()).expect("admitted job has a slot");
-                slot.segment_runs.resize(segment_count, None);
-                slot.segment_runs[g as usize] = Some(r);
+                let runs = if stoppable { &mut slot.stop_runs } else { &mut slot.segment_runs };
+                runs.resize(segment_count, None);
+                runs[g as usize] = Some(r);
                 r
             }
         };
         // Outside the occupancy books: the reporter stands for the segment there.
-        let (run_last, result) = self.replay_run(key, run, stream, range.start, false);
+        let (run_last, result) = self.replay_run(key, run, stream, range.start, false, stoppable);
         if let Some(t) = run_last {
             // The lane holds what went out, whatever happens next.
             let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
@@ -626,7 +703,7 @@ impl<G: Gpu> Dispatcher<G> {
         }
         result?;
         let reporter = range.end - 1;
-        let id = self.issue(key, reporter, stream, 0, None, None, behind, run_last)?;
+        let id = self.issue(key, reporter, stream, 0, None, None, behind, run_last, stop_word)?;
         // The window holds the whole segment until the reporter starts.
         let f = self.in_flight.get_mut(&id).expect("just issued");
         let own_ns = f.est_ns;
@@ -776,7 +853,9 @@ pub(super) fn segments_of(estimates: &Estimates, launches: usize, segment_ns: u6
 }
 
 /// Records launches `launches` of a model on an I/O slot's buffers as kernel-level segments and
-/// whole-job issue send them (`Gpu::record_run`: default CTAs, the whole GPU, silent).
+/// whole-job issue send them (`Gpu::record_run`: default CTAs, the whole GPU, silent; with
+/// `stop_word`, stopped between kernels when it is raised).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn record_slot_run<G: Gpu>(
     gpu: &mut G,
     m: &Model,
@@ -785,6 +864,7 @@ pub(super) fn record_slot_run<G: Gpu>(
     launch_ctas_max: Option<u32>,
     whole: SmMask,
     stream: StreamId,
+    stop_word: Option<StopWordId>,
 ) -> Result<RunId, kairos_gpu::GpuError> {
     let first = launches.start as usize;
     let launches = &m.plan.launches[launches.start as usize..launches.end as usize];
@@ -804,8 +884,9 @@ pub(super) fn record_slot_run<G: Gpu>(
         .map(|(k, (l, a))| LaunchRequest {
             ctas: m.default_ctas(first + k, 0, launch_ctas_max),
             report_ctas: false,
-            preemptible: false,
+            preemptible: stop_word.is_some(),
             report_end: false,
+            stop_word,
             ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, stream)
         })
         .collect();
@@ -823,6 +904,8 @@ struct Issued {
     report_ctas: bool,
     report_start: bool,
     learns: bool,
+    /// It carries its slot's stop word.
+    stoppable: bool,
     at_ns: u64,
     call_ns: u64,
 }

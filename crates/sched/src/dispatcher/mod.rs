@@ -48,7 +48,7 @@ use kairos_core::plan::Plan;
 use kairos_gpu::exec::{SpaceBases, input_bytes, upload_weights};
 use kairos_gpu::{
     Allocation, DevicePtr, Gpu, GpuEvent, HostMapping, HostMappingId, HostMemory, LaunchId, LaunchRequest, MemKind, PartitionId,
-    RunId, SmMask, StreamId,
+    RunId, SmMask, StopWordId, StreamId,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -368,6 +368,11 @@ struct IoSlot {
     run: Option<RunId>,
     /// The model's segments recorded on this slot (index: the segment; empty until one is).
     segment_runs: Vec<Option<RunId>>,
+    /// The slot's stop word, made for its first segment that a preemption may stop
+    /// ([`Policy::stops_runs`]).
+    stop_word: Option<StopWordId>,
+    /// The model's segments recorded on this slot with `stop_word` (as `segment_runs`).
+    stop_runs: Vec<Option<RunId>>,
 }
 
 /// A host mapping the dispatcher made for zero-copy requests. Its owner knows it by the id the
@@ -418,6 +423,9 @@ struct Model {
     widest_sms: u32,
     /// Per launch, its right size in SMs (`ReadyKernel::right_sms`).
     right_sms: Vec<u32>,
+    /// No launch reads memory it writes, so one stopped part-way may run again whole: its
+    /// segments may go out in runs that a preemption stops between kernels.
+    rerunnable: bool,
 }
 
 /// `Model::segment_at` of a launch that starts no segment.
@@ -542,6 +550,8 @@ struct InFlight {
     /// A segment's reporter: the first launch of the recorded run it waits behind (the run holds
     /// launches `run_from..launch`, whose estimates learn from the time the run took).
     run_from: Option<u32>,
+    /// It carries its slot's stop word (a segment a preemption stops between kernels).
+    stoppable: bool,
     /// Its issue record, when traced.
     trace: Option<usize>,
 }
@@ -613,6 +623,8 @@ pub struct Dispatcher<G: Gpu> {
     shut_down: bool,
     /// The GPU records runs (false once `record_run` said it cannot).
     runs_supported: bool,
+    /// The GPU has stop words (false once `create_stop_word` said it has none).
+    stop_words_supported: bool,
     /// Scratch: the ids of a run's launches.
     run_ids: Vec<LaunchId>,
     /// What recording runs for slots made on demand may still take now, and when it was last
@@ -712,6 +724,7 @@ impl<G: Gpu> Dispatcher<G> {
             shutting_down: false,
             shut_down: false,
             runs_supported: true,
+            stop_words_supported: true,
             run_ids: Vec::new(),
             run_credit_ns: issue::RUN_RECORD_CREDIT_MAX_NS as f64,
             run_credit_at_ns: 0,

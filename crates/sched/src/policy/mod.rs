@@ -278,6 +278,14 @@ pub trait Policy: Send + std::fmt::Debug {
         let _ = class;
         self.preempts()
     }
+    /// Whether kernel-level jobs of `class`, which it may preempt, still go in recorded segments
+    /// that a preemption stops between kernels (a GPU's stop words, [`kairos_gpu::Gpu::create_stop_word`];
+    /// where the GPU has none, or a model's kernels may not run twice, launch by launch as usual).
+    /// Default: never (`reef+stopruns` does for best-effort jobs).
+    fn stops_runs(&self, class: Class) -> bool {
+        let _ = class;
+        false
+    }
 }
 
 /// The policies by name, with their parameters.
@@ -309,7 +317,8 @@ impl PolicyConfig {
     /// (no preemption: best-effort launches already issued run to their end, REEF's wait-based
     /// baseline) and `+nopad` (no best-effort kernel while real-time work is admitted), in that
     /// order; `+runs` in place of `+wait` sends best-effort kernel-level jobs in recorded segments
-    /// as well (not preemptible, so no preemption either). `krisp:N` allows N SMs of overlap per
+    /// as well (not preemptible, so no preemption either), and `+stopruns` sends them in recorded
+    /// segments that real-time arrivals stop between kernels ([`Policy::stops_runs`]). `krisp:N` allows N SMs of overlap per
     /// kernel (`krisp` = `krisp:0`, KRISP-I; `krisp:inf`, KRISP-O); `static:N` cuts the GPU into
     /// N equal partitions.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
@@ -318,6 +327,8 @@ impl PolicyConfig {
                 (false, false, r)
             } else if let Some(r) = rest.strip_prefix("+runs") {
                 (false, true, r)
+            } else if let Some(r) = rest.strip_prefix("+stopruns") {
+                (true, true, r)
             } else {
                 (true, false, rest)
             };
@@ -435,7 +446,9 @@ impl PolicyConfig {
             _ => {}
         }
         if let PolicyConfig::Reef { kill, padding, be_runs } = *self {
-            if be_runs {
+            if be_runs && kill {
+                l += "+stopruns";
+            } else if be_runs {
                 l += "+runs";
             } else if !kill {
                 l += "+wait";
@@ -571,6 +584,8 @@ mod tests {
             "reef+wait+nopad",
             "reef+runs",
             "reef+runs+nopad",
+            "reef+stopruns",
+            "reef+stopruns+nopad",
             "seq",
             "krisp",
             "krisp:16",
@@ -599,6 +614,8 @@ mod tests {
             "reef+wait+runs",
             "reef+runs+wait",
             "reef+nopad+runs",
+            "reef+stopruns+wait",
+            "reef+runs+stopruns",
             "reef+backfill",
             "seq:1",
             "krisp:x",

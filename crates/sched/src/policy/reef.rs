@@ -19,7 +19,11 @@
 //! per kernel), which a preempt flag cannot stop: no preemption (as `+wait`), and a BE segment
 //! running when an RT job arrives runs to its end beside it, its CTAs placed after the RT
 //! kernels' (high-priority streams). The trade measured on the GPU: BE throughput against the
-//! RT tail (docs/benchmarks.md).
+//! RT tail (docs/benchmarks.md). `+stopruns` sends them in recorded segments that an RT arrival
+//! stops between kernels (the GPU's stop words: each kernel of a replay reads one word before
+//! its blocks, the kernel running when it lands may stop part-way and runs again whole, exact
+//! because a plan's kernels never read what they write), so BE work keeps the speed of runs and
+//! RT work still gets the GPU within about one BE kernel.
 //!
 //! Otherwise (*normal mode*) BE kernels run concurrently, the least recently served job first,
 //! each when it passes the occupancy gate (the best-ranked one that does: no BE job starves
@@ -48,8 +52,9 @@ pub struct Reef {
     pub kill: bool,
     /// Issue best-effort kernels on the SMs real-time work leaves while it is admitted.
     pub padding: bool,
-    /// Best-effort jobs go in recorded segments like real-time ones (`+runs`): not preemptible,
-    /// so `kill` is ignored; what runs when a real-time job arrives is waited for.
+    /// Best-effort jobs go in recorded segments like real-time ones: with `kill` (`+stopruns`)
+    /// segments that a real-time arrival stops between kernels, without (`+runs`) not
+    /// preemptible, so what runs when a real-time job arrives is waited for.
     pub be_runs: bool,
 }
 
@@ -72,14 +77,18 @@ impl Policy for Reef {
     }
 
     /// Best-effort launches are preemptible with and without `kill` (so `+wait` differs from
-    /// `reef` only in never stopping them), unless they go in recorded segments (`+runs`);
-    /// real-time ones never are.
+    /// `reef` only in never stopping them), unless they go in recorded segments that cannot be
+    /// stopped (`+runs`); real-time ones never are.
     fn preempts(&self) -> bool {
-        !self.be_runs
+        !self.be_runs || self.kill
     }
 
     fn preempts_class(&self, class: Class) -> bool {
-        class == Class::BestEffort && !self.be_runs
+        class == Class::BestEffort && self.preempts()
+    }
+
+    fn stops_runs(&self, class: Class) -> bool {
+        class == Class::BestEffort && self.be_runs && self.kill
     }
 
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
@@ -95,7 +104,6 @@ impl Policy for Reef {
         }
         // 1. A new RT job: every running BE launch stops (one decision each).
         if self.kill
-            && !self.be_runs
             && arriving
             && let Some(j) = view.jobs.iter().find(|j| j.class != Class::RealTime && j.running.is_some())
         {

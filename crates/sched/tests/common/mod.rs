@@ -94,8 +94,10 @@ pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
         9 => PolicyConfig::Krisp { overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)] },
         10 => PolicyConfig::Static { partitions: rng.random_range(1..=4) },
         7 => {
+            // `+runs` and `+stopruns` (best-effort work in recorded segments) a fifth of the time.
             let be_runs = rng.random_bool(0.2);
-            PolicyConfig::Reef { kill: !be_runs && rng.random_bool(0.75), padding: rng.random_bool(0.75), be_runs }
+            let kill = if be_runs { rng.random_bool(0.5) } else { rng.random_bool(0.75) };
+            PolicyConfig::Reef { kill, padding: rng.random_bool(0.75), be_runs }
         }
         8 => PolicyConfig::Seq,
         6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)], backfill: rng.random_bool(0.5) },
@@ -558,6 +560,10 @@ impl Policy for Checked {
         self.inner.preempts_class(class)
     }
 
+    fn stops_runs(&self, class: kairos_sched::Class) -> bool {
+        self.inner.stops_runs(class)
+    }
+
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
         let d = self.inner.decide(view)?;
         *self.decisions.lock().unwrap() += 1;
@@ -713,7 +719,7 @@ impl Policy for Checked {
             Decision::Preempt { job, launch } => {
                 // Only `reef` with kill preempts: a best-effort job's running launch, while a
                 // real-time job waits with nothing issued.
-                let PolicyConfig::Reef { kill: true, be_runs: false, .. } = self.config else {
+                let PolicyConfig::Reef { kill: true, .. } = self.config else {
                     bad(format!("{}: preempted, but only reef (with kill) preempts", self.name()));
                     return Some(d);
                 };

@@ -98,6 +98,7 @@ pub fn request<'a>(
         report_start: false,
         preemptible: true,
         report_end: true,
+        stop_word: None,
     }
 }
 
