@@ -295,7 +295,8 @@ struct Stream {
     /// The last launch issued on the stream (what `LaunchRequest::after` must name).
     last_launch: Option<LaunchId>,
     /// Ends of silent launches, reported with the next end of a launch that reports its own.
-    silent_done: Vec<(LaunchId, u32, bool)>,
+    /// (launch, next block, preempted, its stop word).
+    silent_done: Vec<(LaunchId, u32, bool, Option<u32>)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1777,10 +1778,11 @@ impl SimGpu {
             self.cwd.remove(pos);
         }
         if self.grids[g].silent {
-            self.streams[stream].silent_done.push((id, next, preempted));
+            let word = self.grids[g].stop_word;
+            self.streams[stream].silent_done.push((id, next, preempted, word));
         } else {
             // Stream order: the silent launches before it have ended, reported with it.
-            for (launch, next_block, preempted) in std::mem::take(&mut self.streams[stream].silent_done) {
+            for (launch, next_block, preempted, _) in std::mem::take(&mut self.streams[stream].silent_done) {
                 self.notify(GpuEvent::LaunchDone { launch, next_block, preempted, at_ns: t }, t);
             }
             self.notify(GpuEvent::LaunchDone { launch: id, next_block: next, preempted, at_ns: t }, t);
@@ -2212,7 +2214,7 @@ impl SimGpu {
             }
         }
         let now = self.now_ns;
-        for (launch, next_block, preempted) in std::mem::take(&mut self.streams[s].silent_done) {
+        for (launch, next_block, preempted, _) in std::mem::take(&mut self.streams[s].silent_done) {
             self.notify(GpuEvent::LaunchDone { launch, next_block, preempted, at_ns: now }, now);
         }
     }
@@ -2493,6 +2495,14 @@ impl Gpu for SimGpu {
     }
 
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
+        // A run's launch that ended but is not reported yet still names its stop word.
+        let ended_word = || self.streams.iter().flat_map(|s| &s.silent_done).find(|x| x.0 == launch).and_then(|x| x.3);
+        if !self.launch_slots.contains_key(&launch.0)
+            && let Some(w) = ended_word()
+        {
+            self.raise_stop_word(w);
+            return Ok(());
+        }
         let Some(&g) = self.launch_slots.get(&launch.0) else {
             return if launch.0 > 0 && launch.0 < self.next_launch {
                 Ok(())

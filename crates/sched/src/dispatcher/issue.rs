@@ -134,14 +134,20 @@ impl<G: Gpu> Dispatcher<G> {
         job.draining = true;
         if self.in_flight.get(&id).is_some_and(|f| f.stoppable) {
             // A segment that stops between kernels: its stop word stops every launch that carries
-            // it (one raise), and the job's other launches in flight are preempted one by one.
-            let mut result = self.gpu.preempt(id);
-            for l in std::mem::take(&mut job.running) {
-                if let LState::Issued(other) = job.states[l as usize]
-                    && !self.in_flight.get(&other).is_some_and(|f| f.stoppable)
-                {
+            // it, raised once through the job's latest one (a segment's reporter, which the GPU
+            // holds until it reports, where a run's launch may have ended already); the job's
+            // other launches in flight are preempted one by one.
+            let mut result = Ok(());
+            let mut raised = false;
+            let mut launches: Vec<u32> = std::mem::take(&mut job.running).into_iter().chain([launch]).collect();
+            launches.sort_unstable_by(|a, b| b.cmp(a));
+            for l in launches {
+                let LState::Issued(other) = job.states[l as usize] else { continue };
+                let stoppable = self.in_flight.get(&other).is_some_and(|f| f.stoppable);
+                if !stoppable || !raised {
                     result = result.and(self.gpu.preempt(other));
                 }
+                raised |= stoppable;
             }
             if let Err(e) = result {
                 self.fail(key, e.into(), out);
