@@ -483,9 +483,6 @@ fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
         let be_done = records.iter().filter(|r| r.class == Class::BestEffort).map(|r| r.done_ns).max().unwrap_or(0);
         let mean = rt_lat.iter().sum::<u64>() / rt_lat.len() as u64;
         let max = *rt_lat.iter().max().unwrap();
-        if std::env::var("KAIROS_DEBUG_REEF").is_ok() {
-            eprintln!("  {policy}: {:?}", rt_lat.iter().map(|l| l / 1000).collect::<Vec<_>>());
-        }
         let s = d.dispatcher().stats();
         assert_eq!(s.notification_anomalies, 0, "{policy}");
         assert_eq!(s.refused_decisions, 0, "{policy}");
