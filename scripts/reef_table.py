@@ -13,7 +13,13 @@ TAG to its systems' names (runs of one policy under other settings, e.g. `reef h
 done, their mean / p50 / p99 latency (ms) and the ratios to RT-Only, arrival to first block taken
 (us, kairos only), real-time, best-effort and overall completions per second, overall throughput
 over RT-Only's, best-effort completions over kairos `streams`' on the same workload, best-effort p99 (ms), and preemptions
-(kairos). REEF reports RT mean latency and overall throughput.
+(kairos). REEF reports RT mean latency and overall throughput; its overall throughput counts best-effort
+requests *normalised* to real-time ones (REEF section 7, footnote 5: BE throughput x BE latency alone / RT
+latency alone). With the models' isolated latencies in results.json (`isolated_ms`, measured by the DISB
+presets), `BEn/s` is that normalised best-effort throughput (each best-effort completion weighted by its
+model's isolated latency over the mean isolated latency of the workload's real-time requests) and `alln/RTo`
+the overall throughput so normalised over RT-Only's; the peer's rows use kairos' isolated latencies of the
+same workload (the weights convert requests to work; they are not the peer's latencies).
 """
 import argparse, glob, json, os, sys
 
@@ -25,22 +31,40 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def summarize(streams, rows, warmup_ns, duration_ns):
-    """rows: (stream index, arrival_ns, done_ns or None, first_block_ns or None)."""
+def model_of(stream):
+    """A DISB stream's model: its name without the class suffix (`vgg19-rt` -> `vgg19`)."""
+    return stream.rsplit("-", 1)[0]
+
+
+def summarize(streams, rows, warmup_ns, duration_ns, isolated_ms=None):
+    """rows: (stream index, arrival_ns, done_ns or None, first_block_ns or None). isolated_ms: the
+    models' isolated latencies (REEF's normalisation of best-effort throughput), or None."""
     rt_lat, be_lat, first, rt_done, be_done = [], [], [], 0, 0
+    rt_iso, be_iso = [], []
     for s, a, d, fb in rows:
         if a < warmup_ns or a >= duration_ns or d is None:
             continue
+        iso = (isolated_ms or {}).get(model_of(streams[s]))
         if streams[s].endswith("-rt"):
             rt_lat.append((d - a) / 1e6)
             rt_done += 1
+            rt_iso.append(iso)
             if fb is not None:
                 first.append(fb / 1e3)
         else:
             be_done += 1
             be_lat.append((d - a) / 1e6)
+            be_iso.append(iso)
     window_s = (duration_ns - warmup_ns) / 1e9
     mean = sum(rt_lat) / len(rt_lat) if rt_lat else float("nan")
+    # REEF's normalisation: a best-effort completion counts as its model's isolated latency over
+    # the real-time requests' mean isolated latency (the workload's RT-Only run supplies the latter
+    # when this run has no real-time request; see main).
+    be_norm = float("nan")
+    if be_iso and None not in be_iso and rt_iso and None not in rt_iso:
+        be_norm = sum(be_iso) / (sum(rt_iso) / len(rt_iso)) / window_s
+    elif not be_iso:
+        be_norm = 0.0
     return {
         "rt_done": rt_done,
         "rt_mean_ms": mean,
@@ -51,6 +75,7 @@ def summarize(streams, rows, warmup_ns, duration_ns):
         "be_p99_ms": pct(be_lat, 0.99),
         "rt_per_s": rt_done / window_s,
         "be_per_s": be_done / window_s,
+        "be_norm_per_s": be_norm,
         "total_per_s": (rt_done + be_done) / window_s,
     }
 
@@ -70,6 +95,7 @@ def main():
         return preset + ("@" + ",".join(rest) if rest else ""), ("rt-only" if "rt-only" in parts else "")
 
     traces = {}
+    isolated = {}  # preset -> model -> isolated latency, ms
     for arg in a.dirs:
         d, _, tag = arg.partition("=")
         suffix = " " + tag if tag else ""
@@ -79,12 +105,14 @@ def main():
         res = os.path.join(d, "results.json")
         if os.path.exists(res):
             for p in json.load(open(res))["presets"]:
+                isolated.setdefault(p["preset"], {}).update(p.get("isolated_ms") or {})
                 for pt in p["points"]:
                     stats[(p["preset"], pt["policy"], pt.get("variant", ""), pt["load"])] = pt.get("dispatcher") or {}
         for f in sorted(glob.glob(os.path.join(d, "raw", "*.raw.json"))):
             r = json.load(open(f))
             fb = r.get("first_block_ns") or [None] * len(r["stream"])
-            s = summarize(r["streams"], list(zip(r["stream"], r["arrival_ns"], r["done_ns"], fb)), r["warmup_ns"], r["duration_ns"])
+            s = summarize(r["streams"], list(zip(r["stream"], r["arrival_ns"], r["done_ns"], fb)), r["warmup_ns"], r["duration_ns"],
+                          isolated.get(r["preset"]))
             s["preemptions"] = stats.get((r["preset"], r["policy"], r["variant"], r["load"]), {}).get("preemptions")
             s["load"] = r["load"]
             workload, rt_only = key(r["preset"], r["variant"])
@@ -96,13 +124,14 @@ def main():
                 continue
             names = [s["name"] for s in t["streams"]]
             s = summarize(names, list(zip(run["stream"], run["arrival_ns"], run["done_ns"], [None] * len(run["stream"]))),
-                          t["warmup_ns"], t["duration_ns"])
+                          t["warmup_ns"], t["duration_ns"], isolated.get(t["preset"]))
             s["preemptions"], s["load"] = None, t["load"]
             workload, rt_only = key(t["preset"], t["variant"])
             rows[(workload, "pytorch " + run["mode"], rt_only)] = s
     out = []
     hdr = (f"{'workload':<12} {'system':<30} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
-           f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'BE/str':>6} {'BE p99':>6} {'preempt':>7}")
+           f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'BEn/s':>6} {'alln/RTo':>8} {'BE/str':>6} "
+           f"{'BE p99':>6} {'preempt':>7}")
     print(hdr)
     for (preset, system, variant), s in sorted(rows.items()):
         ref = rows.get((preset, system, "rt-only")) or rows.get((preset, "kairos reef", "rt-only"))
@@ -111,15 +140,17 @@ def main():
         r_mean = s["rt_mean_ms"] / ref["rt_mean_ms"] if ref and variant != "rt-only" else float("nan")
         r_p99 = s["rt_p99_ms"] / ref["rt_p99_ms"] if ref and variant != "rt-only" else float("nan")
         r_all = s["total_per_s"] / ref["total_per_s"] if ref and variant != "rt-only" else float("nan")
+        r_all_norm = (s["rt_per_s"] + s["be_norm_per_s"]) / ref["rt_per_s"] if ref and ref["rt_per_s"] > 0 and variant != "rt-only" else float("nan")
         streams = rows.get((preset, "kairos streams", ""))
         be_str = s["be_per_s"] / streams["be_per_s"] if streams and streams["be_per_s"] > 0 and variant != "rt-only" else float("nan")
         label = system + (" [RT-Only]" if variant == "rt-only" else "")
         pre = "" if s["preemptions"] is None else str(s["preemptions"])
         print(f"{preset.removeprefix('disb-'):<12} {label:<30} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
               f"{r_mean:>8.3f} {r_p99:>7.3f} {s['first_block_p50_us']:>11.1f} {s['first_block_p99_us']:>7.1f} {s['rt_per_s']:>6.1f} "
-              f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {be_str:>6.2f} {s['be_p99_ms']:>6.1f} {pre:>7}")
+              f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {s['be_norm_per_s']:>6.1f} {r_all_norm:>8.2f} {be_str:>6.2f} "
+              f"{s['be_p99_ms']:>6.1f} {pre:>7}")
         out.append({"preset": preset, "system": system, "variant": variant, **s,
-                    "rt_mean_over_rt_only": r_mean, "rt_p99_over_rt_only": r_p99, "total_over_rt_only": r_all, "be_over_streams": be_str})
+                    "rt_mean_over_rt_only": r_mean, "rt_p99_over_rt_only": r_p99, "total_over_rt_only": r_all, "total_normalised_over_rt_only": r_all_norm, "be_over_streams": be_str})
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1, default=str)
 

@@ -404,7 +404,9 @@ impl Preset {
         }
     }
 
-    /// Whether the workload depends on the models' isolated latencies.
+    /// Whether the sweep measures its models' isolated latencies first: workloads built from them,
+    /// slowdowns, and for DISB REEF's normalised best-effort throughput (`scripts/reef_table.py`:
+    /// best-effort completions weighted by their model's isolated latency over the real-time one's).
     pub fn needs_isolated(&self) -> bool {
         matches!(
             self,
@@ -415,6 +417,7 @@ impl Preset {
                 | Preset::Daris
                 | Preset::Coldstart
                 | Preset::DeepPlanAzure
+                | Preset::Disb(_)
         )
     }
 
