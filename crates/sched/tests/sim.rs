@@ -57,7 +57,7 @@ fn results_are_exact_through_every_policy() {
             let mut rng = SmallRng::seed_from_u64(seed);
             // `reef+runs` and `reef+stopruns`: best-effort work in recorded segments as well (the
             // latter stopped between kernels, each stopped kernel run again whole).
-            for name in PolicyConfig::NAMES.into_iter().chain(["reef+runs", "reef+stopruns"]) {
+            for name in PolicyConfig::NAMES.into_iter().chain(["reef+runs", "reef+stopruns", "reef+stopruns+ungated"]) {
                 for preempt in [false, true] {
                     let policy = PolicyConfig::by_name(name).unwrap();
                     if preempt && !policy.is_kernel_level() {
@@ -441,8 +441,9 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
 /// that of the real-time requests alone, below `paella`'s (real-time first, no preemption) and
 /// `streams`' (no priority), and best-effort work still gets done beside it; `+wait` (no
 /// preemption) preempts nothing, nor does `+runs` (best-effort work in recorded segments);
-/// `+stopruns` (segments stopped between kernels) preempts and keeps the real-time latency near
-/// alone once the loads are done, below `+runs`'.
+/// `+stopruns` (segments stopped between kernels; `+ungated`: without the occupancy gate in
+/// normal mode) preempts and keeps the real-time latency near alone once the loads are done,
+/// below `+runs`'.
 #[test]
 fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
     let seed = seeds(1)[0];
@@ -500,7 +501,6 @@ fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
     let (reef_mean, reef_max, reef_be_done, reef, _) = measure("reef", true);
     let (_, _, _, wait, _) = measure("reef+wait", true);
     let (_, _, runs_be_done, runs, runs_settled) = measure("reef+runs", true);
-    let (_, _, stop_be_done, stop, stop_settled) = measure("reef+stopruns", true);
     let (paella_mean, _, _, _, _) = measure("paella", true);
     let (streams_mean, _, _, _, _) = measure("streams", true);
     let (_, _, seq_be_done, _, _) = measure("seq", true);
@@ -509,13 +509,18 @@ fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
     assert_eq!(runs.preemptions, 0, "reef+runs preempted");
     assert!(runs.segments_launched > 0, "reef+runs launched no segment");
     assert!(runs_be_done <= seq_be_done, "reef+runs finished best-effort work at {runs_be_done} ns, seq at {seq_be_done}");
-    assert!(stop.preemptions > 0, "reef+stopruns preempted nothing");
-    assert!(stop.segments_launched > 0, "reef+stopruns launched no segment");
-    assert!(stop_be_done <= seq_be_done, "reef+stopruns finished best-effort work at {stop_be_done} ns, seq at {seq_be_done}");
-    assert!(
-        stop_settled * 100 <= alone_settled * 125 && stop_settled < runs_settled,
-        "reef+stopruns: real-time mean {stop_settled} ns vs {alone_settled} ns alone, {runs_settled} ns with reef+runs"
-    );
+    // Stoppable segments through the occupancy gate in normal mode, and without it (more
+    // best-effort kernels running when a real-time job arrives, each to its end: a looser bound).
+    for (name, bound_pct) in [("reef+stopruns", 125), ("reef+stopruns+ungated", 150)] {
+        let (_, _, stop_be_done, stop, stop_settled) = measure(name, true);
+        assert!(stop.preemptions > 0, "{name} preempted nothing");
+        assert!(stop.segments_launched > 0, "{name} launched no segment");
+        assert!(stop_be_done <= seq_be_done, "{name} finished best-effort work at {stop_be_done} ns, seq at {seq_be_done}");
+        assert!(
+            stop_settled * 100 <= alone_settled * bound_pct && stop_settled < runs_settled,
+            "{name}: real-time mean {stop_settled} ns vs {alone_settled} ns alone, {runs_settled} ns with reef+runs"
+        );
+    }
     assert!(reef_mean * 100 <= alone_mean * 125, "reef: real-time mean {reef_mean} ns vs {alone_mean} ns alone");
     assert!(reef_max * 100 <= alone_max * 150, "reef: real-time max {reef_max} ns vs {alone_max} ns alone");
     assert!(

@@ -298,7 +298,7 @@ pub enum PolicyConfig {
     Edf { slowdown: f64, backfill: bool },
     Sjf,
     Rr,
-    Reef { kill: bool, padding: bool, be_runs: bool },
+    Reef { kill: bool, padding: bool, be_runs: bool, gate_be: bool },
     Seq,
     Krisp { overlap_sms: u32 },
     Static { partitions: u32 },
@@ -318,7 +318,8 @@ impl PolicyConfig {
     /// baseline) and `+nopad` (no best-effort kernel while real-time work is admitted), in that
     /// order; `+runs` in place of `+wait` sends best-effort kernel-level jobs in recorded segments
     /// as well (not preemptible, so no preemption either), and `+stopruns` sends them in recorded
-    /// segments that real-time arrivals stop between kernels ([`Policy::stops_runs`]). `krisp:N` allows N SMs of overlap per
+    /// segments that real-time arrivals stop between kernels ([`Policy::stops_runs`]), and
+    /// `+stopruns+ungated` issues those without the occupancy gate in normal mode. `krisp:N` allows N SMs of overlap per
     /// kernel (`krisp` = `krisp:0`, KRISP-I; `krisp:inf`, KRISP-O); `static:N` cuts the GPU into
     /// N equal partitions.
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
@@ -332,9 +333,15 @@ impl PolicyConfig {
             } else {
                 (true, false, rest)
             };
+            // Stoppable runs may go without the occupancy gate (`+ungated`); the others always pass it.
+            let (gate_be, rest) = match rest.strip_prefix("+ungated") {
+                Some(r) if kill && be_runs => (false, r),
+                Some(_) => return None,
+                None => (true, rest),
+            };
             return match rest {
-                "" => Some(PolicyConfig::Reef { kill, padding: true, be_runs }),
-                "+nopad" => Some(PolicyConfig::Reef { kill, padding: false, be_runs }),
+                "" => Some(PolicyConfig::Reef { kill, padding: true, be_runs, gate_be }),
+                "+nopad" => Some(PolicyConfig::Reef { kill, padding: false, be_runs, gate_be }),
                 _ => None,
             };
         }
@@ -445,9 +452,12 @@ impl PolicyConfig {
             PolicyConfig::Paella { slowdown_bound: Some(s), .. } => l += &format!("+bound={s}"),
             _ => {}
         }
-        if let PolicyConfig::Reef { kill, padding, be_runs } = *self {
+        if let PolicyConfig::Reef { kill, padding, be_runs, gate_be } = *self {
             if be_runs && kill {
                 l += "+stopruns";
+                if !gate_be {
+                    l += "+ungated";
+                }
             } else if be_runs {
                 l += "+runs";
             } else if !kill {
@@ -484,7 +494,7 @@ impl PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
-            PolicyConfig::Reef { kill, padding, be_runs } => Box::new(reef::Reef { kill, padding, be_runs }),
+            PolicyConfig::Reef { kill, padding, be_runs, gate_be } => Box::new(reef::Reef { kill, padding, be_runs, gate_be }),
             PolicyConfig::Seq => Box::new(seq::Seq),
             PolicyConfig::Krisp { overlap_sms } => Box::new(krisp::Krisp { overlap_sms }),
             PolicyConfig::Static { partitions } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
@@ -511,8 +521,8 @@ impl std::fmt::Display for PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => {
                 write!(f, "edf(slowdown={slowdown}{})", if *backfill { ",backfill" } else { "" })
             }
-            PolicyConfig::Reef { kill, padding, be_runs } => {
-                write!(f, "reef(kill={kill},padding={padding},be_runs={be_runs})")
+            PolicyConfig::Reef { kill, padding, be_runs, gate_be } => {
+                write!(f, "reef(kill={kill},padding={padding},be_runs={be_runs},gate_be={gate_be})")
             }
             PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY } => write!(f, "krisp(overlap=any)"),
             PolicyConfig::Krisp { overlap_sms } => write!(f, "krisp(overlap={overlap_sms}sms)"),
@@ -586,6 +596,8 @@ mod tests {
             "reef+runs+nopad",
             "reef+stopruns",
             "reef+stopruns+nopad",
+            "reef+stopruns+ungated",
+            "reef+stopruns+ungated+nopad",
             "seq",
             "krisp",
             "krisp:16",
@@ -615,6 +627,11 @@ mod tests {
             "reef+runs+wait",
             "reef+nopad+runs",
             "reef+stopruns+wait",
+            "reef+ungated",
+            "reef+runs+ungated",
+            "reef+wait+ungated",
+            "reef+stopruns+nopad+ungated",
+            "reef+stopruns+gated",
             "reef+runs+stopruns",
             "reef+backfill",
             "seq:1",
