@@ -12,8 +12,8 @@ requests that arrived in the measured window (after the warm-up) count. A DIR=TA
 TAG to its systems' names (runs of one policy under other settings, e.g. `reef host-flag`). Per row: real-time requests
 done, their mean / p50 / p99 latency (ms) and the ratios to RT-Only, arrival to first block taken
 (us, kairos only), real-time, best-effort and overall completions per second, overall throughput
-over RT-Only's, best-effort completions over kairos `streams`' on the same workload, best-effort p99 (ms), and preemptions
-(kairos). REEF reports RT mean latency and overall throughput; its overall throughput counts best-effort
+over RT-Only's, best-effort completions over kairos `streams`' on the same workload, best-effort p99 (ms), preemptions
+and launches confined by an SM mask (kairos: `reef`'s padding; empty where the run predates the counter). REEF reports RT mean latency and overall throughput; its overall throughput counts best-effort
 requests *normalised* to real-time ones (REEF section 7, footnote 5: BE throughput x BE latency alone / RT
 latency alone). With the models' isolated latencies in results.json (`isolated_ms`, measured by the DISB
 presets), `BEn/s` is that normalised best-effort throughput (each best-effort completion weighted by its
@@ -113,7 +113,8 @@ def main():
             fb = r.get("first_block_ns") or [None] * len(r["stream"])
             s = summarize(r["streams"], list(zip(r["stream"], r["arrival_ns"], r["done_ns"], fb)), r["warmup_ns"], r["duration_ns"],
                           isolated.get(r["preset"]))
-            s["preemptions"] = stats.get((r["preset"], r["policy"], r["variant"], r["load"]), {}).get("preemptions")
+            st = stats.get((r["preset"], r["policy"], r["variant"], r["load"]), {})
+            s["preemptions"], s["masked"] = st.get("preemptions"), st.get("masked_launches")
             s["load"] = r["load"]
             workload, rt_only = key(r["preset"], r["variant"])
             rows[(workload, "kairos " + r["policy"] + suffix, rt_only)] = s
@@ -125,13 +126,13 @@ def main():
             names = [s["name"] for s in t["streams"]]
             s = summarize(names, list(zip(run["stream"], run["arrival_ns"], run["done_ns"], [None] * len(run["stream"]))),
                           t["warmup_ns"], t["duration_ns"], isolated.get(t["preset"]))
-            s["preemptions"], s["load"] = None, t["load"]
+            s["preemptions"], s["masked"], s["load"] = None, None, t["load"]
             workload, rt_only = key(t["preset"], t["variant"])
             rows[(workload, "pytorch " + run["mode"], rt_only)] = s
     out = []
     hdr = (f"{'workload':<12} {'system':<30} {'RT n':>5} {'mean':>6} {'p50':>6} {'p99':>6} {'mean/RTo':>8} {'p99/RTo':>7} "
            f"{'1st blk p50':>11} {'p99 us':>7} {'RT/s':>6} {'BE/s':>6} {'all/s':>6} {'all/RTo':>7} {'BEn/s':>6} {'alln/RTo':>8} {'BE/str':>6} "
-           f"{'BE p99':>6} {'preempt':>7}")
+           f"{'BE p99':>6} {'preempt':>7} {'masked':>7}")
     print(hdr)
     for (preset, system, variant), s in sorted(rows.items()):
         ref = rows.get((preset, system, "rt-only")) or rows.get((preset, "kairos reef", "rt-only"))
@@ -145,10 +146,11 @@ def main():
         be_str = s["be_per_s"] / streams["be_per_s"] if streams and streams["be_per_s"] > 0 and variant != "rt-only" else float("nan")
         label = system + (" [RT-Only]" if variant == "rt-only" else "")
         pre = "" if s["preemptions"] is None else str(s["preemptions"])
+        masked = "" if s["masked"] is None else str(s["masked"])
         print(f"{preset.removeprefix('disb-'):<12} {label:<30} {s['rt_done']:>5} {s['rt_mean_ms']:>6.2f} {s['rt_p50_ms']:>6.2f} {s['rt_p99_ms']:>6.2f} "
               f"{r_mean:>8.3f} {r_p99:>7.3f} {s['first_block_p50_us']:>11.1f} {s['first_block_p99_us']:>7.1f} {s['rt_per_s']:>6.1f} "
               f"{s['be_per_s']:>6.1f} {s['total_per_s']:>6.1f} {r_all:>7.2f} {s['be_norm_per_s']:>6.1f} {r_all_norm:>8.2f} {be_str:>6.2f} "
-              f"{s['be_p99_ms']:>6.1f} {pre:>7}")
+              f"{s['be_p99_ms']:>6.1f} {pre:>7} {masked:>7}")
         out.append({"preset": preset, "system": system, "variant": variant, **s,
                     "rt_mean_over_rt_only": r_mean, "rt_p99_over_rt_only": r_p99, "total_over_rt_only": r_all, "total_normalised_over_rt_only": r_all_norm, "be_over_streams": be_str})
     if a.json:

@@ -64,6 +64,9 @@ pub struct DispatcherCounters {
     /// Kernel-level segments issued as recorded runs.
     #[serde(default)]
     pub segments_launched: u64,
+    /// Launches confined by an SM mask (`reef`'s padding, `krisp`, `static`).
+    #[serde(default)]
+    pub masked_launches: u64,
     /// Launches a policy preempted (`reef`).
     #[serde(default)]
     pub preemptions: u64,
@@ -216,6 +219,7 @@ impl<G: Gpu> Target for VirtualTarget<G> {
             runs_recorded: s.runs_recorded,
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
+            masked_launches: s.masked_launches,
             preemptions: s.preemptions,
             cold_starts: s.cold_starts,
             evictions: s.evictions,
@@ -403,6 +407,7 @@ where
             runs_recorded: s.runs_recorded,
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
+            masked_launches: s.masked_launches,
             preemptions: s.preemptions,
             cold_starts: s.cold_starts,
             evictions: s.evictions,

@@ -117,6 +117,7 @@ struct Shared {
     runs_recorded: AtomicU64,
     run_record_ns: AtomicU64,
     segments_launched: AtomicU64,
+    masked_launches: AtomicU64,
     cold_starts: AtomicU64,
     loads_completed: AtomicU64,
     load_ns: AtomicU64,
@@ -168,6 +169,8 @@ pub struct EngineStats {
     pub run_record_ns: u64,
     /// Kernel-level segments issued as recorded runs (see [`crate::Config::run_segment_ns`]).
     pub segments_launched: u64,
+    /// Launches confined by an SM mask (see [`crate::DispatcherStats::masked_launches`]).
+    pub masked_launches: u64,
     /// Times the GPU was reset after a fault, and whether a reset is under way now.
     pub gpu_recoveries: u64,
     pub recovering: bool,
@@ -412,6 +415,7 @@ impl Engine {
             runs_recorded: s.runs_recorded.load(Ordering::Relaxed),
             run_record_ns: s.run_record_ns.load(Ordering::Relaxed),
             segments_launched: s.segments_launched.load(Ordering::Relaxed),
+            masked_launches: s.masked_launches.load(Ordering::Relaxed),
             cold_starts: s.cold_starts.load(Ordering::Relaxed),
             loads_completed: s.loads_completed.load(Ordering::Relaxed),
             load_ns: s.load_ns.load(Ordering::Relaxed),
@@ -774,6 +778,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.runs_recorded.store(s.runs_recorded, Ordering::Relaxed);
         shared.run_record_ns.store(s.run_record_ns, Ordering::Relaxed);
         shared.segments_launched.store(s.segments_launched, Ordering::Relaxed);
+        shared.masked_launches.store(s.masked_launches, Ordering::Relaxed);
         shared.cold_starts.store(s.cold_starts, Ordering::Relaxed);
         shared.loads_completed.store(s.loads_completed, Ordering::Relaxed);
         shared.load_ns.store(s.load_ns, Ordering::Relaxed);

@@ -1077,6 +1077,7 @@ fn add_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
         runs_recorded: a.runs_recorded + b.runs_recorded,
         run_record_ns: a.run_record_ns + b.run_record_ns,
         segments_launched: a.segments_launched + b.segments_launched,
+        masked_launches: a.masked_launches + b.masked_launches,
         gpu_recoveries: a.gpu_recoveries + b.gpu_recoveries,
         recovering: b.recovering,
         cold_starts: a.cold_starts + b.cold_starts,

@@ -333,6 +333,7 @@ impl<G: Gpu> Dispatcher<G> {
         let cost = m.estimates.get(launch);
         let class = m.classes[launch as usize];
         self.stats.launches += 1;
+        self.stats.masked_launches += (mask != self.whole) as u64;
         self.issue_seq += 1;
         job.states[launch as usize] = LState::Issued(id);
         job.unissued -= 1;

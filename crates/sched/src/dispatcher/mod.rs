@@ -330,6 +330,9 @@ pub struct DispatcherStats {
     /// Kernel-level segments issued as a recorded run plus their last launch
     /// ([`Config::run_segment_ns`]).
     pub segments_launched: u64,
+    /// Launches issued confined to part of the GPU by an SM mask (`reef`'s padding, `krisp`'s
+    /// and `static`'s kernels).
+    pub masked_launches: u64,
     /// Under a weight budget: loads started by a request to a model not in device memory (cold
     /// starts), loads completed and their summed time (first copy queued to last copy landed),
     /// device bytes they moved, and models evicted to make room.
