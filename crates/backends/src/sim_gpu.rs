@@ -186,6 +186,14 @@ impl Gpu for InboxSimGpu {
         self.gpu.preempt(launch)
     }
 
+    fn sm_groups(&self) -> Vec<kairos_gpu::SmMask> {
+        self.gpu.sm_groups()
+    }
+
+    fn partition_of_groups(&mut self, groups: u64) -> Result<kairos_gpu::PartitionId> {
+        self.gpu.partition_of_groups(groups)
+    }
+
     fn poll(&mut self, events: &mut Vec<GpuEvent>) -> Result<()> {
         self.gpu.poll(events)
     }

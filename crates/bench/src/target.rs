@@ -67,6 +67,12 @@ pub struct DispatcherCounters {
     /// Launches confined by an SM mask (`reef`'s padding, `krisp`, `static`).
     #[serde(default)]
     pub masked_launches: u64,
+    /// Of those, on a hardware partition (`+green`), and `+green` masks that fell back to the
+    /// software mask.
+    #[serde(default)]
+    pub partition_launches: u64,
+    #[serde(default)]
+    pub partition_fallbacks: u64,
     /// Launches a policy preempted (`reef`).
     #[serde(default)]
     pub preemptions: u64,
@@ -220,6 +226,8 @@ impl<G: Gpu> Target for VirtualTarget<G> {
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
             masked_launches: s.masked_launches,
+            partition_launches: s.partition_launches,
+            partition_fallbacks: s.partition_fallbacks,
             preemptions: s.preemptions,
             cold_starts: s.cold_starts,
             evictions: s.evictions,
@@ -408,6 +416,8 @@ where
             run_record_ns: s.run_record_ns,
             segments_launched: s.segments_launched,
             masked_launches: s.masked_launches,
+            partition_launches: s.partition_launches,
+            partition_fallbacks: s.partition_fallbacks,
             preemptions: s.preemptions,
             cold_starts: s.cold_starts,
             evictions: s.evictions,

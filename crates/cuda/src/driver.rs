@@ -554,6 +554,23 @@ pub unsafe fn launch_kernel_overlapped(
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
+    // SAFETY: contracts 1-3 of launch_kernel, passed on.
+    unsafe { launch_kernel_ex(f, grid, block, dynamic_smem_bytes, stream, params, attr) }
+}
+
+/// `cuLaunchKernelEx` of a 1-D grid with one launch attribute.
+///
+/// # Safety
+/// As [`launch_kernel`].
+unsafe fn launch_kernel_ex(
+    f: CUfunction,
+    grid: u32,
+    block: u32,
+    dynamic_smem_bytes: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+    mut attr: sys::CUlaunchAttribute,
+) -> DResult<()> {
     let config = sys::CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
@@ -570,6 +587,30 @@ pub unsafe fn launch_kernel_overlapped(
     // SAFETY: contracts 1-3 of launch_kernel; `config` and `attr` are live locals the driver
     // reads during the call.
     check("cuLaunchKernelEx", unsafe { sys::cuLaunchKernelEx(&config, f, p, std::ptr::null_mut()) })
+}
+
+/// `cuLaunchKernelEx` as thread-block clusters of `cluster_ctas` CTAs along x (`grid` a multiple
+/// of it): the CTAs of a cluster are co-scheduled on one GPC (sm_90+).
+///
+/// # Safety
+/// As [`launch_kernel`].
+pub unsafe fn launch_kernel_clustered(
+    f: CUfunction,
+    grid: u32,
+    block: u32,
+    cluster_ctas: u32,
+    dynamic_smem_bytes: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> DResult<()> {
+    // SAFETY: CUlaunchAttribute is plain old data for which all-zero bytes are valid.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster_ctas;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    // SAFETY: contracts 1-3 of launch_kernel, passed on.
+    unsafe { launch_kernel_ex(f, grid, block, dynamic_smem_bytes, stream, params, attr) }
 }
 
 /// The device's whole SM resource (for green contexts).
@@ -607,12 +648,15 @@ pub fn sm_resource_split_by_count(input: &CUdevResource, min_count: u32) -> DRes
     Ok((groups, rem))
 }
 
-/// Creates a green context over one SM resource.
-pub fn green_ctx_create(dev: CUdevice, resource: &CUdevResource) -> DResult<CUgreenCtx> {
-    let mut res = *resource;
+/// Creates a green context over the union of SM resources (one, or groups of one split).
+pub fn green_ctx_create(dev: CUdevice, resources: &[CUdevResource]) -> DResult<CUgreenCtx> {
+    let mut res = resources.to_vec();
+    if res.is_empty() {
+        return Err(DriverError { call: "cuDevResourceGenerateDesc", code: CUresult::CUDA_ERROR_INVALID_VALUE });
+    }
     let mut desc: CUdevResourceDesc = std::ptr::null_mut();
-    // SAFETY: one live resource; the out-pointer is a live local.
-    check("cuDevResourceGenerateDesc", unsafe { sys::cuDevResourceGenerateDesc(&mut desc, &mut res, 1) })?;
+    // SAFETY: `res` holds res.len() live resources; the out-pointer is a live local.
+    check("cuDevResourceGenerateDesc", unsafe { sys::cuDevResourceGenerateDesc(&mut desc, res.as_mut_ptr(), res.len() as u32) })?;
     let mut g = std::ptr::null_mut();
     let flags = sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32;
     // SAFETY: desc was just generated; the out-pointer is a live local.

@@ -50,8 +50,6 @@ const CLOCK_DRIFT_PPM: i64 = 50;
 /// Launcher threads that make the driver call of each protocol launch (see [`crate::launcher`] and
 /// [`crate::settings::Settings::launch_threads`]) unless the settings say otherwise.
 pub const LAUNCH_THREADS_DEFAULT: usize = 2;
-/// Partitions (green contexts) a `CudaGpu` will create.
-pub const PARTITIONS_MAX: usize = 64;
 /// How long the start-up SM probe keeps each CTA on its SM, so a grid spreads over all SMs.
 const SM_PROBE_SPIN_NS: u64 = 50_000;
 
@@ -181,6 +179,10 @@ struct RecordedRun {
     blocks: Vec<u32>,
     /// The stop word its launches obey (`LaunchRequest::stop_word`).
     stop_word: Option<u32>,
+    /// The partition it was recorded in: every replay runs there (measured on an H200: a graph
+    /// captured on a green context's stream stays on its SMs wherever it is launched, one
+    /// captured on the whole device does not), queued on the stream's CUDA stream of it.
+    partition: u32,
 }
 
 /// Recorded runs one GPU holds at most (each is a CUDA graph instance in device memory).
@@ -338,6 +340,12 @@ pub struct CudaGpu {
     pending_preempts: Vec<(u64, u32)>,
     partitions: Vec<PartitionState>,
     partition_by_size: HashMap<u32, PartitionId>,
+    /// The device's SM groups as green-context resources ([`Gpu::sm_groups`]): the default split,
+    /// then the SMs left over (if any), with their SM sets (the split's probed, the rest deduced).
+    groups: Vec<(driver::CUdevResource, SmMask)>,
+    /// Partitions made of unions of groups, by group bits, or why the driver refused the union
+    /// (asked once).
+    partition_by_groups: HashMap<u64, std::result::Result<PartitionId, String>>,
     /// Why green contexts are unavailable, when they are.
     pub green_note: Option<String>,
     /// Why secondaries attached before a reset are missing after it, when they are.
@@ -516,6 +524,8 @@ impl CudaGpu {
             pending_preempts: Vec::new(),
             partitions: Vec::new(),
             partition_by_size: HashMap::new(),
+            groups: Vec::new(),
+            partition_by_groups: HashMap::new(),
             green_note: None,
             peer_note: None,
             host_maps: Default::default(),
@@ -678,19 +688,38 @@ impl CudaGpu {
         let res = driver::device_sm_resource(self.dev).map_err(|e| e.to_string())?;
         let (_, min, _) = driver::sm_resource_counts(&res);
         let min = min.max(1);
-        let (groups, _) = driver::sm_resource_split_by_count(&res, min).map_err(|e| e.to_string())?;
+        let (groups, rest) = driver::sm_resource_split_by_count(&res, min).map_err(|e| e.to_string())?;
         self.info.partition_granularity_sms = min;
+        let mut covered = SmMask::EMPTY;
         for g in groups {
-            self.push_green_partition(&g).map_err(|e| e.to_string())?;
+            let id = self.push_green_partition(std::slice::from_ref(&g)).map_err(|e| e.to_string())?;
+            let sms = self.partitions[id.0 as usize].sms;
+            covered = covered.union(&sms);
+            self.groups.push((g, sms));
+        }
+        let left = self.partitions[0].sms.minus(&covered);
+        if driver::sm_resource_counts(&rest).0 > 0 && !left.is_empty() {
+            self.groups.push((rest, left));
         }
         Ok(())
     }
 
-    fn push_green_partition(&mut self, resource: &driver::CUdevResource) -> Result<PartitionId> {
+    /// [`Gpu::partition_of_groups`]: one green context over the union of the groups' resources.
+    fn make_partition_of_groups(&mut self, bits: u64) -> Result<PartitionId> {
+        let n = self.groups.len();
+        if bits == 0 || (n < 64 && bits >> n != 0) {
+            return Err(GpuError::Invalid(format!("groups {bits:#x}: the device has {n} SM groups")));
+        }
+        let chosen: Vec<driver::CUdevResource> = (0..n).filter(|&g| bits >> g & 1 == 1).map(|g| self.groups[g].0).collect();
+        self.push_green_partition(&chosen)
+    }
+
+    /// A green context over the union of `resources`, its SMs probed, as the next partition.
+    fn push_green_partition(&mut self, resources: &[driver::CUdevResource]) -> Result<PartitionId> {
         if self.partitions.len() >= PARTITIONS_MAX {
             return Err(GpuError::Exhausted { limit: "partitions", max: PARTITIONS_MAX as u64 });
         }
-        let green = GreenContext::new(self.dev, resource).map_err(drv)?;
+        let green = GreenContext::from_resources(self.dev, resources).map_err(drv)?;
         let probe = green.stream(0).map_err(drv)?;
         let sms = self.probe_sms(Some(&probe))?;
         drop(probe);
@@ -717,7 +746,7 @@ impl CudaGpu {
         let (groups, _) = driver::sm_resource_split_by_count(&res, sm_count).map_err(drv)?;
         let g =
             groups.first().ok_or_else(|| GpuError::Invalid(format!("cannot split the device into {sm_count}-SM partitions")))?;
-        let id = self.push_green_partition(g)?;
+        let id = self.push_green_partition(std::slice::from_ref(g))?;
         self.partition_by_size.insert(sm_count, id);
         Ok(id)
     }
@@ -735,6 +764,117 @@ impl CudaGpu {
         // parameters; the bitmap buffer outlives the kernel (we synchronize before dropping it).
         unsafe { f.f.launch(self.info.sm_count * 4, 128, 0, stream, &[&ptr, &spin]) }.map_err(drv)?;
         stream.synchronize().map_err(drv)?;
+        let mut bytes = [0u8; source::SM_COUNT_MAX / 8];
+        bitmap.read(0, &mut bytes).map_err(drv)?;
+        Ok(bitmap_to_mask(&bytes))
+    }
+
+    /// The device's GPCs, as SM sets: thread-block clusters of 2, 4, 8 and 16 CTAs (one CTA per
+    /// SM: enough dynamic shared memory that no second one fits; 16 is a non-portable size,
+    /// skipped where the device refuses it) run on one GPC each, so SMs that ever host CTAs of
+    /// one cluster share a GPC; `rounds` launches per cluster size of two waves each, their
+    /// members joined (union-find). On an H200, clusters of up to 8 never joined the two halves
+    /// of a GPC (13 sets, some of 2 and 8 SMs). A GPC whose SMs never shared a cluster shows
+    /// as several sets (the probe never joins SMs of two GPCs), an SM never reached as a set of
+    /// its own. Sets in order of their lowest SM. Errors where the device has no clusters
+    /// (before sm_90).
+    pub fn probe_gpcs(&mut self, rounds: u32) -> Result<Vec<SmMask>> {
+        self.bind()?;
+        self.flush_launches();
+        let f = self.function_by_name("kairos_gpcmap", UTIL, Variant::Protocol)?;
+        let sm_count = self.info.sm_count;
+        // More than half an SM's shared memory: one CTA per SM.
+        let smem = (self.smem_optin_bytes / 2 + 1024).min(f.dyn_smem_max_bytes);
+        let mut parent: Vec<u32> = (0..source::SM_COUNT_MAX as u32).collect();
+        fn root(p: &mut [u32], mut x: u32) -> u32 {
+            while p[x as usize] != x {
+                p[x as usize] = p[p[x as usize] as usize];
+                x = p[x as usize];
+            }
+            x
+        }
+        let mut seen = SmMask::EMPTY;
+        for cluster in [2u32, 4, 8, 16] {
+            if cluster > 8
+                && f.f
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    )
+                    .is_err()
+            {
+                continue;
+            }
+            let grid = (2 * sm_count).div_ceil(cluster) * cluster;
+            let out = DeviceBuffer::new(grid as u64 * 4).map_err(drv)?;
+            for round in 0..rounds.max(1) {
+                out.fill(0xff).map_err(drv)?;
+                let ptr = out.ptr().to_le_bytes();
+                // Different spins per round, so the second wave's clusters land elsewhere.
+                let spin = (20_000 + 7_000 * round as u64).to_le_bytes();
+                // SAFETY: kairos_gpcmap(u32* sm_of_cta, u64 spin_ns) takes these two 8-byte
+                // parameters; `out` holds `grid` u32s and lives until the stream is synchronized.
+                let launched = unsafe { f.f.launch_clustered(grid, 32, cluster, smem, &self.helper_stream, &[&ptr, &spin]) };
+                match launched {
+                    Ok(()) => {}
+                    // A non-portable size the device cannot place: the smaller sizes stand.
+                    Err(_) if cluster > 8 => break,
+                    Err(e) => return Err(drv(e)),
+                }
+                self.helper_stream.synchronize().map_err(drv)?;
+                let mut bytes = vec![0u8; grid as usize * 4];
+                out.read(0, &mut bytes).map_err(drv)?;
+                let sms: Vec<u32> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                for c in sms.chunks(cluster as usize) {
+                    if c.iter().any(|&sm| sm >= sm_count) {
+                        return Err(GpuError::Driver(format!("GPC probe: a CTA reported SM {c:?} (of {sm_count})")));
+                    }
+                    for &sm in c {
+                        seen.insert(sm);
+                        let (a, b) = (root(&mut parent, c[0]), root(&mut parent, sm));
+                        parent[a.max(b) as usize] = a.min(b);
+                    }
+                }
+            }
+        }
+        let mut sets: BTreeMap<u32, SmMask> = BTreeMap::new();
+        for sm in self.partitions[0].sms.iter() {
+            let r = if seen.contains(sm) { root(&mut parent, sm) } else { sm };
+            sets.entry(r).or_insert(SmMask::EMPTY).insert(sm);
+        }
+        Ok(sets.into_values().collect())
+    }
+
+    /// Where a CUDA graph's kernel runs: the SM probe kernel captured into a graph on a stream of
+    /// partition `captured_on` and replayed on a stream of partition `launched_on`; the SMs its
+    /// CTAs ran on. Tells whether a run recorded once can be replayed inside any partition.
+    pub fn probe_graph_sms(&mut self, captured_on: PartitionId, launched_on: PartitionId) -> Result<SmMask> {
+        self.bind()?;
+        self.flush_launches();
+        let f = self.function_by_name("kairos_smmap", UTIL, Variant::Protocol)?;
+        let bitmap = DeviceBuffer::new((source::SM_COUNT_MAX / 8) as u64).map_err(drv)?;
+        bitmap.fill(0).map_err(drv)?;
+        let stream_of = |gpu: &CudaGpu, p: PartitionId| -> Result<Stream> {
+            let part = gpu.partitions.get(p.0 as usize).ok_or_else(|| GpuError::Invalid(format!("unknown partition {}", p.0)))?;
+            match &part.green {
+                Some(g) => g.stream(0),
+                None => Stream::new(0),
+            }
+            .map_err(drv)
+        };
+        let capture = stream_of(self, captured_on)?;
+        let replay = stream_of(self, launched_on)?;
+        let ptr = bitmap.ptr().to_le_bytes();
+        let spin = SM_PROBE_SPIN_NS.to_le_bytes();
+        capture.begin_capture().map_err(drv)?;
+        // SAFETY: kairos_smmap(u32* bitmap, u64 spin_ns) takes exactly these two 8-byte
+        // parameters; the bitmap outlives the replay (synchronized below before it drops).
+        let queued = unsafe { f.f.launch(self.info.sm_count * 4, 128, 0, &capture, &[&ptr, &spin]) }.map_err(drv);
+        let graph = capture.end_capture().map_err(drv);
+        let graph = queued.and(graph)?;
+        // SAFETY: the captured kernel's module lives as long as self; its bitmap until the sync.
+        unsafe { graph.launch(&replay) }.map_err(drv)?;
+        replay.synchronize().map_err(drv)?;
         let mut bytes = [0u8; source::SM_COUNT_MAX / 8];
         bitmap.read(0, &mut bytes).map_err(drv)?;
         Ok(bitmap_to_mask(&bytes))
@@ -1742,14 +1882,25 @@ impl CudaGpu {
         stream: StreamId,
         issue: impl FnOnce(&mut CudaGpu) -> Result<()>,
     ) -> Result<crate::safe::Graph> {
+        self.capture_in(stream, PartitionId::WHOLE, issue)
+    }
+
+    /// [`CudaGpu::capture_plain`] on the stream's CUDA stream of `partition` (a green context's:
+    /// the graph's kernels then run on that partition's SMs wherever it is launched).
+    fn capture_in(
+        &mut self,
+        stream: StreamId,
+        partition: PartitionId,
+        issue: impl FnOnce(&mut CudaGpu) -> Result<()>,
+    ) -> Result<crate::safe::Graph> {
         self.bind()?;
         self.flush_launches();
         let slots_before = self.protocol.slots_in_flight();
-        self.stream_for(stream, 0)?.begin_capture().map_err(drv)?;
+        self.stream_for(stream, partition.0)?.begin_capture().map_err(drv)?;
         let inline = std::mem::replace(&mut self.launch_inline, true);
         let issued = issue(self);
         self.launch_inline = inline;
-        let graph = self.stream_for(stream, 0)?.end_capture().map_err(drv);
+        let graph = self.stream_for(stream, partition.0)?.end_capture().map_err(drv);
         issued?;
         let graph = graph?;
         if self.protocol.slots_in_flight() != slots_before {
@@ -2422,7 +2573,7 @@ impl Gpu for CudaGpu {
                 "runs are recorded from light launches, which KAIROS_LIGHT_LAUNCHES=0 turned off".to_string(),
             ));
         }
-        let whole = self.partitions[0].sms;
+        let partition = launches[0].partition;
         for (i, l) in launches.iter().enumerate() {
             if l.stop_word != stop_word || l.preemptible != stop_word.is_some() {
                 return Err(GpuError::Invalid(format!(
@@ -2432,8 +2583,10 @@ impl Gpu for CudaGpu {
             if l.report_ctas || l.report_start || l.report_end || l.after.is_some() {
                 return Err(GpuError::Invalid(format!("launch {i} of a run is gated or reports itself")));
             }
-            if l.partition != PartitionId::WHOLE || l.sm_mask.intersect(&whole) != whole {
-                return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole device")));
+            // One partition, all of it: the whole device, or a green context it is recorded in.
+            let part = self.partitions.get(l.partition.0 as usize).map(|p| p.sms);
+            if l.partition != partition || part.is_none_or(|p| l.sm_mask.intersect(&p) != p) {
+                return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole of the run's partition")));
             }
             if self.host_maps.fence_flags(l.args) != 0 {
                 return Err(GpuError::Invalid(format!("launch {i} of a run uses mapped host memory")));
@@ -2448,7 +2601,7 @@ impl Gpu for CudaGpu {
                 s
             }
         };
-        let graph = self.capture_plain(stream, |g| {
+        let graph = self.capture_in(stream, partition, |g| {
             for (i, l) in launches.iter().enumerate() {
                 let r = LaunchRequest { stream, ..*l };
                 g.recording_pos = i as u32 + 1;
@@ -2475,6 +2628,7 @@ impl Gpu for CudaGpu {
                 graph,
                 blocks: launches.iter().map(|l| l.shape.logical_blocks).collect(),
                 stop_word: stop_word.map(|w| w.0),
+                partition: partition.0,
             },
         );
         Ok(RunId(id))
@@ -2483,13 +2637,13 @@ impl Gpu for CudaGpu {
     fn launch_run(&mut self, run: RunId, stream: StreamId, ids: &mut Vec<LaunchId>) -> Result<()> {
         self.bind()?;
         let Some(r) = self.runs.get(&run.0) else { return Err(GpuError::Invalid(format!("unknown run {}", run.0))) };
-        let (exec, count, stop_word) = (r.graph.raw_exec(), r.blocks.len() as u32, r.stop_word);
+        let (exec, count, stop_word, partition) = (r.graph.raw_exec(), r.blocks.len() as u32, r.stop_word, r.partition);
         if let Some(w) = stop_word {
             self.clear_stop_word_before(w, stream)?;
         }
-        // The stream's whole-device CUDA stream (ordered behind its work in other partitions, as
-        // for a launch).
-        let raw = self.stream_for(stream, 0)?.raw();
+        // The stream's CUDA stream of the run's partition (ordered behind its work in other
+        // partitions, as for a launch).
+        let raw = self.stream_for(stream, partition)?.raw();
         let first = LaunchId(self.next_launch);
         let posted = match self.launchers.as_ref().filter(|_| !self.launch_inline) {
             Some(l) => {
@@ -2532,6 +2686,48 @@ impl Gpu for CudaGpu {
         match self.runs.remove(&run.0) {
             Some(_) => Ok(()),
             None => Err(GpuError::Invalid(format!("unknown run {}", run.0))),
+        }
+    }
+
+    fn sm_groups(&self) -> Vec<SmMask> {
+        self.groups.iter().map(|g| g.1).collect()
+    }
+
+    /// A green context over the union of the groups' resources: its SMs probed like the default
+    /// groups' (a few hundred µs, once per union); a union the driver refuses is refused again
+    /// at once.
+    fn partition_of_groups(&mut self, groups: u64) -> Result<PartitionId> {
+        if let Some(r) = self.partition_by_groups.get(&groups) {
+            return r.clone().map_err(GpuError::Invalid);
+        }
+        if let Some(note) = &self.green_note {
+            return Err(GpuError::Unsupported(format!("no hardware partitions on this device: {note}")));
+        }
+        self.bind()?;
+        // A single default group is already a partition.
+        let single = (groups.count_ones() == 1).then(|| groups.trailing_zeros() as usize);
+        let made = match single {
+            Some(g) if g < self.groups.len() => {
+                let sms = self.groups[g].1;
+                match self.partitions.iter().position(|p| p.sms == sms && p.green.is_some()) {
+                    Some(i) => Ok(PartitionId(i as u32)),
+                    None => self.make_partition_of_groups(groups),
+                }
+            }
+            _ => self.make_partition_of_groups(groups),
+        };
+        match made {
+            Ok(id) => {
+                self.partition_by_groups.insert(groups, Ok(id));
+                Ok(id)
+            }
+            // Out of partitions: not remembered (the caller falls back; nothing changes later either).
+            Err(e @ GpuError::Exhausted { .. }) => Err(e),
+            Err(e) => {
+                let why = format!("no partition of SM groups {groups:#x}: {e}");
+                self.partition_by_groups.insert(groups, Err(why.clone()));
+                Err(GpuError::Invalid(why))
+            }
         }
     }
 

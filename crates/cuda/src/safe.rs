@@ -485,6 +485,26 @@ impl Function {
         unsafe { driver::launch_kernel(self.raw, grid, block, dynamic_smem_bytes, stream.raw, &mut ptrs) }
     }
 
+    /// [`launch`](Self::launch) as thread-block clusters of `cluster_ctas` CTAs (`grid` a multiple
+    /// of it), each cluster on one GPC (sm_90+).
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch).
+    pub unsafe fn launch_clustered(
+        &self,
+        grid: u32,
+        block: u32,
+        cluster_ctas: u32,
+        dynamic_smem_bytes: u32,
+        stream: &Stream,
+        params: &[&[u8]],
+    ) -> DResult<()> {
+        let mut ptrs: Vec<*mut c_void> = params.iter().map(|p| p.as_ptr() as *mut c_void).collect();
+        // SAFETY: as in `launch`: live function and stream, parameter buffers of the right sizes
+        // (contract 1), device addresses valid until the kernel ends (contract 2).
+        unsafe { driver::launch_kernel_clustered(self.raw, grid, block, cluster_ctas, dynamic_smem_bytes, stream.raw, &mut ptrs) }
+    }
+
     /// [`launch`](Self::launch) as a programmatic dependent launch: the kernel's CTAs may start
     /// while the previous kernel on `stream` finishes; the kernel executes `griddepcontrol.wait`
     /// before touching anything that kernel wrote (every kernel of the library does, in the
@@ -514,7 +534,12 @@ pub struct GreenContext {
 
 impl GreenContext {
     pub fn new(dev: CUdevice, resource: &CUdevResource) -> DResult<GreenContext> {
-        Ok(GreenContext { raw: driver::green_ctx_create(dev, resource)? })
+        Self::from_resources(dev, std::slice::from_ref(resource))
+    }
+
+    /// One green context over the union of several SM resources (groups of one split).
+    pub fn from_resources(dev: CUdevice, resources: &[CUdevResource]) -> DResult<GreenContext> {
+        Ok(GreenContext { raw: driver::green_ctx_create(dev, resources)? })
     }
 
     /// Runs `f` with the green context current on this thread (objects it creates, such as

@@ -90,6 +90,15 @@ impl SmMask {
         }
         m
     }
+
+    /// The SMs of `self` not in `other`.
+    pub fn minus(&self, other: &SmMask) -> SmMask {
+        let mut m = *self;
+        for (a, b) in m.0.iter_mut().zip(other.0.iter()) {
+            *a &= !*b;
+        }
+        m
+    }
 }
 
 impl std::fmt::Debug for SmMask {
@@ -246,6 +255,9 @@ pub struct StopWordId(pub u32);
 /// Launches a recorded run with a stop word may hold at most (the CUDA backend reports where a
 /// stopped run stopped in 11 bits of a record).
 pub const STOP_RUN_LAUNCHES_MAX: usize = 2047;
+
+/// Hardware partitions one GPU makes at most (the whole device and the default groups included).
+pub const PARTITIONS_MAX: usize = 512;
 
 /// Stop words one GPU hands out at most.
 pub const STOP_WORDS_MAX: usize = 4096;
@@ -559,6 +571,23 @@ pub trait Gpu {
 
     fn launch(&mut self, request: &LaunchRequest<'_>) -> Result<LaunchId>;
 
+    /// The device's SM groups: the units its hardware partitions are made of (on CUDA the green
+    /// contexts' split of the device into groups of the minimum partition size, then the SMs left
+    /// over), as SM sets, in the order [`Gpu::partition_of_groups`] numbers them. Empty (the
+    /// default): no hardware partitions.
+    fn sm_groups(&self) -> Vec<SmMask> {
+        Vec::new()
+    }
+
+    /// A hardware partition of exactly the union of SM groups `groups` (bit g: the g-th of
+    /// [`Gpu::sm_groups`]; nonzero), made on the first request for that union and kept for the
+    /// life of the device (at most [`PARTITIONS_MAX`] partitions in all: more is
+    /// [`GpuError::Exhausted`]). A launch on it with a mask that covers it runs on those SMs and
+    /// nowhere else. Backends without partitions return [`GpuError::Unsupported`] (the default).
+    fn partition_of_groups(&mut self, groups: u64) -> Result<PartitionId> {
+        Err(GpuError::Unsupported(format!("this backend has no hardware partitions (asked for groups {groups:#x})")))
+    }
+
     /// Sets the launch's preempt flag: its CTAs take no further logical blocks, and its
     /// [`GpuEvent::LaunchDone`] reports where to resume. Preempting a finished launch is a no-op.
     fn preempt(&mut self, launch: LaunchId) -> Result<()>;
@@ -601,8 +630,9 @@ pub trait Gpu {
     /// that [`Gpu::launch_run`] replays them as one unit (on CUDA: a CUDA graph, one driver call
     /// and no per-launch host work). Every launch must be one the caller will never preempt and
     /// whose own end it does not need: `preemptible`, `report_ctas`, `report_start` and
-    /// `report_end` false, `after` None, the whole device (`PartitionId::WHOLE`, a full mask);
-    /// their `stream` is ignored. Or, all with the same stop word, `preemptible` true: the run
+    /// `report_end` false, `after` None, all on one partition with a mask that covers it (the
+    /// whole device, or a partition of [`Gpu::partition_of_groups`]: the run is recorded in it,
+    /// and every replay runs there, on whatever stream it is queued); their `stream` is ignored. Or, all with the same stop word, `preemptible` true: the run
     /// stops between its kernels when the word is raised (see [`LaunchRequest::stop_word`]; at
     /// most [`STOP_RUN_LAUNCHES_MAX`] launches). The buffers they name must stay allocated, with
     /// the same addresses, for as long as the run exists (replays read and write them in place).

@@ -241,6 +241,46 @@ fn launches_stay_inside_partitions_and_masks() {
         let narrow = kairos_cuda::profile::sm_subset(&sms, 3);
         checks.push((format!("partition {} + mask {narrow:?}", p.0), p, narrow, narrow));
     }
+    // Unions of the device's SM groups (what `krisp+green` and `static+green` launch on): the
+    // partition's probed SMs are exactly the groups' SMs.
+    let groups = gpu.sm_groups();
+    if info.arch == "sm_90" {
+        assert!(groups.len() >= 16, "Hopper: at least 16 SM groups, got {groups:?}");
+    }
+    let n = groups.len();
+    if n >= 2 {
+        let all_but_last = (1u64 << (n - 1)) - 1;
+        for bits in [0b11u64, 1 | 1 << (n / 2) | 1 << (n - 2), all_but_last, 1 | 1 << (n - 1), (1u64 << n) - 1] {
+            let t0 = std::time::Instant::now();
+            let p = gpu.partition_of_groups(bits).unwrap_or_else(|e| panic!("groups {bits:#x}: {e}"));
+            let made_us = t0.elapsed().as_micros();
+            let want = (0..n).filter(|&g| bits >> g & 1 == 1).fold(SmMask::EMPTY, |m, g| m.union(&groups[g]));
+            let sms = gpu.info().partitions[p.0 as usize].sms;
+            println!("groups {bits:#x}: partition {} in {made_us} µs, SMs {sms:?}", p.0);
+            assert_eq!(sms, want, "groups {bits:#x}: the green context's SMs are not the groups'");
+            assert_eq!(gpu.partition_of_groups(bits).unwrap(), p, "groups {bits:#x}: made again instead of reused");
+            checks.push((format!("groups {bits:#x}"), p, whole, sms));
+        }
+    }
+    // A graph recorded once and replayed inside a partition (what recorded runs on partitions
+    // would need): printed, not asserted, until measured.
+    if n >= 2 {
+        let p = gpu.partition_of_groups(0b11).unwrap();
+        let psms = gpu.info().partitions[p.0 as usize].sms;
+        for (cap, run) in [(PartitionId::WHOLE, p), (p, p), (p, PartitionId::WHOLE)] {
+            match gpu.probe_graph_sms(cap, run) {
+                Ok(sms) => println!(
+                    "graph captured on partition {} replayed on {}: ran on {} SMs {sms:?} (inside partition {}: {})",
+                    cap.0,
+                    run.0,
+                    sms.count(),
+                    p.0,
+                    sms.intersect(&psms) == sms
+                ),
+                Err(e) => println!("graph captured on partition {} replayed on {}: {e}", cap.0, run.0),
+            }
+        }
+    }
     // Software masks on the whole device, 1-SM granularity, not aligned to any partition.
     let mut odd = SmMask::EMPTY;
     for sm in [1, 2, 3, 17, 40, 41, 42, 43, 44, 45, 46, 47, 100] {
@@ -266,6 +306,34 @@ fn launches_stay_inside_partitions_and_masks() {
         assert_eq!(job.output(&mut gpu), reference, "{label}: result differs from the whole-device run");
     }
     job.free(&mut gpu);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
+fn gpc_probe_splits_the_sms_into_gpcs() {
+    let mut gpu = gpu();
+    let info = gpu.info().clone();
+    if info.arch.as_str() < "sm_90" {
+        println!("{}: no thread-block clusters before sm_90, no GPC probe", info.arch);
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let gpcs = gpu.probe_gpcs(4).unwrap();
+    println!("{} GPC sets in {} ms:", gpcs.len(), t0.elapsed().as_millis());
+    for (i, g) in gpcs.iter().enumerate() {
+        println!("  GPC set {i}: {} SMs {g:?}", g.count());
+    }
+    let whole = info.partitions[0].sms;
+    let mut union = SmMask::EMPTY;
+    for g in &gpcs {
+        assert!(g.intersect(&union).is_empty(), "GPC sets overlap: {gpcs:?}");
+        union = union.union(g);
+        // Hopper's GPCs hold at most 9 TPCs (18 SMs): a larger set joined two GPCs.
+        assert!(g.count() <= 18, "a GPC set of {} SMs: {g:?}", g.count());
+    }
+    assert_eq!(union, whole, "the GPC sets do not cover the device's SMs");
+    // H100/H200: 132 SMs in 7 or 8 GPCs; more sets means the probe left SMs unjoined.
+    assert!(gpcs.len() >= 7, "fewer GPCs than Hopper has: {}", gpcs.len());
 }
 
 /// The per-block run counts `kairos_spin` left in `launches` consecutive arrays of `blocks` u32s.

@@ -6,6 +6,8 @@
 // kairos_empty: a bare empty kernel (launch cost without the protocol).
 // kairos_smmap: a bare kernel whose CTAs spin and record their SM in a bitmap (partition probing).
 // kairos_clock: writes %globaltimer to mapped host memory (host/device clock calibration).
+// kairos_gpcmap: a bare kernel whose CTAs spin and write their SM to sm_of_cta[blockIdx.x]; launched
+//   as thread-block clusters (the CTAs of a cluster run on one GPC), it shows which SMs share a GPC.
 
 #include "kairos/common.cuh"
 
@@ -48,5 +50,14 @@ extern "C" __global__ void kairos_clock(volatile u64* dst) {
         dst[1] = kairos_globaltimer();
         __threadfence_system();
         dst[0] = 1;
+    }
+}
+
+extern "C" __global__ void kairos_gpcmap(u32* sm_of_cta, u64 spin_ns) {
+    const u64 t0 = kairos_globaltimer();
+    while (kairos_globaltimer() - t0 < spin_ns) {
+    }
+    if (threadIdx.x == 0) {
+        sm_of_cta[blockIdx.x] = kairos_smid();
     }
 }

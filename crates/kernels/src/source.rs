@@ -355,7 +355,8 @@ pub const TC_WIDE_OUTPUTS_PER_WARP_MIN: u32 = 64 * 64;
 pub const TC_WIDE_THREADS: u32 = 128;
 
 /// Functions of [`Module::Util`].
-pub const UTIL_FUNCTIONS: [&str; 5] = ["kairos_spin", "kairos_noop", "kairos_empty", "kairos_smmap", "kairos_clock"];
+pub const UTIL_FUNCTIONS: [&str; 6] =
+    ["kairos_spin", "kairos_noop", "kairos_empty", "kairos_smmap", "kairos_clock", "kairos_gpcmap"];
 
 /// The module that holds a plan kernel.
 pub fn module_of(kernel: &Kernel) -> Module {

@@ -118,6 +118,8 @@ struct Shared {
     run_record_ns: AtomicU64,
     segments_launched: AtomicU64,
     masked_launches: AtomicU64,
+    partition_launches: AtomicU64,
+    partition_fallbacks: AtomicU64,
     cold_starts: AtomicU64,
     loads_completed: AtomicU64,
     load_ns: AtomicU64,
@@ -171,6 +173,10 @@ pub struct EngineStats {
     pub segments_launched: u64,
     /// Launches confined by an SM mask (see [`crate::DispatcherStats::masked_launches`]).
     pub masked_launches: u64,
+    /// Of those, on a hardware partition, and masks that could not be one (see
+    /// [`crate::DispatcherStats::partition_launches`]).
+    pub partition_launches: u64,
+    pub partition_fallbacks: u64,
     /// Times the GPU was reset after a fault, and whether a reset is under way now.
     pub gpu_recoveries: u64,
     pub recovering: bool,
@@ -416,6 +422,8 @@ impl Engine {
             run_record_ns: s.run_record_ns.load(Ordering::Relaxed),
             segments_launched: s.segments_launched.load(Ordering::Relaxed),
             masked_launches: s.masked_launches.load(Ordering::Relaxed),
+            partition_launches: s.partition_launches.load(Ordering::Relaxed),
+            partition_fallbacks: s.partition_fallbacks.load(Ordering::Relaxed),
             cold_starts: s.cold_starts.load(Ordering::Relaxed),
             loads_completed: s.loads_completed.load(Ordering::Relaxed),
             load_ns: s.load_ns.load(Ordering::Relaxed),
@@ -779,6 +787,8 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
         shared.run_record_ns.store(s.run_record_ns, Ordering::Relaxed);
         shared.segments_launched.store(s.segments_launched, Ordering::Relaxed);
         shared.masked_launches.store(s.masked_launches, Ordering::Relaxed);
+        shared.partition_launches.store(s.partition_launches, Ordering::Relaxed);
+        shared.partition_fallbacks.store(s.partition_fallbacks, Ordering::Relaxed);
         shared.cold_starts.store(s.cold_starts, Ordering::Relaxed);
         shared.loads_completed.store(s.loads_completed, Ordering::Relaxed);
         shared.load_ns.store(s.load_ns, Ordering::Relaxed);

@@ -698,4 +698,74 @@ fn krisp_right_sizes_kernels_and_four_workers_share_the_gpu() {
     assert!(four_krisp >= 2.0 * one_krisp.min(one_full), "krisp: 4 workers {four_krisp} vs one {one_krisp} req/s");
     assert!(four_krisp >= 0.95 * four_streams, "krisp {four_krisp} vs streams {four_streams} req/s");
     assert!(four_static > 0.0 && four_krisp_o > 0.0);
+    // `static+green` sends its segments as runs recorded inside each job's partition: the runs'
+    // launches must keep the partition's groups in the books, or every job's lane drifts to the
+    // first partition (four workers then served 0.45x `static:4` here).
+    let (four_static_green, _) = measure("static:4+green", 4);
+    assert!(four_static_green >= 0.95 * four_static, "static:4+green {four_static_green} vs static:4 {four_static} req/s");
+}
+
+/// `+green` on the simulated H100: every right-sized mask of `krisp` and `static:4` goes out on a
+/// hardware partition of the device's SM groups it covers (made on first use, as CUDA's green
+/// contexts; the last device group, 12 SMs, holds the map's last two groups), the outputs are
+/// those of the software masks, and a device whose groups hold none of the masks whole (a
+/// 66-SM group each) falls back to the software mask for every launch, counted.
+#[test]
+fn green_masks_run_on_partitions_of_their_groups_with_the_same_outputs() {
+    let seed = seeds(1)[0];
+    eprintln!("green_masks_run_on_partitions_of_their_groups_with_the_same_outputs: seed {seed}");
+    let k = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
+    let plan = Arc::new(synthetic::layered_plan("knee", &[k; 6]));
+    let mut profile = synthetic::profile_with_durations(&plan, &[100_000; 6], "sim", 132);
+    for (i, kp) in profile.kernels.iter_mut().enumerate() {
+        kp.min_sms = [24, 32, 40, 8, 132, 64][i];
+    }
+    let n = plan.inputs[0].shape[0];
+    let x: Vec<f32> = (0..n).map(|i| (i as f32 - n as f32 / 2.0) / n as f32).collect();
+    let want: Vec<f32> = x.iter().map(|v| v.max(0.0)).collect();
+    let run = |policy: &str, granularity_sms: u32| {
+        let mut desc = GpuDesc::h100_sxm();
+        desc.partition_granularity_sms = granularity_sms;
+        desc.partition_sizes_sms = vec![granularity_sms];
+        let gpu = SimGpu::new(desc, SimOptions { seed, compute: true, ..SimOptions::default() });
+        let cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
+        let mut d = VirtualDriver::new(cfg, gpu).unwrap();
+        d.set_checks(true);
+        d.load_model(ModelSpec { name: "knee".into(), plan: plan.clone(), profile: Some(profile.clone()) }).unwrap();
+        for i in 0..6 {
+            d.submit_at(i * 3_000, "knee", vec![Tensor::f32(vec![n], x.clone())], RequestOptions::default());
+        }
+        d.run_until_idle().unwrap();
+        let records = d.take_records();
+        assert_eq!(records.len(), 6, "{policy}");
+        for r in &records {
+            r.result.as_ref().unwrap_or_else(|e| panic!("{policy}: {e}"));
+            assert_eq!(r.outputs[0].as_f32().unwrap(), &want[..], "{policy}");
+        }
+        assert_eq!(d.dispatcher().stats().notification_anomalies, 0, "{policy}");
+        d.dispatcher().stats()
+    };
+    for policy in ["krisp", "static:4"] {
+        let soft = run(policy, 8);
+        assert!(soft.masked_launches > 0, "{policy}: no masked launch");
+        assert_eq!((soft.partition_launches, soft.partition_fallbacks), (0, 0), "{policy}");
+        let green = run(&format!("{policy}+green"), 8);
+        assert_eq!(
+            green.partition_launches + green.partition_fallbacks,
+            green.masked_launches,
+            "{policy}+green: every mask on a partition or counted"
+        );
+        // `static+green`: a job's kernels stay on its partition, so its segments go as runs
+        // recorded inside it.
+        if policy.starts_with("static") {
+            assert!(green.segments_launched > 0 && soft.segments_launched == 0, "{policy}: {green:?}");
+        }
+        // Only a mask of the map's last group alone (4 SMs, part of the 12-SM device group)
+        // falls back.
+        assert!(green.partition_launches * 10 >= green.masked_launches * 9, "{policy}+green: {green:?}");
+        // 66-SM hardware groups: no right-sized mask covers one whole.
+        let coarse = run(&format!("{policy}+green"), 66);
+        assert_eq!(coarse.partition_launches, 0, "{policy}+green on 66-SM groups");
+        assert_eq!(coarse.partition_fallbacks, coarse.masked_launches, "{policy}+green on 66-SM groups");
+    }
 }

@@ -1078,6 +1078,8 @@ fn add_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
         run_record_ns: a.run_record_ns + b.run_record_ns,
         segments_launched: a.segments_launched + b.segments_launched,
         masked_launches: a.masked_launches + b.masked_launches,
+        partition_launches: a.partition_launches + b.partition_launches,
+        partition_fallbacks: a.partition_fallbacks + b.partition_fallbacks,
         gpu_recoveries: a.gpu_recoveries + b.gpu_recoveries,
         recovering: b.recovering,
         cold_starts: a.cold_starts + b.cold_starts,

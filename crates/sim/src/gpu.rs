@@ -359,6 +359,8 @@ pub struct SimGpu {
     seq: u64,
     sms: Vec<Sm>,
     partition_sms: Vec<Vec<u32>>,
+    /// Partitions made of unions of SM groups ([`Gpu::partition_of_groups`]), by group bits.
+    partition_by_groups: HashMap<u64, PartitionId>,
     streams: Vec<Stream>,
     /// Streams destroyed so far (ids are retired; the limit counts live streams).
     streams_destroyed: usize,
@@ -431,6 +433,7 @@ struct RecordedLaunch {
     first_block: u32,
     ctas: u32,
     sm_mask: SmMask,
+    partition: PartitionId,
     report_ctas: bool,
     stop_word: Option<StopWordId>,
 }
@@ -457,6 +460,7 @@ impl SimGpu {
             seq: 0,
             sms: vec![Sm::default(); sm_count],
             partition_sms,
+            partition_by_groups: HashMap::new(),
             streams: Vec::new(),
             streams_destroyed: 0,
             queues,
@@ -2396,7 +2400,6 @@ impl Gpu for SimGpu {
         if self.runs.len() >= RUNS_MAX {
             return Err(GpuError::Exhausted { limit: "recorded runs", max: RUNS_MAX as u64 });
         }
-        let whole = self.info.partitions[0].sms;
         let stop_word = launches[0].stop_word;
         if let Some(w) = stop_word {
             self.stop_word(w)?;
@@ -2419,8 +2422,10 @@ impl Gpu for SimGpu {
             if l.report_start || l.report_end || l.after.is_some() {
                 return Err(GpuError::Invalid(format!("launch {i} of a run is gated or reports itself")));
             }
-            if l.partition != PartitionId::WHOLE || l.sm_mask.intersect(&whole) != whole {
-                return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole device")));
+            // On one partition, all of it (the whole device, or one of `partition_of_groups`).
+            let part = self.info.partitions.get(l.partition.0 as usize).map(|p| p.sms);
+            if l.partition != launches[0].partition || part.is_none_or(|p| l.sm_mask.intersect(&p) != p) {
+                return Err(GpuError::Invalid(format!("launch {i} of a run is not on the whole of the run's partition")));
             }
             if let Some(p) = l.args.iter().find(|&&p| self.mem.resolve(p).is_none()) {
                 return Err(GpuError::Invalid(format!("launch {i} of a run: {p:?} is not inside a live allocation")));
@@ -2433,6 +2438,7 @@ impl Gpu for SimGpu {
                 first_block: l.first_block,
                 ctas: l.ctas,
                 sm_mask: l.sm_mask,
+                partition: l.partition,
                 report_ctas: l.report_ctas,
                 stop_word: l.stop_word,
             });
@@ -2461,7 +2467,7 @@ impl Gpu for SimGpu {
                 first_block: l.first_block,
                 ctas: l.ctas,
                 sm_mask: l.sm_mask,
-                partition: PartitionId::WHOLE,
+                partition: l.partition,
                 stream,
                 after: None,
                 report_ctas: l.report_ctas,
@@ -2492,6 +2498,40 @@ impl Gpu for SimGpu {
             Some(_) => Ok(()),
             None => Err(GpuError::Invalid(format!("unknown run {}", run.0))),
         }
+    }
+
+    /// Aligned groups of the partition granularity, the SMs left over joined to the last one (as
+    /// CUDA's split does on an H200: 132 SMs in 15 groups of 8 and one of 12).
+    fn sm_groups(&self) -> Vec<SmMask> {
+        let (n, size) = (self.info.sm_count, self.info.partition_granularity_sms.max(1));
+        let count = (n / size).max(1);
+        (0..count).map(|g| SmMask::range(g * size, if g + 1 == count { n - g * size } else { size })).collect()
+    }
+
+    fn partition_of_groups(&mut self, groups: u64) -> Result<PartitionId> {
+        self.check_sticky()?;
+        if let Some(&p) = self.partition_by_groups.get(&groups) {
+            return Ok(p);
+        }
+        let all = self.sm_groups();
+        if groups == 0 || (all.len() < 64 && groups >> all.len() != 0) {
+            return Err(GpuError::Invalid(format!("groups {groups:#x}: the device has {} SM groups", all.len())));
+        }
+        let sms = (0..all.len()).filter(|&g| groups >> g & 1 == 1).fold(SmMask::EMPTY, |m, g| m.union(&all[g]));
+        let id = match self.info.partitions.iter().find(|p| p.sms == sms) {
+            Some(p) => p.id,
+            None => {
+                if self.info.partitions.len() >= PARTITIONS_MAX {
+                    return Err(GpuError::Exhausted { limit: "partitions", max: PARTITIONS_MAX as u64 });
+                }
+                let id = PartitionId(self.info.partitions.len() as u32);
+                self.info.partitions.push(Partition { id, sms });
+                self.partition_sms.push(sms.iter().collect());
+                id
+            }
+        };
+        self.partition_by_groups.insert(groups, id);
+        Ok(id)
     }
 
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {

@@ -252,7 +252,8 @@ impl<G: Gpu> Dispatcher<G> {
             }
         }
         // Kernel-level segments likewise, every segment of every slot made now.
-        if resident && self.segments_on() {
+        // (Segments inside partitions are recorded when a job first runs one there.)
+        if resident && self.segments_on() && !self.partition_segments() {
             'slots: for i in 0..model.slots_free.len() {
                 for g in 0..model.segments.len() {
                     if !issue::segment_recordable(&model.segments[g]) {
@@ -757,7 +758,17 @@ impl<G: Gpu> Dispatcher<G> {
         let t0 = self.gpu.now_ns();
         let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
         let slot = &model.slots_free[slot];
-        let recorded = issue::record_slot_run(&mut self.gpu, model, slot, launches, launch_ctas_max, whole, stream, stop_word);
+        let recorded = issue::record_slot_run(
+            &mut self.gpu,
+            model,
+            slot,
+            launches,
+            launch_ctas_max,
+            whole,
+            PartitionId::WHOLE,
+            stream,
+            stop_word,
+        );
         let run = self.run_or_fallback(recorded.map(Some))?;
         self.stats.runs_recorded += 1;
         self.stats.run_record_ns += self.gpu.now_ns().saturating_sub(t0);
@@ -784,9 +795,15 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
         Ok::<_, kairos_gpu::GpuError>(bases)
     })();
     match result {
-        Ok(bases) => {
-            Ok(IoSlot { allocations, bases, run: None, segment_runs: Vec::new(), stop_word: None, stop_runs: Vec::new() })
-        }
+        Ok(bases) => Ok(IoSlot {
+            allocations,
+            bases,
+            run: None,
+            segment_runs: Vec::new(),
+            stop_word: None,
+            stop_runs: Vec::new(),
+            partition_runs: Vec::new(),
+        }),
         Err(e) => {
             for a in allocations {
                 let _ = gpu.free(a);
@@ -797,7 +814,14 @@ pub(super) fn new_slot<G: Gpu>(gpu: &mut G, plan: &Plan, weights: kairos_gpu::De
 }
 
 pub(super) fn free_slot<G: Gpu>(gpu: &mut G, slot: IoSlot) {
-    for r in slot.run.into_iter().chain(slot.segment_runs.into_iter().flatten()).chain(slot.stop_runs.into_iter().flatten()) {
+    let partition_runs = slot.partition_runs.into_iter().map(|(_, _, r)| r);
+    for r in slot
+        .run
+        .into_iter()
+        .chain(slot.segment_runs.into_iter().flatten())
+        .chain(slot.stop_runs.into_iter().flatten())
+        .chain(partition_runs)
+    {
         let _ = gpu.drop_run(r);
     }
     if let Some(w) = slot.stop_word {

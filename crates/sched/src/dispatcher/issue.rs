@@ -81,7 +81,7 @@ impl<G: Gpu> Dispatcher<G> {
         };
         // A whole segment where one starts here (see `issue_segment`), else this launch alone.
         let segment = self.segment_to_issue(key, launch, ctas, sm_mask);
-        let issued = match segment.map(|g| self.issue_segment(key, g, stream, after)) {
+        let issued = match segment.map(|g| self.issue_segment(key, g, stream, after, sm_mask)) {
             Some(Ok(Some(id))) => {
                 let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
                 let m = self.models[job.model].as_ref().expect("model of a job exists");
@@ -248,6 +248,11 @@ impl<G: Gpu> Dispatcher<G> {
         if self.models[model].as_ref().and_then(|m| m.residency.as_ref()).is_some_and(|r| r.reads_unqueued(launch as usize)) {
             self.queue_through(model, launch as usize)?;
         }
+        // `+green`: a mask of whole SM groups runs on the hardware partition of those groups.
+        let partition = match sm_mask {
+            Some(m) if m != self.whole && self.cfg.policy.hardware_masks() => self.partition_of(&m),
+            _ => None,
+        };
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let l = &m.plan.launches[launch as usize];
@@ -302,8 +307,8 @@ impl<G: Gpu> Dispatcher<G> {
             args: &self.args,
             first_block,
             ctas: request_ctas,
-            sm_mask: mask,
-            partition: PartitionId::WHOLE,
+            sm_mask: if partition.is_some() { self.whole } else { mask },
+            partition: partition.unwrap_or(PartitionId::WHOLE),
             stream: self.stream_ids[stream as usize],
             after,
             report_ctas,
@@ -316,11 +321,34 @@ impl<G: Gpu> Dispatcher<G> {
         let id = self.gpu.launch(&request)?;
         let call_ns = self.gpu.now_ns().saturating_sub(t0);
         self.stats.launch_call_ns += call_ns;
+        self.stats.partition_launches += partition.is_some() as u64;
         let stoppable = stop_word.is_some();
         let issued =
             Issued { stream, first_block, ctas, mask, behind, report_ctas, report_start, learns, stoppable, at_ns: t0, call_ns };
         self.note_issued(key, launch, id, issued);
         Ok(id)
+    }
+
+    /// The hardware partition of the device's SM groups that `mask` (a union of the occupancy
+    /// map's groups) covers, made on first use ([`Gpu::partition_of_groups`]): every device group
+    /// whose map groups are all in the mask. A device group the mask covers only in part is left
+    /// out (an H200's last one, 12 SMs, when the mask has only its first 8 or its last 4: the
+    /// kernel then runs on fewer SMs than the books say, never on SMs another job's kernel was
+    /// given). None (counted as a fallback to the software mask) where no device group is
+    /// covered whole, the mask is not a union of map groups, there is no nesting
+    /// (`device_groups` empty), or the GPU refuses.
+    fn partition_of(&mut self, mask: &SmMask) -> Option<PartitionId> {
+        let sm_count = self.gpu.info().sm_count;
+        let groups = crate::occupancy::groups_of(mask);
+        let device_bits = if crate::occupancy::mask_of_groups(groups, sm_count) == *mask {
+            let covered = |m: u32| m != 0 && groups & m == m;
+            self.device_groups.iter().enumerate().filter(|(_, m)| covered(**m)).fold(0u64, |b, (d, _)| b | 1 << d)
+        } else {
+            0
+        };
+        let found = (device_bits != 0).then(|| self.gpu.partition_of_groups(device_bits).ok()).flatten();
+        self.stats.partition_fallbacks += found.is_none() as u64;
+        found
     }
 
     /// Records a launch the GPU accepted: the job's state, the launch in flight, the streams, the
@@ -441,7 +469,7 @@ impl<G: Gpu> Dispatcher<G> {
                 }
             }
         };
-        let (last, result) = self.replay_run(key, run, stream, 0, true, false);
+        let (last, result) = self.replay_run(key, run, stream, 0, true, false, self.whole);
         result?;
         self.stats.runs_launched += 1;
         Ok(last)
@@ -466,10 +494,12 @@ impl<G: Gpu> Dispatcher<G> {
     }
 
     /// Replays `run`, which holds the job's launches from `first` on, on `stream`, and notes every
-    /// launch it queued as issued (silent, on the whole GPU; with their default CTAs in the
-    /// occupancy books when `in_books`, else none). The launches that were queued count as issued
-    /// whatever happened after them: their ends come as for any silent launch. Returns the id of
-    /// the last one queued and the launch call's result.
+    /// launch it queued as issued (silent, on `mask`: the whole GPU, or the partition the run was
+    /// recorded in; with their default CTAs in the occupancy books when `in_books`, else none).
+    /// The launches that were queued count as issued whatever happened after them: their ends
+    /// come as for any silent launch. Returns the id of the last one queued and the launch call's
+    /// result.
+    #[allow(clippy::too_many_arguments)]
     fn replay_run(
         &mut self,
         key: JobKey,
@@ -478,6 +508,7 @@ impl<G: Gpu> Dispatcher<G> {
         first: u32,
         in_books: bool,
         stoppable: bool,
+        mask: SmMask,
     ) -> (Option<LaunchId>, Result<(), kairos_gpu::GpuError>) {
         let t0 = self.gpu.now_ns();
         let mut ids = std::mem::take(&mut self.run_ids);
@@ -498,7 +529,7 @@ impl<G: Gpu> Dispatcher<G> {
                 stream,
                 first_block: 0,
                 ctas,
-                mask: self.whole,
+                mask,
                 behind: None,
                 report_ctas: false,
                 report_start: false,
@@ -508,6 +539,10 @@ impl<G: Gpu> Dispatcher<G> {
                 call_ns: if k == 0 { call_ns } else { 0 },
             };
             self.note_issued(key, launch, id, issued);
+        }
+        // A run recorded inside a partition: its launches count as the partition's.
+        if mask != self.whole {
+            self.stats.partition_launches += ids.len() as u64;
         }
         let last = ids.last().copied();
         self.run_ids = ids;
@@ -519,7 +554,7 @@ impl<G: Gpu> Dispatcher<G> {
     fn record_whole_run(&mut self, key: JobKey) -> Result<Option<RunId>, kairos_gpu::GpuError> {
         let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
         let n = self.models[job.model].as_ref().expect("model of a job exists").plan.launches.len() as u32;
-        let run = self.record_on_demand(key, 0..n - 1, None)?;
+        let run = self.record_on_demand(key, 0..n - 1, None, PartitionId::WHOLE)?;
         if let Some(r) = run {
             let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
             job.slot.as_mut().expect("admitted job has a slot").run = Some(r);
@@ -539,6 +574,7 @@ impl<G: Gpu> Dispatcher<G> {
         key: JobKey,
         launches: Range<u32>,
         stop_word: Option<StopWordId>,
+        partition: PartitionId,
     ) -> Result<Option<RunId>, kairos_gpu::GpuError> {
         let now = self.gpu.now_ns();
         let earned = now.saturating_sub(self.run_credit_at_ns) as f64 * RUN_RECORD_SHARE;
@@ -551,7 +587,7 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let slot = job.slot.as_ref().expect("admitted job has a slot");
         let (launch_ctas_max, whole, stream) = (self.cfg.launch_ctas_max, self.whole, self.stream_ids[0]);
-        let run = record_slot_run(&mut self.gpu, m, slot, launches, launch_ctas_max, whole, stream, stop_word);
+        let run = record_slot_run(&mut self.gpu, m, slot, launches, launch_ctas_max, whole, partition, stream, stop_word);
         let took_ns = self.gpu.now_ns().saturating_sub(now);
         self.run_credit_ns -= took_ns as f64;
         self.stats.run_record_ns += took_ns;
@@ -570,7 +606,15 @@ impl<G: Gpu> Dispatcher<G> {
             && self.runs_supported
             && self.cfg.policy.is_kernel_level()
             && (class_on(Class::RealTime) || class_on(Class::BestEffort))
-            && !self.cfg.policy.masks_kernels()
+            && (!self.cfg.policy.masks_kernels() || self.partition_segments())
+    }
+
+    /// `static+green` on a device with hardware partitions: a job's kernels all go to its
+    /// partition, so its segments go as runs recorded inside that partition (one per slot,
+    /// segment and partition), which replay at graph speed on those SMs only. (`krisp+green`
+    /// sizes every kernel apart, so its kernels go launch by launch.)
+    pub(super) fn partition_segments(&self) -> bool {
+        matches!(self.cfg.policy, PolicyConfig::Static { green: true, .. }) && !self.device_groups.is_empty()
     }
 
     /// Whether the model's segments may go out stoppable ([`Policy::stops_runs`]) for some class:
@@ -629,7 +673,7 @@ impl<G: Gpu> Dispatcher<G> {
     /// every launch before it is issued (so each of the segment's launches finds its dependencies
     /// issued before it on the lane), its I/O is the slot's own, and the launches fit in flight.
     fn segment_to_issue(&self, key: JobKey, launch: u32, ctas: Option<u32>, sm_mask: Option<SmMask>) -> Option<u32> {
-        if ctas.is_some() || sm_mask.is_some() || !self.segments_on() {
+        if ctas.is_some() || (sm_mask.is_some() && !self.partition_segments()) || !self.segments_on() {
             return None;
         }
         let job = self.job(key)?;
@@ -665,7 +709,22 @@ impl<G: Gpu> Dispatcher<G> {
     /// while the run executes, which keeps the gate closed about as long as the segment holds the
     /// SMs); their ends come with the reporter's. `Ok(None)`: the run is not at hand (budget
     /// spent, or the GPU refused to record it): nothing was issued, the launch goes by itself.
-    fn issue_segment(&mut self, key: JobKey, g: u32, stream: u32, behind: Option<LaunchId>) -> Result<Option<LaunchId>, Error> {
+    fn issue_segment(
+        &mut self,
+        key: JobKey,
+        g: u32,
+        stream: u32,
+        behind: Option<LaunchId>,
+        sm_mask: Option<SmMask>,
+    ) -> Result<Option<LaunchId>, Error> {
+        // A segment on part of the GPU: its run is recorded inside that partition.
+        let partition = match sm_mask {
+            Some(m) if m != self.whole => match self.partition_of(&m) {
+                Some(p) => p,
+                None => return Ok(None),
+            },
+            _ => PartitionId::WHOLE,
+        };
         let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
         let m = self.models[job.model].as_ref().expect("model of a job exists");
         let range = m.segments[g as usize].clone();
@@ -686,22 +745,38 @@ impl<G: Gpu> Dispatcher<G> {
             None
         };
         let job = self.jobs[key.slot as usize].as_ref().expect("issued job exists");
-        let runs = |s: &IoSlot| if stoppable { &s.stop_runs } else { &s.segment_runs }.get(g as usize).copied().flatten();
+        let runs = |s: &IoSlot| {
+            if partition != PartitionId::WHOLE {
+                return s.partition_runs.iter().find(|r| r.0 == g && r.1 == partition).map(|r| r.2);
+            }
+            if stoppable { &s.stop_runs } else { &s.segment_runs }.get(g as usize).copied().flatten()
+        };
         let recorded = job.slot.as_ref().and_then(runs);
         let run = match recorded {
             Some(r) => r,
             None => {
-                let recorded = self.record_on_demand(key, segment_run_range(&range), stop_word);
+                let full = partition != PartitionId::WHOLE
+                    && job.slot.as_ref().is_some_and(|s| s.partition_runs.len() >= PARTITION_RUNS_PER_SLOT_MAX);
+                if full {
+                    return Ok(None);
+                }
+                let recorded = self.record_on_demand(key, segment_run_range(&range), stop_word, partition);
                 let Some(r) = self.run_or_fallback(recorded) else { return Ok(None) };
                 let slot = self.job_mut(key).and_then(|j| j.slot.as_mut()).expect("admitted job has a slot");
-                let runs = if stoppable { &mut slot.stop_runs } else { &mut slot.segment_runs };
-                runs.resize(segment_count, None);
-                runs[g as usize] = Some(r);
+                if partition != PartitionId::WHOLE {
+                    slot.partition_runs.push((g, partition, r));
+                } else {
+                    let runs = if stoppable { &mut slot.stop_runs } else { &mut slot.segment_runs };
+                    runs.resize(segment_count, None);
+                    runs[g as usize] = Some(r);
+                }
                 r
             }
         };
         // Outside the occupancy books: the reporter stands for the segment there.
-        let (run_last, result) = self.replay_run(key, run, stream, range.start, false, stoppable);
+        // The run's launches hold the partition's groups in the books (a job's lane stays there).
+        let books_mask = sm_mask.unwrap_or(self.whole);
+        let (run_last, result) = self.replay_run(key, run, stream, range.start, false, stoppable, books_mask);
         if let Some(t) = run_last {
             // The lane holds what went out, whatever happens next.
             let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
@@ -710,7 +785,7 @@ impl<G: Gpu> Dispatcher<G> {
         }
         result?;
         let reporter = range.end - 1;
-        let id = self.issue(key, reporter, stream, 0, None, None, behind, run_last, stop_word)?;
+        let id = self.issue(key, reporter, stream, 0, None, sm_mask, behind, run_last, stop_word)?;
         // The window holds the whole segment until the reporter starts.
         let f = self.in_flight.get_mut(&id).expect("just issued");
         let own_ns = f.est_ns;
@@ -870,6 +945,7 @@ pub(super) fn record_slot_run<G: Gpu>(
     launches: Range<u32>,
     launch_ctas_max: Option<u32>,
     whole: SmMask,
+    partition: PartitionId,
     stream: StreamId,
     stop_word: Option<StopWordId>,
 ) -> Result<RunId, kairos_gpu::GpuError> {
@@ -894,7 +970,7 @@ pub(super) fn record_slot_run<G: Gpu>(
             preemptible: stop_word.is_some(),
             report_end: false,
             stop_word,
-            ..LaunchRequest::of_launch(l, a, whole, PartitionId::WHOLE, stream)
+            ..LaunchRequest::of_launch(l, a, whole, partition, stream)
         })
         .collect();
     gpu.record_run(&requests)

@@ -333,6 +333,12 @@ pub struct DispatcherStats {
     /// Launches issued confined to part of the GPU by an SM mask (`reef`'s padding, `krisp`'s
     /// and `static`'s kernels).
     pub masked_launches: u64,
+    /// Of those, launches that went out on a hardware partition of their mask's SM groups
+    /// (`krisp+green`, `static+green`: [`PolicyConfig::hardware_masks`](crate::PolicyConfig::hardware_masks)),
+    /// and masks that could not (not a union of the device's groups, or the GPU refused the
+    /// partition: the software mask instead).
+    pub partition_launches: u64,
+    pub partition_fallbacks: u64,
     /// Under a weight budget: loads started by a request to a model not in device memory (cold
     /// starts), loads completed and their summed time (first copy queued to last copy landed),
     /// device bytes they moved, and models evicted to make room.
@@ -376,7 +382,13 @@ struct IoSlot {
     stop_word: Option<StopWordId>,
     /// The model's segments recorded on this slot with `stop_word` (as `segment_runs`).
     stop_runs: Vec<Option<RunId>>,
+    /// Segments recorded inside a hardware partition (`static+green`): (segment, partition, run),
+    /// at most [`PARTITION_RUNS_PER_SLOT_MAX`].
+    partition_runs: Vec<(u32, PartitionId, RunId)>,
 }
+
+/// Segments one I/O slot keeps recorded inside hardware partitions (beyond: launch by launch).
+pub const PARTITION_RUNS_PER_SLOT_MAX: usize = 64;
 
 /// A host mapping the dispatcher made for zero-copy requests. Its owner knows it by the id the
 /// dispatcher handed out (the key of `host_maps`), which outlives a reset of the GPU; `mapping`
@@ -565,6 +577,13 @@ pub struct Dispatcher<G: Gpu> {
     cfg: Config,
     policy: Box<dyn Policy>,
     whole: SmMask,
+    /// `+green` (the policy's masks as hardware partitions): per device SM group
+    /// ([`Gpu::sm_groups`]), the occupancy map's groups of [`GROUP_SMS`](crate::occupancy::GROUP_SMS)
+    /// it holds, as map-group bits (matched by SM counts in order: an H100's or H200's 132 SMs
+    /// are 16 device groups, 15 of 8 SMs and one of 12, against 17 map groups, 16 of 8 and one
+    /// of 4, so the last device group holds the last two map groups). Empty: masks stay software
+    /// masks (another policy, no hardware partitions, or groups that do not nest).
+    device_groups: Vec<u32>,
     rates: RooflineRates,
     occupancy: Occupancy,
     models: Vec<Option<Model>>,
@@ -642,6 +661,31 @@ pub struct Dispatcher<G: Gpu> {
     copy_owner: HashMap<kairos_gpu::CopyId, usize>,
 }
 
+/// The occupancy map's groups of [`GROUP_SMS`](crate::occupancy::GROUP_SMS) SMs held by each of a
+/// device's SM groups of `device_sizes` SMs (in order, by cumulative SM counts), as map-group
+/// bits; empty when some map group straddles two device groups or the counts disagree.
+pub fn nest_groups(device_sizes: &[u32], sm_count: u32) -> Vec<u32> {
+    use crate::occupancy::{GROUP_SMS, group_count_of};
+    let map_count = group_count_of(sm_count).min(32);
+    if device_sizes.is_empty() || device_sizes.iter().sum::<u32>() != sm_count || map_count == 0 {
+        return Vec::new();
+    }
+    let mut members = vec![0u32; device_sizes.len()];
+    let (mut d, mut device_end) = (0usize, device_sizes[0]);
+    for g in 0..map_count {
+        let (start, end) = (g * GROUP_SMS, ((g + 1) * GROUP_SMS).min(sm_count));
+        while start >= device_end {
+            d += 1;
+            device_end += device_sizes[d];
+        }
+        if end > device_end {
+            return Vec::new();
+        }
+        members[d] |= 1 << g;
+    }
+    members
+}
+
 impl<G: Gpu> Dispatcher<G> {
     /// Takes the GPU and creates the stream pool; the policy is `cfg.policy`.
     pub fn new(cfg: Config, gpu: G) -> Result<Dispatcher<G>, Error> {
@@ -676,9 +720,16 @@ impl<G: Gpu> Dispatcher<G> {
             launch_overhead_ns: cfg.launch_overhead_ns,
             sm_count: info.sm_count,
         };
+        let device_groups = if cfg.policy.hardware_masks() {
+            let sizes: Vec<u32> = gpu.sm_groups().iter().map(|m| m.count()).collect();
+            nest_groups(&sizes, info.sm_count)
+        } else {
+            Vec::new()
+        };
         Ok(Dispatcher {
             policy,
             whole: info.partitions[0].sms,
+            device_groups,
             rates,
             occupancy: if cfg.cta_records {
                 Occupancy::new(info.sm_count, info.sm_limits)
@@ -1048,4 +1099,32 @@ fn create_streams<G: Gpu>(gpu: &mut G, pool: usize, realtime: usize) -> Result<V
 
 fn job_is_complete(job: &Job) -> bool {
     job.done as usize == job.states.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nest_groups;
+
+    #[test]
+    fn device_groups_hold_whole_map_groups() {
+        // An H200: 15 device groups of 8 SMs and one of 12; 17 map groups (16 of 8, one of 4).
+        let mut h200 = vec![8; 15];
+        h200.push(12);
+        let nested = nest_groups(&h200, 132);
+        assert_eq!(nested.len(), 16);
+        assert!((0..15).all(|d| nested[d] == 1 << d));
+        assert_eq!(nested[15], (1 << 15) | (1 << 16));
+        // The same sizes as the map's: one to one.
+        let mut same = vec![8; 16];
+        same.push(4);
+        assert_eq!(nest_groups(&same, 132), (0..17).map(|g| 1u32 << g).collect::<Vec<_>>());
+        // 16-SM device groups hold two map groups each.
+        let mut coarse = vec![16; 7];
+        coarse.push(20);
+        assert_eq!(nest_groups(&coarse, 132)[0], 0b11);
+        // A map group across two device groups, or counts that disagree: no nesting.
+        assert!(nest_groups(&[4, 128], 132).is_empty());
+        assert!(nest_groups(&[8; 16], 132).is_empty());
+        assert!(nest_groups(&[], 132).is_empty());
+    }
 }

@@ -611,7 +611,15 @@ impl<G: Gpu> Dispatcher<G> {
         let m = self.models[v].as_mut().expect("listed");
         // Runs name the device addresses that go now: drop them (recorded again on demand).
         for s in &mut m.slots_free {
-            for run in s.run.take().into_iter().chain(s.segment_runs.drain(..).flatten()).chain(s.stop_runs.drain(..).flatten()) {
+            let partition_runs = s.partition_runs.drain(..).map(|(_, _, r)| r);
+            for run in s
+                .run
+                .take()
+                .into_iter()
+                .chain(s.segment_runs.drain(..).flatten())
+                .chain(s.stop_runs.drain(..).flatten())
+                .chain(partition_runs)
+            {
                 let _ = self.gpu.drop_run(run);
             }
         }

@@ -29,8 +29,23 @@
 //! a right-sized launch costs what a masked protocol launch costs (no barrier, no ioctl), measured
 //! as it runs. The unit is a group of 8 SMs (the modelled occupancy map's and the green
 //! contexts' granularity; profiles step by 8 SMs), not one CU. KRISP's "Conserved" placement over
-//! the MI50's 4 shader engines needs the GPC topology, which kairos does not probe yet: groups are
-//! consecutive SM ids, taken least loaded first.
+//! the MI50's 4 shader engines would need the GPC topology: `CudaGpu::probe_gpcs` measures it
+//! (thread-block clusters; on an H200 GPC k holds SMs 2k, 2k+1, 16+2k, ...), but the policy does
+//! not use it yet: groups are taken least loaded first.
+//!
+//! **`+green` (hardware partitions).** With `krisp+green` or `static+green`
+//! ([`PolicyConfig::hardware_masks`](super::PolicyConfig::hardware_masks)) the dispatcher sends a
+//! mask as a green context of the device's SM groups it covers (made on first use, kept), where
+//! the kernel runs as a light launch on its whole partition. The device's groups are CUDA's split
+//! (on an H200: 15 of 8 SMs, each inside one GPC, and one of 12), so map group g names device
+//! group g, the map's last two the device's last one; a mask that covers no device group whole
+//! keeps the software mask. Measured on an H200 (docs/benchmarks.md, "KRISP on an H200"): a
+//! launch that moves its stream to another green context costs ~6 µs of host time (an event
+//! recorded and waited for), so `krisp+green`, whose every kernel lands on another set of groups,
+//! gains nothing over masks; `static+green`, whose jobs stay on one partition, also goes in
+//! segments recorded inside the partition (a CUDA graph captured on a green context's stream runs
+//! on its SMs wherever it is replayed) and serves 1.23–1.68x what `static:4` does with masks at
+//! four workers.
 
 use super::{Decision, JobView, Policy, ReadyKernel, View};
 use crate::occupancy::{GROUP_SMS, group_count_of, mask_of_groups};

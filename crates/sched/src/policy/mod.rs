@@ -24,8 +24,8 @@
 //! | `rr` | [`rr`] | kernels, least recently served job | occupancy + headroom |
 //! | `reef` | [`reef`] | kernels; real-time first, preempts best-effort, pads | real-time: none; padding: free SMs |
 //! | `seq` | [`seq`] | whole jobs one at a time, real-time first | none |
-//! | `krisp` | [`krisp`] | kernels, round robin, each on its right-sized SM mask | free SM groups (KRISP-I) |
-//! | `static` | [`krisp`] | kernels, round robin, each on its job's equal partition | none |
+//! | `krisp` | [`krisp`] | kernels, round robin, each on its right-sized SM mask (`+green`: green context) | free SM groups (KRISP-I) |
+//! | `static` | [`krisp`] | kernels, round robin, each on its job's equal partition (`+green`: green context, segments recorded in it) | none |
 
 pub mod edf;
 pub mod fifo;
@@ -291,17 +291,41 @@ pub trait Policy: Send + std::fmt::Debug {
 /// The policies by name, with their parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PolicyConfig {
-    Fifo { jobs_queued: u32 },
-    Streams { streams: u32, jobs_per_stream: u32 },
+    Fifo {
+        jobs_queued: u32,
+    },
+    Streams {
+        streams: u32,
+        jobs_per_stream: u32,
+    },
     StreamsKernel,
-    Paella { fairness_threshold_ns: u64, backfill: bool, slowdown_bound: Option<f64> },
-    Edf { slowdown: f64, backfill: bool },
+    Paella {
+        fairness_threshold_ns: u64,
+        backfill: bool,
+        slowdown_bound: Option<f64>,
+    },
+    Edf {
+        slowdown: f64,
+        backfill: bool,
+    },
     Sjf,
     Rr,
-    Reef { kill: bool, padding: bool, be_runs: bool, gate_be: bool },
+    Reef {
+        kill: bool,
+        padding: bool,
+        be_runs: bool,
+        gate_be: bool,
+    },
     Seq,
-    Krisp { overlap_sms: u32 },
-    Static { partitions: u32 },
+    /// `green`: masks go out as hardware partitions (`+green`, see [`PolicyConfig::hardware_masks`]).
+    Krisp {
+        overlap_sms: u32,
+        green: bool,
+    },
+    Static {
+        partitions: u32,
+        green: bool,
+    },
 }
 
 impl PolicyConfig {
@@ -321,8 +345,16 @@ impl PolicyConfig {
     /// segments that real-time arrivals stop between kernels ([`Policy::stops_runs`]), and
     /// `+stopruns+ungated` issues those without the occupancy gate in normal mode. `krisp:N` allows N SMs of overlap per
     /// kernel (`krisp` = `krisp:0`, KRISP-I; `krisp:inf`, KRISP-O); `static:N` cuts the GPU into
-    /// N equal partitions.
+    /// N equal partitions; both take a last `+green` (their masks as green-context partitions,
+    /// [`PolicyConfig::hardware_masks`]).
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
+        if let Some(base) = name.strip_suffix("+green") {
+            return match PolicyConfig::by_name(base)? {
+                PolicyConfig::Krisp { overlap_sms, green: false } => Some(PolicyConfig::Krisp { overlap_sms, green: true }),
+                PolicyConfig::Static { partitions, green: false } => Some(PolicyConfig::Static { partitions, green: true }),
+                _ => None,
+            };
+        }
         if let Some(rest) = name.strip_prefix("reef") {
             let (kill, be_runs, rest) = if let Some(r) = rest.strip_prefix("+wait") {
                 (false, false, r)
@@ -371,8 +403,8 @@ impl PolicyConfig {
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
             "seq" => PolicyConfig::Seq,
-            "krisp" => PolicyConfig::Krisp { overlap_sms: 0 },
-            "static" => PolicyConfig::Static { partitions: krisp::STATIC_PARTITIONS_DEFAULT },
+            "krisp" => PolicyConfig::Krisp { overlap_sms: 0, green: false },
+            "static" => PolicyConfig::Static { partitions: krisp::STATIC_PARTITIONS_DEFAULT, green: false },
             _ => return None,
         };
         if let Some(v) = param {
@@ -382,11 +414,11 @@ impl PolicyConfig {
                     *fairness_threshold_ns = if v == "inf" { u64::MAX } else { v.parse::<u64>().ok()?.checked_mul(1000)? }
                 }
                 PolicyConfig::Edf { slowdown, .. } => *slowdown = v.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0)?,
-                PolicyConfig::Krisp { overlap_sms } => {
+                PolicyConfig::Krisp { overlap_sms, .. } => {
                     *overlap_sms =
                         if v == "inf" { krisp::OVERLAP_ANY } else { v.parse().ok().filter(|&n| n != krisp::OVERLAP_ANY)? }
                 }
-                PolicyConfig::Static { partitions } => *partitions = v.parse().ok().filter(|&n| n > 0 && n <= 32)?,
+                PolicyConfig::Static { partitions, .. } => *partitions = v.parse().ok().filter(|&n| n > 0 && n <= 32)?,
                 _ => return None,
             }
         }
@@ -437,9 +469,9 @@ impl PolicyConfig {
                 }
             }
             PolicyConfig::Edf { slowdown, .. } if slowdown != edf::SLOWDOWN_DEFAULT => l += &format!(":{slowdown}"),
-            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY } => l += ":inf",
-            PolicyConfig::Krisp { overlap_sms } if overlap_sms != 0 => l += &format!(":{overlap_sms}"),
-            PolicyConfig::Static { partitions } if partitions != krisp::STATIC_PARTITIONS_DEFAULT => {
+            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY, .. } => l += ":inf",
+            PolicyConfig::Krisp { overlap_sms, .. } if overlap_sms != 0 => l += &format!(":{overlap_sms}"),
+            PolicyConfig::Static { partitions, .. } if partitions != krisp::STATIC_PARTITIONS_DEFAULT => {
                 l += &format!(":{partitions}")
             }
             _ => {}
@@ -467,7 +499,20 @@ impl PolicyConfig {
                 l += "+nopad";
             }
         }
+        if self.hardware_masks() {
+            l += "+green";
+        }
         l
+    }
+
+    /// Whether its SM masks go out as hardware partitions (`+green`): a mask that is a union of
+    /// the device's SM groups becomes a green context of exactly those groups (made on first use
+    /// and kept, [`kairos_gpu::Gpu::partition_of_groups`]), and the launch runs there on its whole
+    /// partition, as a light launch (one CTA per block, no CTA leaving at once, no per-SM
+    /// records) instead of a masked protocol launch. Where the device has no such partition, the
+    /// software mask (counted in `DispatcherStats::partition_fallbacks`).
+    pub fn hardware_masks(&self) -> bool {
+        matches!(self, PolicyConfig::Krisp { green: true, .. } | PolicyConfig::Static { green: true, .. })
     }
 
     /// Whether the policy issues kernel by kernel (and so reads the dispatcher's waitlists).
@@ -496,8 +541,8 @@ impl PolicyConfig {
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
             PolicyConfig::Reef { kill, padding, be_runs, gate_be } => Box::new(reef::Reef { kill, padding, be_runs, gate_be }),
             PolicyConfig::Seq => Box::new(seq::Seq),
-            PolicyConfig::Krisp { overlap_sms } => Box::new(krisp::Krisp { overlap_sms }),
-            PolicyConfig::Static { partitions } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
+            PolicyConfig::Krisp { overlap_sms, .. } => Box::new(krisp::Krisp { overlap_sms }),
+            PolicyConfig::Static { partitions, .. } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
         }
     }
 }
@@ -524,9 +569,15 @@ impl std::fmt::Display for PolicyConfig {
             PolicyConfig::Reef { kill, padding, be_runs, gate_be } => {
                 write!(f, "reef(kill={kill},padding={padding},be_runs={be_runs},gate_be={gate_be})")
             }
-            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY } => write!(f, "krisp(overlap=any)"),
-            PolicyConfig::Krisp { overlap_sms } => write!(f, "krisp(overlap={overlap_sms}sms)"),
-            PolicyConfig::Static { partitions } => write!(f, "static(partitions={partitions})"),
+            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY, green } => {
+                write!(f, "krisp(overlap=any{})", if *green { ",green" } else { "" })
+            }
+            PolicyConfig::Krisp { overlap_sms, green } => {
+                write!(f, "krisp(overlap={overlap_sms}sms{})", if *green { ",green" } else { "" })
+            }
+            PolicyConfig::Static { partitions, green } => {
+                write!(f, "static(partitions={partitions}{})", if *green { ",green" } else { "" })
+            }
             other => f.write_str(other.name()),
         }
     }
@@ -604,6 +655,10 @@ mod tests {
             "krisp:inf",
             "static",
             "static:2",
+            "krisp+green",
+            "krisp:inf+green",
+            "static+green",
+            "static:2+green",
         ] {
             let p = PolicyConfig::by_name(n).unwrap_or_else(|| panic!("{n} does not parse"));
             assert_eq!(p.label(), n);
@@ -640,6 +695,10 @@ mod tests {
             "static:0",
             "static:33",
             "krisp+backfill",
+            "paella+green",
+            "reef+green",
+            "krisp+green+green",
+            "krisp+green:16",
         ] {
             assert_eq!(PolicyConfig::by_name(bad), None, "{bad}");
         }

@@ -91,8 +91,11 @@ pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
 /// A random policy with random parameters.
 pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
     match rng.random_range(0..11) {
-        9 => PolicyConfig::Krisp { overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)] },
-        10 => PolicyConfig::Static { partitions: rng.random_range(1..=4) },
+        9 => PolicyConfig::Krisp {
+            overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)],
+            green: rng.random_bool(0.5),
+        },
+        10 => PolicyConfig::Static { partitions: rng.random_range(1..=4), green: rng.random_bool(0.5) },
         7 => {
             // `+runs` and `+stopruns` (best-effort work in recorded segments) a fifth of the time.
             let be_runs = rng.random_bool(0.2);
@@ -416,6 +419,12 @@ impl<G: Gpu> Gpu for Audit<G> {
     fn preempt(&mut self, launch: LaunchId) -> Result<()> {
         self.inner.preempt(launch)
     }
+    fn sm_groups(&self) -> Vec<SmMask> {
+        self.inner.sm_groups()
+    }
+    fn partition_of_groups(&mut self, groups: u64) -> Result<PartitionId> {
+        self.inner.partition_of_groups(groups)
+    }
     fn reset(&mut self) -> Result<()> {
         self.inner.reset()?;
         // Everything on the device is gone: launches in flight ended where they were.
@@ -590,7 +599,9 @@ impl Policy for Checked {
                 if gated && !view.gpu.fits(&k) {
                     bad(format!("{}: issued a kernel that does not pass the occupancy gate", self.name()));
                 }
-                if let PolicyConfig::Krisp { overlap_sms: param } | PolicyConfig::Static { partitions: param } = self.config {
+                if let PolicyConfig::Krisp { overlap_sms: param, .. } | PolicyConfig::Static { partitions: param, .. } =
+                    self.config
+                {
                     // Right-sized: a mask of whole SM groups, no larger than the kernel's right size
                     // (in groups); KRISP-I: no group of it runs another job's launch.
                     use kairos_sched::occupancy::{GROUP_SMS, group_count_of, groups_of};
