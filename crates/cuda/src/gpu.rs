@@ -773,8 +773,9 @@ impl CudaGpu {
     /// SM: enough dynamic shared memory that no second one fits; 16 is a non-portable size,
     /// skipped where the device refuses it) run on one GPC each, so SMs that ever host CTAs of
     /// one cluster share a GPC; `rounds` launches per cluster size of two waves each, their
-    /// members joined (union-find). On an H200, clusters of up to 8 never joined the two halves
-    /// of a GPC (13 sets, some of 2 and 8 SMs). A GPC whose SMs never shared a cluster shows
+    /// members joined (union-find). On an H200: 12 sets, 7 GPCs of 16 or 18 SMs and one left as 8
+    /// SMs and four pairs (SMs 124-131 never shared a cluster with others); clusters of up to 8
+    /// alone left two more GPCs in halves. A GPC whose SMs never shared a cluster shows
     /// as several sets (the probe never joins SMs of two GPCs), an SM never reached as a set of
     /// its own. Sets in order of their lowest SM. Errors where the device has no clusters
     /// (before sm_90).

@@ -250,7 +250,11 @@ impl<G: Gpu> Dispatcher<G> {
         }
         // `+green`: a mask of whole SM groups runs on the hardware partition of those groups.
         let partition = match sm_mask {
-            Some(m) if m != self.whole && self.cfg.policy.hardware_masks() => self.partition_of(&m),
+            Some(m) if m != self.whole && self.cfg.policy.hardware_masks() => {
+                let found = self.partition_of(&m);
+                self.stats.partition_fallbacks += found.is_none() as u64;
+                found
+            }
             _ => None,
         };
         let job = self.jobs[key.slot as usize].as_mut().expect("issued job exists");
@@ -334,8 +338,8 @@ impl<G: Gpu> Dispatcher<G> {
     /// whose map groups are all in the mask. A device group the mask covers only in part is left
     /// out (an H200's last one, 12 SMs, when the mask has only its first 8 or its last 4: the
     /// kernel then runs on fewer SMs than the books say, never on SMs another job's kernel was
-    /// given). None (counted as a fallback to the software mask) where no device group is
-    /// covered whole, the mask is not a union of map groups, there is no nesting
+    /// given). None (the software mask then; `issue` counts it as a fallback) where no device
+    /// group is covered whole, the mask is not a union of map groups, there is no nesting
     /// (`device_groups` empty), or the GPU refuses.
     fn partition_of(&mut self, mask: &SmMask) -> Option<PartitionId> {
         let sm_count = self.gpu.info().sm_count;
@@ -346,9 +350,7 @@ impl<G: Gpu> Dispatcher<G> {
         } else {
             0
         };
-        let found = (device_bits != 0).then(|| self.gpu.partition_of_groups(device_bits).ok()).flatten();
-        self.stats.partition_fallbacks += found.is_none() as u64;
-        found
+        (device_bits != 0).then(|| self.gpu.partition_of_groups(device_bits).ok()).flatten()
     }
 
     /// Records a launch the GPU accepted: the job's state, the launch in flight, the streams, the
