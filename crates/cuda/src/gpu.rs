@@ -148,6 +148,18 @@ struct PartitionState {
     green: Option<GreenContext>,
 }
 
+impl PartitionState {
+    /// A new CUDA stream whose work runs on this partition (of its green context, or of the
+    /// primary context for the whole device).
+    fn stream(&self, priority: i32) -> Result<Stream> {
+        match &self.green {
+            Some(g) => g.stream(priority),
+            None => Stream::new(priority),
+        }
+        .map_err(drv)
+    }
+}
+
 struct InFlight {
     id: LaunchId,
     /// The CUDA stream it was queued on: (stream, partition).
@@ -343,8 +355,8 @@ pub struct CudaGpu {
     /// The device's SM groups as green-context resources ([`Gpu::sm_groups`]): the default split,
     /// then the SMs left over (if any), with their SM sets (the split's probed, the rest deduced).
     groups: Vec<(driver::CUdevResource, SmMask)>,
-    /// Partitions made of unions of groups, by group bits, or why the driver refused the union
-    /// (asked once).
+    /// Partitions of unions of groups (each default group alone included, from start-up), by
+    /// group bits, or why the driver refused the union (asked once).
     partition_by_groups: HashMap<u64, std::result::Result<PartitionId, String>>,
     /// Why green contexts are unavailable, when they are.
     pub green_note: Option<String>,
@@ -695,6 +707,8 @@ impl CudaGpu {
             let id = self.push_green_partition(std::slice::from_ref(&g)).map_err(|e| e.to_string())?;
             let sms = self.partitions[id.0 as usize].sms;
             covered = covered.union(&sms);
+            // Each default group is already the partition of itself alone.
+            self.partition_by_groups.insert(1 << self.groups.len(), Ok(id));
             self.groups.push((g, sms));
         }
         let left = self.partitions[0].sms.minus(&covered);
@@ -856,12 +870,7 @@ impl CudaGpu {
         let bitmap = DeviceBuffer::new((source::SM_COUNT_MAX / 8) as u64).map_err(drv)?;
         bitmap.fill(0).map_err(drv)?;
         let stream_of = |gpu: &CudaGpu, p: PartitionId| -> Result<Stream> {
-            let part = gpu.partitions.get(p.0 as usize).ok_or_else(|| GpuError::Invalid(format!("unknown partition {}", p.0)))?;
-            match &part.green {
-                Some(g) => g.stream(0),
-                None => Stream::new(0),
-            }
-            .map_err(drv)
+            gpu.partitions.get(p.0 as usize).ok_or_else(|| GpuError::Invalid(format!("unknown partition {}", p.0)))?.stream(0)
         };
         let capture = stream_of(self, captured_on)?;
         let replay = stream_of(self, launched_on)?;
@@ -1255,11 +1264,7 @@ impl CudaGpu {
             .filter(|s| s.alive)
             .ok_or_else(|| GpuError::Invalid(format!("unknown or destroyed stream {}", id.0)))?;
         if !st.by_partition.contains_key(&partition) {
-            let s = match &self.partitions[partition as usize].green {
-                Some(g) => g.stream(st.priority),
-                None => Stream::new(st.priority),
-            }
-            .map_err(drv)?;
+            let s = self.partitions[partition as usize].stream(st.priority)?;
             st.by_partition.insert(partition, s);
         }
         if let std::collections::hash_map::Entry::Vacant(v) = st.chain.entry(partition) {
@@ -2705,19 +2710,7 @@ impl Gpu for CudaGpu {
             return Err(GpuError::Unsupported(format!("no hardware partitions on this device: {note}")));
         }
         self.bind()?;
-        // A single default group is already a partition.
-        let single = (groups.count_ones() == 1).then(|| groups.trailing_zeros() as usize);
-        let made = match single {
-            Some(g) if g < self.groups.len() => {
-                let sms = self.groups[g].1;
-                match self.partitions.iter().position(|p| p.sms == sms && p.green.is_some()) {
-                    Some(i) => Ok(PartitionId(i as u32)),
-                    None => self.make_partition_of_groups(groups),
-                }
-            }
-            _ => self.make_partition_of_groups(groups),
-        };
-        match made {
+        match self.make_partition_of_groups(groups) {
             Ok(id) => {
                 self.partition_by_groups.insert(groups, Ok(id));
                 Ok(id)
