@@ -9,7 +9,8 @@
 # .carry/kairos.gz, the CUBIN cache into .carry-cubin/).
 # On the device: OUT=... WORKLOADS="disb-a disb-b@220" bash scripts/reef-bench.sh
 # Knobs: WORKLOADS (disb-X, or disb-X@R: the real-time clients at R req/s each, `--rt-rate R`;
-# default "disb-a disb-c disb-e"), POLICIES (reef,reef+runs,streams), REQUESTS (2250 a point:
+# or reef-pairs@PAIRS: REEF's padding experiment on `--pairs PAIRS`, e.g. reef-pairs@vgg19+*, each
+# point sized by the preset for >= 2000 real-time requests; default "disb-a disb-c disb-e"), POLICIES (reef,reef+runs,streams), REQUESTS (2250 a point:
 # >= 2000 real-time requests after the 10% warm-up), PEER_MODES (graph-priority:4; "" skips the
 # peer), PEERS_S (the peer's time budget, 200 s), RT_ONLY (1), EXTRA (more `bench run` arguments),
 # TESTS (name filters of crates/gputest/tests/gpu.rs to run first when the call carries
@@ -40,27 +41,34 @@ if [ -n "$TESTS" ] && [ -f ${CARRY:-.carry}/gpu-tests.gz ]; then
 tests ($TESTS): rc $? ($(($(date +%s) - t)) s), $(grep -E '^test result' $W/tests.log | tail -1)"
     grep -E "^test |trial|panicked" $W/tests.log | tail -40
 fi
+set -f # reef-pairs@vgg19+*: no globbing
 for spec in ${WORKLOADS:-disb-a disb-c disb-e}; do
-    w=${spec%@*}
-    rate=""
+    w=${spec%%@*}
+    rate="--requests $N"
     name=$w
-    if [ "$spec" != "$w" ]; then
-        rate="--rt-rate ${spec#*@}"
+    if [ "$w" = reef-pairs ]; then
+        pairs=${spec#*@}
+        [ "$spec" = "$w" ] && pairs='*+*'
+        rate="--pairs $pairs"
+        name="$w-$(echo "$pairs" | tr -c 'a-z0-9_\n' '-' | sed 's/-*$//')"
+    elif [ "$spec" != "$w" ]; then
+        rate="--requests $N --rt-rate ${spec#*@}"
         name="$w-rt${spec#*@}"
     fi
     t=$(date +%s)
-    timeout ${KAIROS_S:-240} $BIN/kairos bench run $w --backend cuda --engine threaded --loads 1 --requests $N --traces \
+    timeout ${KAIROS_S:-240} $BIN/kairos bench run $w --backend cuda --engine threaded --loads 1 --traces \
         --policies ${POLICIES:-reef,reef+runs,streams} --saturation 0 $rate ${EXTRA:-} --out $W/$name >$W/$name.log 2>&1
     summary="$summary\n$name: rc $? ($(($(date +%s) - t)) s)"
     dirs="$dirs $W/$name"
     if [ "${RT_ONLY:-1}" = 1 ]; then
         t=$(date +%s)
-        timeout 120 $BIN/kairos bench run $w --backend cuda --engine threaded --loads 1 --requests $N --traces --rt-only \
+        timeout ${KAIROS_RT_S:-120} $BIN/kairos bench run $w --backend cuda --engine threaded --loads 1 --traces --rt-only \
             --policies reef --saturation 0 $rate ${EXTRA:-} --out $W/$name-rt >$W/$name-rt.log 2>&1
         summary="$summary\n$name rt-only: rc $? ($(($(date +%s) - t)) s)"
         dirs="$dirs $W/$name-rt"
     fi
 done
+set +f
 peers=""
 if [ -n "${PEER_MODES-graph-priority:4}" ]; then
     t=$(date +%s)
@@ -72,11 +80,11 @@ if [ -n "${PEER_MODES-graph-priority:4}" ]; then
     summary="$summary\npeers: rc $? ($(($(date +%s) - t)) s)"
     [ -f $W/peers.json ] && peers="--peers $W/peers.json"
 fi
-python3 scripts/reef_table.py $dirs $peers --json $W/reef_table.json >$W/reef_table.txt 2>&1
+python3 scripts/reef_table.py $dirs $peers --matrix --json $W/reef_table.json >$W/reef_table.txt 2>&1
 find $W -name "*.png" -delete
 find $W -name "*.svg" -delete
 tar cJf $R/reef.tar.xz -C $W .
-for d in $dirs; do grep -hE "^  disb|error|Error" $d.log | head -12; done
+for d in $dirs; do grep -hE "^  (disb|reef-pairs)|error|Error" $d.log | head -12; done
 [ -f $W/peers.log ] && grep -E "done|wrote|skipped|budget" $W/peers.log | tail -8
 cat $W/reef_table.txt
 printf "$summary\n"

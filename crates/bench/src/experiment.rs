@@ -334,7 +334,10 @@ pub fn run_preset(
                     continue;
                 }
                 let (workload, residency) = preset.workload(load, v, &calib, &catalog, &opts.preset)?;
-                let duration_ns = duration_for(length, workload.open_rate_per_s());
+                let duration_ns = match (opts.length, preset.variant_duration_ns(v, &calib, opts.warmup_fraction)) {
+                    (None, Some(d)) => d.clamp(DURATION_NS_MIN, DURATION_NS_MAX),
+                    _ => duration_for(length, workload.open_rate_per_s()),
+                };
                 let warmup_ns = (duration_ns as f64 * opts.warmup_fraction.clamp(0.0, 0.9)) as u64;
                 let schedule = workload.schedule(duration_ns, warmup_ns, opts.seed).map_err(Error::Invalid)?;
                 let drain_ns = opts.drain_ns.unwrap_or((duration_ns / 2).clamp(50_000_000, 5_000_000_000));

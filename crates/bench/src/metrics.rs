@@ -256,6 +256,8 @@ mod tests {
             closed,
             cold: false,
             first_block_ns: None,
+            first_issue_ns: None,
+            admit_ns: None,
         }
     }
 
@@ -276,6 +278,8 @@ mod tests {
             closed: false,
             cold: false,
             first_block_ns: None,
+            first_issue_ns: None,
+            admit_ns: None,
         });
         o.push(Outcome {
             stream: 0,
@@ -284,6 +288,8 @@ mod tests {
             closed: false,
             cold: false,
             first_block_ns: None,
+            first_issue_ns: None,
+            admit_ns: None,
         });
         let m = measure(&s, &o, None);
         let rt = m.group("rt").unwrap();

@@ -7,6 +7,7 @@
 //! | `paella-short-long` | resnet18 (tenant 0) vs inception_v3 (tenant 1), shares inverse to isolated latency | Poisson | serial capacity of the mix |
 //! | `paella-hol` | jobs of 8 chained one-CTA kernels of ~300 us | Poisson | 32 streams busy: 32 / isolated latency |
 //! | `disb-a`..`disb-e` | vgg19, resnet152, densenet201, inception_v3, distilbert | real-time clients at fixed rates, best-effort clients in closed loop | the DISB rates |
+//! | `reef-pairs` | one real-time and one best-effort model of DISB's five, each pair a variant (`rt=vgg19,be=resnet152`; `--pairs`) | both in closed loop | no effect (closed loops) |
 //! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | the GPU's throughput for this task mix, measured in closed loop |
 //! | `coldstart` | 3 instances each of 8 vision models under the engine's weight budget (LRU) | Poisson, uniform over instances | serial capacity of the warm models |
 //! | `deepplan-azure` | instances of bert_base, roberta_base and gpt2 in 4:4:1 (`--instances` k: 4k, 4k, k) under the weight budget | an Azure Functions trace (`--arrival azure:FILE`): function j drives the instances i with i mod F = j | serial capacity of the warm models |
@@ -25,6 +26,11 @@
 //!   github.com/SJTU-IPADS/reef-artifacts `evaluation/fig10/*.json`, use the same rates; its E replays
 //!   a recorded trace instead of Poisson.) One closed-loop client per best-effort entry; DISB sets no
 //!   deadlines; distilbert runs at sequence length 128 here.
+//! - REEF's padding experiment (OSDI'22, section 7.4, Fig. 16): "one RT client and one BE client
+//!   simultaneously send requests at a high-enough frequency to keep the GPU busy", all one-to-one
+//!   combinations of the five DISB models (25 pairs), against RT-Only and GPU streams. Here each
+//!   client is one closed loop; a point runs until about [`PAIR_RT_REQUESTS`] real-time requests
+//!   at [`PAIR_RT_SLACK`] times the real-time model's isolated latency.
 //! - DARIS (Babaei and Chantem, arXiv 2504.08795, 2025): periodic real-time DNN tasks of high and
 //!   low priority, deadlines equal to periods; the paper reports zero high-priority misses and under
 //!   2% low-priority misses. Its evaluation's exact task set was not available to us: the task set,
@@ -86,6 +92,15 @@ pub const COLDSTART_MODELS: [&str; 8] =
 /// of bert_base, roberta_base and gpt2; DeepPlan's artifact runs its Azure figure with bert_base
 /// and roberta_base instances 5:4).
 pub const DEEPPLAN_AZURE_MODELS: [(&str, u32); 3] = [("bert_base", 4), ("roberta_base", 4), ("gpt2", 1)];
+/// `reef-pairs`: real-time requests a point is sized for (at the isolated latency times
+/// [`PAIR_RT_SLACK`], after the warm-up), unless `--duration-ms` or `--requests` says otherwise.
+pub const PAIR_RT_REQUESTS: f64 = 2000.0;
+/// `reef-pairs`: how much slower than alone a real-time request may run for a point still to see
+/// [`PAIR_RT_REQUESTS`] of them (REEF: GPU streams slow real-time work by up to 1.70x).
+pub const PAIR_RT_SLACK: f64 = 1.8;
+/// `reef-pairs`: the longest point, whatever the model.
+pub const PAIR_DURATION_NS_MAX: u64 = 30_000_000_000;
+
 /// The synthetic head-of-line job's model name.
 pub const HOL_MODEL: &str = "hol";
 pub const HOL_KERNELS: u32 = 8;
@@ -129,6 +144,40 @@ pub struct PresetOptions {
     pub disb_rt_rate_per_s: Option<f64>,
     /// `deepplan-azure`: the Azure Functions trace to replay (else `custom.arrival`'s `azure:FILE`).
     pub azure_trace: Option<std::path::PathBuf>,
+    /// `reef-pairs`: the (real-time, best-effort) model pairs, one variant each (default: the 25
+    /// pairs of DISB's five models); with `rt_only`, one RT-Only variant per real-time model instead.
+    pub pairs: Vec<(String, String)>,
+}
+
+/// Every (real-time, best-effort) pair of DISB's five models, real-time model first in DISB's order.
+pub fn disb_pairs() -> Vec<(String, String)> {
+    DISB_MODELS.iter().flat_map(|rt| DISB_MODELS.iter().map(move |be| (rt.to_string(), be.to_string()))).collect()
+}
+
+/// `reef-pairs`' `--pairs`: comma-separated `RT+BE` (zoo architectures), where `*` on either side
+/// stands for each of DISB's five models (`vgg19+*`: vgg19 real-time against each of them).
+pub fn parse_pairs(spec: &str) -> Result<Vec<(String, String)>, Error> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (rt, be) = part
+            .split_once('+')
+            .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+            .ok_or_else(|| Error::Invalid(format!("--pairs: '{part}' is not RT+BE (e.g. vgg19+resnet152, vgg19+*)")))?;
+        let side = |m: &str| -> Vec<String> {
+            if m == "*" { DISB_MODELS.iter().map(|s| s.to_string()).collect() } else { vec![m.to_string()] }
+        };
+        for r in side(rt) {
+            for b in side(be) {
+                if !out.contains(&(r.clone(), b.clone())) {
+                    out.push((r.clone(), b));
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::Invalid("--pairs: no pair given".into()));
+    }
+    Ok(out)
 }
 
 impl Default for PresetOptions {
@@ -143,6 +192,7 @@ impl Default for PresetOptions {
             rt_only: false,
             disb_rt_rate_per_s: None,
             azure_trace: None,
+            pairs: disb_pairs(),
         }
     }
 }
@@ -201,6 +251,8 @@ pub enum Preset {
     /// DeepPlan's Azure-trace serving (EuroSys'23, Sec. 5): instances of three transformers under
     /// a weight budget, arrivals from the Azure Functions trace.
     DeepPlanAzure,
+    /// REEF's padding experiment (section 7.4): one real-time and one best-effort closed loop.
+    ReefPairs,
     Custom,
 }
 
@@ -216,7 +268,7 @@ pub struct Calibration {
 }
 
 impl Preset {
-    pub const NAMES: [&'static str; 13] = [
+    pub const NAMES: [&'static str; 14] = [
         "paella-mix",
         "mix8",
         "paella-short-long",
@@ -229,6 +281,7 @@ impl Preset {
         "daris",
         "coldstart",
         "deepplan-azure",
+        "reef-pairs",
         "custom",
     ];
 
@@ -246,6 +299,7 @@ impl Preset {
             "daris" => Preset::Daris,
             "coldstart" => Preset::Coldstart,
             "deepplan-azure" => Preset::DeepPlanAzure,
+            "reef-pairs" => Preset::ReefPairs,
             "custom" => Preset::Custom,
             _ => return None,
         })
@@ -261,6 +315,7 @@ impl Preset {
             Preset::Daris => "daris".into(),
             Preset::Coldstart => "coldstart".into(),
             Preset::DeepPlanAzure => "deepplan-azure".into(),
+            Preset::ReefPairs => "reef-pairs".into(),
             Preset::Custom => "custom".into(),
         }
     }
@@ -284,6 +339,9 @@ impl Preset {
                 "DeepPlan: bert_base, roberta_base, gpt2 instances 4:4:1 under the memory budget, Azure Functions trace arrivals"
                     .into()
             }
+            Preset::ReefPairs => {
+                "REEF's padding experiment: one real-time and one best-effort closed loop, pairs of DISB's models".into()
+            }
             Preset::Custom => "a workload from --models, --arrival and --rate".into(),
         }
     }
@@ -298,6 +356,7 @@ impl Preset {
             Preset::Disb(_) => "multiple of DISB's real-time rates (best-effort clients stay closed-loop)",
             Preset::Daris => "fraction of the GPU's measured throughput on this task mix (closed loop, base policy)",
             Preset::Coldstart | Preset::DeepPlanAzure => "multiple of the warm models' serial capacity",
+            Preset::ReefPairs => "none (both clients are closed loops)",
             Preset::Custom => "multiple of --rate",
         }
     }
@@ -315,6 +374,19 @@ impl Preset {
             Preset::Daris => DARIS_HIGH.iter().chain(DARIS_LOW.iter()).map(|s| s.to_string()).collect(),
             Preset::Coldstart => v(&COLDSTART_MODELS),
             Preset::DeepPlanAzure => DEEPPLAN_AZURE_MODELS.iter().map(|(m, _)| m.to_string()).collect(),
+            Preset::ReefPairs => {
+                let mut archs: Vec<String> = Vec::new();
+                for (rt, be) in &opts.pairs {
+                    // RT-Only runs load the real-time models alone.
+                    let wanted: &[&String] = if opts.rt_only { &[rt] } else { &[rt, be] };
+                    for &m in wanted {
+                        if !archs.contains(m) {
+                            archs.push(m.clone());
+                        }
+                    }
+                }
+                archs
+            }
             Preset::Custom => opts.custom.models.clone(),
         }
     }
@@ -340,7 +412,7 @@ impl Preset {
             Preset::PaellaMix | Preset::Mix8 => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0],
             Preset::PaellaShortLong => vec![0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
             Preset::PaellaHol => vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
-            Preset::Disb('b') => vec![1.0],
+            Preset::Disb('b') | Preset::ReefPairs => vec![1.0],
             Preset::Disb(_) => vec![0.1, 0.25, 0.5, 1.0],
             Preset::Daris => vec![1.0, 1.5],
             Preset::Coldstart | Preset::DeepPlanAzure => vec![0.25, 0.5, 1.0],
@@ -355,6 +427,7 @@ impl Preset {
             }
             Preset::PaellaHol => vec!["streams", "paella"],
             Preset::Disb(_) => vec!["seq", "streams", "paella", "reef"],
+            Preset::ReefPairs => vec!["reef", "streams"],
             Preset::Daris => vec!["fifo", "streams", "paella", "sjf"],
             Preset::Coldstart | Preset::DeepPlanAzure | Preset::Custom => vec!["streams", "paella"],
         }
@@ -369,6 +442,8 @@ impl Preset {
             | Preset::Coldstart
             | Preset::DeepPlanAzure => Length::Requests(2000),
             Preset::Disb(_) | Preset::Custom => Length::DurationNs(2_000_000_000),
+            // Sized per variant by `variant_duration_ns` (2 s where it cannot tell).
+            Preset::ReefPairs => Length::Requests(PAIR_RT_REQUESTS as usize),
             Preset::Daris => Length::DurationNs(3_000_000_000),
         }
     }
@@ -376,7 +451,7 @@ impl Preset {
     pub fn headline(&self) -> Headline {
         match self {
             Preset::PaellaShortLong => Headline::Model("resnet18".into()),
-            Preset::Disb(_) => Headline::Group("rt".into()),
+            Preset::Disb(_) | Preset::ReefPairs => Headline::Group("rt".into()),
             Preset::Daris => Headline::Misses,
             _ => Headline::Overall,
         }
@@ -400,8 +475,30 @@ impl Preset {
                 }
                 vec![parts.join(",")]
             }
+            Preset::ReefPairs if opts.rt_only => {
+                let mut v: Vec<String> = Vec::new();
+                for (rt, _) in &opts.pairs {
+                    let name = format!("rt={rt},rt-only");
+                    if !v.contains(&name) {
+                        v.push(name);
+                    }
+                }
+                v
+            }
+            Preset::ReefPairs => opts.pairs.iter().map(|(rt, be)| format!("rt={rt},be={be}")).collect(),
             _ => vec![String::new()],
         }
+    }
+
+    /// How long a point of `variant` runs when the preset sizes it itself (no `--duration-ms`):
+    /// `reef-pairs`, [`PAIR_RT_REQUESTS`] real-time requests at [`PAIR_RT_SLACK`] times the
+    /// real-time model's isolated latency, over the measured fraction of the run.
+    pub fn variant_duration_ns(&self, variant: &str, calib: &Calibration, warmup_fraction: f64) -> Option<u64> {
+        let Preset::ReefPairs = self else { return None };
+        let rt = variant.split(',').find_map(|p| p.strip_prefix("rt="))?;
+        let iso_ns = *calib.isolated.get(rt)? as f64;
+        let measured = (1.0 - warmup_fraction.clamp(0.0, 0.9)).max(0.1);
+        Some(((PAIR_RT_REQUESTS * PAIR_RT_SLACK * iso_ns / measured) as u64).min(PAIR_DURATION_NS_MAX))
     }
 
     /// Whether the sweep measures its models' isolated latencies first: workloads built from them,
@@ -418,6 +515,7 @@ impl Preset {
                 | Preset::Coldstart
                 | Preset::DeepPlanAzure
                 | Preset::Disb(_)
+                | Preset::ReefPairs
         )
     }
 
@@ -559,6 +657,7 @@ impl Preset {
                 residency = Residency::Budget { weight_bytes: budget_bytes };
             }
             Preset::DeepPlanAzure => residency = deepplan_azure(&mut w, load, catalog, opts, &iso)?,
+            Preset::ReefPairs => reef_pair(&mut w, variant)?,
             Preset::Custom => custom(&mut w, &opts.custom, load)?,
         }
         w.validate().map_err(Error::Invalid)?;
@@ -691,6 +790,35 @@ fn disb(w: &mut Workload, c: char, load: f64, with_be: bool, rt_rate: Option<f64
     if with_be {
         for m in be_models {
             w.stream_with(Stream::new(&format!("{m}-be"), m).with_class(StreamClass::Be, "be"), closed.clone());
+        }
+    }
+    Ok(())
+}
+
+/// `reef-pairs` variant `rt=M,be=N` (or `rt=M,rt-only`): a real-time closed loop of M and a
+/// best-effort closed loop of N (REEF section 7.4), streams named as DISB's (`M-rt`, `N-be`).
+fn reef_pair(w: &mut Workload, variant: &str) -> Result<(), Error> {
+    let (mut rt, mut be, mut rt_only) = (None, None, false);
+    for part in variant.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some(("rt", m)) if !m.is_empty() => rt = Some(m),
+            Some(("be", m)) if !m.is_empty() => be = Some(m),
+            None if part == "rt-only" => rt_only = true,
+            _ => return Err(Error::Invalid(format!("reef-pairs variant '{variant}': '{part}' is not rt=M, be=M or rt-only"))),
+        }
+    }
+    let closed = Arrival::ClosedLoop { clients: 1, think_ns: 0 };
+    let rt = rt.ok_or_else(|| Error::Invalid(format!("reef-pairs variant '{variant}' names no rt=MODEL")))?;
+    w.stream_with(Stream::new(&format!("{rt}-rt"), rt).with_class(StreamClass::Rt, "rt").with_priority(1), closed.clone());
+    match (be, rt_only) {
+        (Some(be), false) => {
+            w.stream_with(Stream::new(&format!("{be}-be"), be).with_class(StreamClass::Be, "be"), closed);
+        }
+        (None, true) => {}
+        _ => {
+            return Err(Error::Invalid(format!(
+                "reef-pairs variant '{variant}': give be=MODEL, or rt-only for the real-time client alone"
+            )));
         }
     }
     Ok(())
@@ -833,6 +961,54 @@ mod tests {
         assert_eq!(names.len(), 18, "instance names are unique: {names:?}");
         assert_eq!(instances_of(&Preset::Coldstart, 3).len(), 24);
         assert!(instances_of(&Preset::Mix8, 3).is_empty());
+    }
+
+    #[test]
+    fn reef_pairs_are_every_pair_of_disb_models_in_closed_loop() {
+        let iso = iso_all();
+        let opts = PresetOptions::default();
+        let v = Preset::ReefPairs.variants(&opts);
+        assert_eq!(v.len(), 25);
+        assert_eq!(v[1], "rt=vgg19,be=resnet152");
+        let (w, _) = Preset::ReefPairs.workload(1.0, &v[1], &iso, &Catalog::default(), &opts).unwrap();
+        let classes: Vec<(&str, StreamClass, i32)> = w.streams.iter().map(|s| (s.name.as_str(), s.class, s.priority)).collect();
+        assert_eq!(classes, vec![("vgg19-rt", StreamClass::Rt, 1), ("resnet152-be", StreamClass::Be, 0)]);
+        assert!(w.sources.iter().all(|s| matches!(s.arrival, Arrival::ClosedLoop { clients: 1, .. })));
+        assert_eq!(w.open_rate_per_s(), 0.0);
+        // A model against itself: two streams of one model.
+        let (w, _) = Preset::ReefPairs.workload(1.0, "rt=vgg19,be=vgg19", &iso, &Catalog::default(), &opts).unwrap();
+        assert_eq!(w.models(), vec!["vgg19".to_string()]);
+        // RT-Only: one variant per real-time model, no best-effort stream, only those models loaded.
+        let rt_opts = PresetOptions { rt_only: true, pairs: parse_pairs("vgg19+*,resnet152+vgg19").unwrap(), ..opts.clone() };
+        let v = Preset::ReefPairs.variants(&rt_opts);
+        assert_eq!(v, vec!["rt=vgg19,rt-only".to_string(), "rt=resnet152,rt-only".to_string()]);
+        assert_eq!(Preset::ReefPairs.archs(&rt_opts), vec!["vgg19".to_string(), "resnet152".to_string()]);
+        let (w, _) = Preset::ReefPairs.workload(1.0, &v[0], &iso, &Catalog::default(), &rt_opts).unwrap();
+        assert_eq!(w.streams.len(), 1);
+        for bad in ["", "rt=vgg19", "be=vgg19", "rt=vgg19,be=resnet152,rt-only", "rt=vgg19,x=1", "rt=,be=vgg19"] {
+            assert!(Preset::ReefPairs.workload(1.0, bad, &iso, &Catalog::default(), &opts).is_err(), "{bad}");
+        }
+        // A point is long enough for the real-time requests at the slack, after the warm-up.
+        let mut fast = iso.clone();
+        fast.isolated.insert("vgg19".into(), 850_000);
+        let d = Preset::ReefPairs.variant_duration_ns("rt=vgg19,be=resnet152", &fast, 0.1).unwrap();
+        assert!((d as f64 - PAIR_RT_REQUESTS * PAIR_RT_SLACK * 850_000.0 / 0.9).abs() < 2.0, "{d}");
+        // ... and at most PAIR_DURATION_NS_MAX (10 ms a request would be 40 s).
+        assert_eq!(Preset::ReefPairs.variant_duration_ns("rt=vgg19,be=resnet152", &iso, 0.1), Some(PAIR_DURATION_NS_MAX));
+        assert_eq!(Preset::Disb('b').variant_duration_ns("", &iso, 0.1), None);
+    }
+
+    #[test]
+    fn pairs_parse_with_wildcards_and_reject_the_rest() {
+        assert_eq!(parse_pairs("vgg19+resnet152").unwrap(), vec![("vgg19".to_string(), "resnet152".to_string())]);
+        let all = parse_pairs("*+*").unwrap();
+        assert_eq!(all, disb_pairs());
+        let some = parse_pairs("*+vgg19, vgg19+vgg19").unwrap();
+        assert_eq!(some.len(), 5, "duplicates are dropped: {some:?}");
+        assert!(some.iter().all(|(_, be)| be == "vgg19"));
+        for bad in ["", "vgg19", "vgg19+", "+vgg19", ","] {
+            assert!(parse_pairs(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -115,6 +115,12 @@ pub struct Outcome {
     /// From its arrival at the dispatcher to its first logical block taken on the GPU (kairos
     /// only, where a launch reported it; REEF's "RT arrival to first CTA").
     pub first_block_ns: Option<u64>,
+    /// From its arrival at the dispatcher to its first launch call (kairos only): the host's part
+    /// of `first_block_ns` (admission, preemption decisions, the input copy's enqueue).
+    pub first_issue_ns: Option<u64>,
+    /// From its arrival at the dispatcher until it was admitted (a slot, its input copies enqueued):
+    /// the first part of `first_issue_ns` (kairos only).
+    pub admit_ns: Option<u64>,
 }
 
 impl Outcome {
@@ -256,6 +262,8 @@ fn generate(
                 closed: client.is_some(),
                 cold: false,
                 first_block_ns: None,
+                first_issue_ns: None,
+                admit_ns: None,
             });
             sender.push(client);
             target.submit(tag, name, at, s.options())?;
@@ -290,6 +298,8 @@ fn generate(
                     let latency = done_ns.saturating_sub(o.arrival_ns);
                     let gpu_ns = t.done_ns.saturating_sub(t.first_issue_ns).min(latency);
                     o.first_block_ns = (t.first_start_ns > 0).then(|| t.first_start_ns.saturating_sub(t.arrival_ns));
+                    o.first_issue_ns = (t.launches > 0).then(|| t.first_issue_ns.saturating_sub(t.arrival_ns));
+                    o.admit_ns = (t.admitted_ns > 0).then(|| t.admitted_ns.saturating_sub(t.arrival_ns));
                     o.cold = t.cold_start;
                     Status::Done { done_ns, queue_ns: latency - gpu_ns, gpu_ns }
                 }

@@ -49,6 +49,12 @@ pub struct RawFile {
     /// Arrival at the dispatcher to the first logical block taken, where known (`Outcome::first_block_ns`).
     #[serde(default)]
     pub first_block_ns: Vec<Option<u64>>,
+    /// Arrival at the dispatcher to the first launch call, where known (`Outcome::first_issue_ns`).
+    #[serde(default)]
+    pub first_issue_ns: Vec<Option<u64>>,
+    /// Arrival at the dispatcher to admission, where known (`Outcome::admit_ns`).
+    #[serde(default)]
+    pub admit_ns: Vec<Option<u64>>,
 }
 
 impl RawFile {
@@ -71,12 +77,16 @@ impl RawFile {
             closed: Vec::with_capacity(outcomes.len()),
             error: Vec::with_capacity(outcomes.len()),
             first_block_ns: Vec::with_capacity(outcomes.len()),
+            first_issue_ns: Vec::with_capacity(outcomes.len()),
+            admit_ns: Vec::with_capacity(outcomes.len()),
         };
         for o in outcomes {
             f.stream.push(o.stream);
             f.arrival_ns.push(o.arrival_ns);
             f.closed.push(o.closed);
             f.first_block_ns.push(o.first_block_ns);
+            f.first_issue_ns.push(o.first_issue_ns);
+            f.admit_ns.push(o.admit_ns);
             let (status, done, queue, gpu, error) = match &o.status {
                 Status::Done { done_ns, queue_ns, gpu_ns } => ("done", Some(*done_ns), Some(*queue_ns), Some(*gpu_ns), None),
                 Status::Rejected(e) => ("rejected", None, None, None, Some(e.clone())),
@@ -228,7 +238,16 @@ impl PeerRun {
                     }
                     None => Status::Unfinished,
                 };
-                Outcome { stream: self.stream[i], arrival_ns, status, closed: self.closed[i], cold: false, first_block_ns: None }
+                Outcome {
+                    stream: self.stream[i],
+                    arrival_ns,
+                    status,
+                    closed: self.closed[i],
+                    cold: false,
+                    first_block_ns: None,
+                    first_issue_ns: None,
+                    admit_ns: None,
+                }
             })
             .collect())
     }

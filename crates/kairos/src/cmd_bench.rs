@@ -301,6 +301,10 @@ pub struct RunArgs {
     /// Table 2: 220).
     #[arg(long, value_name = "REQ_PER_S")]
     pub rt_rate: Option<f64>,
+    /// reef-pairs: the (real-time + best-effort) model pairs, comma-separated, `*` for each of
+    /// DISB's five models (`vgg19+*`); default all 25. With --rt-only, each real-time model alone.
+    #[arg(long, value_name = "RT+BE,...")]
+    pub pairs: Option<String>,
     /// disb-*: autotune the models only best-effort clients request under this block-time budget
     /// (µs): each logical block of theirs takes at most about this long where a tile allows it,
     /// so preempting them waits less (REEF's preemption floor; `--backend cuda`). Models that
@@ -723,6 +727,10 @@ fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
         tenant_per_model: a.tenant_per_model,
         rt_only: a.rt_only,
         disb_rt_rate_per_s: a.rt_rate,
+        pairs: match &a.pairs {
+            Some(spec) => kairos_bench::presets::parse_pairs(spec).map_err(|e| anyhow::anyhow!("{e}"))?,
+            None => kairos_bench::presets::disb_pairs(),
+        },
         instances: a.instances,
         budget_bytes: a.budget_mb.map(|m| (m * 1024.0 * 1024.0) as u64),
         // deepplan-azure: --arrival azure:FILE, else the synthetic sample in the data folder.
