@@ -248,7 +248,9 @@ impl<G: Gpu> Target for VirtualTarget<G> {
                 return Ok(());
             }
             let disp = d.dispatcher();
-            if disp.work_in_flight() == 0 && disp.jobs() > 0 {
+            // A policy holding work back until a time (`reef`'s hold-off): wait until then.
+            let wake = disp.wake_at_ns().filter(|&w| w > d.now_ns());
+            if disp.work_in_flight() == 0 && disp.jobs() > 0 && wake.is_none() {
                 return Err(Error::Invalid(format!(
                     "the dispatcher stalled at {} ns: {} requests held and nothing in flight (policy {})",
                     d.now_ns(),
@@ -256,7 +258,7 @@ impl<G: Gpu> Target for VirtualTarget<G> {
                     disp.policy_name()
                 )));
             }
-            d.dispatcher_mut().gpu_mut().wait(until_ns).map_err(kairos_sched::Error::from)?;
+            d.dispatcher_mut().gpu_mut().wait(wake.map_or(until_ns, |w| w.min(until_ns))).map_err(kairos_sched::Error::from)?;
         }
     }
 }

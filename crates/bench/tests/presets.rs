@@ -160,6 +160,27 @@ fn disb_a_and_b() {
     assert!(b.points.iter().all(|p| p.metrics.offered_per_s == 0.0 && !p.saturated));
 }
 
+/// REEF's padding experiment: one pair, its RT-Only variant, and `reef+stopruns` with and without
+/// the hold-off, which must not stall the bench's virtual target (it waits for the hold's end).
+#[test]
+fn reef_pairs_run_with_and_without_the_hold_off() {
+    let pairs = kairos_bench::presets::parse_pairs("vgg19+resnet152").unwrap();
+    for rt_only in [false, true] {
+        let mut opts = small(&["reef+stopruns", "reef+stopruns+hold=200"], &[1.0], Length::DurationNs(100_000_000));
+        opts.preset = PresetOptions { pairs: pairs.clone(), rt_only, ..PresetOptions::default() };
+        let r = run("reef-pairs", &opts);
+        check_points(&r, 100_000);
+        let variant = if rt_only { "rt=vgg19,rt-only" } else { "rt=vgg19,be=resnet152" };
+        assert!(r.points.iter().all(|p| p.variant == variant && p.metrics.offered_per_s == 0.0), "{variant}");
+        assert_eq!(r.points.len(), 2);
+        for p in &r.points {
+            let rt = p.metrics.group("rt").expect("rt group");
+            assert!(rt.completed > 0, "{} {variant}: {rt:?}", p.policy);
+            assert_eq!(p.metrics.group("be").is_some(), !rt_only, "{} {variant}", p.policy);
+        }
+    }
+}
+
 #[test]
 fn disb_c_d_e() {
     check_disb("disb-c", &[0.25], 1);

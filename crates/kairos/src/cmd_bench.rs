@@ -701,7 +701,7 @@ fn list() {
         );
     }
     println!(
-        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+runs, reef+nopad, krisp:N (SMs of overlap, or inf), static:N (partitions), +green after krisp or static (masks as green-context partitions)).",
+        "\nPolicies: {} (with parameters: streams:N, paella:T (µs of GPU time owed, or inf), edf:S, +backfill for paella and edf, paella+bound[=S], reef+wait, reef+runs, reef+stopruns[+ungated], reef+nopad, reef...+hold=US (best-effort work held back US µs after each real-time job), krisp:N (SMs of overlap, or inf), static:N (partitions), +green after krisp or static (masks as green-context partitions)).",
         kairos_sched::PolicyConfig::NAMES.join(", ")
     );
     println!(

@@ -227,13 +227,12 @@ impl<G: Gpu> VirtualDriver<G> {
                 return Ok(());
             }
             let next = self.schedule.first_key_value().map(|(k, _)| k.0);
-            let target = match (next, until) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            // The policy holding work back until a time (a hold-off): look again then.
+            let wake = self.d.wake_at_ns().filter(|&w| w > now);
+            let target = [next, until, wake].into_iter().flatten().min();
             if self.d.work_in_flight() == 0 {
                 match target {
-                    Some(t) if next.is_some() || self.d.jobs() == 0 => self.d.gpu_mut().wait(t)?,
+                    Some(t) if next.is_some() || wake.is_some() || self.d.jobs() == 0 => self.d.gpu_mut().wait(t)?,
                     _ if self.d.jobs() == 0 => return Ok(()),
                     // A round that ended on its decision limit (e.g. with a launch that failed)
                     // may have left work to decide: one more round before calling it a stall.

@@ -816,6 +816,11 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             if disconnected {
                 continue;
             }
+            // The policy holds work back until a time (`reef`'s hold-off): keep looking till then.
+            if d.wake_at_ns().is_some_and(|w| w > d.gpu().now_ns()) {
+                std::hint::spin_loop();
+                continue;
+            }
             if cfg.idle_spin_ns > 0 && (active_at.elapsed().as_nanos() as u64) < cfg.idle_spin_ns {
                 std::hint::spin_loop();
                 continue;

@@ -658,6 +658,9 @@ impl<G: Gpu> Dispatcher<G> {
         }
         self.tenant_remove(job.options.tenant, job.counted_ready);
         let now = self.now_ns;
+        if job.options.class == Class::RealTime {
+            self.last_realtime_done_ns = now.max(1);
+        }
         let result = match error {
             Some(e) => {
                 if e == Error::Cancelled {

@@ -24,7 +24,10 @@ impl<G: Gpu> Dispatcher<G> {
             let t0 = self.gpu.now_ns();
             let decision = self.policy.decide(&self.view());
             self.stats.policy_ns += self.gpu.now_ns().saturating_sub(t0);
-            let Some(d) = decision else { return };
+            let Some(d) = decision else {
+                self.wake_at_ns = if self.policy.holds() { self.policy.wake_at_ns(&self.view()) } else { None };
+                return;
+            };
             if !self.apply(d, out) {
                 self.stats.refused_decisions += 1;
                 return;

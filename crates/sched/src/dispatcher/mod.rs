@@ -625,6 +625,11 @@ pub struct Dispatcher<G: Gpu> {
     admit_seq: u64,
     issue_seq: u64,
     now_ns: u64,
+    /// When the last real-time job left (`View::last_realtime_done_ns`); 0: none yet.
+    last_realtime_done_ns: u64,
+    /// When a policy that holds work back ([`Policy::holds`]) may decide otherwise, as it said
+    /// after its last round decided nothing more ([`Dispatcher::wake_at_ns`]).
+    wake_at_ns: Option<u64>,
     events: Vec<GpuEvent>,
     args: Vec<kairos_gpu::DevicePtr>,
     stats: DispatcherStats,
@@ -764,6 +769,8 @@ impl<G: Gpu> Dispatcher<G> {
             admit_seq: 0,
             issue_seq: 0,
             now_ns: gpu.now_ns(),
+            last_realtime_done_ns: 0,
+            wake_at_ns: None,
             events: Vec::new(),
             args: Vec::new(),
             stats: DispatcherStats::default(),
@@ -872,9 +879,17 @@ impl<G: Gpu> Dispatcher<G> {
     }
 
     /// The view policies read.
+    /// When the policy may decide otherwise with nothing else happening (`reef`'s hold-off
+    /// ending): an engine with nothing in flight looks again then instead of waiting for an event.
+    /// None: only events (arrivals, GPU records, commands) can change its mind.
+    pub fn wake_at_ns(&self) -> Option<u64> {
+        self.wake_at_ns.filter(|_| self.job_count > 0)
+    }
+
     pub fn view(&self) -> View<'_> {
         View {
             now_ns: self.now_ns,
+            last_realtime_done_ns: self.last_realtime_done_ns,
             jobs: &self.views,
             tenants: &self.tenants,
             gpu: GpuView {

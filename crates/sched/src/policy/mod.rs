@@ -237,6 +237,9 @@ impl GpuView<'_> {
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub now_ns: u64,
+    /// When the last real-time job left the dispatcher (done, failed or cancelled); 0 if none
+    /// has yet (`reef`'s hold-off, [`Policy::wake_at_ns`]).
+    pub last_realtime_done_ns: u64,
     /// Admitted jobs, in no particular order (use `seq` to order by age).
     pub jobs: &'a [JobView],
     /// Tenants with admitted jobs, in no particular order.
@@ -286,6 +289,18 @@ pub trait Policy: Send + std::fmt::Debug {
         let _ = class;
         false
     }
+    /// Whether it may hold back work it could issue until a time passes ([`Policy::wake_at_ns`]);
+    /// the dispatcher asks for that time only of policies that do.
+    fn holds(&self) -> bool {
+        false
+    }
+    /// When it decided nothing: the time at which it may decide otherwise with nothing else
+    /// changed (`reef`'s hold-off ending), so the engine looks again then even if the GPU and the
+    /// clients stay quiet. None: only an event can change its mind.
+    fn wake_at_ns(&self, view: &View<'_>) -> Option<u64> {
+        let _ = view;
+        None
+    }
 }
 
 /// The policies by name, with their parameters.
@@ -310,11 +325,14 @@ pub enum PolicyConfig {
     },
     Sjf,
     Rr,
+    /// `hold_ns`: after a real-time job leaves, best-effort work waits this long for the next
+    /// real-time request (`+hold=US`; 0: off).
     Reef {
         kill: bool,
         padding: bool,
         be_runs: bool,
         gate_be: bool,
+        hold_ns: u64,
     },
     Seq,
     /// `green`: masks go out as hardware partitions (`+green`, see [`PolicyConfig::hardware_masks`]).
@@ -343,7 +361,9 @@ impl PolicyConfig {
     /// order; `+runs` in place of `+wait` sends best-effort kernel-level jobs in recorded segments
     /// as well (not preemptible, so no preemption either), and `+stopruns` sends them in recorded
     /// segments that real-time arrivals stop between kernels ([`Policy::stops_runs`]), and
-    /// `+stopruns+ungated` issues those without the occupancy gate in normal mode. `krisp:N` allows N SMs of overlap per
+    /// `+stopruns+ungated` issues those without the occupancy gate in normal mode; a last `+hold=US`
+    /// keeps best-effort work out for US µs after each real-time job leaves (a closed-loop or
+    /// streaming real-time client's next request finds none to stop). `krisp:N` allows N SMs of overlap per
     /// kernel (`krisp` = `krisp:0`, KRISP-I; `krisp:inf`, KRISP-O); `static:N` cuts the GPU into
     /// N equal partitions; both take a last `+green` (their masks as green-context partitions,
     /// [`PolicyConfig::hardware_masks`]).
@@ -356,6 +376,10 @@ impl PolicyConfig {
             };
         }
         if let Some(rest) = name.strip_prefix("reef") {
+            let (rest, hold_ns) = match rest.rsplit_once("+hold=") {
+                Some((r, us)) => (r, us.parse::<u64>().ok().filter(|&us| us > 0)?.checked_mul(1000)?),
+                None => (rest, 0),
+            };
             let (kill, be_runs, rest) = if let Some(r) = rest.strip_prefix("+wait") {
                 (false, false, r)
             } else if let Some(r) = rest.strip_prefix("+runs") {
@@ -372,8 +396,8 @@ impl PolicyConfig {
                 None => (true, rest),
             };
             return match rest {
-                "" => Some(PolicyConfig::Reef { kill, padding: true, be_runs, gate_be }),
-                "+nopad" => Some(PolicyConfig::Reef { kill, padding: false, be_runs, gate_be }),
+                "" => Some(PolicyConfig::Reef { kill, padding: true, be_runs, gate_be, hold_ns }),
+                "+nopad" => Some(PolicyConfig::Reef { kill, padding: false, be_runs, gate_be, hold_ns }),
                 _ => None,
             };
         }
@@ -484,7 +508,7 @@ impl PolicyConfig {
             PolicyConfig::Paella { slowdown_bound: Some(s), .. } => l += &format!("+bound={s}"),
             _ => {}
         }
-        if let PolicyConfig::Reef { kill, padding, be_runs, gate_be } = *self {
+        if let PolicyConfig::Reef { kill, padding, be_runs, gate_be, hold_ns } = *self {
             if be_runs && kill {
                 l += "+stopruns";
                 if !gate_be {
@@ -497,6 +521,9 @@ impl PolicyConfig {
             }
             if !padding {
                 l += "+nopad";
+            }
+            if hold_ns > 0 {
+                l += &format!("+hold={}", hold_ns / 1000);
             }
         }
         if self.hardware_masks() {
@@ -539,7 +566,9 @@ impl PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => Box::new(edf::Edf { slowdown, backfill }),
             PolicyConfig::Sjf => Box::new(sjf::Sjf),
             PolicyConfig::Rr => Box::new(rr::RoundRobin),
-            PolicyConfig::Reef { kill, padding, be_runs, gate_be } => Box::new(reef::Reef { kill, padding, be_runs, gate_be }),
+            PolicyConfig::Reef { kill, padding, be_runs, gate_be, hold_ns } => {
+                Box::new(reef::Reef { kill, padding, be_runs, gate_be, hold_ns })
+            }
             PolicyConfig::Seq => Box::new(seq::Seq),
             PolicyConfig::Krisp { overlap_sms, .. } => Box::new(krisp::Krisp { overlap_sms }),
             PolicyConfig::Static { partitions, .. } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
@@ -566,8 +595,12 @@ impl std::fmt::Display for PolicyConfig {
             PolicyConfig::Edf { slowdown, backfill } => {
                 write!(f, "edf(slowdown={slowdown}{})", if *backfill { ",backfill" } else { "" })
             }
-            PolicyConfig::Reef { kill, padding, be_runs, gate_be } => {
-                write!(f, "reef(kill={kill},padding={padding},be_runs={be_runs},gate_be={gate_be})")
+            PolicyConfig::Reef { kill, padding, be_runs, gate_be, hold_ns } => {
+                write!(f, "reef(kill={kill},padding={padding},be_runs={be_runs},gate_be={gate_be}")?;
+                if *hold_ns > 0 {
+                    write!(f, ",hold={}us", hold_ns / 1000)?;
+                }
+                f.write_str(")")
             }
             PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY, green } => {
                 write!(f, "krisp(overlap=any{})", if *green { ",green" } else { "" })
@@ -649,6 +682,9 @@ mod tests {
             "reef+stopruns+nopad",
             "reef+stopruns+ungated",
             "reef+stopruns+ungated+nopad",
+            "reef+hold=100",
+            "reef+stopruns+hold=200",
+            "reef+stopruns+ungated+nopad+hold=50",
             "seq",
             "krisp",
             "krisp:16",
@@ -699,6 +735,11 @@ mod tests {
             "reef+green",
             "krisp+green+green",
             "krisp+green:16",
+            "reef+hold=0",
+            "reef+hold=",
+            "reef+hold=x",
+            "reef+hold=100+nopad",
+            "paella+hold=100",
         ] {
             assert_eq!(PolicyConfig::by_name(bad), None, "{bad}");
         }

@@ -25,6 +25,12 @@
 //! because a plan's kernels never read what they write), so BE work keeps the speed of runs and
 //! RT work still gets the GPU within about one BE kernel.
 //!
+//! `+hold=US` (a hold-off): for US µs after a real-time job leaves, no best-effort kernel is
+//! issued either, so the next request of a closed-loop or streaming real-time client, which comes
+//! back within microseconds, finds no best-effort kernel running to stop and wait for
+//! ([`super::Policy::wake_at_ns`] has the dispatcher look again when the hold ends). The cost is
+//! at most US µs of best-effort work per real-time request.
+//!
 //! Otherwise (*normal mode*) BE kernels run concurrently, the least recently served job first,
 //! each when it passes the occupancy gate (the best-ranked one that does: no BE job starves
 //! behind a larger one). `+stopruns+ungated` issues BE segments without the gate, each job within
@@ -67,6 +73,8 @@ pub struct Reef {
     /// Best-effort work passes the occupancy gate in normal mode (off: `+stopruns+ungated`, see
     /// the module's normal mode).
     pub gate_be: bool,
+    /// The hold-off after a real-time job leaves (`+hold=US`; 0: none).
+    pub hold_ns: u64,
 }
 
 impl Reef {
@@ -79,6 +87,14 @@ impl Reef {
     /// one's SMs, rounded up to a group of [`GROUP_SMS`].
     pub fn padding_first_sm(widest_sms: u32) -> u32 {
         widest_sms.div_ceil(GROUP_SMS) * GROUP_SMS
+    }
+
+    /// When the hold-off after the last real-time job ends, if it has not yet (with no real-time
+    /// job admitted: while one is, real-time mode rules best-effort work instead).
+    fn hold_ends_ns(&self, view: &View<'_>) -> Option<u64> {
+        let last = view.last_realtime_done_ns;
+        let end = last.saturating_add(self.hold_ns);
+        (self.hold_ns > 0 && last > 0 && view.now_ns < end).then_some(end)
     }
 }
 
@@ -102,6 +118,15 @@ impl Policy for Reef {
         class == Class::BestEffort && self.be_runs && self.kill
     }
 
+    fn holds(&self) -> bool {
+        self.hold_ns > 0
+    }
+
+    fn wake_at_ns(&self, view: &View<'_>) -> Option<u64> {
+        let any_rt = view.jobs.iter().any(|j| j.class == Class::RealTime && !j.cancelled);
+        if any_rt { None } else { self.hold_ends_ns(view) }
+    }
+
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
         let is_rt = |j: &&JobView| j.class == Class::RealTime && !j.cancelled;
         let (mut any_rt, mut arriving, mut widest_sms) = (false, false, 0);
@@ -111,6 +136,10 @@ impl Policy for Reef {
             widest_sms = widest_sms.max(j.widest_sms);
         }
         if !any_rt {
+            // The hold-off: best-effort work waits for the next real-time request a while.
+            if self.hold_ends_ns(view).is_some() {
+                return None;
+            }
             let least_recently_served = |j: &JobView| (j.last_issue_seq, j.seq);
             if self.gate_be {
                 return gated_pick(view, true, least_recently_served);
@@ -169,6 +198,49 @@ impl Policy for Reef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hold_off_keeps_best_effort_work_out_until_it_ends() {
+        use crate::occupancy::Occupancy;
+        use crate::policy::GpuView;
+        use kairos_gpu::SmLimits;
+        let limits = SmLimits { threads_max: 2048, registers_max: 65536, shared_mem_bytes_max: 233_472, ctas_max: 32 };
+        let occupancy = Occupancy::new(132, limits);
+        let be = JobView::for_test(0, 100_000, 100_000, None);
+        let rt = JobView { class: Class::RealTime, ..be };
+        let view = |jobs: &'static [JobView], now_ns: u64, last_realtime_done_ns: u64| -> Option<u64> {
+            let gpu = GpuView {
+                occupancy: &occupancy,
+                pending_ctas: 0,
+                headroom_ctas: 0,
+                launches_in_flight: 0,
+                launches_in_flight_max: 1,
+                streams: &[],
+                idle_streams: 1,
+                idle_realtime_streams: 1,
+                group_jobs: &[],
+            };
+            let v = View { now_ns, last_realtime_done_ns, jobs, tenants: &[], gpu };
+            let reef = Reef { kill: true, padding: true, be_runs: false, gate_be: true, hold_ns: 50_000 };
+            if reef.hold_ends_ns(&v).is_some() {
+                assert_eq!(reef.decide(&v), None, "nothing goes while the hold lasts");
+            }
+            let plain = Reef { hold_ns: 0, ..reef };
+            assert_eq!(plain.wake_at_ns(&v), None);
+            assert!(reef.holds() && !plain.holds());
+            reef.wake_at_ns(&v)
+        };
+        let be_only: &'static [JobView] = Box::leak(Box::new([be]));
+        let with_rt: &'static [JobView] = Box::leak(Box::new([be, rt]));
+        // No real-time job has left yet: nothing to hold.
+        assert_eq!(view(be_only, 1_000_000, 0), None);
+        // 10 µs after one left: held until 50 µs after it, and the dispatcher is told when.
+        assert_eq!(view(be_only, 1_010_000, 1_000_000), Some(1_050_000));
+        // From the end of the hold on, nothing is held.
+        assert_eq!(view(be_only, 1_050_000, 1_000_000), None);
+        // A real-time job admitted: real-time mode decides, not the hold.
+        assert_eq!(view(with_rt, 1_010_000, 1_000_000), None);
+    }
 
     #[test]
     fn padding_starts_above_the_widest_real_time_launch_on_a_group_boundary() {

@@ -102,7 +102,9 @@ pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
             let kill = if be_runs { rng.random_bool(0.5) } else { rng.random_bool(0.75) };
             // Stoppable runs with and without the occupancy gate in normal mode.
             let gate_be = !(kill && be_runs) || rng.random_bool(0.5);
-            PolicyConfig::Reef { kill, padding: rng.random_bool(0.75), be_runs, gate_be }
+            // A hold-off after real-time jobs (`+hold=US`) a fifth of the time.
+            let hold_ns = if rng.random_bool(0.2) { [20_000, 200_000][rng.random_range(0..2)] } else { 0 };
+            PolicyConfig::Reef { kill, padding: rng.random_bool(0.75), be_runs, gate_be, hold_ns }
         }
         8 => PolicyConfig::Seq,
         6 => PolicyConfig::Edf { slowdown: [0.0, 1.0, 4.0, 100.0][rng.random_range(0..4)], backfill: rng.random_bool(0.5) },
@@ -575,6 +577,14 @@ impl Policy for Checked {
         self.inner.stops_runs(class)
     }
 
+    fn holds(&self) -> bool {
+        self.inner.holds()
+    }
+
+    fn wake_at_ns(&self, view: &View<'_>) -> Option<u64> {
+        self.inner.wake_at_ns(view)
+    }
+
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
         let d = self.inner.decide(view)?;
         *self.decisions.lock().unwrap() += 1;
@@ -641,7 +651,7 @@ impl Policy for Checked {
                         other => bad(format!("{}: kernel issued without a group mask ({other:?}, ctas {ctas:?})", self.name())),
                     }
                 }
-                if let PolicyConfig::Reef { padding, gate_be, .. } = self.config {
+                if let PolicyConfig::Reef { padding, gate_be, hold_ns, .. } = self.config {
                     use kairos_sched::Class;
                     let rt: Vec<_> = view.jobs.iter().filter(|o| o.class == Class::RealTime && !o.cancelled).collect();
                     let Decision::Issue { ctas, sm_mask, .. } = d else { unreachable!() };
@@ -650,6 +660,13 @@ impl Policy for Checked {
                             bad("reef: a real-time kernel was right-sized or masked".into());
                         }
                     } else if rt.is_empty() {
+                        let last = view.last_realtime_done_ns;
+                        if hold_ns > 0 && last > 0 && view.now_ns < last.saturating_add(hold_ns) {
+                            bad(format!(
+                                "reef: a best-effort kernel issued {} ns into the {hold_ns} ns hold-off",
+                                view.now_ns - last
+                            ));
+                        }
                         if gate_be && !view.gpu.fits(&k) {
                             bad("reef: a best-effort kernel in normal mode does not pass the gate".into());
                         }
@@ -790,6 +807,14 @@ impl Policy for Preempting {
 
     fn preempts(&self) -> bool {
         true
+    }
+
+    fn holds(&self) -> bool {
+        self.inner.holds()
+    }
+
+    fn wake_at_ns(&self, view: &View<'_>) -> Option<u64> {
+        self.inner.wake_at_ns(view)
     }
 
     fn decide(&self, view: &View<'_>) -> Option<Decision> {
