@@ -809,16 +809,15 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
             continue;
         }
         let in_flight = d.work_in_flight();
-        if in_flight > 0 {
+        // The policy holds work back until a time (`reef`'s hold-off): keep looking till then,
+        // waiting on the GPU in short steps as with work in flight (a simulated GPU's clock only
+        // moves when waited on).
+        let wake = d.wake_at_ns().filter(|&w| w > d.gpu().now_ns());
+        if in_flight > 0 || wake.is_some() {
             active_at = turn;
         }
-        if in_flight == 0 {
+        if in_flight == 0 && wake.is_none() {
             if disconnected {
-                continue;
-            }
-            // The policy holds work back until a time (`reef`'s hold-off): keep looking till then.
-            if d.wake_at_ns().is_some_and(|w| w > d.gpu().now_ns()) {
-                std::hint::spin_loop();
                 continue;
             }
             if cfg.idle_spin_ns > 0 && (active_at.elapsed().as_nanos() as u64) < cfg.idle_spin_ns {
@@ -834,7 +833,7 @@ fn run<G: Gpu>(mut d: Dispatcher<G>, rx: Receiver<Envelope>, shared: &Shared, cf
                 }
             }
         } else if cfg.gpu_wait_ns > 0 {
-            let until = d.gpu().now_ns().saturating_add(cfg.gpu_wait_ns);
+            let until = d.gpu().now_ns().saturating_add(cfg.gpu_wait_ns).min(wake.unwrap_or(u64::MAX));
             if let Err(e) = d.gpu_mut().wait(until) {
                 let e = Error::GpuFailed(format!("waiting on the GPU failed: {e}"));
                 if !recover(&mut d, &e, &mut out, &mut waiters, shared, cfg) {

@@ -180,6 +180,27 @@ fn an_idle_spin_serves_requests_and_shuts_down() {
     assert!(t.elapsed() < Duration::from_secs(5), "shutdown waited {:?} for the spinning thread", t.elapsed());
 }
 
+/// `reef+hold=US` in the threaded engine: a best-effort request that comes right after a
+/// real-time one waits out the hold-off and is then served (the engine looks again when the hold
+/// ends, also on a GPU whose clock only moves when waited on), with the hold in between.
+#[test]
+fn a_hold_off_delays_best_effort_work_and_then_serves_it() {
+    let engine = Engine::start(config("reef+hold=50", 64), || Ok(MiniGpu::new(MiniConfig::default()))).unwrap();
+    let a = model("a", 3);
+    engine.load_model(a.clone()).unwrap();
+    let rt = RequestOptions { class: kairos_sched::Class::RealTime, ..Default::default() };
+    let be = RequestOptions { class: kairos_sched::Class::BestEffort, ..Default::default() };
+    let rt_done = engine.submit("a", input(&a), rt).unwrap().wait().unwrap().timing.done_ns;
+    let h = engine.submit("a", input(&a), be).unwrap();
+    let r = h.wait_timeout(Duration::from_secs(20)).expect("the best-effort request was never served").unwrap();
+    assert!(
+        r.timing.first_issue_ns >= rt_done + 50_000,
+        "best-effort work issued {} ns after the real-time job left, inside the 50 µs hold-off",
+        r.timing.first_issue_ns - rt_done
+    );
+    engine.shutdown();
+}
+
 #[test]
 fn a_full_queue_is_an_error_and_nothing_is_lost() {
     let gate = Gate::closed();
