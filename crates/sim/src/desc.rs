@@ -49,6 +49,14 @@ pub struct LatencyDesc {
     pub light_launch_tail_ns: Option<u64>,
     #[serde(default)]
     pub silent_launch_tail_ns: Option<u64>,
+    /// Between two launches of one replayed recorded run (a CUDA graph's kernel nodes) on a
+    /// stream: from the earlier one's last CTA (after its tail) until the later one's CTAs can be
+    /// placed. It replaces `grid_complete_ns + grid_dispatch_ns`, which a profile's event-timed
+    /// kernel durations include and which the GPU's graph executor mostly hides by staging the
+    /// next node while one runs. `None`: no difference (a replayed launch waits the two in full).
+    /// H100 SXM: 1.5 us, calibrated on the isolated latencies of 8 models (data/gpus/h100_sxm.json).
+    #[serde(default)]
+    pub graph_node_gap_ns: Option<u64>,
     /// Log-normal sigma of launch latencies and notification delays (p99/p50 = exp(2.33 sigma)).
     pub latency_sigma: f64,
     /// One read of the host's preempt flag over PCIe: a poll that finds the flag set makes the
@@ -99,6 +107,16 @@ pub struct ModelDesc {
     pub kernel_duration_sigma: f64,
     /// Log-normal sigma of one wave of logical blocks (drawn once per group of CTAs per block).
     pub block_duration_sigma: f64,
+    /// Co-run interference, a fraction: a block takes `1 + this * others` times its time, where
+    /// `others` counts the other launches with CTAs working on the GPU when the block starts, each
+    /// weighted by the fraction of the GPU's SMs its working CTAs cover (at most 1). It
+    /// stands for what the SM-sharing and bandwidth pools do not see: co-running kernels evicting
+    /// each other's working sets from L2, queueing in the memory system well below its bandwidth
+    /// limit, contending for the SMs' instruction caches and warp schedulers. 0 (none) unless a
+    /// description calibrated it. H100 SXM: 0.14, fitted to the per-request GPU time against the
+    /// requests in service in the 8-model mix under `streams:8` (data/gpus/h100_sxm.json).
+    #[serde(default)]
+    pub corun_slowdown_per_launch: f64,
 }
 
 /// A GPU model as the simulator sees it.
@@ -244,6 +262,9 @@ impl GpuDesc {
         }
         if !(self.model.block_latency_ns.is_finite() && self.model.block_latency_ns >= 0.0) {
             return fail("block_latency_ns must be finite and >= 0");
+        }
+        if !(self.model.corun_slowdown_per_launch.is_finite() && self.model.corun_slowdown_per_launch >= 0.0) {
+            return fail("corun_slowdown_per_launch must be finite and >= 0");
         }
         Ok(())
     }

@@ -190,6 +190,8 @@ struct Grid {
     stop_word: Option<u32>,
     /// The backend clears its stop word, in stream order, as it leaves its queue.
     clears_stop_word: bool,
+    /// Which replay of a recorded run issued it (`None`: the host launched it itself).
+    replay: Option<u64>,
 }
 
 /// A stop word ([`Gpu::create_stop_word`]) as the simulator keeps it.
@@ -297,6 +299,10 @@ struct Stream {
     /// Ends of silent launches, reported with the next end of a launch that reports its own.
     /// (launch, next block, preempted, its stop word).
     silent_done: Vec<(LaunchId, u32, bool, Option<u32>)>,
+    /// The replay that issued the last command to leave this stream's queue (`None`: the host
+    /// launched it, or it was a copy): a launch of the same replay behind it is a graph's next
+    /// node (`LatencyDesc::graph_node_gap_ns`).
+    last_replay: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -343,6 +349,9 @@ struct Levels {
     dev: f64,
     h2d: f64,
     d2h: f64,
+    /// Launches with CTAs working on the GPU, each counted as the fraction of the GPU's SMs its
+    /// working CTAs could cover (at most 1), for the co-run interference.
+    corun: f64,
 }
 
 /// A simulated GPU. See the crate docs for the model and its assumptions.
@@ -419,6 +428,8 @@ pub struct SimGpu {
     next_run: u64,
     /// Replaying a run: its launches cost the host nothing one by one (the replay's call does).
     replaying: bool,
+    /// Replays of recorded runs so far (each `launch_run` call is one).
+    replays: u64,
     /// Stop words by id (None: free).
     stop_words: Vec<Option<StopWord>>,
 }
@@ -493,7 +504,7 @@ impl SimGpu {
             dirty_place: false,
             pool_epoch: 1,
             release_seq: 0,
-            levels_cache: (0, Levels { dev: f64::INFINITY, h2d: f64::INFINITY, d2h: f64::INFINITY }),
+            levels_cache: (0, Levels { dev: f64::INFINITY, h2d: f64::INFINITY, d2h: f64::INFINITY, corun: 0.0 }),
             running: Vec::new(),
             hash: TraceHasher::default(),
             trace: Vec::new(),
@@ -509,6 +520,7 @@ impl SimGpu {
             runs: HashMap::new(),
             next_run: 1,
             replaying: false,
+            replays: 0,
             stop_words: Vec::new(),
             desc,
             opts,
@@ -1057,6 +1069,11 @@ impl SimGpu {
                 }
                 let head = self.queues[q].cmds.pop_front().unwrap();
                 self.streams[head.stream as usize].busy = true;
+                let replay = match head.cmd {
+                    Cmd::Kernel(g) => self.grids[g].replay,
+                    _ => None,
+                };
+                let last_replay = std::mem::replace(&mut self.streams[head.stream as usize].last_replay, replay);
                 match head.cmd {
                     Cmd::Kernel(g) => {
                         self.cwd_grids += 1;
@@ -1088,7 +1105,14 @@ impl SimGpu {
                         }
                         let id = self.grids[g].id;
                         self.record(TraceEvent::Dispatch { launch: id, queue: q as u32, at_ns: t });
-                        self.schedule(t + self.desc.latency.grid_dispatch_ns, Ev::GridReady(g));
+                        let lat = &self.desc.latency;
+                        let dispatch_ns = match lat.graph_node_gap_ns {
+                            // A graph's next node: the rest of the node gap after the earlier
+                            // node's completion (see `finish_grid`).
+                            Some(gap) if replay.is_some() && replay == last_replay => gap - gap.min(lat.grid_complete_ns),
+                            _ => lat.grid_dispatch_ns,
+                        };
+                        self.schedule(t + dispatch_ns, Ev::GridReady(g));
                     }
                     Cmd::WaitCopy(_) => unreachable!("handled at the head above"),
                     Cmd::Copy(c) => {
@@ -1472,17 +1496,37 @@ impl SimGpu {
                 |m| m.d2h_demand,
                 copy_demand(Dir::D2H),
             ),
+            corun: self.running.iter().map(|&g| self.corun_weight(g)).sum(),
         };
         self.scratch_flows = flows;
         self.levels_cache = (self.pool_epoch, lv);
         lv
     }
 
+    /// How much launch `g` counts towards the co-run interference of the others: the fraction of
+    /// the GPU's SMs its working CTAs could cover, at most 1 (a grid that fills the GPU counts
+    /// one; a one-CTA kernel next to nothing).
+    fn corun_weight(&self, g: u32) -> f64 {
+        (self.grids[g].ctas_working as f64 / self.desc.sm_count as f64).min(1.0)
+    }
+
+    /// The co-run interference factor of a block of grid `g` starting while launches of total
+    /// weight `corun` (see `corun_weight`) have CTAs working: 1 + `corun_slowdown_per_launch` per
+    /// unit of the others' weight.
+    fn corun_factor(&self, g: u32, corun: f64) -> f64 {
+        let per_launch = self.desc.model.corun_slowdown_per_launch;
+        if per_launch == 0.0 {
+            return 1.0;
+        }
+        let own = if self.grids[g].in_running { self.corun_weight(g) } else { 0.0 };
+        1.0 + per_launch * (corun - own).max(0.0)
+    }
+
     /// Starts one logical block on each CTA of `members` (all of grid `g`), grouping the SMs where
     /// a block takes equally long into one cohort each. `reuse` is a cohort slot to fill first.
     fn start_blocks(&mut self, g: u32, members: Vec<Member>, reuse: Option<(u32, Vec<Member>)>, t: u64) {
         let lv = self.levels();
-        let jitter = self.grids[g].jitter * self.lognormal(self.desc.model.block_duration_sigma);
+        let jitter = self.grids[g].jitter * self.lognormal(self.desc.model.block_duration_sigma) * self.corun_factor(g, lv.corun);
         let model = self.grids[g].model;
         let mut timed = std::mem::take(&mut self.scratch_timed);
         timed.clear();
@@ -1798,7 +1842,14 @@ impl SimGpu {
                 self.error = Some(format!("launch {id:?} ran on memory that was freed: {e}"));
             }
         }
-        self.schedule(t + self.desc.latency.grid_complete_ns, Ev::GridComplete(g));
+        let lat = &self.desc.latency;
+        let complete_ns = match lat.graph_node_gap_ns {
+            // A graph's node completes for its stream within the node gap (the next node's
+            // dispatch takes the rest, in `dispatch_queues`).
+            Some(gap) if self.grids[g].replay.is_some() => gap.min(lat.grid_complete_ns),
+            _ => lat.grid_complete_ns,
+        };
+        self.schedule(t + complete_ns, Ev::GridComplete(g));
     }
 
     fn grid_complete(&mut self, g: u32, t: u64) {
@@ -2166,6 +2217,7 @@ impl SimGpu {
             gated: req.after.is_some(),
             stop_word: None,
             clears_stop_word: false,
+            replay: self.replaying.then_some(self.replays),
         });
         let (queue, arrive) = match self.enqueue(s, Cmd::Kernel(g)) {
             Ok(x) => x,
@@ -2365,6 +2417,7 @@ impl Gpu for SimGpu {
             busy: false,
             gate_closed: false,
             silent_done: Vec::new(),
+            last_replay: None,
             last_launch: None,
         });
         Ok(StreamId(id))
@@ -2457,6 +2510,7 @@ impl Gpu for SimGpu {
         let s = self.check_stream(stream)?;
         // One call of the host for the whole run (a graph launch); its launches go on one by one.
         self.replaying = true;
+        self.replays += 1;
         let mut result = Ok(());
         for l in &launches {
             let request = LaunchRequest {

@@ -76,6 +76,19 @@
 //! faster when fewer of them share the bandwidth, and co-running kernels slow each other through
 //! shared SMs and shared bandwidth.
 //!
+//! **Co-run interference** (`ModelDesc::corun_slowdown_per_launch`, H100 SXM 0.14). On top of
+//! that, a block takes `1 + corun_slowdown_per_launch * others` times as long, `others` being the
+//! other launches with CTAs working on the GPU when it starts, each weighted by the fraction of the
+//! GPU's SMs its working CTAs cover (at most 1): what co-running kernels cost each
+//! other beyond SM slots and the bandwidth pools (L2 evictions, memory-system queueing below the
+//! bandwidth limit, instruction caches and schedulers), fitted to the H100's per-request GPU time
+//! against the requests in service (`scripts/corun_slowdown.py`, data/gpus/h100_sxm.json).
+//!
+//! **Graph nodes** (`LatencyDesc::graph_node_gap_ns`, H100 SXM 1.5 us). Between two launches of
+//! one replayed recorded run on a stream, the next one's CTAs can be placed this long after the
+//! earlier one's tail, instead of `grid_complete_ns + grid_dispatch_ns` (which the profiles'
+//! event-timed durations include): the GPU stages a graph's next node while one runs.
+//!
 //! Block models come from a measured profile ([`SimGpu::register_plan`], keyed by the kernel's JSON
 //! and dtype) solved to reproduce the measured duration alone (on the measured SM counts, linear in
 //! between), or from a roofline for kernels without one: `block_latency_ns` plus the block's FLOPs

@@ -117,10 +117,13 @@ fn memory_bound_kernels_lose_less_than_their_sm_share() {
 
 #[test]
 fn co_running_kernels_share_memory_bandwidth_but_not_compute_across_partitions() {
-    let desc = GpuDesc::h100_sxm();
+    // SM sharing and bandwidth pools alone: the co-run interference off (tested below).
+    let calibrated = GpuDesc::h100_sxm();
+    let mut desc = calibrated.clone();
+    desc.model.corun_slowdown_per_launch = 0.0;
     let p0 = partition_of_size(&desc, 64);
     let p1 = p0 + 1;
-    let together = |k: &Kernel, dtype: DType| -> (u64, u64) {
+    let together_on = |desc: &GpuDesc, k: &Kernel, dtype: DType| -> (u64, u64) {
         let mut gpu = SimGpu::new(desc.clone(), exact());
         let mut ids = Vec::new();
         let mut keep = Vec::new();
@@ -137,6 +140,7 @@ fn co_running_kernels_share_memory_bandwidth_but_not_compute_across_partitions()
         drain(&mut gpu);
         (span(gpu.trace(), ids[0]), span(gpu.trace(), ids[1]))
     };
+    let together = |k: &Kernel, dtype: DType| together_on(&desc, k, dtype);
     let mem = eltwise_add(32 << 20, 4096);
     let alone_mem = alone(&desc, &mem, DType::F32, p0, all(), None);
     let (a, b) = together(&mem, DType::F32);
@@ -151,6 +155,15 @@ fn co_running_kernels_share_memory_bandwidth_but_not_compute_across_partitions()
         (a as f64) < alone_cmp as f64 * 1.05 && (b as f64) < alone_cmp as f64 * 1.05,
         "compute-bound pair: {a} {b} vs alone {alone_cmp}"
     );
+    // With the calibrated co-run interference, a block that starts while the other launch works
+    // takes up to 1 + 0.14 times as long: the partitions share L2 and the memory system. (The first
+    // launch's single wave started alone; the second's started beside it.)
+    let factor = 1.0 + calibrated.model.corun_slowdown_per_launch;
+    assert!(factor > 1.0, "the H100 SXM description calibrates a co-run interference");
+    let (a, b) = together_on(&calibrated, &cmp, DType::F16);
+    let (ra, rb) = (a as f64 / alone_cmp as f64, b as f64 / alone_cmp as f64);
+    assert!(ra < factor * 1.05 && rb < factor * 1.05, "compute-bound pair with interference: x{ra:.3} x{rb:.3}");
+    assert!(ra.max(rb) > 1.0 + 0.5 * (factor - 1.0), "the later launch is slowed: x{ra:.3} x{rb:.3}");
 }
 
 #[test]
