@@ -434,6 +434,30 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
     assert!((learned_ns - 800_000.0).abs() < 80_000.0, "the estimates add up to {learned_ns} ns, the GPU takes 800 us");
 }
 
+/// The REEF tests' models on the simulated H100: "rt", 20 narrow kernels of 30 µs (264 blocks),
+/// and "be", 40 wide ones of 60 µs (4224 blocks), loaded into a checked `VirtualDriver` under
+/// `policy`; the checker's violations beside it.
+fn reef_driver(policy: &str, seed: u64) -> (VirtualDriver<SimGpu>, Violations) {
+    let narrow = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
+    let wide = SyntheticKernel { logical_blocks: 4224, threads_per_block: 256, shared_mem_bytes: 0 };
+    let rt_plan = synthetic::layered_plan("rt", &[narrow; 20]);
+    let be_plan = synthetic::layered_plan("be", &[wide; 40]);
+    let rt_profile = synthetic::profile_with_durations(&rt_plan, &[30_000; 20], "sim", 132);
+    let be_profile = synthetic::profile_with_durations(&be_plan, &[60_000; 40], "sim", 132);
+    let mut gpu = timing_sim(seed);
+    gpu.register_plan(&rt_plan, &rt_profile).unwrap();
+    gpu.register_plan(&be_plan, &be_profile).unwrap();
+    let cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
+    let (checked, violations, _) = Checked::new(cfg.policy.clone());
+    let mut d = VirtualDriver::with_policy(cfg, gpu, Box::new(checked)).unwrap();
+    d.set_checks(true);
+    for (plan, profile) in [(rt_plan, rt_profile), (be_plan, be_profile)] {
+        let spec = ModelSpec { name: plan.model.clone(), plan: Arc::new(plan), profile: Some(profile) };
+        d.load_model(spec).unwrap();
+    }
+    (d, violations)
+}
+
 /// REEF on the simulated H100: real-time requests of a narrow model (20 kernels of 30 us on a
 /// quarter of the SMs) arrive every 2 ms while best-effort requests of a wide one (40 kernels of
 /// 60 us, four waves) keep the GPU busy. `reef` preempts the best-effort work when a real-time
@@ -447,24 +471,8 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
 #[test]
 fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
     let seed = seeds(1)[0];
-    let narrow = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
-    let wide = SyntheticKernel { logical_blocks: 4224, threads_per_block: 256, shared_mem_bytes: 0 };
-    let rt_plan = synthetic::layered_plan("rt", &[narrow; 20]);
-    let be_plan = synthetic::layered_plan("be", &[wide; 40]);
-    let rt_profile = synthetic::profile_with_durations(&rt_plan, &[30_000; 20], "sim", 132);
-    let be_profile = synthetic::profile_with_durations(&be_plan, &[60_000; 40], "sim", 132);
     let measure = |policy: &str, with_be: bool| {
-        let mut gpu = timing_sim(seed);
-        gpu.register_plan(&rt_plan, &rt_profile).unwrap();
-        gpu.register_plan(&be_plan, &be_profile).unwrap();
-        let cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
-        let (checked, violations, _) = Checked::new(cfg.policy.clone());
-        let mut d = VirtualDriver::with_policy(cfg, gpu, Box::new(checked)).unwrap();
-        d.set_checks(true);
-        for (plan, profile) in [(&rt_plan, &rt_profile), (&be_plan, &be_profile)] {
-            let spec = ModelSpec { name: plan.model.clone(), plan: Arc::new(plan.clone()), profile: Some(profile.clone()) };
-            d.load_model(spec).unwrap();
-        }
+        let (mut d, violations) = reef_driver(policy, seed);
         let rt = RequestOptions { skip_io: true, class: Class::RealTime, ..Default::default() };
         let be = RequestOptions { skip_io: true, class: Class::BestEffort, ..Default::default() };
         for i in 0..20u64 {
@@ -541,24 +549,8 @@ fn reef_keeps_real_time_latency_near_alone_while_best_effort_runs() {
 #[test]
 fn reef_hold_off_keeps_best_effort_work_out_between_back_to_back_real_time_requests() {
     let seed = seeds(1)[0];
-    let narrow = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
-    let wide = SyntheticKernel { logical_blocks: 4224, threads_per_block: 256, shared_mem_bytes: 0 };
-    let rt_plan = synthetic::layered_plan("rt", &[narrow; 20]);
-    let be_plan = synthetic::layered_plan("be", &[wide; 40]);
-    let rt_profile = synthetic::profile_with_durations(&rt_plan, &[30_000; 20], "sim", 132);
-    let be_profile = synthetic::profile_with_durations(&be_plan, &[60_000; 40], "sim", 132);
     let measure = |policy: &str| {
-        let mut gpu = timing_sim(seed);
-        gpu.register_plan(&rt_plan, &rt_profile).unwrap();
-        gpu.register_plan(&be_plan, &be_profile).unwrap();
-        let cfg = Config::default().with_policy(PolicyConfig::by_name(policy).unwrap());
-        let (checked, violations, _) = Checked::new(cfg.policy.clone());
-        let mut d = VirtualDriver::with_policy(cfg, gpu, Box::new(checked)).unwrap();
-        d.set_checks(true);
-        for (plan, profile) in [(&rt_plan, &rt_profile), (&be_plan, &be_profile)] {
-            let spec = ModelSpec { name: plan.model.clone(), plan: Arc::new(plan.clone()), profile: Some(profile.clone()) };
-            d.load_model(spec).unwrap();
-        }
+        let (mut d, violations) = reef_driver(policy, seed);
         let rt = RequestOptions { skip_io: true, class: Class::RealTime, ..Default::default() };
         let be = RequestOptions { skip_io: true, class: Class::BestEffort, ..Default::default() };
         // Best-effort work from the start, more than the GPU has time for; real-time requests
