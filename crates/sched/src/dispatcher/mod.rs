@@ -878,7 +878,6 @@ impl<G: Gpu> Dispatcher<G> {
         self.gpu
     }
 
-    /// The view policies read.
     /// When the policy may decide otherwise with nothing else happening (`reef`'s hold-off
     /// ending): an engine with nothing in flight looks again then instead of waiting for an event.
     /// None: only events (arrivals, GPU records, commands) can change its mind.
@@ -886,6 +885,7 @@ impl<G: Gpu> Dispatcher<G> {
         self.wake_at_ns.filter(|_| self.job_count > 0)
     }
 
+    /// The view policies read.
     pub fn view(&self) -> View<'_> {
         View {
             now_ns: self.now_ns,
