@@ -234,22 +234,10 @@ fn preemption_latency(
 }
 
 fn main() {
-    // The CUDA backend's settings from KAIROS_CACHE_DIR, KAIROS_PROGRESS, ... (README).
-    kairos_cuda::settings::configure_from_env();
     let a = args();
     let t_start = Instant::now();
     std::fs::create_dir_all(&a.out).expect("cannot create the output folder");
-    let mut gpu = match CudaGpu::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gpu_suite: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&a, &mut gpu, t_start) {
-        eprintln!("gpu_suite failed: {e}");
-        std::process::exit(1);
-    }
+    suite::run_on_gpu0("gpu_suite", |gpu| run(&a, gpu, t_start));
 }
 
 fn run(a: &Args, gpu: &mut CudaGpu, t_start: Instant) -> Result<()> {

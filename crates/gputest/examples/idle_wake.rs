@@ -133,20 +133,9 @@ fn trial(gpu: &mut CudaGpu, s: Setting, gap_ns: u64, tick_ns: u64, rt: StreamId,
 }
 
 fn main() {
-    kairos_cuda::settings::configure_from_env();
     let a = args();
     std::fs::create_dir_all(&a.out).expect("cannot create the output folder");
-    let mut gpu = match CudaGpu::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("idle_wake: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&a, &mut gpu) {
-        eprintln!("idle_wake failed: {e}");
-        std::process::exit(1);
-    }
+    suite::run_on_gpu0("idle_wake", |gpu| run(&a, gpu));
 }
 
 fn run(a: &Args, gpu: &mut CudaGpu) -> Result<()> {

@@ -370,20 +370,9 @@ struct Model<'a> {
 }
 
 fn main() {
-    kairos_cuda::settings::configure_from_env();
     let a = args();
     std::fs::create_dir_all(&a.out).expect("cannot create the output folder");
-    let mut gpu = match CudaGpu::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("preempt_bench: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&a, &mut gpu) {
-        eprintln!("preempt_bench failed: {e}");
-        std::process::exit(1);
-    }
+    suite::run_on_gpu0("preempt_bench", |gpu| run(&a, gpu));
 }
 
 fn run(a: &Args, gpu: &mut CudaGpu) -> Result<()> {

@@ -1121,6 +1121,24 @@ pub fn outputs_error(actual: &[Tensor], reference: &[Tensor]) -> f64 {
 }
 
 /// Default launch options on the whole device ([`CudaGpu::whole_device`]).
+/// The measurement programs' common end of `main`: the CUDA backend's settings from the
+/// environment (README), GPU 0 opened (exit status 2 without one), `body` run on it (exit status 1
+/// with its error), each message prefixed with `program`.
+pub fn run_on_gpu0(program: &str, body: impl FnOnce(&mut CudaGpu) -> Result<()>) {
+    kairos_cuda::settings::configure_from_env();
+    let mut gpu = match CudaGpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = body(&mut gpu) {
+        eprintln!("{program} failed: {e}");
+        std::process::exit(1);
+    }
+}
+
 pub fn whole_device(gpu: &CudaGpu, stream: StreamId) -> LaunchOptions {
     gpu.whole_device(stream)
 }
