@@ -610,9 +610,14 @@ impl SimGpu {
         self.sms[sm as usize].use_
     }
 
-    /// True when nothing is in flight and every notification has been polled.
+    /// True when nothing is in flight and every notification has been polled. A preempt flag or
+    /// stop word still on its way to becoming visible (`Ev::FlagVisible`) is no work: with no
+    /// launch left to read it, it changes nothing.
     pub fn is_idle(&self) -> bool {
-        self.heap.is_empty() && self.outbox.is_empty() && self.grids.len() == 0 && self.copies.len() == 0
+        self.heap.iter().all(|s| matches!(s.ev, Ev::FlagVisible))
+            && self.outbox.is_empty()
+            && self.grids.len() == 0
+            && self.copies.len() == 0
     }
 
     /// Registers the measured kernels of `profile`, which must have been taken on `plan`.
