@@ -133,7 +133,7 @@ impl Gpu for NullGpu {
 }
 
 fn policies() -> Vec<PolicyConfig> {
-    PolicyConfig::NAMES.iter().chain(&["reef+runs"]).map(|n| PolicyConfig::by_name(n).unwrap()).collect()
+    PolicyConfig::NAMES.iter().chain(&["reef+runs", "krisp:inf+runs+green"]).map(|n| PolicyConfig::by_name(n).unwrap()).collect()
 }
 
 fn main() {

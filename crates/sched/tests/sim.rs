@@ -761,6 +761,16 @@ fn krisp_right_sizes_kernels_and_four_workers_share_the_gpu() {
     // first partition (four workers then served 0.45x `static:4` here).
     let (four_static_green, _) = measure("static:4+green", 4);
     assert!(four_static_green >= 0.95 * four_static, "static:4+green {four_static_green} vs static:4 {four_static} req/s");
+    // Right-sized segments (`+runs`) and the per-model right size (`+model`): each job's recorded
+    // segments on a window of their summed right size (here 32 SMs), replayed inside it. Alone
+    // within 5% of the whole GPU; four KRISP-I workers on four disjoint windows.
+    for policy in ["krisp+runs+green", "krisp+model+green"] {
+        let (one, lat) = measure(policy, 1);
+        assert!(lat * 100 <= lat_full * 105 + 100 * 20_000, "{policy} alone: {lat} ns vs {lat_full} ns");
+        let (four, _) = measure(policy, 4);
+        assert!(four >= 3.0 * one, "{policy}: 4 workers {four} vs one {one} req/s");
+        assert!(four >= 0.95 * four_static_green, "{policy} {four} vs static:4+green {four_static_green} req/s");
+    }
 }
 
 /// `+green` on the simulated H100: every right-sized mask of `krisp` and `static:4` goes out on a
@@ -825,5 +835,13 @@ fn green_masks_run_on_partitions_of_their_groups_with_the_same_outputs() {
         let coarse = run(&format!("{policy}+green"), 66);
         assert_eq!(coarse.partition_launches, 0, "{policy}+green on 66-SM groups");
         assert_eq!(coarse.partition_fallbacks, coarse.masked_launches, "{policy}+green on 66-SM groups");
+    }
+    // Right-sized segments go as runs recorded inside their windows, same outputs; without
+    // partitions that hold a window (66-SM groups) launch by launch on software masks.
+    for policy in ["krisp+runs+green", "krisp+model+green"] {
+        let green = run(policy, 8);
+        assert!(green.segments_launched > 0 && green.partition_launches > 0, "{policy}: {green:?}");
+        let coarse = run(policy, 66);
+        assert_eq!((coarse.segments_launched, coarse.partition_launches), (0, 0), "{policy} on 66-SM groups: {coarse:?}");
     }
 }

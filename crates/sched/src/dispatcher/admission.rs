@@ -228,7 +228,15 @@ impl<G: Gpu> Dispatcher<G> {
         model.rerunnable = model.plan.launches_rerunnable();
         if self.segments_on() {
             (model.segments, model.segment_at) =
-                issue::segments_of(&model.estimates, model.plan.launches.len(), self.cfg.run_segment_ns);
+                issue::segments_of(&model.estimates, model.plan.launches.len(), self.segment_ns());
+            // Right-sized segments: a segment's first launch carries the segment's right size (the
+            // policy places the segment by it).
+            if self.partition_segments() && matches!(self.cfg.policy, PolicyConfig::Krisp { .. }) {
+                for range in &model.segments {
+                    model.right_sms[range.start as usize] =
+                        segment_right_sms(spec.profile.as_ref(), &model.right_sms, range.clone(), sm_count);
+                }
+            }
         }
         if let Err(e) = self.make_resident_if_room(&mut model) {
             free_model(&mut self.gpu, model);
@@ -850,6 +858,42 @@ pub(super) fn free_model<G: Gpu>(gpu: &mut G, m: Model) {
 /// Each launch's right size in SMs (KRISP's minimum CUs): the profile's `min_sms` when the
 /// profile was measured on this plan (one entry per launch, in order), else the SMs its default
 /// grid spreads over (one CTA per SM, as the hardware spreads a grid), at most the GPU.
+/// KRISP's right size for a run of consecutive launches: the fewest SMs, among the sizes the
+/// profile measured, at which the launches' summed durations stay within [`RIGHT_SIZE_SLACK`] of
+/// their sum on the whole GPU (a model-level latency-against-SMs curve from the kernels' own).
+/// Without a profile that covers them: the largest of their right sizes (`right_sms`).
+pub(super) fn segment_right_sms(
+    profile: Option<&kairos_gpu::profile::ModelProfile>,
+    right_sms: &[u32],
+    launches: std::ops::Range<u32>,
+    sm_count: u32,
+) -> u32 {
+    let widest = || launches.clone().map(|i| right_sms[i as usize]).max().unwrap_or(sm_count).clamp(1, sm_count.max(1));
+    let Some(p) = profile else { return widest() };
+    let kernels = match p.kernels.get(launches.start as usize..launches.end as usize) {
+        Some(k)
+            if !k.is_empty() && k.iter().zip(launches.clone()).all(|(k, i)| k.launch == i && !k.duration_by_sms.is_empty()) =>
+        {
+            k
+        }
+        _ => return widest(),
+    };
+    // A kernel's duration at `sms`: its measurement at the smallest size measured at or above it.
+    let at = |k: &kairos_gpu::profile::KernelProfile, sms: u32| {
+        k.duration_by_sms.iter().filter(|(s, _)| *s >= sms).min_by_key(|(s, _)| *s).map_or(k.duration_ns, |x| x.1)
+    };
+    let whole: u64 = kernels.iter().map(|k| at(k, sm_count)).sum();
+    let mut sizes: Vec<u32> = kernels[0].duration_by_sms.iter().map(|x| x.0).filter(|&s| s > 0 && s <= sm_count).collect();
+    sizes.sort_unstable();
+    sizes
+        .into_iter()
+        .find(|&s| kernels.iter().map(|k| at(k, s)).sum::<u64>() as f64 <= whole as f64 * RIGHT_SIZE_SLACK)
+        .unwrap_or(sm_count)
+}
+
+/// [`segment_right_sms`]'s tolerance, as `kairos profile`'s per kernel (`min_sms`): within 5%.
+pub const RIGHT_SIZE_SLACK: f64 = 1.05;
+
 pub(super) fn right_sizes(
     plan: &kairos_core::plan::Plan,
     profile: Option<&kairos_gpu::profile::ModelProfile>,

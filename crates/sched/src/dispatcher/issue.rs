@@ -606,7 +606,7 @@ impl<G: Gpu> Dispatcher<G> {
     /// stopped between kernels ([`Policy::stops_runs`]).
     pub(super) fn segments_on(&self) -> bool {
         let class_on = |c| !self.policy.preempts_class(c) || self.policy.stops_runs(c);
-        self.cfg.run_segment_ns > 0
+        self.segment_ns() > 0
             && self.cfg.record_runs
             && self.runs_supported
             && self.cfg.policy.is_kernel_level()
@@ -614,12 +614,27 @@ impl<G: Gpu> Dispatcher<G> {
             && (!self.cfg.policy.masks_kernels() || self.partition_segments())
     }
 
-    /// `static+green` on a device with hardware partitions: a job's kernels all go to its
-    /// partition, so its segments go as runs recorded inside that partition (one per slot,
-    /// segment and partition), which replay at graph speed on those SMs only. (`krisp+green`
-    /// sizes every kernel apart, so its kernels go launch by launch.)
+    /// The length of a kernel-level segment in estimated GPU time: `Config::run_segment_ns`, or
+    /// for `krisp+model+green` the longest allowed (a job after its first kernel is one segment).
+    pub(super) fn segment_ns(&self) -> u64 {
+        match self.cfg.policy {
+            PolicyConfig::Krisp { unit: RightSizeUnit::Model, .. } => crate::RUN_SEGMENT_NS_MAX,
+            _ => self.cfg.run_segment_ns,
+        }
+    }
+
+    /// `static+green`, `krisp+runs+green` and `krisp+model+green` on a device with hardware
+    /// partitions: a job's segments go as runs recorded inside the partition the policy puts the
+    /// segment's first launch on (one per slot, segment and partition), which replay at graph
+    /// speed on those SMs only. (`krisp+green` sizes every kernel apart, so its kernels go launch
+    /// by launch.)
     pub(super) fn partition_segments(&self) -> bool {
-        matches!(self.cfg.policy, PolicyConfig::Static { green: true, .. }) && !self.device_groups.is_empty()
+        let by_segment = matches!(
+            self.cfg.policy,
+            PolicyConfig::Static { green: true, .. }
+                | PolicyConfig::Krisp { green: true, unit: RightSizeUnit::Segment | RightSizeUnit::Model, .. }
+        );
+        by_segment && !self.device_groups.is_empty()
     }
 
     /// Whether the model's segments may go out stoppable ([`Policy::stops_runs`]) for some class:

@@ -40,6 +40,7 @@
 
 use crate::estimate::{Estimates, RooflineRates};
 use crate::occupancy::{Occupancy, ResourceClass};
+use crate::policy::krisp::RightSizeUnit;
 use crate::policy::{Decision, GpuView, JobKey, JobView, Policy, PolicyConfig, ReadyKernel, StreamView, TenantView, View};
 use crate::request::*;
 use crate::*;

@@ -46,6 +46,21 @@
 //! segments recorded inside the partition (a CUDA graph captured on a green context's stream runs
 //! on its SMs wherever it is replayed) and serves 1.23–1.68x what `static:4` does with masks at
 //! four workers.
+//!
+//! **Right-sized segments (`krisp+runs+green`, `krisp+model+green`).** The Hopper adaptation that
+//! keeps graph speed: the unit KRISP right-sizes becomes a job's recorded segment
+//! ([`RightSizeUnit`]). A segment's first launch carries the segment's right size (the fewest
+//! profiled SMs at which the segment's kernels' summed durations stay within 5% of their sum on
+//! the whole GPU, the dispatcher's `segment_right_sms`); the policy places it as it places a
+//! kernel, but on one of a few aligned windows of consecutive groups ([`windows`]), and the
+//! dispatcher replays the segment as a run recorded inside that window's green context (one
+//! recording per slot, segment and window). `+model` makes the job after its first kernel one
+//! segment: the per-model right size, the model-level baseline. Summed over a segment the
+//! H200's right sizes are large (measured profiles: densenet121@b1's segments 104, 96, 72 and 24
+//! SMs, squeezenet1_1 128 at batch 1, 16 and 32, resnet50@b16 104–132): two such windows do not
+//! fit side by side, so KRISP-I runs about one worker at a time, and KRISP-O (`krisp:inf`), with
+//! overlapping windows, serves 0.97x the best whole-GPU policy at four batch-1 workers (2.28x and
+//! 2.50x one worker; docs/benchmarks.md, "KRISP with right-sized recorded segments").
 
 use super::{Decision, JobView, Policy, ReadyKernel, View};
 use crate::occupancy::{GROUP_SMS, group_count_of, mask_of_groups};
@@ -57,10 +72,27 @@ pub const OVERLAP_ANY: u32 = u32::MAX;
 /// `static` without a count: four partitions (KRISP's largest worker count).
 pub const STATIC_PARTITIONS_DEFAULT: u32 = 4;
 
+/// What `krisp` right-sizes and places as one unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RightSizeUnit {
+    /// Every kernel apart, launch by launch (KRISP).
+    Kernel,
+    /// Each recorded segment of a job (`krisp+runs+green`, `Config::run_segment_ns`): sized so the
+    /// segment's summed profile stays within 5% of its whole-GPU time, replayed inside its partition.
+    Segment,
+    /// The job after its first kernel as one segment (`krisp+model+green`): the per-model right
+    /// size (the model's latency against SMs, summed from its kernels' profiles).
+    Model,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Krisp {
     /// SMs of a kernel's mask that may already run other launches (0: KRISP-I).
     pub overlap_sms: u32,
+    /// Place on aligned windows of consecutive groups ([`Krisp::choose_window`]) instead of any
+    /// groups: with recorded segments each distinct partition costs a recording per slot and
+    /// segment, so the partitions a job can land on are few.
+    pub windows: bool,
 }
 
 /// SMs of group `g` on a GPU of `sm_count` SMs.
@@ -100,6 +132,61 @@ impl Krisp {
         }
         bits
     }
+
+    /// Like [`Krisp::choose_groups`], over [`windows`] of the kernel's right size: the admissible
+    /// window (at most `overlap_sms` of its SMs running other jobs' launches) with the fewest
+    /// other jobs' launches on its groups, among equals one holding all the groups of its job's
+    /// launches in flight, then the lowest; 0 if none is admissible.
+    pub fn choose_window(&self, k: &ReadyKernel, jobs: &[u32], sm_count: u32) -> u32 {
+        let n = group_count_of(sm_count).min(32).min(jobs.len() as u32);
+        if n == 0 {
+            return 0;
+        }
+        let need = k.right_sms.div_ceil(GROUP_SMS).clamp(1, n);
+        let others = |g: u32| jobs[g as usize].saturating_sub((k.lane_groups >> g) & 1);
+        let mut best: Option<(u64, u32)> = None;
+        for (i, bits) in windows(need, n, sm_count).enumerate() {
+            let (mut load, mut overlapped_sms) = (0u64, 0u32);
+            let mut rest = bits;
+            while rest != 0 {
+                let g = rest.trailing_zeros();
+                rest &= rest - 1;
+                if others(g) > 0 {
+                    load += others(g) as u64;
+                    overlapped_sms = overlapped_sms.saturating_add(group_sms(g, sm_count));
+                }
+            }
+            if overlapped_sms > self.overlap_sms {
+                continue;
+            }
+            let own = k.lane_groups != 0 && bits & k.lane_groups == k.lane_groups;
+            let key = (load << 40) | ((!own as u64) << 32) | i as u64;
+            if best.is_none_or(|(b, _)| key < b) {
+                best = Some((key, bits));
+            }
+        }
+        best.map_or(0, |(_, bits)| bits)
+    }
+
+    fn choose(&self, k: &ReadyKernel, jobs: &[u32], sm_count: u32) -> u32 {
+        if self.windows { self.choose_window(k, jobs, sm_count) } else { self.choose_groups(k, jobs, sm_count) }
+    }
+}
+
+/// The windows [`Krisp::choose_window`] places a kernel of `need` groups on, over `n` groups of
+/// a GPU of `sm_count` SMs: `need` consecutive groups starting at 0, need, 2·need, ... and one
+/// ending at the last group; a window that would leave out only a last group smaller than
+/// [`GROUP_SMS`] takes it too (it lies in the device's last partition group).
+pub fn windows(need: u32, n: u32, sm_count: u32) -> impl Iterator<Item = u32> {
+    let need = need.clamp(1, n.max(1));
+    let all = |k: u32| if k >= 32 { u32::MAX } else { (1u32 << k) - 1 };
+    let small_last = n > 0 && group_sms(n - 1, sm_count) < GROUP_SMS;
+    let tiled = (0..n).step_by(need as usize).filter(move |&s| s + need <= n);
+    let last = (n >= need && !(n - need).is_multiple_of(need)).then_some(n - need);
+    tiled.chain(last).map(move |start| {
+        let end = if small_last && start + need == n - 1 { n } else { start + need };
+        all(end) & !all(start)
+    })
 }
 
 /// Jobs with a kernel that can be issued, least recently served first.
@@ -151,7 +238,7 @@ impl Policy for Krisp {
             if self.overlap_sms == 0 && free | (k.lane_groups & one) == 0 {
                 return 0;
             }
-            self.choose_groups(k, jobs, sm_count)
+            self.choose(k, jobs, sm_count)
         })
     }
 }
@@ -231,7 +318,7 @@ mod tests {
         // 132 SMs: 17 groups (the last one of 4 SMs). Groups 0..4 busy with one launch each.
         let mut launches = vec![0u32; 17];
         launches[..4].iter_mut().for_each(|l| *l = 1);
-        let isolated = Krisp { overlap_sms: 0 };
+        let isolated = Krisp { overlap_sms: 0, windows: false };
         // 24 SMs = 3 groups, all free: groups 4, 5, 6.
         assert_eq!(isolated.choose_groups(&kernel(24, 0), &launches, 132), 0b111 << 4);
         // The whole GPU asked: only the 13 free groups.
@@ -240,11 +327,48 @@ mod tests {
         let mut busy = vec![2u32; 17];
         busy[9] = 1;
         assert_eq!(isolated.choose_groups(&kernel(8, 0), &busy, 132), 0);
-        assert_eq!(Krisp { overlap_sms: OVERLAP_ANY }.choose_groups(&kernel(8, 0), &busy, 132), 1 << 9);
+        assert_eq!(Krisp { overlap_sms: OVERLAP_ANY, windows: false }.choose_groups(&kernel(8, 0), &busy, 132), 1 << 9);
         // The sweep between: 16 SMs of overlap allowed, two groups of it.
         let mut half = vec![1u32; 17];
         half[0] = 0;
-        assert_eq!(Krisp { overlap_sms: 16 }.choose_groups(&kernel(40, 0), &half, 132).count_ones(), 3);
+        assert_eq!(Krisp { overlap_sms: 16, windows: false }.choose_groups(&kernel(40, 0), &half, 132).count_ones(), 3);
+    }
+
+    #[test]
+    fn windows_tile_the_groups_and_take_a_small_last_group() {
+        // 132 SMs: 17 groups, the last of 4 SMs.
+        let w: Vec<u32> = windows(6, 17, 132).collect();
+        // 0..6, 6..12, and one ending at the last group (11..17).
+        assert_eq!(w, vec![0b111111, 0b111111 << 6, 0b111111 << 11]);
+        // A window that would leave out only the small last group takes it.
+        let w: Vec<u32> = windows(8, 17, 132).collect();
+        assert_eq!(w, vec![0xff, 0x1ff << 8, 0xff << 9]);
+        // 128 SMs: 16 whole groups, no extension.
+        assert_eq!(windows(8, 16, 128).collect::<Vec<_>>(), vec![0xff, 0xff << 8]);
+        // The whole GPU and a single group.
+        assert_eq!(windows(17, 17, 132).collect::<Vec<_>>(), vec![(1 << 17) - 1]);
+        assert_eq!(windows(1, 17, 132).count(), 17);
+    }
+
+    #[test]
+    fn window_choice_is_least_loaded_sticky_and_respects_the_overlap_limit() {
+        let isolated = Krisp { overlap_sms: 0, windows: true };
+        let open = Krisp { overlap_sms: OVERLAP_ANY, windows: true };
+        let mut jobs = vec![0u32; 17];
+        // 48 SMs: 6 groups; all free: the first window.
+        assert_eq!(isolated.choose_window(&kernel(48, 0), &jobs, 132), 0b111111);
+        // Groups 0..6 taken by another job: the next window.
+        jobs[..6].iter_mut().for_each(|j| *j = 1);
+        assert_eq!(isolated.choose_window(&kernel(48, 0), &jobs, 132), 0b111111 << 6);
+        // That job's own next segment stays on its window (its launches end before it starts).
+        assert_eq!(isolated.choose_window(&kernel(48, 0b111111), &jobs, 132), 0b111111);
+        // Every window overlaps another job: KRISP-I waits, KRISP-O takes the least loaded.
+        jobs.iter_mut().for_each(|j| *j = 2);
+        jobs[11..].iter_mut().for_each(|j| *j = 1);
+        assert_eq!(isolated.choose_window(&kernel(48, 0), &jobs, 132), 0);
+        assert_eq!(open.choose_window(&kernel(48, 0), &jobs, 132), 0b111111 << 11);
+        // Through `decide`'s path the placement is a window, never a scatter of groups.
+        assert!(windows(6, 17, 132).any(|w| w == isolated.choose(&kernel(44, 0), &[0; 17], 132)));
     }
 
     #[test]
@@ -253,7 +377,7 @@ mod tests {
         let mut launches = vec![0u32; 17];
         launches[2] = 1;
         launches[3] = 1;
-        let k = Krisp { overlap_sms: 0 };
+        let k = Krisp { overlap_sms: 0, windows: false };
         assert_eq!(k.choose_groups(&kernel(16, 0b1100), &launches, 132), 0b1100);
         // A larger kernel keeps them and adds free ones.
         let g = k.choose_groups(&kernel(32, 0b1100), &launches, 132);

@@ -24,7 +24,7 @@
 //! | `rr` | [`rr`] | kernels, least recently served job | occupancy + headroom |
 //! | `reef` | [`reef`] | kernels; real-time first, preempts best-effort, pads | real-time: none; padding: free SMs |
 //! | `seq` | [`seq`] | whole jobs one at a time, real-time first | none |
-//! | `krisp` | [`krisp`] | kernels, round robin, each on its right-sized SM mask (`+green`: green context) | free SM groups (KRISP-I) |
+//! | `krisp` | [`krisp`] | kernels, round robin, each on its right-sized SM mask (`+green`: green context; `+runs+green`, `+model+green`: right-sized segments recorded in it) | free SM groups (KRISP-I) |
 //! | `static` | [`krisp`] | kernels, round robin, each on its job's equal partition (`+green`: green context, segments recorded in it) | none |
 
 pub mod edf;
@@ -335,10 +335,12 @@ pub enum PolicyConfig {
         hold_ns: u64,
     },
     Seq,
-    /// `green`: masks go out as hardware partitions (`+green`, see [`PolicyConfig::hardware_masks`]).
+    /// `green`: masks go out as hardware partitions (`+green`, see [`PolicyConfig::hardware_masks`]);
+    /// `unit`: what is right-sized and placed as one (`+runs`, `+model`; with `+green` only).
     Krisp {
         overlap_sms: u32,
         green: bool,
+        unit: krisp::RightSizeUnit,
     },
     Static {
         partitions: u32,
@@ -366,11 +368,31 @@ impl PolicyConfig {
     /// streaming real-time client's next request finds none to stop). `krisp:N` allows N SMs of overlap per
     /// kernel (`krisp` = `krisp:0`, KRISP-I; `krisp:inf`, KRISP-O); `static:N` cuts the GPU into
     /// N equal partitions; both take a last `+green` (their masks as green-context partitions,
-    /// [`PolicyConfig::hardware_masks`]).
+    /// [`PolicyConfig::hardware_masks`]), and `krisp` with `+green` a `+runs` or `+model` before
+    /// it (`krisp+runs+green`: each recorded segment of a job right-sized and replayed inside its
+    /// partition; `krisp+model+green`: the job after its first kernel as one such segment, the
+    /// per-model right size; see [`krisp::RightSizeUnit`]).
     pub fn by_name(name: &str) -> Option<PolicyConfig> {
         if let Some(base) = name.strip_suffix("+green") {
+            // `krisp+runs+green`, `krisp+model+green`: right-sized recorded segments (hardware
+            // partitions only: a run is recorded inside one).
+            let (base, unit) = match (base.strip_suffix("+runs"), base.strip_suffix("+model")) {
+                (Some(b), _) => (b, Some(krisp::RightSizeUnit::Segment)),
+                (_, Some(b)) => (b, Some(krisp::RightSizeUnit::Model)),
+                _ => (base, None),
+            };
+            if let Some(unit) = unit {
+                return match PolicyConfig::by_name(base)? {
+                    PolicyConfig::Krisp { overlap_sms, green: false, unit: krisp::RightSizeUnit::Kernel } => {
+                        Some(PolicyConfig::Krisp { overlap_sms, green: true, unit })
+                    }
+                    _ => None,
+                };
+            }
             return match PolicyConfig::by_name(base)? {
-                PolicyConfig::Krisp { overlap_sms, green: false } => Some(PolicyConfig::Krisp { overlap_sms, green: true }),
+                PolicyConfig::Krisp { overlap_sms, green: false, unit } => {
+                    Some(PolicyConfig::Krisp { overlap_sms, green: true, unit })
+                }
                 PolicyConfig::Static { partitions, green: false } => Some(PolicyConfig::Static { partitions, green: true }),
                 _ => None,
             };
@@ -427,7 +449,7 @@ impl PolicyConfig {
             "sjf" => PolicyConfig::Sjf,
             "rr" => PolicyConfig::Rr,
             "seq" => PolicyConfig::Seq,
-            "krisp" => PolicyConfig::Krisp { overlap_sms: 0, green: false },
+            "krisp" => PolicyConfig::Krisp { overlap_sms: 0, green: false, unit: krisp::RightSizeUnit::Kernel },
             "static" => PolicyConfig::Static { partitions: krisp::STATIC_PARTITIONS_DEFAULT, green: false },
             _ => return None,
         };
@@ -526,6 +548,11 @@ impl PolicyConfig {
                 l += &format!("+hold={}", hold_ns / 1000);
             }
         }
+        match *self {
+            PolicyConfig::Krisp { unit: krisp::RightSizeUnit::Segment, .. } => l += "+runs",
+            PolicyConfig::Krisp { unit: krisp::RightSizeUnit::Model, .. } => l += "+model",
+            _ => {}
+        }
         if self.hardware_masks() {
             l += "+green";
         }
@@ -570,7 +597,9 @@ impl PolicyConfig {
                 Box::new(reef::Reef { kill, padding, be_runs, gate_be, hold_ns })
             }
             PolicyConfig::Seq => Box::new(seq::Seq),
-            PolicyConfig::Krisp { overlap_sms, .. } => Box::new(krisp::Krisp { overlap_sms }),
+            PolicyConfig::Krisp { overlap_sms, unit, .. } => {
+                Box::new(krisp::Krisp { overlap_sms, windows: unit != krisp::RightSizeUnit::Kernel })
+            }
             PolicyConfig::Static { partitions, .. } => Box::new(krisp::StaticPartitions { partitions: partitions.max(1) }),
         }
     }
@@ -602,11 +631,18 @@ impl std::fmt::Display for PolicyConfig {
                 }
                 f.write_str(")")
             }
-            PolicyConfig::Krisp { overlap_sms: krisp::OVERLAP_ANY, green } => {
-                write!(f, "krisp(overlap=any{})", if *green { ",green" } else { "" })
-            }
-            PolicyConfig::Krisp { overlap_sms, green } => {
-                write!(f, "krisp(overlap={overlap_sms}sms{})", if *green { ",green" } else { "" })
+            PolicyConfig::Krisp { overlap_sms, green, unit } => {
+                if *overlap_sms == krisp::OVERLAP_ANY {
+                    f.write_str("krisp(overlap=any")?;
+                } else {
+                    write!(f, "krisp(overlap={overlap_sms}sms")?;
+                }
+                match unit {
+                    krisp::RightSizeUnit::Kernel => {}
+                    krisp::RightSizeUnit::Segment => f.write_str(",unit=segment")?,
+                    krisp::RightSizeUnit::Model => f.write_str(",unit=model")?,
+                }
+                write!(f, "{})", if *green { ",green" } else { "" })
             }
             PolicyConfig::Static { partitions, green } => {
                 write!(f, "static(partitions={partitions}{})", if *green { ",green" } else { "" })
@@ -695,6 +731,9 @@ mod tests {
             "krisp:inf+green",
             "static+green",
             "static:2+green",
+            "krisp+runs+green",
+            "krisp:inf+runs+green",
+            "krisp:16+model+green",
         ] {
             let p = PolicyConfig::by_name(n).unwrap_or_else(|| panic!("{n} does not parse"));
             assert_eq!(p.label(), n);
@@ -735,6 +774,12 @@ mod tests {
             "reef+green",
             "krisp+green+green",
             "krisp+green:16",
+            "krisp+runs",
+            "krisp+model",
+            "krisp+runs+model+green",
+            "krisp+green+runs",
+            "static+runs+green",
+            "paella+runs+green",
             "reef+hold=0",
             "reef+hold=",
             "reef+hold=x",

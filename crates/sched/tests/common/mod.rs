@@ -91,10 +91,21 @@ pub fn random_plan(rng: &mut SmallRng, name: &str) -> Plan {
 /// A random policy with random parameters.
 pub fn random_policy(rng: &mut SmallRng) -> PolicyConfig {
     match rng.random_range(0..11) {
-        9 => PolicyConfig::Krisp {
-            overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)],
-            green: rng.random_bool(0.5),
-        },
+        9 => {
+            use kairos_sched::policy::krisp::RightSizeUnit;
+            let green = rng.random_bool(0.5);
+            // Right-sized segments (`+runs`, `+model`) come with `+green` only.
+            let unit = if green {
+                [RightSizeUnit::Kernel, RightSizeUnit::Segment, RightSizeUnit::Model][rng.random_range(0..3)]
+            } else {
+                RightSizeUnit::Kernel
+            };
+            PolicyConfig::Krisp {
+                overlap_sms: [0, 0, 16, kairos_sched::policy::krisp::OVERLAP_ANY][rng.random_range(0..4)],
+                green,
+                unit,
+            }
+        }
         10 => PolicyConfig::Static { partitions: rng.random_range(1..=4), green: rng.random_bool(0.5) },
         7 => {
             // `+runs` and `+stopruns` (best-effort work in recorded segments) a fifth of the time.
@@ -624,7 +635,10 @@ impl Policy for Checked {
                         {
                             let g = groups_of(&m);
                             if let PolicyConfig::Krisp { .. } = self.config {
-                                if g.count_ones() > k.right_sms.div_ceil(GROUP_SMS).clamp(1, n) {
+                                // A window may take a last group smaller than GROUP_SMS with it.
+                                let small_last =
+                                    n > 0 && g & (1 << (n - 1)) != 0 && sm_count.saturating_sub((n - 1) * GROUP_SMS) < GROUP_SMS;
+                                if g.count_ones() > k.right_sms.div_ceil(GROUP_SMS).clamp(1, n) + small_last as u32 {
                                     bad(format!(
                                         "krisp: {} groups for a kernel of right size {} SMs",
                                         g.count_ones(),
