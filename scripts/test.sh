@@ -10,6 +10,7 @@ echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== peer scripts' self-tests (no torch, no GPU)"
 python3 scripts/cold_serve_peer.py --self-test
+python3 scripts/test_krisp_table.py
 echo "== cargo test"
 if [ $# -gt 0 ]; then
     cargo test "$@"

@@ -11,7 +11,7 @@
 //! | `daris` | high priority: resnet18, mobilenet_v2, resnet50; low: googlenet, inception_v3, densenet121 | periodic, deadline = period | the GPU's throughput for this task mix, measured in closed loop |
 //! | `coldstart` | 3 instances each of 8 vision models under the engine's weight budget (LRU) | Poisson, uniform over instances | serial capacity of the warm models |
 //! | `deepplan-azure` | instances of bert_base, roberta_base and gpt2 in 4:4:1 (`--instances` k: 4k, 4k, k) under the weight budget | an Azure Functions trace (`--arrival azure:FILE`): function j drives the instances i with i mod F = j | serial capacity of the warm models |
-//! | `custom` | `--models` (`ARCH@bN`: batch N) | `--arrival` poisson, lognormal:S, periodic, closed:N or azure:FILE | `--rate` (closed:N: N x load clients) |
+//! | `custom` | `--models` (`ARCH@bN`: batch N) | `--arrival` poisson, lognormal:S, periodic, closed:N (N x load clients over all models), closed-each:N (N x load per model) or azure:FILE | `--rate` (closed: clients) |
 //!
 //! Sources of the parameters:
 //! - Paella (SOSP'23, Ng et al.), section 6: the vision mix with lognormal inter-arrival times
@@ -201,7 +201,8 @@ impl Default for PresetOptions {
 #[derive(Clone, Debug, PartialEq)]
 pub struct CustomSpec {
     pub models: Vec<String>,
-    /// `poisson`, `lognormal:SIGMA`, `periodic`, `closed:CLIENTS`, or `azure:FILE.csv`.
+    /// `poisson`, `lognormal:SIGMA`, `periodic`, `closed:CLIENTS` (clients over all models),
+    /// `closed-each:CLIENTS` (clients per model, each sending its model only), or `azure:FILE.csv`.
     pub arrival: String,
     /// Requests per second at load 1 (all models together).
     pub rate_per_s: f64,
@@ -862,6 +863,15 @@ fn custom(w: &mut Workload, c: &CustomSpec, load: f64) -> Result<(), Error> {
             let clients = ((clients as f64 * load).round() as u32).max(1);
             w.sources.push(Source { arrival: Arrival::ClosedLoop { clients, think_ns: 0 }, streams });
         }
+        "closed-each" => {
+            // CLIENTS x load closed-loop clients per model, each sending only its model's requests
+            // (KRISP's pairs of different models: one worker per model).
+            let clients: u32 = arg.parse().map_err(|_| bad("use closed-each:CLIENTS"))?;
+            let clients = ((clients as f64 * load).round() as u32).max(1);
+            for (s, _) in streams {
+                w.sources.push(Source::one(Arrival::ClosedLoop { clients, think_ns: 0 }, s));
+            }
+        }
         "azure" => {
             let trace = AzureTrace::load(std::path::Path::new(arg)).map_err(Error::Invalid)?;
             let minutes = c.minutes.unwrap_or(trace.minutes()).min(trace.minutes());
@@ -873,7 +883,7 @@ fn custom(w: &mut Workload, c: &CustomSpec, load: f64) -> Result<(), Error> {
                 .map_err(Error::Invalid)?;
             w.sources.extend(sources);
         }
-        _ => return Err(bad("use poisson, lognormal:SIGMA, periodic, closed:CLIENTS or azure:FILE.csv")),
+        _ => return Err(bad("use poisson, lognormal:SIGMA, periodic, closed:CLIENTS, closed-each:CLIENTS or azure:FILE.csv")),
     }
     Ok(())
 }
@@ -1042,6 +1052,25 @@ mod tests {
                 w.sources[0].arrival
             );
         }
+    }
+
+    #[test]
+    fn closed_each_gives_every_model_its_own_clients() {
+        let iso = iso_all();
+        let mut opts = PresetOptions::default();
+        opts.custom.models = vec!["squeezenet1_1".into(), "densenet121".into()];
+        opts.custom.arrival = "closed-each:1".into();
+        for (load, clients) in [(1.0, 1), (2.0, 2)] {
+            let (w, _) = Preset::Custom.workload(load, "", &iso, &Catalog::default(), &opts).unwrap();
+            assert_eq!(w.sources.len(), 2, "one source per model");
+            for (i, src) in w.sources.iter().enumerate() {
+                assert!(matches!(src.arrival, Arrival::ClosedLoop { clients: c, .. } if c == clients), "{:?}", src.arrival);
+                assert_eq!(src.streams.len(), 1);
+                assert_eq!(w.streams[src.streams[0].0 as usize].model, opts.custom.models[i]);
+            }
+        }
+        opts.custom.arrival = "closed-each:x".into();
+        assert!(Preset::Custom.workload(1.0, "", &iso, &Catalog::default(), &opts).is_err());
     }
 
     #[test]

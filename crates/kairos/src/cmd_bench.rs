@@ -321,7 +321,7 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "resnet50")]
     pub models: Vec<String>,
     /// custom: poisson, lognormal:SIGMA, periodic, closed:CLIENTS (CLIENTS x load closed-loop
-    /// clients) or azure:FILE.csv (Azure Functions invocation trace:
+    /// clients over all models), closed-each:CLIENTS (CLIENTS x load per model) or azure:FILE.csv (Azure Functions invocation trace:
     /// HashOwner,HashApp,HashFunction,Trigger,1..1440); deepplan-azure: azure:FILE.csv (default: the
     /// synthetic sample data/traces/azure-functions-sample.csv).
     #[arg(long, default_value = "poisson")]
