@@ -29,7 +29,9 @@
 //! issued either, so the next request of a closed-loop or streaming real-time client, which comes
 //! back within microseconds, finds no best-effort kernel running to stop and wait for
 //! ([`super::Policy::wake_at_ns`] has the dispatcher look again when the hold ends). The cost is
-//! at most US µs of best-effort work per real-time request.
+//! at most US µs of best-effort work per real-time request; measured on an H200 (docs/benchmarks.md)
+//! `+hold=200` meets the real-time bound on DISB B closed, but on open-loop DISB C and E it costs
+//! 9–11 % of the best-effort throughput for no real-time gain, so it is off unless asked for.
 //!
 //! Otherwise (*normal mode*) BE kernels run concurrently, the least recently served job first,
 //! each when it passes the occupancy gate (the best-ranked one that does: no BE job starves
