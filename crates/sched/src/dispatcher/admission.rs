@@ -855,9 +855,6 @@ pub(super) fn free_model<G: Gpu>(gpu: &mut G, m: Model) {
     }
 }
 
-/// Each launch's right size in SMs (KRISP's minimum CUs): the profile's `min_sms` when the
-/// profile was measured on this plan (one entry per launch, in order), else the SMs its default
-/// grid spreads over (one CTA per SM, as the hardware spreads a grid), at most the GPU.
 /// KRISP's right size for a run of consecutive launches: the fewest SMs, among the sizes the
 /// profile measured, at which the launches' summed durations stay within [`RIGHT_SIZE_SLACK`] of
 /// their sum on the whole GPU (a model-level latency-against-SMs curve from the kernels' own).
@@ -894,6 +891,9 @@ pub(super) fn segment_right_sms(
 /// [`segment_right_sms`]'s tolerance, as `kairos profile`'s per kernel (`min_sms`): within 5%.
 pub const RIGHT_SIZE_SLACK: f64 = 1.05;
 
+/// Each launch's right size in SMs (KRISP's minimum CUs): the profile's `min_sms` when the
+/// profile was measured on this plan (one entry per launch, in order), else the SMs its default
+/// grid spreads over (one CTA per SM, as the hardware spreads a grid), at most the GPU.
 pub(super) fn right_sizes(
     plan: &kairos_core::plan::Plan,
     profile: Option<&kairos_gpu::profile::ModelProfile>,

@@ -1119,7 +1119,27 @@ fn job_is_complete(job: &Job) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::admission::segment_right_sms;
     use super::nest_groups;
+
+    #[test]
+    fn a_segments_right_size_is_where_its_summed_profile_keeps_its_speed() {
+        use kairos_gpu::synthetic::{chain_plan, profile_with_durations};
+        let plan = chain_plan("c", 3, 64);
+        let mut p = profile_with_durations(&plan, &[100_000; 3], "sim", 132);
+        // Kernel 1 keeps its speed from 32 SMs, kernel 2 only from 96: the pair needs 96.
+        p.kernels[1].duration_by_sms = vec![(32, 100_000), (64, 100_000), (96, 100_000), (132, 100_000)];
+        p.kernels[2].duration_by_sms = vec![(32, 300_000), (64, 150_000), (96, 104_000), (132, 100_000)];
+        assert_eq!(segment_right_sms(Some(&p), &[8, 32, 96], 1..3, 132), 96);
+        // A long kernel fast from 64 SMs dominates: at 64 SMs the sum is within 5% (kernel 2, 4% slower).
+        p.kernels[1].duration_by_sms = vec![(32, 3_000_000), (64, 2_000_000), (96, 2_000_000), (132, 2_000_000)];
+        p.kernels[2].duration_by_sms = vec![(32, 300_000), (64, 104_000), (96, 100_000), (132, 100_000)];
+        assert_eq!(segment_right_sms(Some(&p), &[8, 32, 96], 1..3, 132), 64);
+        // Without a profile, or one not measured by SM count: the widest kernel right size.
+        assert_eq!(segment_right_sms(None, &[8, 32, 96], 1..3, 132), 96);
+        p.kernels[2].duration_by_sms.clear();
+        assert_eq!(segment_right_sms(Some(&p), &[8, 32, 40], 1..3, 132), 40);
+    }
 
     #[test]
     fn device_groups_hold_whole_map_groups() {
