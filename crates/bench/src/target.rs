@@ -132,6 +132,7 @@ pub struct VirtualTarget<G: Gpu> {
     simulated: bool,
     device: String,
     tags: HashMap<RequestId, u64>,
+    request_host_ns: u64,
 }
 
 impl<G: Gpu> VirtualTarget<G> {
@@ -139,7 +140,16 @@ impl<G: Gpu> VirtualTarget<G> {
     pub fn new(gpu: G, simulated: bool) -> VirtualTarget<G> {
         let name = gpu.info().name.clone();
         let device = if simulated && !name.contains("simulated") { format!("simulated {name}") } else { name };
-        VirtualTarget { gpu: Some(gpu), driver: None, simulated, device, tags: HashMap::new() }
+        VirtualTarget { gpu: Some(gpu), driver: None, simulated, device, tags: HashMap::new(), request_host_ns: 0 }
+    }
+
+    /// Charges each request a serving engine's host path of `ns`: it reaches the dispatcher that
+    /// long after its arrival ([`VirtualDriver::set_request_host_ns`]). For the simulator, whose
+    /// GPU does not see the threaded engine's queue, thread wake-up and completion callback
+    /// (`kairos_sim::LatencyDesc::request_host_ns`); 0 (the default) charges nothing.
+    pub fn with_request_host_ns(mut self, ns: u64) -> VirtualTarget<G> {
+        self.request_host_ns = ns;
+        self
     }
 
     /// Ends any run and gives the GPU back.
@@ -170,7 +180,9 @@ impl<G: Gpu> Target for VirtualTarget<G> {
         self.end()?;
         config.validate()?;
         let gpu = self.gpu.take().ok_or_else(|| Error::Invalid("the target lost its GPU in a failed start".into()))?;
-        self.driver = Some(VirtualDriver::new(config.clone(), gpu)?);
+        let mut driver = VirtualDriver::new(config.clone(), gpu)?;
+        driver.set_request_host_ns(self.request_host_ns);
+        self.driver = Some(driver);
         self.tags.clear();
         Ok(())
     }
@@ -248,8 +260,9 @@ impl<G: Gpu> Target for VirtualTarget<G> {
                 return Ok(());
             }
             let disp = d.dispatcher();
-            // A policy holding work back until a time (`reef`'s hold-off): wait until then.
-            let wake = disp.wake_at_ns().filter(|&w| w > d.now_ns());
+            // A policy holding work back until a time (`reef`'s hold-off), or a request reaching
+            // the dispatcher after its host path: wait until then.
+            let wake = [disp.wake_at_ns(), d.next_scheduled_ns()].into_iter().flatten().filter(|&w| w > d.now_ns()).min();
             if disp.work_in_flight() == 0 && disp.jobs() > 0 && wake.is_none() {
                 return Err(Error::Invalid(format!(
                     "the dispatcher stalled at {} ns: {} requests held and nothing in flight (policy {})",

@@ -870,9 +870,13 @@ fn run_presets(a: RunArgs) -> Result<()> {
             sweep_all(&mut remote_target(&a, &catalog)?, &presets, &catalog, &sweep, a.seed, &a.out)?
         }
         (Backend::Sim, EngineMode::Virtual) => {
-            let mut gpu = kairos_sim::SimGpu::new(sim_desc(&a.sim_gpu)?, kairos_sim::SimOptions::timing_only(a.seed));
+            let desc = sim_desc(&a.sim_gpu)?;
+            // The threaded engine's host path per request, which the simulated GPU does not see.
+            let host_ns = desc.latency.request_host_ns;
+            let mut gpu = kairos_sim::SimGpu::new(desc, kairos_sim::SimOptions::timing_only(a.seed));
             bx::register_on_sim(&mut gpu, &catalog)?;
-            sweep_all(&mut VirtualTarget::new(gpu, true), &presets, &catalog, &sweep, a.seed, &a.out)?
+            let mut target = VirtualTarget::new(gpu, true).with_request_host_ns(host_ns);
+            sweep_all(&mut target, &presets, &catalog, &sweep, a.seed, &a.out)?
         }
         (Backend::Sim, EngineMode::Threaded) => {
             eprintln!(

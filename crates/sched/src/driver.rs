@@ -59,6 +59,8 @@ pub struct VirtualDriver<G: Gpu> {
     recover: bool,
     /// Decisions the dispatcher had made when the run last looked for a stall.
     decisions_seen: u64,
+    /// A submitted request reaches the dispatcher this long after its arrival.
+    request_host_ns: u64,
 }
 
 impl<G: Gpu> VirtualDriver<G> {
@@ -81,6 +83,7 @@ impl<G: Gpu> VirtualDriver<G> {
             checks: false,
             recover: false,
             decisions_seen: 0,
+            request_host_ns: 0,
         })
     }
 
@@ -98,6 +101,20 @@ impl<G: Gpu> VirtualDriver<G> {
     /// of ending the run with the error. Off by default, so that a test sees any GPU error.
     pub fn set_recover(&mut self, on: bool) {
         self.recover = on;
+    }
+
+    /// Charges every request submitted from now on a host path of `ns`: it reaches the dispatcher
+    /// (`Command::Submit`) `ns` after its arrival, which stays its arrival (its latency counts the
+    /// charge). For a virtual run that stands for a serving engine whose host path the GPU does
+    /// not see (a threaded engine's submission queue, thread wake-up and completion callback);
+    /// 0 (the default): a request reaches the dispatcher at its arrival.
+    pub fn set_request_host_ns(&mut self, ns: u64) {
+        self.request_host_ns = ns;
+    }
+
+    /// When the next scheduled command is due (a request reaching the dispatcher, a cancel, ...).
+    pub fn next_scheduled_ns(&self) -> Option<u64> {
+        self.schedule.first_key_value().map(|(k, _)| k.0)
     }
 
     fn check(&self) -> Result<(), Error> {
@@ -131,13 +148,14 @@ impl<G: Gpu> VirtualDriver<G> {
         result
     }
 
-    /// Schedules a request to arrive at `at_ns` on the GPU clock; returns its id.
+    /// Schedules a request to arrive at `at_ns` on the GPU clock (reaching the dispatcher then, or
+    /// the request host path later: [`VirtualDriver::set_request_host_ns`]); returns its id.
     pub fn submit_at(&mut self, at_ns: u64, model: &str, inputs: Vec<Tensor>, options: RequestOptions) -> RequestId {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         self.meta.insert(id, Meta { model: model.into(), tenant: options.tenant, class: options.class, arrival_ns: at_ns });
         let r = Request { id, model: model.to_string(), inputs, options, arrival_ns: Some(at_ns) };
-        self.schedule_command(at_ns, Command::Submit(r));
+        self.schedule_command(at_ns.saturating_add(self.request_host_ns), Command::Submit(r));
         id
     }
 
@@ -168,7 +186,7 @@ impl<G: Gpu> VirtualDriver<G> {
         self.next_id += 1;
         self.meta.insert(id, Meta { model: model.into(), tenant: options.tenant, class: options.class, arrival_ns: at_ns });
         let r = Request { id, model: model.to_string(), inputs, options, arrival_ns: Some(at_ns) };
-        self.schedule_command(at_ns, Command::SubmitBound(r, binding));
+        self.schedule_command(at_ns.saturating_add(self.request_host_ns), Command::SubmitBound(r, binding));
         id
     }
 

@@ -57,6 +57,16 @@ pub struct LatencyDesc {
     /// H100 SXM: 1.5 us, calibrated on the isolated latencies of 8 models (data/gpus/h100_sxm.json).
     #[serde(default)]
     pub graph_node_gap_ns: Option<u64>,
+    /// The serving engine's host path per request, outside the dispatcher's own work: the
+    /// threaded engine's submission queue and waking its dispatcher thread on the way in, the
+    /// completion callback back to the client on the way out. The simulated GPU never sees it;
+    /// a virtual serving run (`kairos bench run --backend sim`) charges it by handing each request
+    /// to the dispatcher this long after its arrival (`VirtualDriver::set_request_host_ns`), so
+    /// its latency counts it. 0 (none) unless a description measured it. H100 SXM: 90 us, the
+    /// p50 queue time of requests that found a stream free at load 1 in call 26
+    /// (`scripts/host_path.py`, data/gpus/h100_sxm.json).
+    #[serde(default)]
+    pub request_host_ns: u64,
     /// Log-normal sigma of launch latencies and notification delays (p99/p50 = exp(2.33 sigma)).
     pub latency_sigma: f64,
     /// One read of the host's preempt flag over PCIe: a poll that finds the flag set makes the

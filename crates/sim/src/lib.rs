@@ -89,6 +89,13 @@
 //! earlier one's tail, instead of `grid_complete_ns + grid_dispatch_ns` (which the profiles'
 //! event-timed durations include): the GPU stages a graph's next node while one runs.
 //!
+//! **The engine's host path** (`LatencyDesc::request_host_ns`, H100 SXM 90 us). Not a GPU term:
+//! what a request spends in the threaded serving engine outside the dispatcher (submission queue,
+//! waking the dispatcher thread, completion callback), which the simulated GPU never sees. A
+//! virtual serving run (`kairos bench run --backend sim`) hands each request to the dispatcher this
+//! long after its arrival; measured as the queue time of the H100's requests that found a stream
+//! free at light load (`scripts/host_path.py`).
+//!
 //! Block models come from a measured profile ([`SimGpu::register_plan`], keyed by the kernel's JSON
 //! and dtype) solved to reproduce the measured duration alone (on the measured SM counts, linear in
 //! between), or from a roofline for kernels without one: `block_latency_ns` plus the block's FLOPs
