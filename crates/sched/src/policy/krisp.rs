@@ -179,14 +179,18 @@ impl Krisp {
 /// [`GROUP_SMS`] takes it too (it lies in the device's last partition group).
 pub fn windows(need: u32, n: u32, sm_count: u32) -> impl Iterator<Item = u32> {
     let need = need.clamp(1, n.max(1));
-    let all = |k: u32| if k >= 32 { u32::MAX } else { (1u32 << k) - 1 };
     let small_last = n > 0 && group_sms(n - 1, sm_count) < GROUP_SMS;
     let tiled = (0..n).step_by(need as usize).filter(move |&s| s + need <= n);
     let last = (n >= need && !(n - need).is_multiple_of(need)).then_some(n - need);
     tiled.chain(last).map(move |start| {
         let end = if small_last && start + need == n - 1 { n } else { start + need };
-        all(end) & !all(start)
+        groups_below(end) & !groups_below(start)
     })
+}
+
+/// The groups (bits) 0..k.
+fn groups_below(k: u32) -> u32 {
+    if k >= 32 { u32::MAX } else { (1u32 << k) - 1 }
 }
 
 /// Jobs with a kernel that can be issued, least recently served first.
@@ -256,8 +260,7 @@ impl StaticPartitions {
         let (base, extra) = (n / count, n % count);
         let start = p * base + p.min(extra);
         let len = base + (p < extra) as u32;
-        let all = |k: u32| if k >= 32 { u32::MAX } else { (1u32 << k) - 1 };
-        all(start + len) & !all(start)
+        groups_below(start + len) & !groups_below(start)
     }
 
     /// The partition (groups) kernel `k` runs on.

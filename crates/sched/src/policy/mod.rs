@@ -381,19 +381,13 @@ impl PolicyConfig {
                 (_, Some(b)) => (b, Some(krisp::RightSizeUnit::Model)),
                 _ => (base, None),
             };
-            if let Some(unit) = unit {
-                return match PolicyConfig::by_name(base)? {
-                    PolicyConfig::Krisp { overlap_sms, green: false, unit: krisp::RightSizeUnit::Kernel } => {
-                        Some(PolicyConfig::Krisp { overlap_sms, green: true, unit })
-                    }
-                    _ => None,
-                };
-            }
-            return match PolicyConfig::by_name(base)? {
-                PolicyConfig::Krisp { overlap_sms, green: false, unit } => {
-                    Some(PolicyConfig::Krisp { overlap_sms, green: true, unit })
+            return match (PolicyConfig::by_name(base)?, unit) {
+                (PolicyConfig::Krisp { overlap_sms, green: false, unit: krisp::RightSizeUnit::Kernel }, unit) => {
+                    Some(PolicyConfig::Krisp { overlap_sms, green: true, unit: unit.unwrap_or(krisp::RightSizeUnit::Kernel) })
                 }
-                PolicyConfig::Static { partitions, green: false } => Some(PolicyConfig::Static { partitions, green: true }),
+                (PolicyConfig::Static { partitions, green: false }, None) => {
+                    Some(PolicyConfig::Static { partitions, green: true })
+                }
                 _ => None,
             };
         }
