@@ -23,6 +23,8 @@ pub enum Act {
     Gelu,
     /// GPT-2's tanh approximation of GELU.
     GeluTanh,
+    /// SiLU (swish): x * sigmoid(x), EfficientNet's activation (exporters write Sigmoid and Mul).
+    Silu,
 }
 
 impl Act {
@@ -32,6 +34,7 @@ impl Act {
             Act::Relu => x.max(0.0),
             Act::Relu6 => x.clamp(0.0, 6.0),
             Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Act::Silu => x / (1.0 + (-x).exp()),
             Act::Tanh => x.tanh(),
             Act::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
             Act::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
@@ -52,6 +55,7 @@ impl Act {
             Act::HardSwish => "hardswish",
             Act::Gelu => "gelu",
             Act::GeluTanh => "gelu_tanh",
+            Act::Silu => "silu",
         }
     }
 }

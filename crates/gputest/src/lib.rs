@@ -454,6 +454,26 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             false,
         ),
         conv_case("conv grouped", (1, 10, 10, 32, 48), (3, 1, 1, 1, 4), (true, false, Act::Relu6), (0, 0), (64, 64, 256), false),
+        // The lowering's direct tiles (`direct_conv_tile`): one output per thread.
+        conv_case(
+            "conv grouped 32 tile 4x64",
+            (1, 9, 9, 64, 64),
+            (3, 1, 1, 1, 32),
+            (true, false, Act::Silu),
+            (0, 0),
+            (4, 64, 256),
+            false,
+        ),
+        conv_case("conv1x1 silu", (1, 8, 8, 32, 64), (1, 1, 0, 1, 1), (true, false, Act::Silu), (0, 0), (64, 64, 256), false),
+        conv_case(
+            "dwconv7x7 tile 8x32",
+            (1, 14, 14, 96, 96),
+            (7, 1, 3, 1, 96),
+            (true, false, Act::None),
+            (0, 0),
+            (8, 32, 256),
+            true,
+        ),
         conv_case(
             "dwconv3x3 s2 relu6",
             (2, 15, 15, 48, 48),
@@ -841,7 +861,9 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
     ]);
     for (kind, name) in [(ReduceKind::Sum, "sum"), (ReduceKind::Mean, "mean"), (ReduceKind::Max, "max"), (ReduceKind::Min, "min")]
     {
-        for (outer, red, inner) in [(6, 77, 1), (3, 19, 50)] {
+        // Rows a warp each; outputs a thread each or (few in a block) a group of threads each,
+        // over short and long axes.
+        for (outer, red, inner) in [(6, 77, 1), (3, 19, 50), (1, 1003, 24), (2, 9, 7)] {
             v.push(KernelCase {
                 smem_bytes: 0,
                 name: format!("reduce {name} [{outer},{red},{inner}]"),

@@ -1,6 +1,7 @@
 //! The binary's environment variables that belong to no one command's option (an option's variable
 //! is named in `kairos <command> --help`). They are read here, once, at start-up and handed to the
-//! libraries as settings: `kairos_cuda::configure` and `kairos_ir::lower::set_split_k_default`.
+//! libraries as settings: `kairos_cuda::configure`, `kairos_ir::lower::set_split_k_default` and
+//! `kairos_ir::lower::set_fuse_acts_default`.
 //! The libraries never read the environment themselves. The README's table "Environment
 //! variables" lists these and the CUDA backend's (`kairos_cuda::settings::ENV_VARS`); a test
 //! (tests/env_table.rs) checks that every variable any source reads is in that table.
@@ -18,6 +19,10 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "KAIROS_DATA_DIR", meaning: "folder holding profiles/ and gpus/ (default: beside the installation)" },
     EnvVar { name: "KAIROS_QUICK_BUILDS", meaning: "0: serve and run wait for optimized kernel builds instead of quick ones" },
     EnvVar { name: "KAIROS_SPLIT_K", meaning: "1: lower long fp16 reductions with split-K" },
+    EnvVar {
+        name: "KAIROS_FUSE_ACTS",
+        meaning: "0: only ReLU joins convolution and product epilogues; other activations run as element-wise launches",
+    },
     EnvVar { name: "KAIROS_CPU_PROFILE", meaning: "PATH: write a sampled CPU profile at exit (build feature cpu-profile)" },
     EnvVar { name: "RUST_LOG", meaning: "log filter of kairos serve (overrides --log)" },
 ];
@@ -37,6 +42,7 @@ pub fn help_text() -> String {
 pub fn install() -> Result<()> {
     kairos_cuda::configure(kairos_cuda::Settings::from_env()?)?;
     kairos_ir::lower::set_split_k_default(flag("KAIROS_SPLIT_K", false)?);
+    kairos_ir::lower::set_fuse_acts_default(flag("KAIROS_FUSE_ACTS", true)?);
     flag("KAIROS_QUICK_BUILDS", true)?;
     Ok(())
 }

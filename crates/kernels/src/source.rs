@@ -690,6 +690,7 @@ fn act_code(a: Act) -> u32 {
         Act::HardSwish => 5,
         Act::Gelu => 6,
         Act::GeluTanh => 7,
+        Act::Silu => 8,
     }
 }
 

@@ -104,6 +104,35 @@ fn conv_plain_strided_padded_dilated_grouped_depthwise() {
 }
 
 #[test]
+fn silu_as_exporters_write_it_fuses_and_matches() {
+    let body = |b: &mut OnnxBuilder, i: &[String]| {
+        let c = b.conv(&i[0], "c1", 8, 12, (3, 3), 1, (1, 1), 1, true);
+        let s = b.node("Sigmoid", "", &[&c], vec![]);
+        let y = b.mul(&c, &s);
+        // Operands the other way round, on a value that is not a convolution's.
+        let t = b.node("Sigmoid", "", &[&y], vec![]);
+        let z = b.mul(&t, &y);
+        b.add(&z, &y)
+    };
+    check("conv_silu", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 12, 6, 6], body);
+    // Lowered: the first SiLU is the convolution's epilogue, the second one element-wise launch
+    // (with the layout copies in and out and the addition: five, against eight unfused).
+    let mut b = OnnxBuilder::new("conv_silu", 17, 7);
+    let x = b.input("x", DType::F32, &[1, 8, 6, 6]);
+    let y = body(&mut b, &[x]);
+    b.output(&y, "y", DType::F32, &[1, 12, 6, 6]);
+    let graph = kairos_ir::onnx::load_bytes("conv_silu", &b.finish_bytes(), &Default::default()).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F16)).unwrap();
+    let conv_act = plan.launches.iter().find_map(|l| match &l.kernel {
+        kairos_ir::plan::Kernel::Conv2d(p) => Some(p.epilogue.act),
+        _ => None,
+    });
+    assert_eq!(conv_act, Some(kairos_ir::graph::Act::Silu), "the convolution's epilogue");
+    let names: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name()).collect();
+    assert!(names.len() <= 5, "SiLU left element-wise launches behind: {names:?}");
+}
+
+#[test]
 fn conv_batchnorm_relu_residual_fuses_and_matches() {
     check("conv_bn_relu_res", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 8, 6, 6], |b, i| {
         let c = b.conv(&i[0], "c1", 8, 8, (3, 3), 1, (1, 1), 1, false);
@@ -122,6 +151,28 @@ fn gemm_matmul_einsum() {
     });
     check("matmul_batched_broadcast", vec![f32_input("a", &[2, 3, 4, 5]), f32_input("b", &[3, 5, 6])], &[2, 3, 4, 6], |b, i| {
         b.node("MatMul", "mm", &[&i[0], &i[1]], vec![])
+    });
+    // A weight shared over batch dims: the rows fold into one product (a sequence-first input as
+    // `nn.MultiheadAttention` exports it, m = 1; a channels-last one, m = 5; a residual folded
+    // with them; a transposed input whose rows do not continue across the batch, not folded).
+    check("matmul_seq_first_shared_weight", vec![f32_input("x", &[7, 1, 16])], &[7, 1, 24], |b, i| {
+        b.matmul_linear(&i[0], "lin", 16, 24, 0.2)
+    });
+    check("matmul_channels_last_shared_weight", vec![f32_input("x", &[1, 4, 5, 16])], &[1, 4, 5, 24], |b, i| {
+        b.matmul_linear(&i[0], "lin", 16, 24, 0.2)
+    });
+    check(
+        "matmul_seq_first_shared_weight_residual",
+        vec![f32_input("x", &[6, 2, 16]), f32_input("r", &[6, 2, 24])],
+        &[6, 2, 24],
+        |b, i| {
+            let y = b.matmul_linear(&i[0], "lin", 16, 24, 0.2);
+            b.add(&y, &i[1])
+        },
+    );
+    check("matmul_transposed_rows_shared_weight", vec![f32_input("x", &[5, 4, 16])], &[4, 5, 24], |b, i| {
+        let t = b.transpose(&i[0], &[1, 0, 2]);
+        b.matmul_linear(&t, "lin", 16, 24, 0.2)
     });
     check(
         "einsum_attention_scores",

@@ -19,9 +19,8 @@ use crate::tensor::{DType, Tensor, element_count};
 use std::collections::{BTreeSet, HashMap};
 
 /// Tile of the implicit-GEMM convolution and the matrix product (rows, columns) in f32 (the SIMT
-/// engine); fp16 chooses per shape ([`tile_for`]).
-const CONV_TILE: (u32, u32) = (64, 64);
-const DWCONV_TILE: (u32, u32) = (32, 64);
+/// engine); fp16 chooses per shape ([`tile_for`]), direct convolutions by channels
+/// ([`direct_conv_tile`]).
 const GEMM_TILE: (u32, u32) = (64, 64);
 /// fp16 tiles of the tensor-core engine, preferred first (larger tiles reuse more of each
 /// operand), with the CTA size each ran best at on the H200 (256 threads let the engine split
@@ -56,6 +55,84 @@ const SMALL_M_TILE_N: [u32; 5] = [64, 32, 16, 8, 4];
 /// Logical blocks a small-M product should have so every SM streams weights (about 3 per SM of
 /// the H100/H200's 132; the 4 CTAs of 128 threads an SM holds keep enough 16-byte loads in flight).
 const SMALL_M_BLOCKS_TARGET: u32 = 384;
+
+/// Folds a matrix product's innermost batch dims into its rows while the right operand (index 1
+/// of each stride list) is shared across them (batch stride 0) and every other operand's rows
+/// continue across the dim: its batch stride is `m` rows (or `m` is 1, so the batch stride becomes
+/// the row stride). `dims` are the merged batch dims, innermost last, each (size, strides per
+/// operand: left, right, output, residual); `row_strides` the operands' row strides (the right
+/// operand's unused). The product is the same; the weight is read once per tile of rows instead
+/// of once per batch.
+pub fn fold_shared_rhs_batches(dims: &mut Vec<(usize, Vec<usize>)>, m: &mut usize, row_strides: &mut [usize]) {
+    while let Some((size, strides)) = dims.last() {
+        let rows_continue = strides
+            .iter()
+            .zip(row_strides.iter())
+            .enumerate()
+            .all(|(i, (&batch, &row))| if i == 1 { batch == 0 } else { *m == 1 || batch == *m * row });
+        if !rows_continue {
+            break;
+        }
+        if *m == 1 {
+            for (i, row) in row_strides.iter_mut().enumerate() {
+                if i != 1 {
+                    *row = strides[i];
+                }
+            }
+        }
+        *m *= size;
+        dims.pop();
+    }
+}
+
+/// Into how many equal chunks a reduction of `outputs` results over an axis of `len` elements
+/// (`inner` apart) is cut, 1 for one launch. The reduce kernel gives an output one thread (a warp
+/// when the axis is contiguous, `inner` = 1; a group of the CTA's threads when a logical block has
+/// few outputs), which walks the axis serially: global average pooling of EfficientNet's 112x112x32
+/// activation, 32 outputs, kept one CTA busy for 2 ms on an H200. Cut, a first launch reduces each
+/// chunk (`outputs` x chunks results, each over `len / chunks` elements) and a second the chunks'
+/// results: the same kind of reduction, exact for a mean too since the chunks are equal. The chunk
+/// count divides `len`; none that leaves chunks of [`REDUCE_CHUNK_LEN_MIN`] elements and more
+/// than 3 of them: one launch.
+pub fn reduce_chunks(outputs: usize, len: usize, inner: usize) -> usize {
+    let per_block = reduce_elems_per_block(outputs) as usize;
+    let per_output = if inner == 1 { 32 } else { (THREADS as usize / per_block).max(1) };
+    let serial = len.div_ceil(per_output);
+    if serial <= REDUCE_SERIAL_MAX || outputs.div_ceil(per_block) >= REDUCE_SPLIT_BLOCKS_MAX {
+        return 1;
+    }
+    let most = (REDUCE_SPLIT_OUTPUTS / outputs.max(1)).min(len / REDUCE_CHUNK_LEN_MIN);
+    let chunks = (1..=most).rev().find(|c| len.is_multiple_of(*c)).unwrap_or(1);
+    if chunks < 4 { 1 } else { chunks }
+}
+
+/// Outputs per logical block of a reduction of `outputs` results: the largest power of two from 8
+/// to [`REDUCE_ELEMS_PER_BLOCK`] that still gives [`REDUCE_BLOCKS_TARGET`] blocks, so that few
+/// outputs spread over many CTAs, and inside each over groups of threads (the reduce kernel splits
+/// an output's axis among 256 / outputs-per-block threads; a warp each when the axis is contiguous).
+pub fn reduce_elems_per_block(outputs: usize) -> u32 {
+    let mut per_block = REDUCE_ELEMS_PER_BLOCK;
+    while per_block > 8 && outputs.div_ceil(per_block as usize) < REDUCE_BLOCKS_TARGET {
+        per_block /= 2;
+    }
+    per_block
+}
+
+/// Tile (pixels, channels) of the direct convolutions, grouped and depthwise: one output per
+/// thread of a [`THREADS`] CTA, output channels fastest (32 or 64 of them, whichever divides
+/// `out_c`; all of them below 32), so that a layer has many logical blocks. Tiles of 4096 and 2048
+/// outputs gave ResNeXt-50's last grouped 3x3 convolution 16 blocks (267 µs on an H200) and
+/// ConvNeXt's 7x7 depthwise ones 196 blocks of 8 outputs a thread (61 µs).
+pub fn direct_conv_tile(out_c: usize) -> (u32, u32) {
+    let tile_n = if out_c < 32 {
+        out_c.max(1) as u32
+    } else if !out_c.is_multiple_of(64) && out_c.is_multiple_of(32) {
+        32
+    } else {
+        64
+    };
+    ((THREADS / tile_n).max(1), tile_n)
+}
 
 /// The tile (rows, columns) of a convolution or matrix product with `batches` independent
 /// products of m x n outputs. f32: the fixed SIMT tile. fp16 with m at most [`SMALL_M_ROWS`]:
@@ -158,6 +235,16 @@ pub fn smem_for(kernel: &Kernel, dtype: DType, threads: u32) -> u32 {
 const ELTWISE_ELEMS_PER_BLOCK: u32 = 1024;
 const POOL_ELEMS_PER_BLOCK: u32 = 256;
 const REDUCE_ELEMS_PER_BLOCK: u32 = 256;
+/// Logical blocks a reduction should have (about one per SM of an H100/H200): below it, fewer
+/// outputs per block (`reduce_elems_per_block`).
+const REDUCE_BLOCKS_TARGET: usize = 128;
+/// A reduction whose threads would each walk more than this many elements of the axis in one
+/// launch goes in two (`reduce_chunks`), unless it already fills this many logical blocks.
+const REDUCE_SERIAL_MAX: usize = 64;
+const REDUCE_SPLIT_BLOCKS_MAX: usize = 64;
+/// The first of the two launches: each chunk at least this long, at most about this many outputs.
+const REDUCE_CHUNK_LEN_MIN: usize = 32;
+const REDUCE_SPLIT_OUTPUTS: usize = 64 * REDUCE_ELEMS_PER_BLOCK as usize;
 const THREADS: u32 = 256;
 /// Rows per logical block of the row kernels (softmax, layer norm): one per warp of a THREADS CTA.
 /// (With one row per block, 7 of a CTA's 8 warps idled and every row cost a take: BERT-base's
@@ -923,12 +1010,10 @@ impl Emitter<'_> {
         if out.nhwc_pixel_stride().is_none() || out.dtype != self.dtype {
             out = self.fresh(&shape, &NHWC, self.dtype);
         }
-        let tile = if depthwise {
-            DWCONV_TILE
-        } else if *groups == 1 {
+        let tile = if *groups == 1 {
             tile_for(self.dtype, 1, (shape[0] * shape[2] * shape[3]) as u32, o as u32)
         } else {
-            CONV_TILE
+            direct_conv_tile(o)
         };
         let p = Conv2dParams {
             batch: shape[0] as u32,
@@ -1114,6 +1199,17 @@ impl Emitter<'_> {
             }
             dims.push((batch_shape[d], strides));
         }
+        // Batch dims over which the right operand (weights) is shared fold into the rows: a
+        // sequence-first or channels-last activation times a weight (`nn.MultiheadAttention`'s
+        // input projection, [T, B, E] x [E, 3E]; ConvNeXt's and Swin's linear layers on [B, H, W,
+        // C]) is one product of T (H x W) rows, not T products of one row (W) that each read the
+        // whole weight again (`fold_shared_rhs_batches`).
+        let mut m = m;
+        let mut row_strides = vec![a.strides[rank - 2], 0, out.strides[rank - 2]];
+        if let Some(r) = &residual {
+            row_strides.push(r.strides[rank - 2]);
+        }
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut row_strides);
         if dims.len() > 2 {
             return Err(unsupported(g, id, "a matrix product whose batch dims do not merge into two"));
         }
@@ -1128,7 +1224,7 @@ impl Emitter<'_> {
             k: k as u32,
             a_stride0: dims[0].1[0] as u64,
             a_stride1: dims[1].1[0] as u64,
-            a_stride_m: a.strides[rank - 2] as u64,
+            a_stride_m: row_strides[0] as u64,
             a_stride_k: a.strides[rank - 1] as u64,
             b_stride0: dims[0].1[1] as u64,
             b_stride1: dims[1].1[1] as u64,
@@ -1136,10 +1232,10 @@ impl Emitter<'_> {
             b_stride_n: b.strides[rank - 1] as u64,
             c_stride0: dims[0].1[2] as u64,
             c_stride1: dims[1].1[2] as u64,
-            c_stride_m: out.strides[rank - 2] as u64,
+            c_stride_m: row_strides[2] as u64,
             r_stride0: residual.as_ref().map(|_| dims[0].1[3] as u64).unwrap_or(0),
             r_stride1: residual.as_ref().map(|_| dims[1].1[3] as u64).unwrap_or(0),
-            r_stride_m: residual.as_ref().map(|r| r.strides[rank - 2] as u64).unwrap_or(0),
+            r_stride_m: row_strides.get(3).copied().unwrap_or(0) as u64,
             alpha: 1.0,
             epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
             tile_m: 0,
@@ -1286,12 +1382,29 @@ impl Emitter<'_> {
         } else {
             self.fresh(&node.shape, &kept_order, self.dtype)
         };
+        // A long axis with few outputs: each chunk first, then the chunks (`reduce_chunks`).
+        let chunks = reduce_chunks(outer * inner, red, inner);
+        let (x, red) = if chunks > 1 {
+            let mut part = self.fresh(&[outer, chunks, inner], &[0, 1, 2], self.dtype);
+            let p = ReduceParams {
+                kind,
+                outer: (outer * chunks) as u32,
+                reduce: (red / chunks) as u32,
+                inner: inner as u32,
+                elems_per_block: reduce_elems_per_block(outer * chunks * inner),
+            };
+            let l = self.push_launch(&format!("{name}.chunks"), Kernel::Reduce(p), self.dtype, vec![x, part.clone()], 1);
+            part.writers = vec![l];
+            (part, chunks)
+        } else {
+            (x, red)
+        };
         let p = ReduceParams {
             kind,
             outer: outer as u32,
             reduce: red as u32,
             inner: inner as u32,
-            elems_per_block: REDUCE_ELEMS_PER_BLOCK,
+            elems_per_block: reduce_elems_per_block(outer * inner),
         };
         let l = self.push_launch(&name, Kernel::Reduce(p), self.dtype, vec![x, out.clone()], 1);
         out.writers = vec![l];
@@ -1547,6 +1660,81 @@ fn is_dense(v: &View) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_outputs_spread_over_blocks() {
+        assert_eq!(reduce_elems_per_block(32), 8);
+        assert_eq!(reduce_elems_per_block(2048), 16);
+        assert_eq!(reduce_elems_per_block(12_544), 64);
+        assert_eq!(reduce_elems_per_block(1 << 20), REDUCE_ELEMS_PER_BLOCK);
+    }
+
+    #[test]
+    fn direct_convolutions_give_each_thread_one_output() {
+        for out_c in [1, 16, 24, 32, 96, 144, 672, 1024, 2048] {
+            let (tm, tn) = direct_conv_tile(out_c);
+            assert!(tm * tn <= THREADS && tm * tn > THREADS / 2, "{out_c} channels: {tm} x {tn}");
+        }
+        assert_eq!(direct_conv_tile(96), (8, 32));
+        assert_eq!(direct_conv_tile(1024), (4, 64));
+        assert_eq!(direct_conv_tile(24), (10, 24));
+    }
+
+    #[test]
+    fn long_reductions_with_few_outputs_go_in_two_launches() {
+        // EfficientNet-B0's first squeeze-excitation pool: 32 channels over 112 x 112.
+        assert_eq!(reduce_chunks(32, 12544, 32), 392);
+        // EfficientNet's 56 x 56 x 144 pool: 98 chunks of 32.
+        assert_eq!(reduce_chunks(144, 3136, 144), 98);
+        // MobileNet v3's 28 x 28 x 72 pool: 8 outputs a block, 32 threads each walk 25 elements.
+        assert_eq!(reduce_chunks(72, 784, 72), 1);
+        // ResNet-50's 7 x 7 x 2048 pool, a BERT row (contiguous, a warp each): one launch.
+        assert_eq!(reduce_chunks(2048, 49, 2048), 1);
+        assert_eq!(reduce_chunks(128, 768, 1), 1);
+        // A contiguous axis long enough for a warp to walk it slowly: cut.
+        assert_eq!(reduce_chunks(1, 1 << 20, 1), 16384);
+        // Enough outputs to fill the GPU anyway, or an axis that no chunk length divides: one.
+        assert_eq!(reduce_chunks(64 * 256, 4096, 64 * 256), 1);
+        assert_eq!(reduce_chunks(8, 65_537, 8), 1);
+    }
+
+    #[test]
+    fn batches_sharing_the_weight_fold_into_rows() {
+        // [T = 197, B = 1, E = 768] x [768, 2304]: 197 batches of one row -> one product of 197 rows.
+        let mut dims = vec![(197, vec![768, 0, 2304])];
+        let (mut m, mut rows) = (1, vec![768 * 197, 0, 2304 * 197]);
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut rows);
+        assert_eq!((dims.len(), m, rows), (0, 197, vec![768, 0, 2304]));
+        // [1, 56, 56, 96] channels-last: batch 56 of 56 rows whose rows continue -> 3136 rows.
+        let mut dims = vec![(56, vec![56 * 96, 0, 56 * 384])];
+        let (mut m, mut rows) = (56, vec![96, 0, 384]);
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut rows);
+        assert_eq!((dims.len(), m, rows), (0, 3136, vec![96, 0, 384]));
+        // Two batch dims, the outer one also continuing: both fold.
+        let mut dims = vec![(2, vec![12 * 16, 0, 12 * 8]), (3, vec![4 * 16, 0, 4 * 8])];
+        let mut m = 4;
+        let mut rows = vec![16, 0, 8];
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut rows);
+        assert_eq!((dims.len(), m), (0, 24));
+        // The weight differs per batch (attention scores): nothing folds.
+        let mut dims = vec![(12, vec![197 * 64, 197 * 64, 197 * 197])];
+        let mut m = 197;
+        let mut rows = vec![64, 0, 197];
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut rows);
+        assert_eq!((dims.len(), m), (1, 197));
+        // Rows that do not continue across the batch (a transposed input): nothing folds.
+        let mut dims = vec![(4, vec![16, 0, 5 * 24])];
+        let mut m = 5;
+        let mut rows = vec![64, 0, 24];
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut rows);
+        assert_eq!((dims.len(), m), (1, 5));
+        // The outer dim stops the fold where its rows do not continue; the inner one still folds.
+        let mut dims = vec![(2, vec![1000, 0, 12 * 8]), (3, vec![4 * 16, 0, 4 * 8])];
+        let mut m = 4;
+        let mut rows = vec![16, 0, 8];
+        fold_shared_rhs_batches(&mut dims, &mut m, &mut rows);
+        assert_eq!((dims.len(), m, rows), (1, 12, vec![16, 0, 8]));
+    }
 
     #[test]
     fn split_k_goes_to_long_fp16_reductions_only() {

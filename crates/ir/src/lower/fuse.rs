@@ -13,7 +13,14 @@ use std::sync::Arc;
 /// stay as ops: the emitter reads them as strided views of the original constant instead.
 const FOLD_ELEMS_MAX: usize = 4 << 20;
 
+/// `fuse_acts`: whether activations other than ReLU join convolution and matrix-product
+/// epilogues (the tensor-core engine inlines ReLU only; others are an out-of-line call per output;
+/// `kairos_ir::lower::set_fuse_acts_default`). Off, they run as element-wise launches.
 pub fn optimize(g: &mut Graph) {
+    optimize_with(g, super::fuse_acts_default())
+}
+
+pub fn optimize_with(g: &mut Graph, fuse_acts: bool) {
     fold_constants(g);
     for _ in 0..8 {
         if !canonicalize(g) {
@@ -22,9 +29,10 @@ pub fn optimize(g: &mut Graph) {
         fold_constants(g);
     }
     fuse_gelu(g);
+    fuse_silu(g);
     fuse_layer_norm(g);
     fuse_softmax(g);
-    fuse_epilogues(g);
+    fuse_epilogues(g, fuse_acts);
     fuse_eltwise(g);
     g.prune();
     g.assert_valid();
@@ -337,6 +345,35 @@ fn fuse_gelu(g: &mut Graph) {
     g.prune();
 }
 
+/// Replaces x * sigmoid(x) (how exporters write SiLU, EfficientNet's activation) by one SiLU
+/// activation, which the epilogue fusion then moves into the convolution or product before it:
+/// two element-wise launches fewer per activation.
+fn fuse_silu(g: &mut Graph) {
+    for id in 0..g.nodes.len() {
+        if !matches!(g.nodes[id].op, Op::Binary(BinaryOp::Mul)) || g.nodes[id].inputs.len() != 2 {
+            continue;
+        }
+        let (a, b) = (g.nodes[id].inputs[0], g.nodes[id].inputs[1]);
+        let sigmoid_of = |s: NodeId| match &g.nodes[s].op {
+            Op::Unary(UnaryOp::Act(Act::Sigmoid)) => Some(g.nodes[s].inputs[0]),
+            _ => None,
+        };
+        let x = if sigmoid_of(b) == Some(a) {
+            a
+        } else if sigmoid_of(a) == Some(b) {
+            b
+        } else {
+            continue;
+        };
+        if g.nodes[id].shape != g.nodes[x].shape {
+            continue;
+        }
+        g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::Silu));
+        g.nodes[id].inputs = vec![x];
+    }
+    g.prune();
+}
+
 /// The argument of tanh in `1 + tanh(arg)`.
 fn tanh_arg(g: &Graph, id: NodeId) -> Option<NodeId> {
     let ins = as_op(g, id, "Add")?;
@@ -506,7 +543,7 @@ fn channel_axis(op: &Op, rank: usize) -> usize {
 
 /// Folds batch-norm scales and shifts, biases, residual adds and activations into the
 /// convolution or matrix product that produces their input.
-fn fuse_epilogues(g: &mut Graph) {
+fn fuse_epilogues(g: &mut Graph, fuse_acts: bool) {
     loop {
         let mut changed = false;
         let uses = g.use_counts();
@@ -589,7 +626,7 @@ fn fuse_epilogues(g: &mut Graph) {
                     inputs.push(other);
                     Some((with_epilogue(&prod.op, Epilogue { residual: true, ..ep }), inputs))
                 }
-                (Op::Unary(UnaryOp::Act(a)), _) if ep.act.0 == Act::None => {
+                (Op::Unary(UnaryOp::Act(a)), _) if ep.act.0 == Act::None && (fuse_acts || *a == Act::Relu) => {
                     Some((with_epilogue(&prod.op, Epilogue { act: ActOpt(*a), ..ep }), prod.inputs.clone()))
                 }
                 _ => None,

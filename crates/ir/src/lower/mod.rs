@@ -36,6 +36,21 @@ pub fn set_split_k_default(on: bool) {
     SPLIT_K_DEFAULT.store(on, Ordering::Relaxed);
 }
 
+/// Whether activations other than ReLU join convolution and product epilogues ([`fuse::optimize`]):
+/// on unless a program turns it off with [`set_fuse_acts_default`] (the binary does for
+/// `KAIROS_FUSE_ACTS=0`: an A/B of the tensor-core engine's out-of-line activation epilogue
+/// against element-wise launches). This crate never reads the environment.
+static FUSE_ACTS_DEFAULT: AtomicBool = AtomicBool::new(true);
+
+/// Sets whether this process fuses activations other than ReLU into epilogues.
+pub fn set_fuse_acts_default(on: bool) {
+    FUSE_ACTS_DEFAULT.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn fuse_acts_default() -> bool {
+    FUSE_ACTS_DEFAULT.load(Ordering::Relaxed)
+}
+
 impl LowerOptions {
     /// Options at `dtype`; split-K as [`set_split_k_default`] chose (off by default).
     pub fn new(dtype: DType) -> LowerOptions {
