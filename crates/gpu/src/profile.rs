@@ -150,6 +150,32 @@ impl ModelProfile {
         Ok(())
     }
 
+    /// The part of a stale profile that still describes `plan`: when the plan has the profile's
+    /// launches (same count, same kernels in the same order) and only some differ in their
+    /// logical block count (a lowering change of tiles or blocks per launch), the profile of the
+    /// others, its latency less the dropped launches' durations; with how many were dropped. `None`
+    /// when the launches themselves differ (or the dtype): nothing of it can be trusted.
+    pub fn matching_part(&self, plan: &kairos_core::plan::Plan) -> Option<(ModelProfile, usize)> {
+        if self.dtype != plan.dtype || self.kernels.len() != plan.launches.len() {
+            return None;
+        }
+        let mut part = ModelProfile { kernels: Vec::with_capacity(self.kernels.len()), layers: None, ..self.clone() };
+        let mut dropped = 0;
+        for k in &self.kernels {
+            let l = plan.launches.get(k.launch as usize)?;
+            if l.kernel.name() != k.kernel {
+                return None;
+            }
+            if l.shape.logical_blocks == k.logical_blocks {
+                part.kernels.push(k.clone());
+            } else {
+                dropped += 1;
+                part.latency_ns = part.latency_ns.saturating_sub(k.duration_ns);
+            }
+        }
+        Some((part, dropped))
+    }
+
     pub fn load(path: &Path) -> Result<ModelProfile, ProfileError> {
         let text = std::fs::read_to_string(path).map_err(|e| ProfileError::Io { what: "read", path: path.into(), source: e })?;
         serde_json::from_str(&text).map_err(|e| ProfileError::Invalid { path: path.into(), source: e })

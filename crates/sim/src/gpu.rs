@@ -632,9 +632,12 @@ impl SimGpu {
     /// batch size, the first dimension of the plan's first input). Returns how many plans matched.
     ///
     /// A profile measured on another plan of the model (an older lowering: other tiles, other
-    /// launches) is stale: it is skipped with a warning on stderr and that model's kernels get
-    /// roofline estimates, so an outdated profile folder degrades estimates instead of refusing to
-    /// start. [`Self::register_plan`] stays strict.
+    /// launches) is stale: when the plan has the same launches and only some changed their block
+    /// counts, the others keep their measured times and the changed ones get roofline estimates
+    /// ([`ModelProfile::matching_part`]; counted as matched); otherwise it is skipped and all the
+    /// model's kernels get roofline estimates. Either way with a warning on stderr, so an outdated
+    /// profile folder degrades estimates instead of refusing to start. [`Self::register_plan`]
+    /// stays strict.
     pub fn register_profiles<'a>(
         &mut self,
         plans: impl IntoIterator<Item = &'a Plan>,
@@ -649,7 +652,19 @@ impl SimGpu {
                         self.register_plan(plan, p)?;
                         matched += 1;
                     }
-                    Err(e) => eprintln!("kairos-sim: stale profile skipped, roofline estimates instead: {e}"),
+                    Err(e) => match p.matching_part(plan) {
+                        Some((part, dropped)) => {
+                            eprintln!(
+                                "kairos-sim: profile of '{}' partly stale ({e}): {dropped} of {} launches get roofline \
+                                 estimates, the others their measured times",
+                                plan.model,
+                                p.kernels.len()
+                            );
+                            self.register_plan(plan, &part)?;
+                            matched += 1;
+                        }
+                        None => eprintln!("kairos-sim: stale profile skipped, roofline estimates instead: {e}"),
+                    },
                 }
             }
         }

@@ -511,7 +511,7 @@ fn roofline_estimates_are_in_a_sane_range() {
 /// a profile of another plan is refused.
 #[test]
 fn registered_profiles_set_the_durations_of_their_plans_launches() {
-    use kairos_gpu::profile::{KernelProfile, ModelProfile};
+    use kairos_gpu::profile::{KernelProfile, ModelProfile, ProfileSet};
     use kairos_ir::plan::*;
     let kernels = [gemm(256, 256, 256, 32), eltwise_add(256 * 256, 1024)];
     let durations = [40_000u64, 15_000];
@@ -598,6 +598,20 @@ fn registered_profiles_set_the_durations_of_their_plans_launches() {
     let mut other = profile.clone();
     other.kernels[1].logical_blocks += 1;
     assert!(gpu.register_plan(&plan, &other).is_err());
+    // Through a profile set (what a profile folder gives), a launch whose block count changed
+    // gets the roofline and the others keep their measured times; other launches, nothing.
+    let (part, dropped) = other.matching_part(&plan).expect("the same launches");
+    assert_eq!((part.kernels.len(), dropped), (1, 1));
+    assert_eq!(part.latency_ns, other.latency_ns - other.kernels[1].duration_ns, "the dropped launch's time leaves the latency");
+    let mut partly = SimGpu::new(GpuDesc::h100_sxm(), exact());
+    assert_eq!(partly.register_profiles([&plan], &ProfileSet { models: vec![other.clone()] }).unwrap(), 1);
+    assert_eq!(partly.registered_kernels(), 1);
+    let mut renamed = other.clone();
+    renamed.kernels[0].kernel = "softmax".into();
+    assert!(renamed.matching_part(&plan).is_none(), "another kernel at a launch: nothing matches");
+    let mut none = SimGpu::new(GpuDesc::h100_sxm(), exact());
+    assert_eq!(none.register_profiles([&plan], &ProfileSet { models: vec![renamed] }).unwrap(), 0);
+    assert_eq!(none.registered_kernels(), 0);
     other = profile.clone();
     other.kernels[0].launch = 5;
     assert!(gpu.register_plan(&plan, &other).is_err());
