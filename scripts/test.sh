@@ -11,6 +11,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== peer scripts' self-tests (no torch, no GPU)"
 python3 scripts/cold_serve_peer.py --self-test
 python3 scripts/test_krisp_table.py
+python3 scripts/test_onnx_kernel_table.py
 echo "== cargo test"
 if [ $# -gt 0 ]; then
     cargo test "$@"
