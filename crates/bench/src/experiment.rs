@@ -131,14 +131,28 @@ pub fn lower_models(
             ir.dtype = dtype;
             ir.batch = batch;
             let plan = ir.plan().map_err(|e| Error::Model { model: a.clone(), message: e.to_string() })?;
-            // A profile of an older lowering would misplace every estimate: roofline instead.
+            // A profile of an older lowering would misplace every estimate: roofline instead. The
+            // simulator still times the launches it describes unchanged (their kernels are the same).
+            let mut part = None;
             let profile = profiles.find(arch, dtype, batch).and_then(|p| match p.check_plan(&plan) {
                 Ok(()) => Some(p.clone()),
                 Err(e) => {
-                    eprintln!("  stale profile skipped, roofline estimates instead: {e}");
+                    part = p.matching_part(&plan);
+                    match &part {
+                        Some((_, dropped)) => eprintln!(
+                            "  stale profile: roofline estimates instead; on a simulator the {} of {} launches it \
+                             still describes keep their measured times ({e})",
+                            p.kernels.len() - dropped,
+                            p.kernels.len()
+                        ),
+                        None => eprintln!("  stale profile skipped, roofline estimates instead: {e}"),
+                    }
                     None
                 }
             });
+            if let Some((p, _)) = part {
+                c.insert_sim_timing(a, p);
+            }
             ModelSpec { name: a.clone(), plan: Arc::new(plan), profile }
         };
         on_model(a, t.elapsed().as_secs_f64());
@@ -163,7 +177,7 @@ pub fn split_batch(name: &str) -> Result<(&str, usize), Error> {
 pub fn register_on_sim(sim: &mut kairos_sim::SimGpu, catalog: &Catalog) -> Result<usize, Error> {
     let mut n = 0;
     for s in catalog.specs() {
-        if let Some(p) = &s.profile {
+        if let Some(p) = catalog.sim_timing(s) {
             sim.register_plan(&s.plan, p).map_err(|e| Error::Model { model: s.name.clone(), message: e.to_string() })?;
             n += 1;
         }

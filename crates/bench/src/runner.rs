@@ -13,6 +13,7 @@
 use crate::Error;
 use crate::target::{Completion, Target};
 use crate::workload::{Arrival, Schedule, source_rng};
+use kairos_gpu::profile::ModelProfile;
 use kairos_sched::{Config, ModelSpec};
 use rand::rngs::SmallRng;
 use std::cmp::Reverse;
@@ -27,11 +28,26 @@ pub const OUTSTANDING_MAX: usize = 1 << 20;
 #[derive(Clone, Debug, Default)]
 pub struct Catalog {
     specs: BTreeMap<String, ModelSpec>,
+    /// Per model without a usable profile: the part of a stale one that still describes its plan
+    /// (`ModelProfile::matching_part`), for the simulator's kernel times only; the dispatcher's
+    /// estimates need a whole profile and take the roofline.
+    sim_timing: BTreeMap<String, ModelProfile>,
 }
 
 impl Catalog {
     pub fn insert(&mut self, spec: ModelSpec) {
         self.specs.insert(spec.name.clone(), spec);
+    }
+
+    /// Records the measured part of `name`'s stale profile for the simulator's kernel times.
+    pub fn insert_sim_timing(&mut self, name: &str, part: ModelProfile) {
+        self.sim_timing.insert(name.to_string(), part);
+    }
+
+    /// The profile the simulator times `spec`'s kernels by: its own, else the measured part of a
+    /// stale one.
+    pub fn sim_timing<'a>(&'a self, spec: &'a ModelSpec) -> Option<&'a ModelProfile> {
+        spec.profile.as_ref().or_else(|| self.sim_timing.get(&spec.name))
     }
 
     /// Adds `spec` under another name (a model instance sharing the plan).
