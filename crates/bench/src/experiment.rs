@@ -133,25 +133,23 @@ pub fn lower_models(
             let plan = ir.plan().map_err(|e| Error::Model { model: a.clone(), message: e.to_string() })?;
             // A profile of an older lowering would misplace every estimate: roofline instead. The
             // simulator still times the launches it describes unchanged (their kernels are the same).
-            let mut part = None;
-            let profile = profiles.find(arch, dtype, batch).and_then(|p| match p.check_plan(&plan) {
-                Ok(()) => Some(p.clone()),
-                Err(e) => {
-                    part = p.matching_part(&plan);
-                    match &part {
-                        Some((_, dropped)) => eprintln!(
-                            "  stale profile: roofline estimates instead; on a simulator the {} of {} launches it \
-                             still describes keep their measured times ({e})",
-                            p.kernels.len() - dropped,
-                            p.kernels.len()
-                        ),
+            let mut profile = None;
+            if let Some(p) = profiles.find(arch, dtype, batch) {
+                match p.check_plan(&plan) {
+                    Ok(()) => profile = Some(p.clone()),
+                    Err(e) => match p.matching_part(&plan) {
+                        Some((part, dropped)) => {
+                            eprintln!(
+                                "  stale profile: roofline estimates instead; on a simulator the {} of {} launches it \
+                                 still describes keep their measured times ({e})",
+                                p.kernels.len() - dropped,
+                                p.kernels.len()
+                            );
+                            c.insert_sim_timing(a, part);
+                        }
                         None => eprintln!("  stale profile skipped, roofline estimates instead: {e}"),
-                    }
-                    None
+                    },
                 }
-            });
-            if let Some((p, _)) = part {
-                c.insert_sim_timing(a, p);
             }
             ModelSpec { name: a.clone(), plan: Arc::new(plan), profile }
         };
