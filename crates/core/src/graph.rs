@@ -25,7 +25,12 @@ pub enum Act {
     GeluTanh,
     /// SiLU (swish): x * sigmoid(x), EfficientNet's activation (exporters write Sigmoid and Mul).
     Silu,
+    /// x * sigmoid(1.702 x), CLIP's "quick GELU" (exporters write Mul, Sigmoid and Mul).
+    QuickGelu,
 }
+
+/// The sigmoid's scale in `Act::QuickGelu` (CLIP's constant; kernels' common.cuh has it too).
+pub const QUICK_GELU_SCALE: f32 = 1.702;
 
 impl Act {
     pub fn apply(self, x: f32) -> f32 {
@@ -35,6 +40,7 @@ impl Act {
             Act::Relu6 => x.clamp(0.0, 6.0),
             Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Act::Silu => x / (1.0 + (-x).exp()),
+            Act::QuickGelu => x / (1.0 + (-QUICK_GELU_SCALE * x).exp()),
             Act::Tanh => x.tanh(),
             Act::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
             Act::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
@@ -56,6 +62,7 @@ impl Act {
             Act::Gelu => "gelu",
             Act::GeluTanh => "gelu_tanh",
             Act::Silu => "silu",
+            Act::QuickGelu => "quick_gelu",
         }
     }
 }
@@ -257,9 +264,11 @@ pub enum Op {
         epilogue: Epilogue,
     },
     /// numpy matmul on inputs a [.., M, K] and b [.., K, N] of equal rank (batch dims broadcast),
-    /// then bias [N] and residual [.., M, N] per the epilogue.
+    /// times `alpha`, then bias [N] and residual [.., M, N] (batch dims broadcast) per the epilogue:
+    /// act(alpha * a b + bias + residual).
     MatMul {
         epilogue: Epilogue,
+        alpha: f32,
     },
     Binary(BinaryOp),
     /// `act(a op b)`, produced by fusion.
@@ -282,11 +291,14 @@ pub enum Op {
         op: ReduceOp,
         axes: Vec<usize>,
     },
-    /// softmax(scale * x) along `axis`; with `causal`, entries past the diagonal of the last two axes are masked out.
+    /// softmax(scale * x) along `axis`; with `causal`, entries past the diagonal of the last two axes are masked out;
+    /// with `zero_nan`, a NaN result is 0 (the guard exporters write after a masked softmax: a row whose every key is
+    /// masked to -inf gives NaN, then Where(IsNaN(y), 0, y)).
     Softmax {
         axis: usize,
         scale: f32,
         causal: bool,
+        zero_nan: bool,
     },
     /// Layer normalization over the last axis: inputs x, gamma, beta.
     LayerNorm {

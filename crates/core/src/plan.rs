@@ -293,6 +293,7 @@ impl Pool2dParams {
 
 /// Row softmax of softmax(scale * x) over `cols`, rows contiguous.
 /// With `causal`, row r (query q = r % causal_rows) keeps keys j <= q + cols - causal_rows; the rest are 0.
+/// With `zero_nan`, an output that would be NaN (a row whose every kept key is -inf) is 0.
 /// Args: x, y. Logical block b covers rows [b * rows_per_block, +rows_per_block).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SoftmaxParams {
@@ -301,6 +302,9 @@ pub struct SoftmaxParams {
     pub scale: f32,
     pub causal: bool,
     pub causal_rows: u32,
+    /// Absent in plans written before the flag existed.
+    #[serde(default)]
+    pub zero_nan: bool,
     pub rows_per_block: u32,
 }
 

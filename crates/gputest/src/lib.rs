@@ -90,11 +90,22 @@ fn softmax_case(
             scale,
             causal: causal_rows.is_some(),
             causal_rows: causal_rows.unwrap_or(1),
+            zero_nan: false,
             rows_per_block,
         }),
         threads,
         args: vec![f(n), f(n)],
     }
+}
+
+/// A softmax with `zero_nan` whose input has every `nan_every`-th element NaN.
+fn softmax_zero_nan_case(name: &str, rows: u32, cols: u32, nan_every: usize) -> KernelCase {
+    let mut case = softmax_case(name, rows, cols, 0.5, None, 2, 256);
+    if let Kernel::Softmax(p) = &mut case.kernel {
+        p.zero_nan = true;
+    }
+    case.args[0].fill = Fill::NanEvery(nan_every);
+    case
 }
 
 fn f(elems: usize) -> Arg {
@@ -229,6 +240,20 @@ fn splitk_sum_case(
     }
     args.push(f(b0 as usize * (b1_ * m_ * ld) as usize));
     KernelCase { smem_bytes: 0, name: name.into(), kernel: Kernel::SplitKSum(p), threads: 256, args }
+}
+
+/// The case with a residual of one row of n per batch0 index, broadcast over batch1 and the rows
+/// (strides 0): an attention mask [B, 1, 1, K] added to the scores [B, H, Q, K].
+fn with_key_mask(mut case: KernelCase) -> KernelCase {
+    let Kernel::Gemm(p) = &mut case.kernel else { panic!("with_key_mask of a {} case", case.kernel.name()) };
+    assert!(!p.epilogue.residual && !p.epilogue.bias, "with_key_mask: {}", case.name);
+    p.epilogue.residual = true;
+    (p.r_stride0, p.r_stride1, p.r_stride_m) = (p.n as u64, 0, 0);
+    let elems = (p.batch0 * p.n) as usize;
+    let out = case.args.len() - 1;
+    case.args.insert(out, f(elems));
+    case.name = format!("{} (residual strides {}, 0, 0)", case.name, p.n);
+    case
 }
 
 /// Gemm layouts the plans use.
@@ -660,8 +685,39 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         )
         .with_smem(52 * 1024),
         gemm_case("gemm narrow 64x32 heads qk", GemmLayout::Heads, (2, 3, 70, 40, 64), 0.125, none, (64, 32), 128),
+        // The attention mask fused as the scores' residual, broadcast over heads and query rows.
+        with_key_mask(gemm_case(
+            "gemm narrow 64x32 heads qk, key mask",
+            GemmLayout::Heads,
+            (2, 3, 70, 40, 64),
+            0.35,
+            none,
+            (64, 32),
+            128,
+        )),
+        with_key_mask(
+            gemm_case(
+                "gemm fixed 64x128 heads qk, key mask",
+                GemmLayout::Heads,
+                (1, 2, 130, 136, 64),
+                0.125,
+                none,
+                (64, 128),
+                256,
+            )
+            .with_smem(104 * 1024),
+        ),
         gemm_case("gemm narrow 32x64", GemmLayout::Linear, (1, 1, 40, 130, 520), 1.0, none, (32, 64), 128).with_smem(104 * 1024),
         gemm_case("gemm narrow 32x32", GemmLayout::Linear, (1, 1, 33, 33, 40), 1.0, none, (32, 32), 128),
+        gemm_case(
+            "gemm narrow 32x32 quick gelu",
+            GemmLayout::Linear,
+            (1, 1, 33, 40, 40),
+            1.0,
+            EpilogueParams { bias: true, residual: false, act: Act::QuickGelu },
+            (32, 32),
+            128,
+        ),
         gemm_case("gemm narrow 128x64", GemmLayout::Linear, (1, 1, 130, 66, 104), 1.0, none, (128, 64), 128)
             .with_smem(104 * 1024),
         gemm_case("gemm narrow 64x128", GemmLayout::Linear, (1, 1, 66, 130, 104), 1.0, none, (64, 128), 128).with_smem(52 * 1024),
@@ -763,6 +819,15 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         )
         .with_smem(104 * 1024),
         gemm_case("gemm small-m heads qk", GemmLayout::Heads, (2, 4, 6, 6, 64), 0.125, none, (8, 8), 128),
+        with_key_mask(gemm_case(
+            "gemm small-m heads qk, key mask",
+            GemmLayout::Heads,
+            (2, 4, 6, 6, 64),
+            0.125,
+            none,
+            (8, 8),
+            128,
+        )),
         gemm_case("gemm small-m 3 rows tile 64", GemmLayout::Linear, (1, 1, 3, 70, 96), 1.0, none, (64, 64), 64),
         conv_case(
             "conv1x1 1x1 pixels small-m",
@@ -794,6 +859,10 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         // per warp.
         softmax_case("softmax causal 128 columns, 8 rows per block", 3 * 128, 128, 0.125, Some(128), 8, 256),
         softmax_case("softmax 1024 columns, 2 rows per warp", 21, 1024, 0.5, None, 8, 128),
+        // The exporters' NaN guard fused (zero_nan): rows holding a NaN give zeros, the others a
+        // softmax; the register path and the general one (fp16 rows past 1024 columns).
+        softmax_zero_nan_case("softmax zero_nan, NaN in some rows", 24, 16, 37),
+        softmax_zero_nan_case("softmax zero_nan 1500 columns", 6, 1500, 4001),
         layernorm_case(19, 768, 2, 256),
         // The register path's limits (fp16 up to 1024 columns, f32 up to 512) and a row of odd
         // length (the general path in both).

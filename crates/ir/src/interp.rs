@@ -43,7 +43,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
         Op::Input { .. } => panic!("inputs are not evaluated"),
         Op::Const(t) => (**t).clone(),
         Op::Conv { window, groups, epilogue } => conv(inputs, shape, window, *groups, epilogue),
-        Op::MatMul { epilogue } => matmul(inputs, shape, epilogue),
+        Op::MatMul { epilogue, alpha } => matmul(inputs, shape, epilogue, *alpha),
         Op::Binary(b) => {
             let (a, c) = (f32s(inputs[0]), f32s(inputs[1]));
             let (ma, mc) = (broadcast_map(shape, &inputs[0].shape), broadcast_map(shape, &inputs[1].shape));
@@ -101,7 +101,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
         Op::Unary(u) => Tensor::f32(shape.to_vec(), f32s(inputs[0]).into_iter().map(|x| u.apply(x)).collect()),
         Op::Pool { kind, window } => pool(inputs[0], shape, *kind, window),
         Op::Reduce { op, axes } => reduce(inputs[0], shape, *op, axes),
-        Op::Softmax { axis, scale, causal } => softmax(inputs[0], *axis, *scale, *causal),
+        Op::Softmax { axis, scale, causal, zero_nan } => softmax(inputs[0], *axis, *scale, *causal, *zero_nan),
         Op::LayerNorm { eps } => layer_norm(inputs, *eps),
         Op::Concat { axis } => concat(inputs, shape, *axis),
         Op::Reshape => {
@@ -199,7 +199,7 @@ fn conv(inputs: &[&Tensor], shape: &[usize], w: &Window, groups: usize, ep: &Epi
     Tensor::f32(shape.to_vec(), y)
 }
 
-fn matmul(inputs: &[&Tensor], shape: &[usize], ep: &Epilogue) -> Tensor {
+fn matmul(inputs: &[&Tensor], shape: &[usize], ep: &Epilogue, alpha: f32) -> Tensor {
     let (a, b) = (inputs[0], inputs[1]);
     let r = shape.len();
     let (m, kk, n) = (a.shape[r - 2], a.shape[r - 1], b.shape[r - 1]);
@@ -216,7 +216,8 @@ fn matmul(inputs: &[&Tensor], shape: &[usize], ep: &Epilogue) -> Tensor {
     } else {
         None
     };
-    let res = if ep.residual { Some(f32s(inputs[next])) } else { None };
+    // The residual broadcasts to the output (an attention mask [B, 1, 1, K] added to scores [B, H, Q, K]).
+    let res = if ep.residual { Some((f32s(inputs[next]), broadcast_map(shape, &inputs[next].shape))) } else { None };
     let mut out = vec![0f32; batches * m * n];
     let mut coord = vec![0; batch_shape.len()];
     for bi in 0..batches {
@@ -230,12 +231,12 @@ fn matmul(inputs: &[&Tensor], shape: &[usize], ep: &Epilogue) -> Tensor {
                     acc += av[ao + i * kk + p] as f64 * bv[bo + p * n + j] as f64;
                 }
                 let idx = (bi * m + i) * n + j;
-                let mut v = acc as f32;
+                let mut v = alpha * acc as f32;
                 if let Some(bias) = &bias {
                     v += bias[j];
                 }
-                if let Some(r) = &res {
-                    v += r[idx];
+                if let Some((r, at)) = &res {
+                    v += r[at[idx]];
                 }
                 out[idx] = ep.act.0.apply(v);
             }
@@ -320,7 +321,7 @@ fn reduce(x: &Tensor, shape: &[usize], op: ReduceOp, axes: &[usize]) -> Tensor {
     Tensor::f32(shape.to_vec(), acc)
 }
 
-fn softmax(x: &Tensor, axis: usize, scale: f32, causal: bool) -> Tensor {
+fn softmax(x: &Tensor, axis: usize, scale: f32, causal: bool, zero_nan: bool) -> Tensor {
     let v = f32s(x);
     let shape = &x.shape;
     let len = shape[axis];
@@ -347,7 +348,8 @@ fn softmax(x: &Tensor, axis: usize, scale: f32, causal: bool) -> Tensor {
             }
             for j in 0..len {
                 let idx = (o * len + j) * inner + i;
-                y[idx] = if allowed(j) { (((scale * v[idx]) - mx).exp() as f64 / sum) as f32 } else { 0.0 };
+                let p = if allowed(j) { (((scale * v[idx]) - mx).exp() as f64 / sum) as f32 } else { 0.0 };
+                y[idx] = if zero_nan && p.is_nan() { 0.0 } else { p };
             }
         }
     }

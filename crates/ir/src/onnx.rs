@@ -628,7 +628,13 @@ impl Importer<'_> {
                 return Err(self.unsupported(node, format!("{:?} over axes {:?}", s.kind, s.axes)));
             }
             let x = self.input(node, 0)?;
-            return Ok(Some(self.add(name, Op::Softmax { axis: s.axes[0], scale: 1.0, causal: false }, vec![x], shape, dtype)));
+            return Ok(Some(self.add(
+                name,
+                Op::Softmax { axis: s.axes[0], scale: 1.0, causal: false, zero_nan: false },
+                vec![x],
+                shape,
+                dtype,
+            )));
         }
         if op.downcast_ref::<ops::logic::Iff>().is_some() {
             let (c, a, b) = (self.input(node, 0)?, self.input(node, 1)?, self.input(node, 2)?);
@@ -804,7 +810,7 @@ impl Importer<'_> {
         let scores_shape = vec![qs[0], qs[1], qs[2], ks[2]];
         let mut scores = self.add(
             &format!("{name}.qk"),
-            Op::MatMul { epilogue: Epilogue::default() },
+            Op::MatMul { epilogue: Epilogue::default(), alpha: 1.0 },
             vec![q, kt],
             scores_shape.clone(),
             dtype,
@@ -831,12 +837,12 @@ impl Importer<'_> {
         }
         let probs = self.add(
             &format!("{name}.softmax"),
-            Op::Softmax { axis: 3, scale: softmax_scale, causal: a.is_causal },
+            Op::Softmax { axis: 3, scale: softmax_scale, causal: a.is_causal, zero_nan: false },
             vec![scores],
             scores_shape,
             dtype,
         );
-        Ok(self.add(name, Op::MatMul { epilogue: Epilogue::default() }, vec![probs, v], shape, dtype))
+        Ok(self.add(name, Op::MatMul { epilogue: Epilogue::default(), alpha: 1.0 }, vec![probs, v], shape, dtype))
     }
 
     /// GatherElements from a constant table (RoBERTa's token types, looked up by position ids):
@@ -919,7 +925,13 @@ impl Importer<'_> {
         let mut t_shape = vec![1; a_shape.len() - 2];
         t_shape.extend([n, n]);
         let t = self.graph.add_const(format!("{name}.triangle"), Tensor::f32(t_shape, tri).cast(float));
-        let summed = self.add(&format!("{name}.sum"), Op::MatMul { epilogue: Epilogue::default() }, vec![a, t], a_shape, float);
+        let summed = self.add(
+            &format!("{name}.sum"),
+            Op::MatMul { epilogue: Epilogue::default(), alpha: 1.0 },
+            vec![a, t],
+            a_shape,
+            float,
+        );
         let summed = self.reshape(&format!("{name}.shape"), summed, moved_shape);
         let mut back = vec![0; rank];
         for (k, &p) in perm.iter().enumerate() {
@@ -1195,7 +1207,7 @@ impl Importer<'_> {
             batch_sizes.iter().copied().chain(std::iter::repeat_n(1, m_dims.len() - 1)).chain([kk, nn]).collect();
         let br = self.reshape(&format!("{name}.b_r"), bt_node, b_shape);
         let mm_shape: Vec<usize> = batch_sizes.iter().chain(&m_dims).copied().chain([nn]).collect();
-        let prod_node = self.add(&name, Op::MatMul { epilogue: Epilogue::default() }, vec![ar, br], mm_shape, dtype);
+        let prod_node = self.add(&name, Op::MatMul { epilogue: Epilogue::default(), alpha: 1.0 }, vec![ar, br], mm_shape, dtype);
         // [batch.., m.., n..] in the output's axis sizes, then into the output order.
         let natural: Vec<char> = batch.iter().chain(&m).chain(&n).copied().collect();
         let natural_shape: Vec<usize> = natural.iter().map(|&c| shape[pos(&out, c)]).collect();

@@ -89,6 +89,7 @@ __device__ __forceinline__ void st_dt(u64 base, u64 i, u32 dt, float v) {
 #define KAIROS_ACT_GELU 6u
 #define KAIROS_ACT_GELU_TANH 7u
 #define KAIROS_ACT_SILU 8u
+#define KAIROS_ACT_QUICK_GELU 9u
 
 __device__ __forceinline__ float kairos_act(u32 act, float x) {
     switch (act) {
@@ -96,6 +97,7 @@ __device__ __forceinline__ float kairos_act(u32 act, float x) {
         case KAIROS_ACT_RELU6: return fminf(fmaxf(x, 0.0f), 6.0f);
         case KAIROS_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
         case KAIROS_ACT_SILU: return x / (1.0f + expf(-x));
+        case KAIROS_ACT_QUICK_GELU: return x / (1.0f + expf(-1.702f * x));  // kairos_ir::graph::QUICK_GELU_SCALE
         case KAIROS_ACT_TANH: return tanhf(x);
         case KAIROS_ACT_HARDSWISH: return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f;
         case KAIROS_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));

@@ -9,8 +9,11 @@ struct SoftmaxArgs {
     u64 x, y;
     u32 rows, cols;
     float scale;
-    u32 causal, causal_rows, rows_per_block;
+    u32 flags, causal_rows, rows_per_block;  // flags: SOFTMAX_CAUSAL | SOFTMAX_ZERO_NAN
 };
+#define SOFTMAX_CAUSAL 1u
+// A NaN result is 0 (the exporters' Where(IsNaN(y), 0, y) after a masked softmax, fused).
+#define SOFTMAX_ZERO_NAN 2u
 static_assert(sizeof(SoftmaxArgs) == 40, "SoftmaxArgs layout");
 
 struct LayerNormArgs {
@@ -190,7 +193,10 @@ __device__ __forceinline__ void softmax_row_in_registers(const SoftmaxArgs& A, c
 #pragma unroll
     for (u32 i = 0; i < LN_CHUNKS; ++i)
 #pragma unroll
-        for (u32 e = 0; e < E; ++e) v[i][e] *= inv;
+        for (u32 e = 0; e < E; ++e) {
+            const float p = v[i][e] * inv;
+            v[i][e] = (A.flags & SOFTMAX_ZERO_NAN) && isnan(p) ? 0.0f : p;
+        }
     row_store<T, E>(y, lane, chunks, v);
 }
 
@@ -200,7 +206,7 @@ __device__ __forceinline__ void softmax_body(const KairosProto& P, const Softmax
     kairos_rows<T>(P, A.x, A.y, A.rows, A.cols, A.rows_per_block, [&](u32 row, const T* x, T* y, u32 lane) {
         // keys j < kept survive the causal mask
         u32 kept = A.cols;
-        if (A.causal) {
+        if (A.flags & SOFTMAX_CAUSAL) {
             const u32 q = row % A.causal_rows;
             const i64 lim = (i64)q + A.cols - A.causal_rows + 1;
             kept = lim < 0 ? 0u : (lim > (i64)A.cols ? A.cols : (u32)lim);
@@ -216,7 +222,11 @@ __device__ __forceinline__ void softmax_body(const KairosProto& P, const Softmax
         for (u32 j = lane; j < kept; j += 32) sum += expf(A.scale * ld(x + j) - mx);
         sum = warp_sum(sum);
         const float inv = kept ? 1.0f / sum : 0.0f;
-        for (u32 j = lane; j < A.cols; j += 32) st(y + j, j < kept ? expf(A.scale * ld(x + j) - mx) * inv : 0.0f);
+        const bool zero_nan = A.flags & SOFTMAX_ZERO_NAN;
+        for (u32 j = lane; j < A.cols; j += 32) {
+            const float p = j < kept ? expf(A.scale * ld(x + j) - mx) * inv : 0.0f;
+            st(y + j, zero_nan && isnan(p) ? 0.0f : p);
+        }
     });
 }
 

@@ -691,6 +691,7 @@ fn act_code(a: Act) -> u32 {
         Act::Gelu => 6,
         Act::GeluTanh => 7,
         Act::Silu => 8,
+        Act::QuickGelu => 9,
     }
 }
 
@@ -867,7 +868,8 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, LaunchErro
             w.u32(p.rows);
             w.u32(p.cols);
             w.f32(p.scale);
-            w.u32(p.causal as u32);
+            // Bit 0: causal; bit 1: zero_nan (norm.cu, SOFTMAX_CAUSAL / SOFTMAX_ZERO_NAN).
+            w.u32(p.causal as u32 | (p.zero_nan as u32) << 1);
             w.u32(p.causal_rows.max(1));
             w.u32(p.rows_per_block);
             40
@@ -1162,7 +1164,7 @@ mod tests {
         let x = g.add("x", Op::Input { index: 0 }, vec![], vec![32, 4096], DType::F32);
         g.inputs.push(GraphInput { name: "x".into(), node: x });
         let w = g.add_const("w", kairos_core::Tensor::f32(vec![4096, 64], vec![0.5; 4096 * 64]));
-        let y = g.add("y", Op::MatMul { epilogue: Epilogue::default() }, vec![x, w], vec![32, 64], DType::F32);
+        let y = g.add("y", Op::MatMul { epilogue: Epilogue::default(), alpha: 1.0 }, vec![x, w], vec![32, 64], DType::F32);
         g.outputs.push(GraphOutput { name: "y".into(), node: y });
         g
     }

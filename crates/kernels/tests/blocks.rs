@@ -82,7 +82,7 @@ proptest! {
             consts.push(Tensor::f32(vec![n], values(&[n], seed ^ 4)));
         }
         let ep = Epilogue { bias, residual: false, act: ActOpt(Act::None) };
-        let g = one_op(Op::MatMul { epilogue: ep }, &[b0, m, k], consts, &[b0, m, n]);
+        let g = one_op(Op::MatMul { epilogue: ep, alpha: 1.0 }, &[b0, m, k], consts, &[b0, m, n]);
         agree(&g, seed)?;
     }
 
@@ -99,7 +99,7 @@ proptest! {
 
     #[test]
     fn softmax_layernorm_reduce_match_naive(rows in 1usize..6, cols in 1usize..50, scale in 0.1f32..2.0, seed in any::<u64>()) {
-        let g = one_op(Op::Softmax { axis: 1, scale, causal: false }, &[rows, cols], vec![], &[rows, cols]);
+        let g = one_op(Op::Softmax { axis: 1, scale, causal: false, zero_nan: false }, &[rows, cols], vec![], &[rows, cols]);
         agree(&g, seed)?;
         let ln = one_op(Op::LayerNorm { eps: 1e-5 }, &[rows, cols],
             vec![Tensor::f32(vec![cols], values(&[cols], seed ^ 5)), Tensor::f32(vec![cols], values(&[cols], seed ^ 6))], &[rows, cols]);
@@ -124,7 +124,7 @@ proptest! {
         g.inputs.push(GraphInput { name: "x".into(), node: x });
         let t = g.add("t", Op::Transpose { perm: vec![0, 2, 1] }, vec![x], vec![a, c, b], DType::F32);
         let w = g.add_const("w", Tensor::f32(vec![a, b, 3], values(&[a, b, 3], seed ^ 8)));
-        let y = g.add("y", Op::MatMul { epilogue: Epilogue::default() }, vec![t, w], vec![a, c, 3], DType::F32);
+        let y = g.add("y", Op::MatMul { epilogue: Epilogue::default(), alpha: 1.0 }, vec![t, w], vec![a, c, 3], DType::F32);
         g.outputs.push(GraphOutput { name: "y".into(), node: y });
         agree(&g, seed)?;
     }
@@ -178,7 +178,7 @@ proptest! {
 fn long_matmul(m: usize, k: usize, n: usize, seed: u64) -> Graph {
     let consts = vec![Tensor::f32(vec![k, n], values(&[k, n], seed ^ 9)), Tensor::f32(vec![n], values(&[n], seed ^ 10))];
     let ep = Epilogue { bias: true, residual: false, act: ActOpt(Act::Relu) };
-    one_op(Op::MatMul { epilogue: ep }, &[m, k], consts, &[m, n])
+    one_op(Op::MatMul { epilogue: ep, alpha: 1.0 }, &[m, k], consts, &[m, n])
 }
 
 /// fp16 plans with split-K on cut long reductions into split-K slices (a gemm or conv2d writing f32 partial sums,

@@ -133,6 +133,67 @@ fn silu_as_exporters_write_it_fuses_and_matches() {
 }
 
 #[test]
+fn quick_gelu_as_clip_writes_it_fuses_and_matches() {
+    let body = |b: &mut OnnxBuilder, i: &[String]| {
+        let y = b.matmul_linear(&i[0], "fc1", 16, 24, 0.3);
+        let c = b.const_f32_scalar(1.702);
+        let scaled = b.mul(&c, &y);
+        let s = b.node("Sigmoid", "", &[&scaled], vec![]);
+        b.mul(&y, &s)
+    };
+    check("quick_gelu", vec![f32_input("x", &[1, 5, 16])], &[1, 5, 24], body);
+    let mut b = OnnxBuilder::new("quick_gelu", 17, 7);
+    let x = b.input("x", DType::F32, &[1, 5, 16]);
+    let y = body(&mut b, &[x]);
+    b.output(&y, "y", DType::F32, &[1, 5, 24]);
+    let graph = kairos_ir::onnx::load_bytes("quick_gelu", &b.finish_bytes(), &Default::default()).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F32)).unwrap();
+    let acts: Vec<_> = plan
+        .launches
+        .iter()
+        .map(|l| match &l.kernel {
+            kairos_ir::plan::Kernel::Gemm(p) => format!("gemm {:?}", p.epilogue.act),
+            k => k.name().to_string(),
+        })
+        .collect();
+    assert_eq!(acts, ["gemm QuickGelu"], "the product's epilogue, nothing else");
+}
+
+#[test]
+fn gpt2_conv1d_reshapes_keep_epilogues_fused() {
+    // Hugging Face's GPT-2 `Conv1D`: Reshape [B, S, C] -> [B S, C], Gemm, Reshape back; the GELU
+    // (tanh form) and the residual add read the second reshape. Both join the products' epilogues.
+    let body = |b: &mut OnnxBuilder, i: &[String]| {
+        let conv1d = |b: &mut OnnxBuilder, x: &str, name: &str, fin: usize, fout: usize| {
+            let flat = b.reshape(x, &[-1, fin as i64]);
+            let y = b.gemm_linear(&flat, name, fin, fout);
+            b.reshape(&y, &[2, 5, fout as i64])
+        };
+        let h = conv1d(b, &i[0], "c_fc", 16, 24);
+        let h = b.gelu_tanh(&h);
+        let h = conv1d(b, &h, "c_proj", 24, 16);
+        b.add(&i[0], &h)
+    };
+    check("gpt2_conv1d", vec![f32_input("x", &[2, 5, 16])], &[2, 5, 16], body);
+    let mut b = OnnxBuilder::new("gpt2_conv1d", 17, 7);
+    let x = b.input("x", DType::F32, &[2, 5, 16]);
+    let y = body(&mut b, &[x]);
+    b.output(&y, "y", DType::F32, &[2, 5, 16]);
+    let graph = kairos_ir::onnx::load_bytes("gpt2_conv1d", &b.finish_bytes(), &Default::default()).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F32)).unwrap();
+    let launches: Vec<_> = plan
+        .launches
+        .iter()
+        .map(|l| match &l.kernel {
+            kairos_ir::plan::Kernel::Gemm(p) => format!("gemm {:?} residual {}", p.epilogue.act, p.epilogue.residual),
+            k => format!("{} {}", k.name(), l.name),
+        })
+        .collect();
+    // (and the copy into the output tensor)
+    assert_eq!(launches, ["gemm GeluTanh residual false", "gemm None residual true", "eltwise y.output"]);
+}
+
+#[test]
 fn conv_batchnorm_relu_residual_fuses_and_matches() {
     check("conv_bn_relu_res", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 8, 6, 6], |b, i| {
         let c = b.conv(&i[0], "c1", 8, 8, (3, 3), 1, (1, 1), 1, false);
@@ -331,6 +392,86 @@ fn isnan_guarded_softmax() {
         let zero = b.const_f32_scalar(0.0);
         b.node("Where", "", &[&nan, &zero, &p], vec![])
     });
+}
+
+/// Two attention layers as the TorchScript exporter writes PyTorch's scaled-dot-product attention
+/// with a padding mask: queries and keys each times the fourth root of 1 / d, the additive mask
+/// (Where on the padding mask) built again in every layer, Softmax -> IsNaN -> Where.
+fn sdpa_export_body(b: &mut OnnxBuilder, i: &[String]) -> String {
+    let pad = b.const_i64(&[0]);
+    let masked = b.node("Equal", "", &[&i[3], &pad], vec![]);
+    let shape = b.const_i64(&[1, 1, 1, 6]);
+    let masked = b.node("Reshape", "", &[&masked, &shape], vec![]);
+    let mut x = i[0].clone();
+    for layer in 0..2 {
+        let root = b.const_f32_scalar(8f32.powf(-0.25));
+        let q = b.mul(&x, &root);
+        // Keys: the input in the first layer, the first layer's output in the second.
+        let kt = b.transpose(if layer == 0 { &i[1] } else { &x }, &[0, 1, 3, 2]);
+        let root2 = b.const_f32_scalar(8f32.powf(-0.25));
+        let kt = b.mul(&kt, &root2);
+        let s = b.node("MatMul", &format!("scores{layer}"), &[&q, &kt], vec![]);
+        let (zero, neg) = (b.const_f32_scalar(0.0), b.const_f32_scalar(f32::NEG_INFINITY));
+        let add_mask = b.node("Where", "", &[&masked, &neg, &zero], vec![]);
+        let s = b.node("Add", "", &[&s, &add_mask], vec![]);
+        let p = b.softmax(&s, -1);
+        let nan = b.node("IsNaN", "", &[&p], vec![]);
+        let zero = b.const_f32_scalar(0.0);
+        let p = b.node("Where", "", &[&nan, &zero, &p], vec![]);
+        x = b.node("MatMul", "", &[&p, &i[2]], vec![]);
+    }
+    x
+}
+
+#[test]
+fn sdpa_export_attention_fuses_and_matches() {
+    let inputs = || {
+        vec![
+            f32_input("q", &[1, 2, 6, 8]),
+            f32_input("k", &[1, 2, 6, 8]),
+            f32_input("v", &[1, 2, 6, 8]),
+            Input { name: "keep", dtype: DType::I64, shape: vec![1, 6], range: 2 },
+        ]
+    };
+    check("sdpa_export_attention", inputs(), &[1, 2, 6, 8], sdpa_export_body);
+    // Lowered: per layer the scores product (both scales as its alpha, the mask as its residual,
+    // broadcast over heads and queries), the softmax (the NaN guard in it) and the product with V;
+    // the additive mask is built once. Unfused: 2 scalings, mask, add, IsNaN and Where per layer.
+    let mut b = OnnxBuilder::new("sdpa_export_attention", 17, 7);
+    let names: Vec<String> = inputs().iter().map(|i| b.input(i.name, i.dtype, &i.shape)).collect();
+    let y = sdpa_export_body(&mut b, &names);
+    b.output(&y, "y", DType::F32, &[1, 2, 6, 8]);
+    let graph = kairos_ir::onnx::load_bytes("sdpa_export_attention", &b.finish_bytes(), &Default::default()).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F16)).unwrap();
+    let launches: Vec<String> = plan.launches.iter().map(|l| format!("{} {}", l.kernel.name(), l.name)).collect();
+    let count = |kind: &str| plan.launches.iter().filter(|l| l.kernel.name() == kind).count();
+    assert_eq!((count("gemm"), count("softmax")), (4, 2), "{launches:#?}");
+    let scores: Vec<_> = plan
+        .launches
+        .iter()
+        .filter_map(|l| match &l.kernel {
+            kairos_ir::plan::Kernel::Gemm(p) if l.name.starts_with("scores") => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(scores.len(), 2, "{launches:#?}");
+    for p in scores {
+        assert!((p.alpha - 8f32.powf(-0.5)).abs() < 1e-6 && p.epilogue.residual, "scores product: {p:?} {launches:#?}");
+    }
+    assert!(
+        plan.launches.iter().all(|l| match &l.kernel {
+            kairos_ir::plan::Kernel::Softmax(p) => p.zero_nan,
+            _ => true,
+        }),
+        "{launches:#?}"
+    );
+    // Besides the fp16 conversions of the fp32 inputs and output: the mask (Equal, Where) only.
+    let computing = plan
+        .launches
+        .iter()
+        .filter(|l| l.kernel.name() == "eltwise" && !l.name.ends_with(".contiguous") && !l.name.ends_with(".output"))
+        .count();
+    assert_eq!(computing, 2, "element-wise launches: {launches:#?}");
 }
 
 /// 0/1 outputs of a boolean graph, as floats (the cast exporters write before arithmetic).

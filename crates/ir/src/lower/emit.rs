@@ -885,13 +885,21 @@ impl Emitter<'_> {
                 self.set_value(id, out);
             }
             Op::Reduce { op, axes } => self.emit_reduce(id, *op, axes)?,
-            Op::Softmax { axis, scale, causal } => {
-                let (axis, scale, causal) = (*axis, *scale, *causal);
+            Op::Softmax { axis, scale, causal, zero_nan } => {
+                let (axis, scale, causal, zero_nan) = (*axis, *scale, *causal, *zero_nan);
                 self.emit_rows(
                     id,
                     axis,
                     |rows, cols, causal_rows| {
-                        Kernel::Softmax(SoftmaxParams { rows, cols, scale, causal, causal_rows, rows_per_block: ROWS_PER_BLOCK })
+                        Kernel::Softmax(SoftmaxParams {
+                            rows,
+                            cols,
+                            scale,
+                            causal,
+                            causal_rows,
+                            zero_nan,
+                            rows_per_block: ROWS_PER_BLOCK,
+                        })
                     },
                     causal,
                 )?;
@@ -1136,7 +1144,8 @@ impl Emitter<'_> {
     fn emit_matmul(&mut self, id: NodeId) -> Result<(), Error> {
         let g = self.g;
         let node = &g.nodes[id];
-        let Op::MatMul { epilogue } = &node.op else { unreachable!() };
+        let Op::MatMul { epilogue, alpha } = &node.op else { unreachable!() };
+        let alpha = *alpha;
         let name = node.name.clone();
         let shape = node.shape.clone();
         let rank = shape.len();
@@ -1162,7 +1171,9 @@ impl Emitter<'_> {
         }
         let mut residual = None;
         if epilogue.residual {
-            let r = self.value(node.inputs[next])?;
+            // Broadcast to the output (fuse.rs: a product's residual may broadcast along rows and
+            // batch dims): stride 0 where it does.
+            let r = self.value(node.inputs[next])?.broadcast_to(&shape);
             residual = Some(if r.dtype == self.dtype && (r.strides[rank - 1] == 1 || n == 1) {
                 r
             } else {
@@ -1236,7 +1247,7 @@ impl Emitter<'_> {
             r_stride0: residual.as_ref().map(|_| dims[0].1[3] as u64).unwrap_or(0),
             r_stride1: residual.as_ref().map(|_| dims[1].1[3] as u64).unwrap_or(0),
             r_stride_m: row_strides.get(3).copied().unwrap_or(0) as u64,
-            alpha: 1.0,
+            alpha,
             epilogue: EpilogueParams { bias: epilogue.bias, residual: epilogue.residual, act: epilogue.act.0 },
             tile_m: 0,
             tile_n: 0,

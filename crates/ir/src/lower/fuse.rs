@@ -1,5 +1,6 @@
-//! Graph-level passes: constant folding, canonical forms, pattern fusion (GELU, layer norm,
-//! softmax with scale and causal mask, batch norm into convolutions, epilogues, affine chains).
+//! Graph-level passes: constant folding, canonical forms, common subexpressions, pattern fusion
+//! (GELU, layer norm, softmax with scale, causal mask and NaN guard, scalar factors into matrix
+//! products, batch norm into convolutions, epilogues, affine chains).
 //!
 //! Every pass keeps the graph valid: a rewritten node only reads nodes before it, new constants
 //! are appended and put in place by a topological sort, and dead nodes are pruned at the end.
@@ -7,11 +8,16 @@
 use crate::graph::*;
 use crate::interp;
 use crate::tensor::{DType, Tensor, element_count};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Largest constant folding may create, in elements. Bigger folds (a transposed embedding table)
 /// stay as ops: the emitter reads them as strided views of the original constant instead.
 const FOLD_ELEMS_MAX: usize = 4 << 20;
+
+/// Largest constant whose value common-subexpression elimination compares, in elements (the
+/// scalars and small masks exporters repeat per layer; weights are never equal).
+const CSE_CONST_ELEMS_MAX: usize = 4096;
 
 /// `fuse_acts`: whether activations other than ReLU join convolution and matrix-product
 /// epilogues (the tensor-core engine inlines ReLU only; others are an out-of-line call per output;
@@ -31,8 +37,17 @@ pub fn optimize_with(g: &mut Graph, fuse_acts: bool) {
     fuse_gelu(g);
     fuse_silu(g);
     fuse_layer_norm(g);
+    // Before common subexpressions: a scaling repeated in two layers folds into both products
+    // instead of becoming one launch both read.
+    fuse_product_scales(g);
+    eliminate_common(g);
     fuse_softmax(g);
+    // A product's bias joins its epilogue first; an activation or residual add behind a reshape
+    // of it then moves before the reshape and joins it too.
     fuse_epilogues(g, fuse_acts);
+    while reshape_after_epilogues(g) {
+        fuse_epilogues(g, fuse_acts);
+    }
     fuse_eltwise(g);
     g.prune();
     g.assert_valid();
@@ -82,6 +97,100 @@ fn per_axis(g: &Graph, id: NodeId, shape: &[usize], axis: usize) -> Option<Vec<f
 
 fn alias(g: &mut Graph, id: NodeId, to: NodeId) {
     g.replace_uses(id, to);
+}
+
+/// Common subexpressions: a node that computes what an earlier node computes (the same op on the
+/// same inputs, with the same shape and type; constants of at most CSE_CONST_ELEMS_MAX elements
+/// with equal values) is replaced by the earlier one. Exporters repeat per layer what does not
+/// depend on the layer: the TorchScript exporter's BERT builds the additive attention mask (a
+/// Where on the padding mask) once per layer, one launch each.
+pub fn eliminate_common(g: &mut Graph) {
+    let mut seen: HashMap<String, NodeId> = HashMap::new();
+    let mut merged = false;
+    for id in 0..g.nodes.len() {
+        if g.is_output(id) {
+            continue;
+        }
+        let n = &g.nodes[id];
+        let key = match &n.op {
+            Op::Input { .. } => continue,
+            Op::Const(t) if t.len() > CSE_CONST_ELEMS_MAX => continue,
+            Op::Const(t) => format!("const {:?} {:?} {:?}", t.dtype(), t.shape, t.to_bytes()),
+            op => format!("{op:?} {:?} {:?} {:?}", n.inputs, n.shape, n.dtype),
+        };
+        match seen.get(&key) {
+            // Later nodes read the earlier one from here on, so their keys name it.
+            Some(&first) => {
+                g.replace_uses(id, first);
+                merged = true;
+            }
+            None => {
+                seen.insert(key, id);
+            }
+        }
+    }
+    if merged {
+        g.prune();
+    }
+}
+
+/// Scalar factors of a matrix product's operands and of its result move into its alpha:
+/// (c1 a)(c2 b) = c1 c2 (a b), computed in f32 in the product's epilogue. The TorchScript
+/// exporter's scaled-dot-product attention multiplies queries and keys by the fourth root of
+/// 1 / head size each, torchvision's attention scales the queries, eager attention divides the
+/// scores: each was an element-wise launch over a [B, H, S, D] or [B, H, S, S] tensor.
+fn fuse_product_scales(g: &mut Graph) {
+    loop {
+        let mut changed = false;
+        let uses = g.use_counts();
+        for id in 0..g.nodes.len() {
+            let n = g.nodes[id].clone();
+            match (&n.op, n.inputs.as_slice()) {
+                (Op::MatMul { epilogue, alpha }, &[a, b]) if *epilogue == Epilogue::default() => {
+                    let mut alpha = *alpha;
+                    let mut ins = [a, b];
+                    for x in &mut ins {
+                        if uses[*x] != 1 || g.is_output(*x) {
+                            continue;
+                        }
+                        if let (Op::Binary(BinaryOp::Mul), &[y, c]) = (&g.nodes[*x].op, g.nodes[*x].inputs.as_slice())
+                            && let Some(s) = scalar(g, c)
+                            && g.nodes[y].shape == g.nodes[*x].shape
+                            && g.nodes[y].dtype == g.nodes[*x].dtype
+                        {
+                            alpha *= s;
+                            *x = y;
+                        }
+                    }
+                    if ins != [a, b] {
+                        g.nodes[id].op = Op::MatMul { epilogue: Epilogue::default(), alpha };
+                        g.nodes[id].inputs = ins.to_vec();
+                        changed = true;
+                    }
+                }
+                (Op::Binary(BinaryOp::Mul), &[p, c]) if uses[p] == 1 && !g.is_output(p) => {
+                    let Some(s) = scalar(g, c) else { continue };
+                    let prod = &g.nodes[p];
+                    if let Op::MatMul { epilogue, alpha } = prod.op
+                        && epilogue == Epilogue::default()
+                        && prod.shape == n.shape
+                        && prod.dtype == n.dtype
+                    {
+                        let (name, inputs) = (prod.name.clone(), prod.inputs.clone());
+                        g.nodes[id].op = Op::MatMul { epilogue, alpha: alpha * s };
+                        g.nodes[id].inputs = inputs;
+                        g.nodes[id].name = name;
+                        changed = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !changed {
+            break;
+        }
+        g.prune();
+    }
 }
 
 /// Evaluates every node whose inputs are all constants (within the size limit).
@@ -358,17 +467,27 @@ fn fuse_silu(g: &mut Graph) {
             Op::Unary(UnaryOp::Act(Act::Sigmoid)) => Some(g.nodes[s].inputs[0]),
             _ => None,
         };
-        let x = if sigmoid_of(b) == Some(a) {
-            a
+        // x * sigmoid(x), or CLIP's x * sigmoid(1.702 x).
+        let quick_of = |s: NodeId| {
+            let arg = sigmoid_of(s)?;
+            let ins = as_op(g, arg, "Mul")?;
+            scalar(g, ins[1]).is_some_and(|c| close(c, QUICK_GELU_SCALE, 1e-6)).then_some(ins[0])
+        };
+        let (x, act) = if sigmoid_of(b) == Some(a) {
+            (a, Act::Silu)
         } else if sigmoid_of(a) == Some(b) {
-            b
+            (b, Act::Silu)
+        } else if quick_of(b) == Some(a) {
+            (a, Act::QuickGelu)
+        } else if quick_of(a) == Some(b) {
+            (b, Act::QuickGelu)
         } else {
             continue;
         };
         if g.nodes[id].shape != g.nodes[x].shape {
             continue;
         }
-        g.nodes[id].op = Op::Unary(UnaryOp::Act(Act::Silu));
+        g.nodes[id].op = Op::Unary(UnaryOp::Act(act));
         g.nodes[id].inputs = vec![x];
     }
     g.prune();
@@ -489,7 +608,7 @@ fn is_causal_keep_mask(g: &Graph, id: NodeId, keep_if_nonzero: bool, shape: &[us
 /// Folds scales and causal masks into the softmax that consumes them.
 fn fuse_softmax(g: &mut Graph) {
     for id in 0..g.nodes.len() {
-        let Op::Softmax { axis, mut scale, mut causal } = g.nodes[id].op.clone() else { continue };
+        let Op::Softmax { axis, mut scale, mut causal, zero_nan } = g.nodes[id].op.clone() else { continue };
         let shape = g.nodes[id].shape.clone();
         if axis != shape.len() - 1 {
             continue;
@@ -527,8 +646,29 @@ fn fuse_softmax(g: &mut Graph) {
                 _ => break,
             }
         }
-        g.nodes[id].op = Op::Softmax { axis, scale, causal };
+        g.nodes[id].op = Op::Softmax { axis, scale, causal, zero_nan };
         g.nodes[id].inputs = vec![src];
+    }
+    // The NaN guard exporters write after a masked softmax, Where(IsNaN(y), 0, y): a row whose
+    // every key is masked gives NaN, which becomes 0. The softmax does it (`zero_nan`).
+    let uses = g.use_counts();
+    for id in 0..g.nodes.len() {
+        let (Op::Where, &[m, z, y]) = (&g.nodes[id].op, g.nodes[id].inputs.as_slice()) else { continue };
+        let guard = matches!(g.nodes[y].op, Op::Softmax { .. })
+            && uses[y] == 2
+            && uses[m] == 1
+            && !g.is_output(m)
+            && !g.is_output(y)
+            && matches!((&g.nodes[m].op, g.nodes[m].inputs.as_slice()), (Op::Unary(UnaryOp::IsNaN), &[x]) if x == y)
+            && scalar(g, z) == Some(0.0)
+            && g.nodes[id].shape == g.nodes[y].shape
+            && g.nodes[id].dtype == g.nodes[y].dtype;
+        if guard {
+            if let Op::Softmax { zero_nan, .. } = &mut g.nodes[y].op {
+                *zero_nan = true;
+            }
+            alias(g, id, y);
+        }
     }
     g.prune();
 }
@@ -568,7 +708,7 @@ fn fuse_epilogues(g: &mut Graph, fuse_acts: bool) {
             }
             let prod = g.nodes[r].clone();
             let ep = match &prod.op {
-                Op::Conv { epilogue, .. } | Op::MatMul { epilogue } => *epilogue,
+                Op::Conv { epilogue, .. } | Op::MatMul { epilogue, .. } => *epilogue,
                 _ => continue,
             };
             if n.shape != prod.shape || n.dtype != prod.dtype {
@@ -614,12 +754,16 @@ fn fuse_epilogues(g: &mut Graph, fuse_acts: bool) {
                     }
                     Some((with_epilogue(&prod.op, ep2), inputs))
                 }
-                // Residual: a second tensor of the same shape.
+                // Residual: a second tensor of the same shape; for a matrix product also one that
+                // broadcasts along rows and batch dims (an attention mask [B, 1, 1, K] or [B, 1, Q,
+                // K] added to scores [B, H, Q, K]).
                 (Op::Binary(BinaryOp::Add), &[_, other])
                     if ep.act.0 == Act::None
                         && !ep.residual
                         && konst(g, other).is_none()
-                        && g.nodes[other].shape == n.shape
+                        && (g.nodes[other].shape == n.shape
+                            || (matches!(prod.op, Op::MatMul { .. })
+                                && broadcasts_over_rows(&g.nodes[other].shape, &n.shape)))
                         && g.nodes[other].dtype == n.dtype =>
                 {
                     let mut inputs = prod.inputs.clone();
@@ -646,6 +790,73 @@ fn fuse_epilogues(g: &mut Graph, fuse_acts: bool) {
     }
 }
 
+/// Whether `shape` has `out`'s last dim and broadcasts to `out` (a matrix product's residual read
+/// with row and batch strides, 0 where broadcast; its columns stay contiguous).
+fn broadcasts_over_rows(shape: &[usize], out: &[usize]) -> bool {
+    let (r, ro) = (shape.len(), out.len());
+    r >= 1
+        && r <= ro
+        && shape[r - 1] == out[ro - 1]
+        && shape[..r - 1].iter().zip(&out[ro - r..ro - 1]).all(|(&s, &o)| s == 1 || s == o)
+}
+
+/// An activation or a residual add applied to a reshaped product moves before the reshape, so
+/// it joins the product's epilogue: act(reshape(p)) = reshape(act(p)), reshape(p) + r =
+/// reshape(p + reshape(r)). Hugging Face's GPT-2 `Conv1D` exports as Reshape -> Gemm -> Reshape,
+/// and its GELU and residual adds read the second reshape.
+fn reshape_after_epilogues(g: &mut Graph) -> bool {
+    let mut any = false;
+    loop {
+        let mut changed = false;
+        let uses = g.use_counts();
+        for id in 0..g.nodes.len() {
+            let n = g.nodes[id].clone();
+            let reshaped_product = |r: NodeId| {
+                matches!(g.nodes[r].op, Op::Reshape)
+                    && uses[r] == 1
+                    && !g.is_output(r)
+                    && is_fusable_producer(g, &uses, g.nodes[r].inputs[0])
+                    && g.nodes[r].dtype == n.dtype
+            };
+            match (&n.op, n.inputs.as_slice()) {
+                (Op::Unary(UnaryOp::Act(_)), &[r]) if reshaped_product(r) => {
+                    let p = g.nodes[r].inputs[0];
+                    let shape = g.nodes[p].shape.clone();
+                    g.nodes[r].op = n.op.clone();
+                    g.nodes[r].shape = shape;
+                    g.nodes[id].op = Op::Reshape;
+                }
+                (Op::Binary(BinaryOp::Add), &[a, b]) => {
+                    let (r, other) = if reshaped_product(a) { (a, b) } else { (b, a) };
+                    // No broadcasting either way: both operands have the sum's shape.
+                    let same = |v: NodeId| g.nodes[v].shape == n.shape && g.nodes[v].dtype == n.dtype;
+                    if !reshaped_product(r) || !same(r) || !same(other) {
+                        continue;
+                    }
+                    let p = g.nodes[r].inputs[0];
+                    let shape = g.nodes[p].shape.clone();
+                    let other2 = g.add(format!("{}.reshaped", n.name), Op::Reshape, vec![other], shape.clone(), n.dtype);
+                    g.nodes[r].op = Op::Binary(BinaryOp::Add);
+                    g.nodes[r].inputs = vec![p, other2];
+                    g.nodes[r].shape = shape;
+                    g.nodes[id].op = Op::Reshape;
+                    g.nodes[id].inputs = vec![r];
+                }
+                _ => continue,
+            }
+            changed = true;
+            break;
+        }
+        if !changed {
+            break;
+        }
+        any = true;
+        g.toposort();
+    }
+    g.prune();
+    any
+}
+
 fn is_fusable_producer(g: &Graph, uses: &[usize], id: NodeId) -> bool {
     uses[id] == 1 && !g.is_output(id) && matches!(g.nodes[id].op, Op::Conv { .. } | Op::MatMul { .. })
 }
@@ -653,7 +864,7 @@ fn is_fusable_producer(g: &Graph, uses: &[usize], id: NodeId) -> bool {
 fn with_epilogue(op: &Op, ep: Epilogue) -> Op {
     match op {
         Op::Conv { window, groups, .. } => Op::Conv { window: *window, groups: *groups, epilogue: ep },
-        Op::MatMul { .. } => Op::MatMul { epilogue: ep },
+        Op::MatMul { alpha, .. } => Op::MatMul { epilogue: ep, alpha: *alpha },
         _ => unreachable!("only convolutions and matrix products have epilogues"),
     }
 }

@@ -88,6 +88,9 @@ pub(crate) fn softmax(p: &SoftmaxParams, dtype: DType, mem: &mut dyn KernelMemor
             let inv = 1.0 / sum;
             for v in &mut row[..limit] {
                 *v *= inv;
+                if p.zero_nan && v.is_nan() {
+                    *v = 0.0;
+                }
             }
             row[limit..].fill(0.0);
             ElemsMut::new(mem.arg_mut(1), dtype).write_from(r * cols, &row);
