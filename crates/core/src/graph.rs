@@ -303,6 +303,9 @@ pub enum Op {
     /// Layer normalization over the last axis: inputs x, gamma, beta.
     LayerNorm {
         eps: f32,
+        /// Root-mean-square normalization (T5's, LLaMA's): x / sqrt(mean(x^2) + eps), no mean
+        /// subtracted (then gamma and beta as for a layer norm).
+        rms: bool,
     },
     Concat {
         axis: usize,

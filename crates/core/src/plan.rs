@@ -308,13 +308,17 @@ pub struct SoftmaxParams {
     pub rows_per_block: u32,
 }
 
-/// Layer normalization of rows of `cols` contiguous elements, then y = norm * gamma + beta.
+/// Layer normalization of rows of `cols` contiguous elements, then y = norm * gamma + beta; with `rms`,
+/// norm = x / sqrt(mean(x^2) + eps) (T5's and LLaMA's RMS norm) instead of (x - mean) / sqrt(var + eps).
 /// Args: x, gamma, beta, y. Logical block b covers rows [b * rows_per_block, +rows_per_block).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LayerNormParams {
     pub rows: u32,
     pub cols: u32,
     pub eps: f32,
+    /// Root-mean-square normalization: no mean subtracted (absent in plans written before it).
+    #[serde(default)]
+    pub rms: bool,
     pub rows_per_block: u32,
 }
 

@@ -59,11 +59,16 @@ pub struct Arg {
 
 /// A layer norm over `rows` x `cols` (eps 1e-5), `rows_per_block` rows per logical block.
 fn layernorm_case(rows: u32, cols: u32, rows_per_block: u32, threads: u32) -> KernelCase {
+    norm_case(rows, cols, rows_per_block, threads, false)
+}
+
+/// A layer norm, or with `rms` an RMS norm (T5's: no mean subtracted).
+fn norm_case(rows: u32, cols: u32, rows_per_block: u32, threads: u32, rms: bool) -> KernelCase {
     let (r, c) = (rows as usize, cols as usize);
     KernelCase {
         smem_bytes: 0,
-        name: format!("layernorm {cols}"),
-        kernel: Kernel::LayerNorm(LayerNormParams { rows, cols, eps: 1e-5, rows_per_block }),
+        name: format!("{} {cols}", if rms { "rms norm" } else { "layernorm" }),
+        kernel: Kernel::LayerNorm(LayerNormParams { rows, cols, eps: 1e-5, rms, rows_per_block }),
         threads,
         args: vec![f(r * c), f(c), f(c), f(r * c)],
     }
@@ -864,6 +869,9 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         softmax_zero_nan_case("softmax zero_nan, NaN in some rows", 24, 16, 37),
         softmax_zero_nan_case("softmax zero_nan 1500 columns", 6, 1500, 4001),
         layernorm_case(19, 768, 2, 256),
+        // T5's RMS norm: the register path (512 columns) and the general one (odd length).
+        norm_case(7, 512, 2, 256, true),
+        norm_case(5, 1001, 1, 128, true),
         // The register path's limits (fp16 up to 1024 columns, f32 up to 512) and a row of odd
         // length (the general path in both).
         layernorm_case(5, 1024, 1, 128),

@@ -102,7 +102,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], shape: &[usize], dtype: DType) -> Tenso
         Op::Pool { kind, window } => pool(inputs[0], shape, *kind, window),
         Op::Reduce { op, axes } => reduce(inputs[0], shape, *op, axes),
         Op::Softmax { axis, scale, causal, zero_nan } => softmax(inputs[0], *axis, *scale, *causal, *zero_nan),
-        Op::LayerNorm { eps } => layer_norm(inputs, *eps),
+        Op::LayerNorm { eps, rms } => layer_norm(inputs, *eps, *rms),
         Op::Concat { axis } => concat(inputs, shape, *axis),
         Op::Reshape => {
             let mut t = inputs[0].clone();
@@ -356,13 +356,13 @@ fn softmax(x: &Tensor, axis: usize, scale: f32, causal: bool, zero_nan: bool) ->
     Tensor::f32(shape.clone(), y)
 }
 
-fn layer_norm(inputs: &[&Tensor], eps: f32) -> Tensor {
+fn layer_norm(inputs: &[&Tensor], eps: f32, rms: bool) -> Tensor {
     let x = f32s(inputs[0]);
     let (g, b) = (f32s(inputs[1]), f32s(inputs[2]));
     let c = *inputs[0].shape.last().unwrap();
     let mut y = vec![0f32; x.len()];
     for (row, out) in x.chunks(c).zip(y.chunks_mut(c)) {
-        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / c as f64;
+        let mean = if rms { 0.0 } else { row.iter().map(|&v| v as f64).sum::<f64>() / c as f64 };
         let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / c as f64;
         let inv = 1.0 / (var + eps as f64).sqrt();
         for j in 0..c {

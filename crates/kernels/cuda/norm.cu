@@ -20,9 +20,11 @@ struct LayerNormArgs {
     u64 x, gamma, beta, y;
     u32 rows, cols;
     float eps;
-    u32 rows_per_block;
+    u32 rows_per_block, flags;  // flags: LN_RMS
 };
-static_assert(sizeof(LayerNormArgs) == 48, "LayerNormArgs layout");
+// Root-mean-square normalization (T5's, LLaMA's): no mean subtracted.
+#define LN_RMS 1u
+static_assert(sizeof(LayerNormArgs) == 56, "LayerNormArgs layout");
 
 // Rows that fit in registers: LN_CHUNKS 16-byte chunks per lane (a row of up to 1024 halves or
 // 512 floats) are read once, with vector loads, and the mean, the variance and the output all
@@ -92,7 +94,7 @@ __device__ __forceinline__ void layernorm_row_in_registers(const LayerNormArgs& 
         if (lane + 32u * i < chunks)
 #pragma unroll
             for (u32 e = 0; e < E; ++e) s += v[i][e];
-    const float mean = warp_sum(s) / (float)A.cols;
+    const float mean = A.flags & LN_RMS ? 0.0f : warp_sum(s) / (float)A.cols;
     float q = 0.0f;
 #pragma unroll
     for (u32 i = 0; i < LN_CHUNKS; ++i)
@@ -140,7 +142,8 @@ __device__ __forceinline__ void layernorm_body(const KairosProto& P, const Layer
             return;
         }
         float s = 0.0f;
-        for (u32 j = lane; j < A.cols; j += 32) s += ld(x + j);
+        if (!(A.flags & LN_RMS))
+            for (u32 j = lane; j < A.cols; j += 32) s += ld(x + j);
         const float mean = warp_sum(s) / (float)A.cols;
         float v = 0.0f;
         for (u32 j = lane; j < A.cols; j += 32) {

@@ -882,7 +882,10 @@ pub fn pack_args(kernel: &Kernel, args: &[u64]) -> Result<ParamBlock, LaunchErro
             w.u32(p.cols);
             w.f32(p.eps);
             w.u32(p.rows_per_block);
-            48
+            // flags (norm.cu, LN_RMS) and the struct's padding to 8 bytes
+            w.u32(p.rms as u32);
+            w.u32(0);
+            56
         }
         Kernel::Reduce(p) => {
             w.u64(args[0]);

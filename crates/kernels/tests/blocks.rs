@@ -101,7 +101,7 @@ proptest! {
     fn softmax_layernorm_reduce_match_naive(rows in 1usize..6, cols in 1usize..50, scale in 0.1f32..2.0, seed in any::<u64>()) {
         let g = one_op(Op::Softmax { axis: 1, scale, causal: false, zero_nan: false }, &[rows, cols], vec![], &[rows, cols]);
         agree(&g, seed)?;
-        let ln = one_op(Op::LayerNorm { eps: 1e-5 }, &[rows, cols],
+        let ln = one_op(Op::LayerNorm { eps: 1e-5, rms: false }, &[rows, cols],
             vec![Tensor::f32(vec![cols], values(&[cols], seed ^ 5)), Tensor::f32(vec![cols], values(&[cols], seed ^ 6))], &[rows, cols]);
         agree(&ln, seed)?;
         let r = one_op(Op::Reduce { op: ReduceOp::Mean, axes: vec![0] }, &[rows, cols], vec![], &[1, cols]);

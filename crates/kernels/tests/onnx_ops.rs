@@ -194,6 +194,41 @@ fn gpt2_conv1d_reshapes_keep_epilogues_fused() {
 }
 
 #[test]
+fn t5_rms_norm_fuses_and_matches() {
+    // T5LayerNorm as exported: x * (1 / sqrt(mean(x^2) + eps)) * weight, with Pow and Div.
+    let body = |b: &mut OnnxBuilder, i: &[String]| {
+        let two = b.const_f32_scalar(2.0);
+        let sq = b.node("Pow", "", &[&i[0], &two], vec![]);
+        let axes = b.const_i64(&[-1]);
+        let var = b.node("ReduceMean", "", &[&sq, &axes], vec![("keepdims", Attr::Int(1))]);
+        let eps = b.const_f32_scalar(1e-6);
+        let var = b.add(&var, &eps);
+        let root = b.node("Sqrt", "", &[&var], vec![]);
+        let one = b.const_f32_scalar(1.0);
+        let inv = b.node("Div", "", &[&one, &root], vec![]);
+        let y = b.mul(&i[0], &inv);
+        let w = b.uniform_range("weight", &[24], 0.5, 1.5);
+        b.mul(&w, &y)
+    };
+    check_opset("t5_rms_norm", 18, vec![f32_input("x", &[2, 5, 24])], &[2, 5, 24], body);
+    let mut b = OnnxBuilder::new("t5_rms_norm", 18, 7);
+    let x = b.input("x", DType::F32, &[2, 5, 24]);
+    let y = body(&mut b, &[x]);
+    b.output(&y, "y", DType::F32, &[2, 5, 24]);
+    let graph = kairos_ir::onnx::load_bytes("t5_rms_norm", &b.finish_bytes(), &Default::default()).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F32)).unwrap();
+    let launches: Vec<_> = plan
+        .launches
+        .iter()
+        .map(|l| match &l.kernel {
+            kairos_ir::plan::Kernel::LayerNorm(p) => format!("layernorm rms {}", p.rms),
+            k => format!("{} {}", k.name(), l.name),
+        })
+        .collect();
+    assert_eq!(launches, ["layernorm rms true"]);
+}
+
+#[test]
 fn conv_batchnorm_relu_residual_fuses_and_matches() {
     check("conv_bn_relu_res", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 8, 6, 6], |b, i| {
         let c = b.conv(&i[0], "c1", 8, 8, (3, 3), 1, (1, 1), 1, false);

@@ -1017,7 +1017,7 @@ mod tests {
     fn tied_plan() -> Plan {
         let (rows, cols) = (16u32, 64u32);
         let embed = Kernel::Gather(GatherParams { count: 4, table_rows: rows, cols, rows_per_block: 4 });
-        let norm = Kernel::LayerNorm(LayerNormParams { rows: 4, cols, eps: 1e-5, rows_per_block: 1 });
+        let norm = Kernel::LayerNorm(LayerNormParams { rows: 4, cols, eps: 1e-5, rms: false, rows_per_block: 1 });
         let head = Kernel::Gemm(GemmParams {
             batch0: 1,
             batch1: 1,

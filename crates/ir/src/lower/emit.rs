@@ -904,13 +904,13 @@ impl Emitter<'_> {
                     causal,
                 )?;
             }
-            Op::LayerNorm { eps } => {
-                let eps = *eps;
+            Op::LayerNorm { eps, rms } => {
+                let (eps, rms) = (*eps, *rms);
                 let rank = shape.len();
                 self.emit_rows(
                     id,
                     rank - 1,
-                    |rows, cols, _| Kernel::LayerNorm(LayerNormParams { rows, cols, eps, rows_per_block: ROWS_PER_BLOCK }),
+                    |rows, cols, _| Kernel::LayerNorm(LayerNormParams { rows, cols, eps, rms, rows_per_block: ROWS_PER_BLOCK }),
                     false,
                 )?;
             }

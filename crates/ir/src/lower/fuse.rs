@@ -245,6 +245,20 @@ fn canonicalize(g: &mut Graph) -> bool {
                     changed = true;
                 }
             }
+            // 1 / sqrt(z) is rsqrt(z), 1 / z is recip(z) (T5's RMS norm: x * (1 / sqrt(mean(x^2) + eps))).
+            (Op::Binary(BinaryOp::Div), &[one, d]) if all_equal(g, one, 1.0) && g.nodes[d].shape == node.shape => {
+                match (&g.nodes[d].op, g.nodes[d].inputs.as_slice()) {
+                    (Op::Unary(UnaryOp::Sqrt), &[z]) if uses[d] == 1 => {
+                        g.nodes[id].op = Op::Unary(UnaryOp::Rsqrt);
+                        g.nodes[id].inputs = vec![z];
+                    }
+                    _ => {
+                        g.nodes[id].op = Op::Unary(UnaryOp::Recip);
+                        g.nodes[id].inputs = vec![d];
+                    }
+                }
+                changed = true;
+            }
             (Op::Binary(BinaryOp::Div), &[x, c]) if konst(g, c).is_some() && konst(g, x).is_none() => {
                 let t = konst(g, c).unwrap();
                 let inv = Tensor::f32(t.shape.clone(), t.to_f32_vec().iter().map(|v| 1.0 / v).collect());
@@ -519,8 +533,9 @@ fn is_mean_last(g: &Graph, id: NodeId) -> Option<NodeId> {
 }
 
 /// Matches the normalized value of a layer norm: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps),
-/// spelled with Div/Sqrt or Mul/Rsqrt. Returns (x, eps).
-fn match_normalized(g: &Graph, id: NodeId) -> Option<(NodeId, f32)> {
+/// or of an RMS norm, x / sqrt(mean(x^2) + eps), spelled with Div/Sqrt or Mul/Rsqrt. Returns (x,
+/// eps, whether it is an RMS norm).
+fn match_normalized(g: &Graph, id: NodeId) -> Option<(NodeId, f32, bool)> {
     let n = &g.nodes[id];
     let (d, denom_in) = match (&n.op, n.inputs.as_slice()) {
         (Op::Binary(BinaryOp::Div), &[d, s]) => (d, as_op(g, s, "Sqrt")?[0]),
@@ -535,21 +550,18 @@ fn match_normalized(g: &Graph, id: NodeId) -> Option<(NodeId, f32)> {
         }
         _ => return None,
     };
-    // d = x - mean(x)
-    let (x, m) = match (&g.nodes[d].op, g.nodes[d].inputs.as_slice()) {
-        (Op::Binary(BinaryOp::Sub), &[x, m]) => (x, m),
-        _ => return None,
+    // d = x - mean(x), or d = x (RMS)
+    let (x, rms) = match (&g.nodes[d].op, g.nodes[d].inputs.as_slice()) {
+        (Op::Binary(BinaryOp::Sub), &[x, m]) if is_mean_last(g, m) == Some(x) => (x, false),
+        _ => (d, true),
     };
-    if is_mean_last(g, m) != Some(x) {
-        return None;
-    }
     // denom_in = var + eps, var = mean(square(d))
     let ins = as_op(g, denom_in, "Add")?;
     let (var, eps) = if scalar(g, ins[1]).is_some() { (ins[0], ins[1]) } else { (ins[1], ins[0]) };
     let eps = scalar(g, eps)?;
     let sq = is_mean_last(g, var)?;
     let sq_in = as_op(g, sq, "Square")?[0];
-    (sq_in == d).then_some((x, eps))
+    (sq_in == d).then_some((x, eps, rms))
 }
 
 fn fuse_layer_norm(g: &mut Graph) {
@@ -577,14 +589,14 @@ fn fuse_layer_norm(g: &mut Graph) {
             }
             _ => (id, None, None),
         };
-        let Some((x, eps)) = match_normalized(g, norm) else { continue };
+        let Some((x, eps, rms)) = match_normalized(g, norm) else { continue };
         if g.nodes[x].shape != shape {
             continue;
         }
         let name = g.nodes[id].name.clone();
         let gk = g.add_const(format!("{name}.gamma"), Tensor::f32(vec![c], gamma.unwrap_or_else(|| vec![1.0; c])));
         let bk = g.add_const(format!("{name}.beta"), Tensor::f32(vec![c], beta.unwrap_or_else(|| vec![0.0; c])));
-        g.nodes[id].op = Op::LayerNorm { eps };
+        g.nodes[id].op = Op::LayerNorm { eps, rms };
         g.nodes[id].inputs = vec![x, gk, bk];
     }
     g.toposort();

@@ -110,7 +110,7 @@ pub(crate) fn layer_norm(p: &LayerNormParams, dtype: DType, mem: &mut dyn Kernel
         let r1 = (r0 + p.rows_per_block as usize).min(p.rows as usize);
         for r in r0..r1 {
             Elems::new(mem.arg(0), dtype).read_into(r * cols, &mut row);
-            let mean = row.iter().sum::<f32>() / cols as f32;
+            let mean = if p.rms { 0.0 } else { row.iter().sum::<f32>() / cols as f32 };
             let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
             let inv = 1.0 / (var + p.eps).sqrt();
             for j in 0..cols {
