@@ -337,8 +337,16 @@ fn canonicalize(g: &mut Graph) -> bool {
                 }
             }
             (Op::Transpose { perm }, &[x]) => {
+                // Dims of size 1 may move freely: a transpose that keeps the others in order is a
+                // reshape (torchvision's attention at batch 1: [S, 1, E] -> [1, S, E]), which
+                // epilogues see through (reshape_after_epilogues).
+                let in_shape = &g.nodes[x].shape;
+                let kept: Vec<usize> = perm.iter().copied().filter(|&p| in_shape[p] != 1).collect();
                 if perm.iter().enumerate().all(|(i, &p)| i == p) {
                     alias(g, id, x);
+                    changed = true;
+                } else if kept.windows(2).all(|w| w[0] < w[1]) {
+                    g.nodes[id].op = Op::Reshape;
                     changed = true;
                 } else if let (Op::Transpose { perm: inner }, &[y]) = (&g.nodes[x].op, g.nodes[x].inputs.as_slice()) {
                     let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
