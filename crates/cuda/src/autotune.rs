@@ -222,9 +222,15 @@ pub const DEEP_SMEM_BYTES: u32 = 104 * 1024;
 pub const WIDE_SMEM_BYTES: u32 = 64 * 1024;
 pub const WIDE_SHALLOW_SMEM_BYTES: u32 = 48 * 1024;
 
+/// fp16 products of at most this many rows also try the small-M tiles ([`CANDIDATES_F16_SMALL_M`],
+/// 8 rows each): at a few rows more than 8 (a short sequence's linear layers, 16 tokens) a few
+/// small-M blocks per column range may beat one tensor-core tile, whose fixed cost is higher
+/// (~7 µs against ~4.5 for a product of 16 x 32 x 32, H200).
+pub const SMALL_M_CANDIDATE_ROWS_MAX: u32 = 4 * SMALL_M_ROWS;
+
 /// Candidates for one launch: the dtype's list without tiles more than 16 past the problem, and
-/// the plan's own choice first; fp16 products of at most `SMALL_M_ROWS` rows also try
-/// [`CANDIDATES_F16_SMALL_M`] (before the rest: where B's k is not contiguous, e.g. classifier
+/// the plan's own choice first; fp16 products of at most [`SMALL_M_CANDIDATE_ROWS_MAX`] rows also
+/// try [`CANDIDATES_F16_SMALL_M`] (before the rest: where B's k is not contiguous, e.g. classifier
 /// weights stored [k][n], such tiles run on the mma path, and the larger tiles may win).
 pub fn candidates(kernel: &Kernel, dtype: DType, plan_shape: &LaunchShape) -> Vec<TileChoice> {
     let Some((tm, tn)) = tile_of(kernel) else { return Vec::new() };
@@ -233,7 +239,7 @@ pub fn candidates(kernel: &Kernel, dtype: DType, plan_shape: &LaunchShape) -> Ve
     let own =
         TileChoice { tile_m: tm, tile_n: tn, threads: plan_shape.threads_per_block, smem_bytes: plan_shape.shared_mem_bytes };
     let mut v = vec![own];
-    if dtype == DType::F16 && m <= SMALL_M_ROWS {
+    if dtype == DType::F16 && m <= SMALL_M_CANDIDATE_ROWS_MAX {
         for &(b, t) in &CANDIDATES_F16_SMALL_M {
             if b > round16(n) {
                 continue;
@@ -635,6 +641,36 @@ mod tests {
     use kairos_ir::graph::Act;
     use kairos_ir::plan::{Conv2dParams, EpilogueParams};
 
+    /// A linear layer's product: 16 x 32 x 32, B's k contiguous, tiles to be set.
+    fn gemm_like() -> kairos_ir::plan::GemmParams {
+        kairos_ir::plan::GemmParams {
+            batch0: 1,
+            batch1: 1,
+            m: 16,
+            n: 32,
+            k: 32,
+            a_stride0: 0,
+            a_stride1: 0,
+            a_stride_m: 32,
+            a_stride_k: 1,
+            b_stride0: 0,
+            b_stride1: 0,
+            b_stride_k: 1,
+            b_stride_n: 32,
+            c_stride0: 0,
+            c_stride1: 0,
+            c_stride_m: 32,
+            r_stride0: 0,
+            r_stride1: 0,
+            r_stride_m: 0,
+            alpha: 1.0,
+            epilogue: EpilogueParams::default(),
+            tile_m: 16,
+            tile_n: 32,
+            split_k: 1,
+        }
+    }
+
     fn conv(tile_m: u32, tile_n: u32, groups: u32) -> Kernel {
         Kernel::Conv2d(Conv2dParams {
             batch: 1,
@@ -708,6 +744,16 @@ mod tests {
         assert_eq!(tile_for(DType::F16, 8, 8, 4096), (SMALL_M_ROWS, 64));
         assert_eq!(tile_for(DType::F32, 1, 1, 4096), (64, 64));
         assert_ne!(tile_for(DType::F16, 1, 9, 4096).0, SMALL_M_ROWS);
+        // 16 rows (a 16-token sequence): the plan's tensor-core tile first, the small-M tiles tried too.
+        let mut g = gemm_like();
+        (g.tile_m, g.tile_n) = tile_for(DType::F16, 1, 16, 32);
+        let shape16 = LaunchShape { logical_blocks: 2, threads_per_block: 128, shared_mem_bytes: 52 * 1024 };
+        let c16 = candidates(&Kernel::Gemm(g), DType::F16, &shape16);
+        assert_ne!(c16[0].tile_m, SMALL_M_ROWS);
+        assert!(c16.iter().any(|c| (c.tile_m, c.tile_n, c.threads) == (SMALL_M_ROWS, 16, 128)));
+        let mut g = gemm_like();
+        (g.m, g.n) = (SMALL_M_CANDIDATE_ROWS_MAX + 1, 32);
+        assert!(candidates(&Kernel::Gemm(g), DType::F16, &shape16).iter().all(|c| c.tile_m != SMALL_M_ROWS));
         // conv(..) is a 7x7 map; one of 1x1 pixels is a product of one row.
         let mut k = conv(SMALL_M_ROWS, 8, 1);
         if let Kernel::Conv2d(p) = &mut k {

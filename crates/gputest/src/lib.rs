@@ -834,6 +834,17 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
             128,
         )),
         gemm_case("gemm small-m 3 rows tile 64", GemmLayout::Linear, (1, 1, 3, 70, 96), 1.0, none, (64, 64), 64),
+        // The small-M tiles over more rows than one tile holds (the autotuner tries them up to 32
+        // rows): 20 rows in three 8-row blocks per column range, with an epilogue.
+        gemm_case(
+            "gemm small-m tiles over 20 rows",
+            GemmLayout::Linear,
+            (1, 1, 20, 70, 96),
+            1.0,
+            EpilogueParams { bias: true, residual: true, act: Act::Gelu },
+            (8, 16),
+            128,
+        ),
         conv_case(
             "conv1x1 1x1 pixels small-m",
             (1, 1, 1, 264, 100),

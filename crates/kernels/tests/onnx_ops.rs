@@ -229,6 +229,26 @@ fn t5_rms_norm_fuses_and_matches() {
 }
 
 #[test]
+fn patch_embedding_conv_runs_as_a_product() {
+    // A vision transformer's patch embedding: a 4x4 convolution of stride 4 with bias, flattened
+    // to tokens [N, P, C]. Lowered: one transposed copy of the input into patches and one product.
+    let body = |b: &mut OnnxBuilder, i: &[String]| {
+        let c = b.conv(&i[0], "patch", 3, 8, (4, 4), 4, (0, 0), 1, true);
+        let flat = b.reshape(&c, &[2, 8, 9]);
+        b.transpose(&flat, &[0, 2, 1])
+    };
+    check("patch_embedding", vec![f32_input("x", &[2, 3, 12, 12])], &[2, 9, 8], body);
+    let mut b = OnnxBuilder::new("patch_embedding", 17, 7);
+    let x = b.input("x", DType::F32, &[2, 3, 12, 12]);
+    let y = body(&mut b, &[x]);
+    b.output(&y, "y", DType::F32, &[2, 9, 8]);
+    let graph = kairos_ir::onnx::load_bytes("patch_embedding", &b.finish_bytes(), &Default::default()).unwrap();
+    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F16)).unwrap();
+    let kinds: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name()).collect();
+    assert!(kinds.contains(&"gemm") && !kinds.iter().any(|k| k.contains("conv")), "{kinds:?}");
+}
+
+#[test]
 fn conv_batchnorm_relu_residual_fuses_and_matches() {
     check("conv_bn_relu_res", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 8, 6, 6], |b, i| {
         let c = b.conv(&i[0], "c1", 8, 8, (3, 3), 1, (1, 1), 1, false);
