@@ -19,6 +19,9 @@ const FOLD_ELEMS_MAX: usize = 4 << 20;
 /// scalars and small masks exporters repeat per layer; weights are never equal).
 const CSE_CONST_ELEMS_MAX: usize = 4096;
 
+/// Smallest window (pixels) of a patch convolution lowered as a product (`patch_convs_as_products`).
+const PATCH_CONV_WINDOW_MIN: usize = 16;
+
 /// `fuse_acts`: whether activations other than ReLU join convolution and matrix-product
 /// epilogues (the tensor-core engine inlines ReLU only; others are an out-of-line call per output;
 /// `kairos_ir::lower::set_fuse_acts_default`). Off, they run as element-wise launches.
@@ -136,12 +139,13 @@ pub fn eliminate_common(g: &mut Graph) {
 }
 
 /// A convolution whose windows tile its input exactly (kernel = stride, no padding, no dilation,
-/// one group: a vision transformer's patch embedding, ConvNeXt's and Swin's stems and
-/// downsampling layers) is a matrix product of the patches, [N, OH OW, C KH KW], by the weights as
-/// [C KH KW, O]: the patches are one transposed copy of the input, the product runs on the
-/// tensor-core engine's linear-layer tiles, and its output is viewed back as [N, O, OH, OW]. The
-/// direct convolution walked a 16 x 16 window per output in its loads (ViT-B/16's 58 µs on an
-/// H200, 4 TFLOPS).
+/// one group) with windows of at least [`PATCH_CONV_WINDOW_MIN`] pixels (a vision transformer's
+/// patch embedding, ConvNeXt's and Swin's 4 x 4 stems) is a matrix product of the patches, [N, OH
+/// OW, C KH KW], by the weights as [C KH KW, O]: the patches are one transposed copy of the input,
+/// the product runs on the tensor-core engine's linear-layer tiles, and its output is viewed back
+/// as [N, O, OH, OW]. ViT-B/16's 16 x 16 patches: 58 µs as a convolution, 7 + 16 µs as copy and
+/// product (H200); ConvNeXt's 4 x 4 stem: the same either way; its 2 x 2 downsampling layers:
+/// 13 µs as a convolution, 8 + 13 µs as copy and product, so they stay convolutions.
 fn patch_convs_as_products(g: &mut Graph) {
     let mut changed = false;
     for id in 0..g.nodes.len() {
@@ -160,7 +164,7 @@ fn patch_convs_as_products(g: &mut Graph) {
             || n.shape.len() != 4
             || xs[2] != n.shape[2] * kh
             || xs[3] != n.shape[3] * kw
-            || (kh == 1 && kw == 1)
+            || kh * kw < PATCH_CONV_WINDOW_MIN
         {
             continue;
         }
