@@ -423,6 +423,10 @@ def merge(out, parts):
     merged = None
     for part in parts:
         sub = os.path.relpath(part, out)
+        if not os.path.exists(os.path.join(part, "manifest.json")):
+            # A shard that no architecture fell to (fewer models than shards) writes nothing.
+            print(f"merge: {part} has no manifest (no architecture in that shard), skipped")
+            continue
         m = json.load(open(os.path.join(part, "manifest.json")))
         for e in m["entries"]:
             e["file"] = os.path.join(sub, e["file"])
@@ -433,6 +437,8 @@ def merge(out, parts):
             merged = m
         else:
             merged["entries"].extend(m["entries"])
+    if merged is None:
+        sys.exit(f"merge: none of the {len(parts)} folders has a manifest")
     with open(os.path.join(out, "manifest.json"), "w") as fh:
         json.dump(merged, fh, indent=1)
     print(f"merged {len(parts)} folders: {len(merged['entries'])} exports in {out}/manifest.json")
