@@ -72,6 +72,23 @@ fn check_opset(
     reference.into_iter().next().expect("one output")
 }
 
+/// The plan kairos lowers the model `body` builds (as `check_opset` builds it) to, at `dtype`.
+fn lowered(
+    case: &str,
+    opset: i64,
+    inputs: &[Input],
+    out_shape: &[usize],
+    dtype: DType,
+    body: impl Fn(&mut OnnxBuilder, &[String]) -> String,
+) -> kairos_ir::plan::Plan {
+    let mut b = OnnxBuilder::new(case, opset, 7);
+    let names: Vec<String> = inputs.iter().map(|i| b.input(i.name, i.dtype, &i.shape)).collect();
+    let y = body(&mut b, &names);
+    b.output(&y, "y", DType::F32, out_shape);
+    let graph = kairos_ir::onnx::load_bytes(case, &b.finish_bytes(), &Default::default()).unwrap();
+    kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(dtype)).unwrap()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn conv_case(
     name: &str,
@@ -117,12 +134,7 @@ fn silu_as_exporters_write_it_fuses_and_matches() {
     check("conv_silu", vec![f32_input("x", &[1, 8, 6, 6])], &[1, 12, 6, 6], body);
     // Lowered: the first SiLU is the convolution's epilogue, the second one element-wise launch
     // (with the layout copies in and out and the addition: five, against eight unfused).
-    let mut b = OnnxBuilder::new("conv_silu", 17, 7);
-    let x = b.input("x", DType::F32, &[1, 8, 6, 6]);
-    let y = body(&mut b, &[x]);
-    b.output(&y, "y", DType::F32, &[1, 12, 6, 6]);
-    let graph = kairos_ir::onnx::load_bytes("conv_silu", &b.finish_bytes(), &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F16)).unwrap();
+    let plan = lowered("conv_silu", 17, &[f32_input("x", &[1, 8, 6, 6])], &[1, 12, 6, 6], DType::F16, body);
     let conv_act = plan.launches.iter().find_map(|l| match &l.kernel {
         kairos_ir::plan::Kernel::Conv2d(p) => Some(p.epilogue.act),
         _ => None,
@@ -142,12 +154,7 @@ fn quick_gelu_as_clip_writes_it_fuses_and_matches() {
         b.mul(&y, &s)
     };
     check("quick_gelu", vec![f32_input("x", &[1, 5, 16])], &[1, 5, 24], body);
-    let mut b = OnnxBuilder::new("quick_gelu", 17, 7);
-    let x = b.input("x", DType::F32, &[1, 5, 16]);
-    let y = body(&mut b, &[x]);
-    b.output(&y, "y", DType::F32, &[1, 5, 24]);
-    let graph = kairos_ir::onnx::load_bytes("quick_gelu", &b.finish_bytes(), &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F32)).unwrap();
+    let plan = lowered("quick_gelu", 17, &[f32_input("x", &[1, 5, 16])], &[1, 5, 24], DType::F32, body);
     let acts: Vec<_> = plan
         .launches
         .iter()
@@ -175,12 +182,7 @@ fn gpt2_conv1d_reshapes_keep_epilogues_fused() {
         b.add(&i[0], &h)
     };
     check("gpt2_conv1d", vec![f32_input("x", &[2, 5, 16])], &[2, 5, 16], body);
-    let mut b = OnnxBuilder::new("gpt2_conv1d", 17, 7);
-    let x = b.input("x", DType::F32, &[2, 5, 16]);
-    let y = body(&mut b, &[x]);
-    b.output(&y, "y", DType::F32, &[2, 5, 16]);
-    let graph = kairos_ir::onnx::load_bytes("gpt2_conv1d", &b.finish_bytes(), &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F32)).unwrap();
+    let plan = lowered("gpt2_conv1d", 17, &[f32_input("x", &[2, 5, 16])], &[2, 5, 16], DType::F32, body);
     let launches: Vec<_> = plan
         .launches
         .iter()
@@ -211,12 +213,7 @@ fn t5_rms_norm_fuses_and_matches() {
         b.mul(&w, &y)
     };
     check_opset("t5_rms_norm", 18, vec![f32_input("x", &[2, 5, 24])], &[2, 5, 24], body);
-    let mut b = OnnxBuilder::new("t5_rms_norm", 18, 7);
-    let x = b.input("x", DType::F32, &[2, 5, 24]);
-    let y = body(&mut b, &[x]);
-    b.output(&y, "y", DType::F32, &[2, 5, 24]);
-    let graph = kairos_ir::onnx::load_bytes("t5_rms_norm", &b.finish_bytes(), &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F32)).unwrap();
+    let plan = lowered("t5_rms_norm", 18, &[f32_input("x", &[2, 5, 24])], &[2, 5, 24], DType::F32, body);
     let launches: Vec<_> = plan
         .launches
         .iter()
@@ -238,12 +235,7 @@ fn patch_embedding_conv_runs_as_a_product() {
         b.transpose(&flat, &[0, 2, 1])
     };
     check("patch_embedding", vec![f32_input("x", &[2, 3, 12, 12])], &[2, 9, 8], body);
-    let mut b = OnnxBuilder::new("patch_embedding", 17, 7);
-    let x = b.input("x", DType::F32, &[2, 3, 12, 12]);
-    let y = body(&mut b, &[x]);
-    b.output(&y, "y", DType::F32, &[2, 9, 8]);
-    let graph = kairos_ir::onnx::load_bytes("patch_embedding", &b.finish_bytes(), &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F16)).unwrap();
+    let plan = lowered("patch_embedding", 17, &[f32_input("x", &[2, 3, 12, 12])], &[2, 9, 8], DType::F16, body);
     let kinds: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name()).collect();
     assert!(kinds.contains(&"gemm") && !kinds.iter().any(|k| k.contains("conv")), "{kinds:?}");
 }
@@ -492,12 +484,7 @@ fn sdpa_export_attention_fuses_and_matches() {
     // Lowered: per layer the scores product (both scales as its alpha, the mask as its residual,
     // broadcast over heads and queries), the softmax (the NaN guard in it) and the product with V;
     // the additive mask is built once. Unfused: 2 scalings, mask, add, IsNaN and Where per layer.
-    let mut b = OnnxBuilder::new("sdpa_export_attention", 17, 7);
-    let names: Vec<String> = inputs().iter().map(|i| b.input(i.name, i.dtype, &i.shape)).collect();
-    let y = sdpa_export_body(&mut b, &names);
-    b.output(&y, "y", DType::F32, &[1, 2, 6, 8]);
-    let graph = kairos_ir::onnx::load_bytes("sdpa_export_attention", &b.finish_bytes(), &Default::default()).unwrap();
-    let plan = kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(DType::F16)).unwrap();
+    let plan = lowered("sdpa_export_attention", 17, &inputs(), &[1, 2, 6, 8], DType::F16, sdpa_export_body);
     let launches: Vec<String> = plan.launches.iter().map(|l| format!("{} {}", l.kernel.name(), l.name)).collect();
     let count = |kind: &str| plan.launches.iter().filter(|l| l.kernel.name() == kind).count();
     assert_eq!((count("gemm"), count("softmax")), (4, 2), "{launches:#?}");
