@@ -196,6 +196,40 @@ fn gpt2_conv1d_reshapes_keep_epilogues_fused() {
 }
 
 #[test]
+fn convnext_block_end_fuses_through_the_permute() {
+    // torchvision's CNBlock: channels-last linear layers between two permutes, then the layer
+    // scale [C, 1, 1] and the residual add on the channels-first result. Both join the second
+    // product's epilogue (the scale folded into its weights, the input as its residual).
+    let body = |b: &mut OnnxBuilder, i: &[String]| {
+        let t = b.transpose(&i[0], &[0, 2, 3, 1]);
+        let h = b.matmul_linear(&t, "pw1", 8, 32, 0.3);
+        let h = b.gelu_erf(&h);
+        let h = b.matmul_linear(&h, "pw2", 32, 8, 0.3);
+        let h = b.transpose(&h, &[0, 3, 1, 2]);
+        let gamma = b.uniform_range("gamma", &[8, 1, 1], 0.5, 1.5);
+        let h = b.mul(&gamma, &h);
+        b.add(&h, &i[0])
+    };
+    check("convnext_block_end", vec![f32_input("x", &[1, 8, 5, 5])], &[1, 8, 5, 5], body);
+    let plan = lowered("convnext_block_end", 17, &[f32_input("x", &[1, 8, 5, 5])], &[1, 8, 5, 5], DType::F16, body);
+    let launches: Vec<String> = plan
+        .launches
+        .iter()
+        .map(|l| match &l.kernel {
+            kairos_ir::plan::Kernel::Gemm(p) => format!("gemm {} residual {}", l.name, p.epilogue.residual),
+            k => format!("{} {}", k.name(), l.name),
+        })
+        .collect();
+    let residual_products = launches.iter().filter(|l| l.ends_with("residual true")).count();
+    let computing = plan
+        .launches
+        .iter()
+        .filter(|l| l.kernel.name() == "eltwise" && !l.name.ends_with(".contiguous") && !l.name.ends_with(".output"))
+        .count();
+    assert_eq!((residual_products, computing), (1, 0), "{launches:#?}");
+}
+
+#[test]
 fn t5_rms_norm_fuses_and_matches() {
     // T5LayerNorm as exported: x * (1 / sqrt(mean(x^2) + eps)) * weight, with Pow and Div.
     let body = |b: &mut OnnxBuilder, i: &[String]| {

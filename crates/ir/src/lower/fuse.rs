@@ -49,7 +49,7 @@ pub fn optimize_with(g: &mut Graph, fuse_acts: bool) {
     // A product's bias joins its epilogue first; an activation or residual add behind a reshape
     // of it then moves before the reshape and joins it too.
     fuse_epilogues(g, fuse_acts);
-    while reshape_after_epilogues(g) {
+    while views_after_epilogues(g) {
         fuse_epilogues(g, fuse_acts);
     }
     fuse_eltwise(g);
@@ -408,7 +408,7 @@ fn canonicalize(g: &mut Graph) -> bool {
             (Op::Transpose { perm }, &[x]) => {
                 // Dims of size 1 may move freely: a transpose that keeps the others in order is a
                 // reshape (torchvision's attention at batch 1: [S, 1, E] -> [1, S, E]), which
-                // epilogues see through (reshape_after_epilogues).
+                // epilogues see through (views_after_epilogues).
                 let in_shape = &g.nodes[x].shape;
                 let kept: Vec<usize> = perm.iter().copied().filter(|&p| in_shape[p] != 1).collect();
                 if perm.iter().enumerate().all(|(i, &p)| i == p) {
@@ -889,50 +889,91 @@ fn broadcasts_over_rows(shape: &[usize], out: &[usize]) -> bool {
         && shape[..r - 1].iter().zip(&out[ro - r..ro - 1]).all(|(&s, &o)| s == 1 || s == o)
 }
 
-/// An activation or a residual add applied to a reshaped product moves before the reshape, so
-/// it joins the product's epilogue: act(reshape(p)) = reshape(act(p)), reshape(p) + r =
-/// reshape(p + reshape(r)). Hugging Face's GPT-2 `Conv1D` exports as Reshape -> Gemm -> Reshape,
-/// and its GELU and residual adds read the second reshape.
-fn reshape_after_epilogues(g: &mut Graph) -> bool {
+/// An activation, a residual add or a constant scale or shift applied to a reshaped or
+/// transposed product moves before the view, so it joins the product's epilogue:
+/// act(view(p)) = view(act(p)), view(p) + r = view(p + view⁻¹(r)), view(p) * c = view(p * c')
+/// (c' the constant in the product's axis order; a reshape only for a scalar c). Hugging Face's
+/// GPT-2 `Conv1D` exports as Reshape -> Gemm -> Reshape, its GELU and residual adds reading the
+/// second reshape; torchvision's ConvNeXt block ends Linear -> Permute -> layer scale ([C, 1, 1])
+/// -> residual add, each an element-wise launch over the block's output.
+fn views_after_epilogues(g: &mut Graph) -> bool {
     let mut any = false;
     loop {
         let mut changed = false;
         let uses = g.use_counts();
         for id in 0..g.nodes.len() {
             let n = g.nodes[id].clone();
-            let reshaped_product = |r: NodeId| {
-                matches!(g.nodes[r].op, Op::Reshape)
+            // A view (reshape or transpose) of a product that only this node reads.
+            let viewed_product = |r: NodeId| {
+                matches!(g.nodes[r].op, Op::Reshape | Op::Transpose { .. })
                     && uses[r] == 1
                     && !g.is_output(r)
                     && is_fusable_producer(g, &uses, g.nodes[r].inputs[0])
                     && g.nodes[r].dtype == n.dtype
             };
-            match (&n.op, n.inputs.as_slice()) {
-                (Op::Unary(UnaryOp::Act(_)), &[r]) if reshaped_product(r) => {
-                    let p = g.nodes[r].inputs[0];
-                    let shape = g.nodes[p].shape.clone();
-                    g.nodes[r].op = n.op.clone();
-                    g.nodes[r].shape = shape;
-                    g.nodes[id].op = Op::Reshape;
+            // The op that undoes view `r`, taking a tensor of r's shape to its input's.
+            let inverse = |r: NodeId| match &g.nodes[r].op {
+                Op::Transpose { perm } => {
+                    let mut inv = vec![0; perm.len()];
+                    for (i, &p) in perm.iter().enumerate() {
+                        inv[p] = i;
+                    }
+                    Op::Transpose { perm: inv }
                 }
-                (Op::Binary(BinaryOp::Add), &[a, b]) => {
-                    let (r, other) = if reshaped_product(a) { (a, b) } else { (b, a) };
-                    // No broadcasting either way: both operands have the sum's shape.
-                    let same = |v: NodeId| g.nodes[v].shape == n.shape && g.nodes[v].dtype == n.dtype;
-                    if !reshaped_product(r) || !same(r) || !same(other) {
+                _ => Op::Reshape,
+            };
+            let same = |v: NodeId| g.nodes[v].shape == n.shape && g.nodes[v].dtype == n.dtype;
+            let (r, operand) = match (&n.op, n.inputs.as_slice()) {
+                (Op::Unary(UnaryOp::Act(_)), &[r]) if viewed_product(r) => (r, None),
+                (Op::Binary(op @ (BinaryOp::Add | BinaryOp::Mul)), &[a, b]) => {
+                    let (r, other) = if viewed_product(a) { (a, b) } else { (b, a) };
+                    if !viewed_product(r) || !same(r) {
                         continue;
                     }
-                    let p = g.nodes[r].inputs[0];
-                    let shape = g.nodes[p].shape.clone();
-                    let other2 = g.add(format!("{}.reshaped", n.name), Op::Reshape, vec![other], shape.clone(), n.dtype);
-                    g.nodes[r].op = Op::Binary(BinaryOp::Add);
-                    g.nodes[r].inputs = vec![p, other2];
-                    g.nodes[r].shape = shape;
-                    g.nodes[id].op = Op::Reshape;
-                    g.nodes[id].inputs = vec![r];
+                    let p_shape = g.nodes[g.nodes[r].inputs[0]].shape.clone();
+                    let moved = if let Some(t) = konst(g, other).cloned() {
+                        // A constant that broadcasts to the output: scalars through any view,
+                        // others through a transpose, permuted into the product's axis order.
+                        let rank = n.shape.len();
+                        if t.len() == 1 {
+                            other
+                        } else if matches!(g.nodes[r].op, Op::Transpose { .. })
+                            && t.shape.len() <= rank
+                            && broadcast_shapes(&t.shape, &n.shape).as_deref() == Some(&n.shape[..])
+                        {
+                            let full_shape: Vec<usize> =
+                                std::iter::repeat_n(1, rank - t.shape.len()).chain(t.shape.iter().copied()).collect();
+                            let full = Tensor::f32(full_shape.clone(), t.to_f32_vec());
+                            let inv = inverse(r);
+                            let Op::Transpose { perm: inv_perm } = &inv else { unreachable!() };
+                            let moved_shape: Vec<usize> = inv_perm.iter().map(|&i| full_shape[i]).collect();
+                            let c = interp::eval(&inv, &[&full], &moved_shape, DType::F32);
+                            g.add_const(format!("{}.moved", n.name), c)
+                        } else {
+                            continue;
+                        }
+                    } else if *op == BinaryOp::Add && same(other) {
+                        g.add(format!("{}.unviewed", n.name), inverse(r), vec![other], p_shape, n.dtype)
+                    } else {
+                        continue;
+                    };
+                    (r, Some((*op, moved)))
                 }
                 _ => continue,
+            };
+            // r becomes the op on the product, id the view of it.
+            let p = g.nodes[r].inputs[0];
+            let view = g.nodes[r].op.clone();
+            g.nodes[r].shape = g.nodes[p].shape.clone();
+            match operand {
+                None => g.nodes[r].op = n.op.clone(),
+                Some((op, moved)) => {
+                    g.nodes[r].op = Op::Binary(op);
+                    g.nodes[r].inputs = vec![p, moved];
+                }
             }
+            g.nodes[id].op = view;
+            g.nodes[id].inputs = vec![r];
             changed = true;
             break;
         }
