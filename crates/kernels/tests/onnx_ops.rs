@@ -89,6 +89,20 @@ fn lowered(
     kairos_ir::lower::lower(&graph, &kairos_ir::lower::LowerOptions::new(dtype)).unwrap()
 }
 
+/// Each launch of a plan as a line: what `describe` says of it, else its kernel and name.
+fn launch_lines(plan: &kairos_ir::plan::Plan, describe: impl Fn(&kairos_ir::plan::Launch) -> Option<String>) -> Vec<String> {
+    plan.launches.iter().map(|l| describe(l).unwrap_or_else(|| format!("{} {}", l.kernel.name(), l.name))).collect()
+}
+
+/// Element-wise launches that compute something: neither a layout copy (`.contiguous`) nor the
+/// copy into an output tensor (`.output`).
+fn computing_eltwise(plan: &kairos_ir::plan::Plan) -> usize {
+    plan.launches
+        .iter()
+        .filter(|l| l.kernel.name() == "eltwise" && !l.name.ends_with(".contiguous") && !l.name.ends_with(".output"))
+        .count()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn conv_case(
     name: &str,
@@ -155,14 +169,10 @@ fn quick_gelu_as_clip_writes_it_fuses_and_matches() {
     };
     check("quick_gelu", vec![f32_input("x", &[1, 5, 16])], &[1, 5, 24], body);
     let plan = lowered("quick_gelu", 17, &[f32_input("x", &[1, 5, 16])], &[1, 5, 24], DType::F32, body);
-    let acts: Vec<_> = plan
-        .launches
-        .iter()
-        .map(|l| match &l.kernel {
-            kairos_ir::plan::Kernel::Gemm(p) => format!("gemm {:?}", p.epilogue.act),
-            k => k.name().to_string(),
-        })
-        .collect();
+    let acts = launch_lines(&plan, |l| match &l.kernel {
+        kairos_ir::plan::Kernel::Gemm(p) => Some(format!("gemm {:?}", p.epilogue.act)),
+        _ => None,
+    });
     assert_eq!(acts, ["gemm QuickGelu"], "the product's epilogue, nothing else");
 }
 
@@ -183,14 +193,10 @@ fn gpt2_conv1d_reshapes_keep_epilogues_fused() {
     };
     check("gpt2_conv1d", vec![f32_input("x", &[2, 5, 16])], &[2, 5, 16], body);
     let plan = lowered("gpt2_conv1d", 17, &[f32_input("x", &[2, 5, 16])], &[2, 5, 16], DType::F32, body);
-    let launches: Vec<_> = plan
-        .launches
-        .iter()
-        .map(|l| match &l.kernel {
-            kairos_ir::plan::Kernel::Gemm(p) => format!("gemm {:?} residual {}", p.epilogue.act, p.epilogue.residual),
-            k => format!("{} {}", k.name(), l.name),
-        })
-        .collect();
+    let launches = launch_lines(&plan, |l| match &l.kernel {
+        kairos_ir::plan::Kernel::Gemm(p) => Some(format!("gemm {:?} residual {}", p.epilogue.act, p.epilogue.residual)),
+        _ => None,
+    });
     // (and the copy into the output tensor)
     assert_eq!(launches, ["gemm GeluTanh residual false", "gemm None residual true", "eltwise y.output"]);
 }
@@ -212,21 +218,12 @@ fn convnext_block_end_fuses_through_the_permute() {
     };
     check("convnext_block_end", vec![f32_input("x", &[1, 8, 5, 5])], &[1, 8, 5, 5], body);
     let plan = lowered("convnext_block_end", 17, &[f32_input("x", &[1, 8, 5, 5])], &[1, 8, 5, 5], DType::F16, body);
-    let launches: Vec<String> = plan
-        .launches
-        .iter()
-        .map(|l| match &l.kernel {
-            kairos_ir::plan::Kernel::Gemm(p) => format!("gemm {} residual {}", l.name, p.epilogue.residual),
-            k => format!("{} {}", k.name(), l.name),
-        })
-        .collect();
+    let launches = launch_lines(&plan, |l| match &l.kernel {
+        kairos_ir::plan::Kernel::Gemm(p) => Some(format!("gemm {} residual {}", l.name, p.epilogue.residual)),
+        _ => None,
+    });
     let residual_products = launches.iter().filter(|l| l.ends_with("residual true")).count();
-    let computing = plan
-        .launches
-        .iter()
-        .filter(|l| l.kernel.name() == "eltwise" && !l.name.ends_with(".contiguous") && !l.name.ends_with(".output"))
-        .count();
-    assert_eq!((residual_products, computing), (1, 0), "{launches:#?}");
+    assert_eq!((residual_products, computing_eltwise(&plan)), (1, 0), "{launches:#?}");
 }
 
 #[test]
@@ -248,14 +245,10 @@ fn t5_rms_norm_fuses_and_matches() {
     };
     check_opset("t5_rms_norm", 18, vec![f32_input("x", &[2, 5, 24])], &[2, 5, 24], body);
     let plan = lowered("t5_rms_norm", 18, &[f32_input("x", &[2, 5, 24])], &[2, 5, 24], DType::F32, body);
-    let launches: Vec<_> = plan
-        .launches
-        .iter()
-        .map(|l| match &l.kernel {
-            kairos_ir::plan::Kernel::LayerNorm(p) => format!("layernorm rms {}", p.rms),
-            k => format!("{} {}", k.name(), l.name),
-        })
-        .collect();
+    let launches = launch_lines(&plan, |l| match &l.kernel {
+        kairos_ir::plan::Kernel::LayerNorm(p) => Some(format!("layernorm rms {}", p.rms)),
+        _ => None,
+    });
     assert_eq!(launches, ["layernorm rms true"]);
 }
 
@@ -519,7 +512,7 @@ fn sdpa_export_attention_fuses_and_matches() {
     // broadcast over heads and queries), the softmax (the NaN guard in it) and the product with V;
     // the additive mask is built once. Unfused: 2 scalings, mask, add, IsNaN and Where per layer.
     let plan = lowered("sdpa_export_attention", 17, &inputs(), &[1, 2, 6, 8], DType::F16, sdpa_export_body);
-    let launches: Vec<String> = plan.launches.iter().map(|l| format!("{} {}", l.kernel.name(), l.name)).collect();
+    let launches = launch_lines(&plan, |_| None);
     let count = |kind: &str| plan.launches.iter().filter(|l| l.kernel.name() == kind).count();
     assert_eq!((count("gemm"), count("softmax")), (4, 2), "{launches:#?}");
     let scores: Vec<_> = plan
@@ -542,12 +535,7 @@ fn sdpa_export_attention_fuses_and_matches() {
         "{launches:#?}"
     );
     // Besides the fp16 conversions of the fp32 inputs and output: the mask (Equal, Where) only.
-    let computing = plan
-        .launches
-        .iter()
-        .filter(|l| l.kernel.name() == "eltwise" && !l.name.ends_with(".contiguous") && !l.name.ends_with(".output"))
-        .count();
-    assert_eq!(computing, 2, "element-wise launches: {launches:#?}");
+    assert_eq!(computing_eltwise(&plan), 2, "element-wise launches: {launches:#?}");
 }
 
 /// 0/1 outputs of a boolean graph, as floats (the cast exporters write before arithmetic).
