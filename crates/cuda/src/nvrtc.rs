@@ -310,8 +310,13 @@ impl KernelCache {
 
     /// NVRTC's options for a unit (its entry selection included).
     pub fn options(&self, unit: Unit, target: u32, cubin: bool, variant: Variant) -> Vec<String> {
-        let mut o =
-            vec![format!("--gpu-architecture={}_{target}", if cubin { "sm" } else { "compute" }), "--std=c++17".to_string()];
+        // sm_90 is compiled as sm_90a, its architecture-specific target: the tile engine's
+        // warpgroup MMA (wgmma, tile.cuh) exists only there; such an image loads on sm_90 devices only.
+        let suffix = if target == 90 { "a" } else { "" };
+        let mut o = vec![
+            format!("--gpu-architecture={}_{target}{suffix}", if cubin { "sm" } else { "compute" }),
+            "--std=c++17".to_string(),
+        ];
         if variant == Variant::Plain {
             o.push("-DKAIROS_PROTOCOL_OFF".to_string());
         }
@@ -687,6 +692,10 @@ mod tests {
         assert!(q.image_file(gemm_w, Variant::Protocol, 90, true, (13, 0)).starts_with("gemm_f16w_relu-proto-quick-sm90-"));
         assert!(q.options(gemm_w, 90, true, Variant::Protocol).contains(&QUICK_BUILD_OPTION.to_string()));
         assert!(!a.options(gemm_w, 90, true, Variant::Protocol).contains(&QUICK_BUILD_OPTION.to_string()));
+        // sm_90 builds target sm_90a (wgmma); other architectures their plain target.
+        assert_eq!(a.options(gemm_w, 90, true, Variant::Protocol)[0], "--gpu-architecture=sm_90a");
+        assert_eq!(a.options(gemm_w, 90, false, Variant::Protocol)[0], "--gpu-architecture=compute_90a");
+        assert_eq!(a.options(gemm_w, 100, true, Variant::Protocol)[0], "--gpu-architecture=sm_100");
         let util = Unit { module: Module::Util, entry: None };
         assert_eq!(
             q.image_file(util, Variant::Protocol, 90, true, (13, 0)),

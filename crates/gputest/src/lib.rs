@@ -690,6 +690,17 @@ pub fn kernel_cases(dtype: DType) -> Vec<KernelCase> {
         )
         .with_smem(52 * 1024),
         gemm_case("gemm narrow 64x32 heads qk", GemmLayout::Heads, (2, 3, 70, 40, 64), 0.125, none, (64, 32), 128),
+        // 64 x 64 on 128 threads: one warpgroup's wgmma on sm_90a (tc_tile_wgmma), with K past the
+        // last k32 stage, edge tiles in m and n, a residual and GELU.
+        gemm_case(
+            "gemm 64x64 128 threads heads qk, k tail",
+            GemmLayout::Heads,
+            (2, 3, 70, 72, 40),
+            0.125,
+            EpilogueParams { bias: false, residual: true, act: Act::Gelu },
+            (64, 64),
+            128,
+        ),
         // The attention mask fused as the scores' residual, broadcast over heads and query rows.
         with_key_mask(gemm_case(
             "gemm narrow 64x32 heads qk, key mask",

@@ -159,6 +159,10 @@ fn compile(a: CompileArgs) -> Result<()> {
                                 r.function, r.registers, r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes
                             ));
                         }
+                        // ptxas' warnings too (e.g. wgmma serialized for want of registers).
+                        for line in img.log.lines().filter(|l| l.contains("arning")) {
+                            text.push_str(&format!("\n    {}", line.trim()));
+                        }
                     }
                     eprintln!("  {text}");
                     if a.gzip && !a.ptxas {

@@ -1122,6 +1122,11 @@ template <u32 BM, u32 BN>
 __device__ __forceinline__ constexpr u32 tcx_stage_bytes() {
     return (BM + BN) * TCX_LD * 2u;
 }
+// A stage of the wgmma tiles (tc_tile_wgmma64): unpadded core matrices.
+template <u32 BM, u32 BN>
+__device__ __forceinline__ constexpr u32 tcw_stage_bytes() {
+    return (BM + BN) * TCX_TK * 2u;
+}
 
 
 template <u32 BM, u32 BN, u32 WGM, u32 WGN, typename L>
@@ -1255,6 +1260,170 @@ __device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 
     __syncthreads();  // the sums are read before the next logical block refills the stages
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hopper warpgroup MMA (wgmma) for 64 x 64 tiles on 128 threads, compiled where the target is
+// sm_90a (kairos_cuda::nvrtc asks NVRTC for it on sm_90 devices; elsewhere, and with
+// -DKAIROS_NO_WGMMA, they stay on the generic mma.sync engine). The loads are the fixed tiles'
+// k32 cp.async chunks through the loader, but each stage is laid out as wgmma's K-major core
+// matrices without swizzle (8 rows x 16 bytes, 128 contiguous bytes; the four k chunks of an 8-row
+// group side by side: leading byte offset 128 along K, stride byte offset 512 between row groups),
+// and the warpgroup multiplies straight from shared memory: no ldmatrix, no operand fragments in
+// registers, only the 32 accumulators. Measured on an H200 with a standalone copy (2026-11-29):
+// the multiplications alone ran at 720 TFLOPS on 4096^3 (the whole kernel ~160: the cp.async loads
+// bound it; cuBLAS, with TMA, 760), and at batch 1 the products are bound by the few warps per
+// SM their few tiles give (one per scheduler): each k32 stage costs ~0.4 us however deep the
+// pipeline (tile_mma_planned says where this pays).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(KAIROS_NO_WGMMA)
+#define KAIROS_WGMMA 1
+#endif
+
+#ifdef KAIROS_WGMMA
+// A shared-memory matrix descriptor (no swizzle): start address, leading (K) and stride (M/N)
+// byte offsets, each in 16-byte units.
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3ffffu) >> 4) | ((u64)((lbo & 0x3ffffu) >> 4) << 16) | ((u64)((sbo & 0x3ffffu) >> 4) << 32);
+}
+__device__ __forceinline__ void wg_arrive() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async one.
+__device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across an asynchronous MMA.
+template <u32 R>
+__device__ __forceinline__ void wg_fence_regs(float* d) {
+#pragma unroll
+    for (u32 i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_mma_m64n64(float* d, u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
+
+// One logical block of a 64 x 64 tile on one warpgroup's wgmma (see above). Accumulator layout of
+// m64n64k16 for thread t: rows 16 (t / 32) + (t % 32) / 4 (+ 8), columns 8 j + 2 (t % 4) (+ 1) in
+// registers 4 j .. 4 j + 3: mma.sync's m16n8 fragments side by side, so the epilogues take them as
+// a [1][8][4] warp tile.
+template <typename L>
+__device__ __forceinline__ void tc_tile_wgmma64(const L& ld_, u32 tm, u32 tn, u32 K, u32 nstages) {
+    constexpr u32 BM = 64u, BN = 64u, T = 128u;
+    constexpr u32 NJ = BN / 8u;
+    constexpr u32 RPP = T / (TCX_TK / 8u);     // 32 rows per pass of the CTA's chunks
+    constexpr u32 PASS_BYTES = RPP / 8u * 512u;  // RPP / 8 row groups
+    constexpr u32 AR = BM / RPP, BR = BN / RPP;
+    constexpr u32 A_BYTES = BM * TCX_TK * 2u;
+    constexpr u32 STAGE_BYTES = (BM + BN) * TCX_TK * 2u;
+
+    const u32 tid = threadIdx.x;
+    const u32 warp = tid / 32u, lane = tid % 32u;
+    const u32 c = tid & 3u;  // this thread's chunk column (k chunk)
+    const u32 row0 = tid / 4u;
+    const u32 smem0 = tc_smem_addr(kairos_dyn_smem);
+
+    u32 a_off[AR], a_aux[AR], b_off[BR];
+#pragma unroll
+    for (u32 r = 0; r < AR; ++r) {
+        const u32 mm = row0 + r * RPP;
+        a_off[r] = TC_NO_ROW;
+        a_aux[r] = 0u;
+        if (mm < tm) ld_.a_row(mm, a_off[r], a_aux[r]);
+    }
+#pragma unroll
+    for (u32 r = 0; r < BR; ++r) {
+        const u32 nn = row0 + r * RPP;
+        b_off[r] = nn < tn ? ld_.b_row(nn) : TC_NO_ROW;
+    }
+    typename L::ACol col = ld_.a_col_at(c * 8u);
+    const h16* const b_base = ld_.b_base();
+    // Core matrix (row group g, chunk c) at (4 g + c) * 128 bytes, row r % 8 at 16 (r % 8).
+    const u32 dst0 = ((row0 / 8u) * 4u + c) * 128u + (row0 % 8u) * 16u;
+
+    auto load = [&](u32 buf, u32 k0) {
+        const u32 k = k0 + c * 8u;
+        const bool kin = k < K;
+        const u32 at = smem0 + buf * STAGE_BYTES + dst0;
+#pragma unroll
+        for (u32 r = 0; r < AR; ++r) {
+            const h16* src = ld_.a_src(a_off[r], a_aux[r], col);
+            const bool in = kin && a_off[r] != TC_NO_ROW && (L::A_SRC_NONNULL || src != nullptr);
+            tc_put16_if(at + r * PASS_BYTES, src, in);
+        }
+#pragma unroll
+        for (u32 r = 0; r < BR; ++r)
+            tc_put16_if(at + A_BYTES + r * PASS_BYTES, b_base + b_off[r] + k, kin && b_off[r] != TC_NO_ROW);
+        ld_.a_col_step(col, TCX_TK);
+    };
+
+    float acc[1][NJ][4];
+#pragma unroll
+    for (u32 j = 0; j < NJ; ++j)
+#pragma unroll
+        for (u32 e = 0; e < 4u; ++e) acc[0][j][e] = 0.0f;
+    float* const d = &acc[0][0][0];
+
+    const u32 stages = (K + TCX_TK - 1u) / TCX_TK;
+    for (u32 p = 0; p + 1u < nstages; ++p) {
+        if (p < stages) load(p, p * TCX_TK);
+        tc_cp_commit();
+    }
+    u32 cur = 0u, next = nstages - 1u;
+    for (u32 st = 0; st < stages; ++st) {
+        tc_cp_wait(nstages - 2u);  // stage st has landed (this thread's copies)
+        wg_fence_proxy();
+        __syncthreads();  // everyone's copies are visible; the MMAs of stage st - 1 have finished
+        const u32 ahead = st + nstages - 1u;
+        if (ahead < stages) load(next, ahead * TCX_TK);
+        tc_cp_commit();
+        next = next + 1u == nstages ? 0u : next + 1u;
+        const u32 a_at = smem0 + cur * STAGE_BYTES;
+        const u32 b_at = a_at + A_BYTES;
+        cur = cur + 1u == nstages ? 0u : cur + 1u;
+        wg_fence_regs<NJ * 4u>(d);
+        wg_arrive();
+#pragma unroll
+        for (u32 kk = 0; kk < TCX_TK / 16u; ++kk)
+            wg_mma_m64n64(d, wg_desc(a_at + kk * 256u, 128u, 512u), wg_desc(b_at + kk * 256u, 128u, 512u));
+        wg_commit();
+        wg_wait_all();  // the stage is read before the barrier of the next one lets it refill
+        wg_fence_regs<NJ * 4u>(d);
+    }
+    tc_cp_wait_all();  // only empty groups can be left
+    __syncthreads();   // the stages are free (the next logical block refills them)
+
+    const u32 r0 = warp * 16u + (lane >> 2);
+    const u32 c0 = (lane & 3u) * 2u;
+    if (tc_dyn_smem_bytes() < BM * (BN + TCX_CPAD) * 4u) {
+        tc_store_frags<1u, NJ, true>(ld_, acc, r0, c0, 1u, NJ, tm, tn);
+        return;
+    }
+    float* const cs = (float*)kairos_dyn_smem;
+#pragma unroll
+    for (u32 j = 0; j < NJ; ++j) {
+        float* const p = cs + r0 * (BN + TCX_CPAD) + c0 + j * 8u;
+        *(float2*)p = make_float2(acc[0][j][0], acc[0][j][1]);
+        *(float2*)(p + 8u * (BN + TCX_CPAD)) = make_float2(acc[0][j][2], acc[0][j][3]);
+    }
+    __syncthreads();
+    const u32 act = ld_.act();
+#ifdef KAIROS_ACT_ONLY
+    if (KAIROS_ACT_ONLY != KAIROS_ACT_ANY && act != KAIROS_ACT_ONLY) asm volatile("trap;");
+    tcx_epilogue_as<KAIROS_ACT_ONLY, BM, BN, T>(ld_, cs, tm, tn);
+#else
+    if (act == KAIROS_ACT_NONE) tcx_epilogue_as<KAIROS_ACT_NONE, BM, BN, T>(ld_, cs, tm, tn);
+    else if (act == KAIROS_ACT_RELU) tcx_epilogue_as<KAIROS_ACT_RELU, BM, BN, T>(ld_, cs, tm, tn);
+    else tcx_epilogue_as<KAIROS_ACT_ANY, BM, BN, T>(ld_, cs, tm, tn);
+#endif
+    __syncthreads();  // the sums are read before the next logical block refills the stages
+}
+#endif  // KAIROS_WGMMA
+
 // Whether the fixed-shape tiles can take this product: 16-byte operand chunks, B with k
 // contiguous, 32-bit offsets, and room for two stages of `stage_bytes`.
 template <typename L>
@@ -1279,6 +1448,20 @@ __device__ __forceinline__ void tile_mma_planned(L& ld_, u32 tile_m, u32 tile_n,
             }
         }
     }
+#ifdef KAIROS_WGMMA
+    // wgmma where it measured faster than the mma.sync engine: 64 x 64 tiles on 128 threads (the
+    // narrow entries: kairos_kernels::source::entry_key). On an H200, 197-row products of ViT-B/16
+    // and BERT shapes: 197 x 768 x 768 42.5 -> 17.3 us, 12 heads of 197 x 197 x 64 14.2 -> 8.7 us.
+    // On the 256-thread fixed tiles it did not pay: 128 x 128 beat the mma.sync tile per shape
+    // (45.7 -> 32.9 us) but 64 x 128 and 128 x 64 lost (17.2 -> 19.7 us), and with 128 x 128 and
+    // 64 x 64 (two warpgroups splitting K) on wgmma the corpus's convolutional networks ran up to
+    // 16% slower at batch 1 (docs/models.md).
+    if constexpr (CLS == TC_NARROW) {
+        if (blockDim.x == 128u && tile_m == 64u && tile_n == 64u) {
+            if (const u32 n = tcx_stages(ld_, tcw_stage_bytes<64, 64>())) return tc_tile_wgmma64(ld_, tm, tn, K, n);
+        }
+    }
+#endif
     tile_mma<CLS>(ld_, tm, tn, K);
 }
 
