@@ -15,7 +15,9 @@
 # expression on architecture names), AUTOTUNE (default "0 1": latency without and with
 # autotuning), TESTS (GPU tests run first, default kernels_match_cpu_reference), SKIP_TRANSFORMERS
 # (non-empty: vision models only), AB_FUSE_ACTS (1: also the autotuned latency with
-# KAIROS_FUSE_ACTS=0, activations other than ReLU as element-wise launches).
+# KAIROS_FUSE_ACTS=0, activations other than ReLU as element-wise launches), AB_ENV (VAR=value
+# words: also the autotuned latency with that environment, e.g. another kernel build) and AB_LABEL
+# (its column's name).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} PYTHONUNBUFFERED=1
@@ -79,6 +81,15 @@ if [ "${AB_FUSE_ACTS:-0}" = 1 ]; then
     KAIROS_FUSE_ACTS=0 timeout 400 "$bin" bench latency --backend cuda --batch 1 --seq-len 16 --requests 100 --budget-s 5 \
         --models "$models" --peer "$OUT/torch-latency.json" --out "$OUT/latency-unfused" >"$OUT/latency-unfused.log" 2>&1
     echo "latency (acts unfused): rc $? in $(($(date +%s) - t)) s"
+fi
+if [ -n "${AB_ENV:-}" ]; then
+    # A/B: the autotuned latency again with extra environment (e.g. another kernel build:
+    # KAIROS_NVRTC_OPTIONS=-DKAIROS_NO_WGMMA and a cache folder holding those images).
+    t=$(date +%s)
+    echo "${AB_LABEL:-A/B}" >"$OUT/ab-label.txt"
+    env $AB_ENV timeout 400 "$bin" bench latency --backend cuda --batch 1 --seq-len 16 --requests 100 --budget-s 5 \
+        --models "$models" --peer "$OUT/torch-latency.json" --out "$OUT/latency-ab" >"$OUT/latency-ab.log" 2>&1
+    echo "latency (${AB_LABEL:-A/B}): rc $? in $(($(date +%s) - t)) s"
 fi
 python3 scripts/onnx_kernel_table.py "$OUT" --json "$OUT/table.json" | tee "$OUT/table.txt"
 # Everything in one archive (the device tool brings back a few files only).

@@ -58,12 +58,16 @@ def main():
     a = ap.parse_args()
     lat = {at: latency_rows(os.path.join(a.dir, f"latency-autotune{at}", "latency.json")) for at in (0, 1)}
     unfused = latency_rows(os.path.join(a.dir, "latency-unfused", "latency.json"))
+    ab = latency_rows(os.path.join(a.dir, "latency-ab", "latency.json"))
+    label_file = os.path.join(a.dir, "ab-label.txt")
+    ab_label = open(label_file).read().strip() if os.path.exists(label_file) else "A/B"
     report = {}
     for path in sorted(glob.glob(os.path.join(a.dir, "profile-*.json"))):
         stem = os.path.basename(path)[len("profile-"):-len(".json")]
         s = profile_summary(path, a.top)
         s["latency"] = {f"autotune{at}": lat[at].get(stem) for at in (0, 1)}
         s["latency"]["unfused"] = unfused.get(stem)
+        s["latency"]["ab"] = ab.get(stem)
         report[stem] = s
         print(f"## {stem}: {s['launches']} launches, kernels alone sum to {s['kernel_sum_ms']:.3f} ms")
         print("kernel: launches, ms, share — " + "; ".join(
@@ -71,9 +75,9 @@ def main():
         for k in s["slowest"]:
             print(f"  {k['us']:8.1f} us  {k['kernel']:<10} ctas {k['ctas']:>5} blocks {k['logical_blocks']:>6}  {k['name']}")
     print()
-    extra = " acts unfused (autotuned) |" if unfused else ""
+    extra = (" acts unfused (autotuned) |" if unfused else "") + (f" {ab_label} (autotuned) |" if ab else "")
     print("| model | launches | kernels alone (ms) | kairos p50, no autotune | kairos p50, autotuned | PyTorch eager | PyTorch graph | autotuned / graph |" + extra)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if unfused else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if unfused else "") + ("---:|" if ab else ""))
     for stem, s in report.items():
         l0, l1 = s["latency"]["autotune0"], s["latency"]["autotune1"]
         k0 = l0[0] if l0 else None
@@ -82,13 +86,15 @@ def main():
         ratio = k1 / peer[2] if k1 and peer[2] else None
         u = s["latency"]["unfused"]
         tail = f" {f(u[0] if u else None)} |" if unfused else ""
+        b = s["latency"]["ab"]
+        tail += f" {f(b[0] if b else None)} |" if ab else ""
         print(f"| {stem} | {s['launches']} | {s['kernel_sum_ms']:.3f} | {f(k0)} | {f(k1)} | {f(peer[1])} | {f(peer[2])} | {f(ratio, 2)} |" + tail)
     def geomean(pairs):
         pairs = [(x, y) for x, y in pairs if x and y]
         return (math.exp(sum(math.log(x / y) for x, y in pairs) / len(pairs)), len(pairs)) if pairs else (None, 0)
 
     rows = [s["latency"] for s in report.values()]
-    for label, key in (("no autotune", "autotune0"), ("autotuned", "autotune1"), ("acts unfused", "unfused")):
+    for label, key in (("no autotune", "autotune0"), ("autotuned", "autotune1"), ("acts unfused", "unfused"), (ab_label, "ab")):
         g, n = geomean([((r[key] or (None,))[0], (r["autotune1"] or r["autotune0"] or (None, None, None))[2]) for r in rows])
         if n:
             print(f"kairos {label} / PyTorch CUDA graph, geomean over {n} models: {g:.3f}")
