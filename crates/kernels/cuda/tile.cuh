@@ -1129,6 +1129,78 @@ __device__ __forceinline__ constexpr u32 tcw_stage_bytes() {
 }
 
 
+// A thread's share of the k32 stage loads of the fixed-shape tiles (tc_tile_fixed,
+// tc_tile_wgmma64): the same 16-byte chunk column of the same rows every stage, their offsets (TC_NO_ROW
+// past the tile) and the loader's column state worked out once per tile.
+template <u32 AR, u32 BR, u32 RPP, typename L>
+struct TcxChunks {
+    u32 a_off[AR], a_aux[AR], b_off[BR];
+    typename L::ACol col;
+    const h16* b_base;
+    u32 c;  // the chunk column
+
+    __device__ __forceinline__ TcxChunks(const L& ld_, u32 tid, u32 tm, u32 tn)
+        : col(ld_.a_col_at((tid & (TCX_TK / 8u - 1u)) * 8u)), b_base(ld_.b_base()), c(tid & (TCX_TK / 8u - 1u)) {
+        const u32 row0 = tid / (TCX_TK / 8u);
+#pragma unroll
+        for (u32 r = 0; r < AR; ++r) {
+            const u32 mm = row0 + r * RPP;
+            a_off[r] = TC_NO_ROW;
+            a_aux[r] = 0u;
+            if (mm < tm) ld_.a_row(mm, a_off[r], a_aux[r]);
+        }
+#pragma unroll
+        for (u32 r = 0; r < BR; ++r) {
+            const u32 nn = row0 + r * RPP;
+            b_off[r] = nn < tn ? ld_.b_row(nn) : TC_NO_ROW;
+        }
+    }
+
+    // Copies k in [k0, k0 + 32): A's chunk of pass r to `at` + r * `row_step` bytes, B's to `at` +
+    // `b_delta` + r * `row_step` (stages are filled in order: the column state moves by 32 each time).
+    __device__ __forceinline__ void load(const L& ld_, u32 at, u32 row_step, u32 b_delta, u32 k0, u32 K) {
+        const u32 k = k0 + c * 8u;
+        const bool kin = k < K;
+#pragma unroll
+        for (u32 r = 0; r < AR; ++r) {
+            const h16* src = ld_.a_src(a_off[r], a_aux[r], col);
+            const bool in = kin && a_off[r] != TC_NO_ROW && (L::A_SRC_NONNULL || src != nullptr);
+            tc_put16_if(at + r * row_step, src, in);
+        }
+#pragma unroll
+        for (u32 r = 0; r < BR; ++r) tc_put16_if(at + b_delta + r * row_step, b_base + b_off[r] + k, kin && b_off[r] != TC_NO_ROW);
+        ld_.a_col_step(col, TCX_TK);
+    }
+};
+
+// The fixed-shape tiles' sums, warp tiles of MI x NI m16n8 fragments at rows r0 + 16 i (+ 8) and columns
+// c0 + 8 j (+ 1), into `cs` ([BM][BN + TCX_CPAD] floats).
+template <u32 MI, u32 NI, u32 BN>
+__device__ __forceinline__ void tcx_stage_sums(float* cs, const float (&acc)[MI][NI][4], u32 r0, u32 c0) {
+#pragma unroll
+    for (u32 i = 0; i < MI; ++i)
+#pragma unroll
+        for (u32 j = 0; j < NI; ++j) {
+            float* const p = cs + (r0 + i * 16u) * (BN + TCX_CPAD) + c0 + j * 8u;
+            *(float2*)p = make_float2(acc[i][j][0], acc[i][j][1]);
+            *(float2*)(p + 8u * (BN + TCX_CPAD)) = make_float2(acc[i][j][2], acc[i][j][3]);
+        }
+}
+
+// The epilogue of the sums in `cs` with the launch's activation class.
+template <u32 BM, u32 BN, u32 T, typename L>
+__device__ __forceinline__ void tcx_epilogue(const L& ld_, const float* cs, u32 tm, u32 tn) {
+    const u32 act = ld_.act();
+#ifdef KAIROS_ACT_ONLY
+    if (KAIROS_ACT_ONLY != KAIROS_ACT_ANY && act != KAIROS_ACT_ONLY) asm volatile("trap;");
+    tcx_epilogue_as<KAIROS_ACT_ONLY, BM, BN, T>(ld_, cs, tm, tn);
+#else
+    if (act == KAIROS_ACT_NONE) tcx_epilogue_as<KAIROS_ACT_NONE, BM, BN, T>(ld_, cs, tm, tn);
+    else if (act == KAIROS_ACT_RELU) tcx_epilogue_as<KAIROS_ACT_RELU, BM, BN, T>(ld_, cs, tm, tn);
+    else tcx_epilogue_as<KAIROS_ACT_ANY, BM, BN, T>(ld_, cs, tm, tn);
+#endif
+}
+
 template <u32 BM, u32 BN, u32 WGM, u32 WGN, typename L>
 __device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 K, u32 nstages) {
     constexpr u32 T = WGM * WGN * 32u;
@@ -1143,45 +1215,11 @@ __device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 
 
     const u32 tid = threadIdx.x;
     const u32 warp = tid / 32u, lane = tid % 32u;
-    const u32 c = tid & (TCX_TK / 8u - 1u);  // this thread's chunk column
-    const u32 row0 = tid / (TCX_TK / 8u);
     const u32 smem0 = tc_smem_addr(kairos_dyn_smem);
-
-    // Where this thread's chunks come from: row offsets (TC_NO_ROW past the tile) and the column state.
-    u32 a_off[AR], a_aux[AR], b_off[BR];
-#pragma unroll
-    for (u32 r = 0; r < AR; ++r) {
-        const u32 mm = row0 + r * RPP;
-        a_off[r] = TC_NO_ROW;
-        a_aux[r] = 0u;
-        if (mm < tm) ld_.a_row(mm, a_off[r], a_aux[r]);
-    }
-#pragma unroll
-    for (u32 r = 0; r < BR; ++r) {
-        const u32 nn = row0 + r * RPP;
-        b_off[r] = nn < tn ? ld_.b_row(nn) : TC_NO_ROW;
-    }
-    typename L::ACol col = ld_.a_col_at(c * 8u);
-    const h16* const b_base = ld_.b_base();
-    const u32 dst0 = (row0 * TCX_LD + c * 8u) * 2u;
-
-    // Fills stage buffer `buf` with k in [k0, k0 + 32) (stages are filled in order: the column
-    // state moves by 32 each time).
-    auto load = [&](u32 buf, u32 k0) {
-        const u32 k = k0 + c * 8u;
-        const bool kin = k < K;
-        const u32 at = smem0 + buf * STAGE_BYTES + dst0;
-#pragma unroll
-        for (u32 r = 0; r < AR; ++r) {
-            const h16* src = ld_.a_src(a_off[r], a_aux[r], col);
-            const bool in = kin && a_off[r] != TC_NO_ROW && (L::A_SRC_NONNULL || src != nullptr);
-            tc_put16_if(at + r * RPP * TCX_LD * 2u, src, in);
-        }
-#pragma unroll
-        for (u32 r = 0; r < BR; ++r)
-            tc_put16_if(at + A_BYTES + r * RPP * TCX_LD * 2u, b_base + b_off[r] + k, kin && b_off[r] != TC_NO_ROW);
-        ld_.a_col_step(col, TCX_TK);
-    };
+    TcxChunks<AR, BR, RPP, L> chunks(ld_, tid, tm, tn);
+    // Rows of TCX_LD halves: a thread's chunk at (row0, c), a pass RPP rows further.
+    const u32 dst0 = ((tid / (TCX_TK / 8u)) * TCX_LD + chunks.c * 8u) * 2u;
+    auto load = [&](u32 buf, u32 k0) { chunks.load(ld_, smem0 + buf * STAGE_BYTES + dst0, RPP * TCX_LD * 2u, A_BYTES, k0, K); };
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -1239,24 +1277,9 @@ __device__ __forceinline__ void tc_tile_fixed(const L& ld_, u32 tm, u32 tn, u32 
     }
     // The sums through shared memory (the stages are free now), then the epilogue by runs of 8.
     float* const cs = (float*)kairos_dyn_smem;
-#pragma unroll
-    for (u32 i = 0; i < MI; ++i)
-#pragma unroll
-        for (u32 j = 0; j < NI; ++j) {
-            float* const p = cs + (r0 + i * 16u) * (BN + TCX_CPAD) + c0 + j * 8u;
-            *(float2*)p = make_float2(acc[i][j][0], acc[i][j][1]);
-            *(float2*)(p + 8u * (BN + TCX_CPAD)) = make_float2(acc[i][j][2], acc[i][j][3]);
-        }
+    tcx_stage_sums<MI, NI, BN>(cs, acc, r0, c0);
     __syncthreads();
-    const u32 act = ld_.act();
-#ifdef KAIROS_ACT_ONLY
-    if (KAIROS_ACT_ONLY != KAIROS_ACT_ANY && act != KAIROS_ACT_ONLY) asm volatile("trap;");
-    tcx_epilogue_as<KAIROS_ACT_ONLY, BM, BN, T>(ld_, cs, tm, tn);
-#else
-    if (act == KAIROS_ACT_NONE) tcx_epilogue_as<KAIROS_ACT_NONE, BM, BN, T>(ld_, cs, tm, tn);
-    else if (act == KAIROS_ACT_RELU) tcx_epilogue_as<KAIROS_ACT_RELU, BM, BN, T>(ld_, cs, tm, tn);
-    else tcx_epilogue_as<KAIROS_ACT_ANY, BM, BN, T>(ld_, cs, tm, tn);
-#endif
+    tcx_epilogue<BM, BN, T>(ld_, cs, tm, tn);
     __syncthreads();  // the sums are read before the next logical block refills the stages
 }
 
@@ -1323,43 +1346,12 @@ __device__ __forceinline__ void tc_tile_wgmma64(const L& ld_, u32 tm, u32 tn, u3
 
     const u32 tid = threadIdx.x;
     const u32 warp = tid / 32u, lane = tid % 32u;
-    const u32 c = tid & 3u;  // this thread's chunk column (k chunk)
-    const u32 row0 = tid / 4u;
     const u32 smem0 = tc_smem_addr(kairos_dyn_smem);
-
-    u32 a_off[AR], a_aux[AR], b_off[BR];
-#pragma unroll
-    for (u32 r = 0; r < AR; ++r) {
-        const u32 mm = row0 + r * RPP;
-        a_off[r] = TC_NO_ROW;
-        a_aux[r] = 0u;
-        if (mm < tm) ld_.a_row(mm, a_off[r], a_aux[r]);
-    }
-#pragma unroll
-    for (u32 r = 0; r < BR; ++r) {
-        const u32 nn = row0 + r * RPP;
-        b_off[r] = nn < tn ? ld_.b_row(nn) : TC_NO_ROW;
-    }
-    typename L::ACol col = ld_.a_col_at(c * 8u);
-    const h16* const b_base = ld_.b_base();
+    TcxChunks<AR, BR, RPP, L> chunks(ld_, tid, tm, tn);
     // Core matrix (row group g, chunk c) at (4 g + c) * 128 bytes, row r % 8 at 16 (r % 8).
-    const u32 dst0 = ((row0 / 8u) * 4u + c) * 128u + (row0 % 8u) * 16u;
-
-    auto load = [&](u32 buf, u32 k0) {
-        const u32 k = k0 + c * 8u;
-        const bool kin = k < K;
-        const u32 at = smem0 + buf * STAGE_BYTES + dst0;
-#pragma unroll
-        for (u32 r = 0; r < AR; ++r) {
-            const h16* src = ld_.a_src(a_off[r], a_aux[r], col);
-            const bool in = kin && a_off[r] != TC_NO_ROW && (L::A_SRC_NONNULL || src != nullptr);
-            tc_put16_if(at + r * PASS_BYTES, src, in);
-        }
-#pragma unroll
-        for (u32 r = 0; r < BR; ++r)
-            tc_put16_if(at + A_BYTES + r * PASS_BYTES, b_base + b_off[r] + k, kin && b_off[r] != TC_NO_ROW);
-        ld_.a_col_step(col, TCX_TK);
-    };
+    const u32 row0 = tid / 4u;
+    const u32 dst0 = ((row0 / 8u) * 4u + chunks.c) * 128u + (row0 % 8u) * 16u;
+    auto load = [&](u32 buf, u32 k0) { chunks.load(ld_, smem0 + buf * STAGE_BYTES + dst0, PASS_BYTES, A_BYTES, k0, K); };
 
     float acc[1][NJ][4];
 #pragma unroll
@@ -1404,22 +1396,9 @@ __device__ __forceinline__ void tc_tile_wgmma64(const L& ld_, u32 tm, u32 tn, u3
         return;
     }
     float* const cs = (float*)kairos_dyn_smem;
-#pragma unroll
-    for (u32 j = 0; j < NJ; ++j) {
-        float* const p = cs + r0 * (BN + TCX_CPAD) + c0 + j * 8u;
-        *(float2*)p = make_float2(acc[0][j][0], acc[0][j][1]);
-        *(float2*)(p + 8u * (BN + TCX_CPAD)) = make_float2(acc[0][j][2], acc[0][j][3]);
-    }
+    tcx_stage_sums<1u, NJ, BN>(cs, acc, r0, c0);
     __syncthreads();
-    const u32 act = ld_.act();
-#ifdef KAIROS_ACT_ONLY
-    if (KAIROS_ACT_ONLY != KAIROS_ACT_ANY && act != KAIROS_ACT_ONLY) asm volatile("trap;");
-    tcx_epilogue_as<KAIROS_ACT_ONLY, BM, BN, T>(ld_, cs, tm, tn);
-#else
-    if (act == KAIROS_ACT_NONE) tcx_epilogue_as<KAIROS_ACT_NONE, BM, BN, T>(ld_, cs, tm, tn);
-    else if (act == KAIROS_ACT_RELU) tcx_epilogue_as<KAIROS_ACT_RELU, BM, BN, T>(ld_, cs, tm, tn);
-    else tcx_epilogue_as<KAIROS_ACT_ANY, BM, BN, T>(ld_, cs, tm, tn);
-#endif
+    tcx_epilogue<BM, BN, T>(ld_, cs, tm, tn);
     __syncthreads();  // the sums are read before the next logical block refills the stages
 }
 #endif  // KAIROS_WGMMA
