@@ -41,6 +41,16 @@ if [[ $status != 0 || ! -s "$out/manifest.json" ]]; then
     exit 1
 fi
 echo "onnx-corpus: $out in $(($(date +%s) - started)) s" >&2
+# The onnxruntime peer script (scripts/ort_cuda_peer.py, the GPU machine's onnxruntime CUDA
+# provider column) run end to end on a few exports with the CPU provider: fp16 conversion, fixed
+# shapes, the transformer optimizer, IO binding. A check of the script, not a peer number.
+"$python" scripts/ort_cuda_peer.py "$out" --device cpu --reps 3 --only '^(resnet18|distilbert|gpt2)$' \
+    --require-all --out "$out/ort-peer-cpu-check.json" >"$out/ort-peer-cpu-check.log" 2>&1 || {
+    tail -20 "$out/ort-peer-cpu-check.log" >&2
+    echo "onnx-corpus: scripts/ort_cuda_peer.py failed on the CPU provider; its log: $out/ort-peer-cpu-check.log" >&2
+    exit 1
+}
+echo "onnx-corpus: $(tail -1 "$out/ort-peer-cpu-check.log")" >&2
 if [[ -z "${CORPUS_PYTHON:-}" && "${CORPUS_KEEP_VENV:-0}" != 1 ]]; then
     rm -rf "$venv"
 fi

@@ -16,8 +16,12 @@
 # autotuning), TESTS (GPU tests run first, default kernels_match_cpu_reference), SKIP_TRANSFORMERS
 # (non-empty: vision models only), AB_FUSE_ACTS (1: also the autotuned latency with
 # KAIROS_FUSE_ACTS=0, activations other than ReLU as element-wise launches), AB_ENV (VAR=value
-# words: also the autotuned latency with that environment, e.g. another kernel build) and AB_LABEL
-# (its column's name).
+# words: also the autotuned latency with that environment, e.g. another kernel build), AB_LABEL
+# (its column's name), PROFILE (default 1; 0 skips the per-model kernel profiles) and the parts of
+# onnxruntime-gpu packed by scripts/ort-gpu-pack.sh: found as .carry-ort-X/ort.part or
+# /tmp/ort-parts/X.part for X = a, b, ... (a part carried in an earlier call of the same warm
+# machine and copied to /tmp/ort-parts), they are unpacked and scripts/ort_cuda_peer.py times
+# onnxruntime's CUDA provider on the same exports (ort-latency.json, columns in the table).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export KAIROS_CACHE_DIR=${KAIROS_CACHE_DIR:-/tmp/kairos-cubin} PYTHONUNBUFFERED=1
@@ -60,7 +64,9 @@ files=$(python3 -c 'import json, os, sys
 d = sys.argv[1]
 m = json.load(open(os.path.join(d, "manifest.json")))
 print(" ".join(os.path.join(d, e["file"]) for e in m["entries"] if e["status"] == "ok"))' "$dir")
+[ "${PROFILE:-1}" = 0 ] && echo "profiles skipped (PROFILE=0)"
 for f in $files; do
+    [ "${PROFILE:-1}" = 0 ] && break
     arch=$(basename "$f" .onnx)
     t=$(date +%s)
     timeout 240 "$bin" profile "$f" --dtype f16 --seq-len 16 --no-autotune --repeats 5 -o "$OUT/profile-$arch.json" >"$OUT/profile-$arch.log" 2>&1
@@ -90,6 +96,24 @@ if [ -n "${AB_ENV:-}" ]; then
     env $AB_ENV timeout 400 "$bin" bench latency --backend cuda --batch 1 --seq-len 16 --requests 100 --budget-s 5 \
         --models "$models" --peer "$OUT/torch-latency.json" --out "$OUT/latency-ab" >"$OUT/latency-ab.log" 2>&1
     echo "latency (${AB_LABEL:-A/B}): rc $? in $(($(date +%s) - t)) s"
+fi
+# onnxruntime's CUDA provider on the same exports, when its packed parts are here.
+ort_parts=()
+for x in a b c d e f g h; do
+    if [ -f ".carry-ort-$x/ort.part" ]; then ort_parts+=(".carry-ort-$x/ort.part")
+    elif [ -f "/tmp/ort-parts/$x.part" ]; then ort_parts+=("/tmp/ort-parts/$x.part")
+    else break; fi
+done
+if [ ${#ort_parts[@]} -gt 0 ]; then
+    rm -rf /tmp/ort-gpu && mkdir -p /tmp/ort-gpu
+    if cat "${ort_parts[@]}" | xz -d | tar -C /tmp/ort-gpu -xf -; then
+        t=$(date +%s)
+        PYTHONPATH=/tmp/ort-gpu${PYTHONPATH:+:$PYTHONPATH} timeout ${ORT_TIMEOUT_S:-300} python3 scripts/ort_cuda_peer.py "$dir" \
+            --out "$OUT/ort-latency.json" >"$OUT/ort-latency.log" 2>&1
+        echo "onnxruntime CUDA provider (${#ort_parts[@]} parts): rc $? in $(($(date +%s) - t)) s; $(tail -1 "$OUT/ort-latency.log")"
+    else
+        echo "onnxruntime parts ${ort_parts[*]} do not unpack (a part missing or from another pack)"
+    fi
 fi
 python3 scripts/onnx_kernel_table.py "$OUT" --json "$OUT/table.json" | tee "$OUT/table.txt"
 # Everything in one archive (the device tool brings back a few files only).

@@ -2,7 +2,9 @@
 """Where each corpus model's batch-1 time goes, from `scripts/onnx-kernel-times.sh`'s folder: the
 summed kernel time of `kairos profile` (each launch alone on the whole GPU, median of its repeats)
 by kernel, the slowest launches, and the end-to-end latency (`kairos bench latency`, without and
-with autotuning) beside PyTorch's fp16 eager and CUDA graph of the same module.
+with autotuning) beside PyTorch's fp16 eager and CUDA graph of the same module and, when the folder
+has `ort-latency.json` (scripts/ort_cuda_peer.py), onnxruntime's CUDA provider (its best fp16
+configuration per model). Models without a profile (PROFILE=0) get latency rows only.
 
     python3 scripts/onnx_kernel_table.py DIR [--top 6] [--json OUT.json]
 """
@@ -46,6 +48,14 @@ def latency_rows(path):
     return out
 
 
+def ort_rows(path):
+    """model file stem -> onnxruntime CUDA provider's best ms (None when every configuration failed)."""
+    if not os.path.exists(path):
+        return {}
+    d = json.load(open(path))
+    return {os.path.basename(r["model"]).removesuffix(".onnx"): r.get("best_ms") for r in d.get("rows", [])}
+
+
 def f(x, digits=3):
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -61,14 +71,19 @@ def main():
     ab = latency_rows(os.path.join(a.dir, "latency-ab", "latency.json"))
     label_file = os.path.join(a.dir, "ab-label.txt")
     ab_label = open(label_file).read().strip() if os.path.exists(label_file) else "A/B"
+    ort = ort_rows(os.path.join(a.dir, "ort-latency.json"))
+    profiles = {os.path.basename(p)[len("profile-"):-len(".json")]: p
+                for p in glob.glob(os.path.join(a.dir, "profile-*.json"))}
     report = {}
-    for path in sorted(glob.glob(os.path.join(a.dir, "profile-*.json"))):
-        stem = os.path.basename(path)[len("profile-"):-len(".json")]
-        s = profile_summary(path, a.top)
+    for stem in sorted(set(profiles) | set(lat[0]) | set(lat[1])):
+        s = profile_summary(profiles[stem], a.top) if stem in profiles else {"launches": None, "kernel_sum_ms": None}
         s["latency"] = {f"autotune{at}": lat[at].get(stem) for at in (0, 1)}
         s["latency"]["unfused"] = unfused.get(stem)
         s["latency"]["ab"] = ab.get(stem)
+        s["latency"]["ort"] = ort.get(stem)
         report[stem] = s
+        if stem not in profiles:
+            continue
         print(f"## {stem}: {s['launches']} launches, kernels alone sum to {s['kernel_sum_ms']:.3f} ms")
         print("kernel: launches, ms, share — " + "; ".join(
             f"{k} {v['launches']}, {v['ms']:.3f}, {v['share']:.0%}" for k, v in s["by_kernel"].items()))
@@ -76,8 +91,10 @@ def main():
             print(f"  {k['us']:8.1f} us  {k['kernel']:<10} ctas {k['ctas']:>5} blocks {k['logical_blocks']:>6}  {k['name']}")
     print()
     extra = (" acts unfused (autotuned) |" if unfused else "") + (f" {ab_label} (autotuned) |" if ab else "")
+    extra += " onnxruntime CUDA (best) | autotuned / onnxruntime |" if ort else ""
     print("| model | launches | kernels alone (ms) | kairos p50, no autotune | kairos p50, autotuned | PyTorch eager | PyTorch graph | autotuned / graph |" + extra)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if unfused else "") + ("---:|" if ab else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if unfused else "") + ("---:|" if ab else "")
+          + ("---:|---:|" if ort else ""))
     for stem, s in report.items():
         l0, l1 = s["latency"]["autotune0"], s["latency"]["autotune1"]
         k0 = l0[0] if l0 else None
@@ -88,7 +105,10 @@ def main():
         tail = f" {f(u[0] if u else None)} |" if unfused else ""
         b = s["latency"]["ab"]
         tail += f" {f(b[0] if b else None)} |" if ab else ""
-        print(f"| {stem} | {s['launches']} | {s['kernel_sum_ms']:.3f} | {f(k0)} | {f(k1)} | {f(peer[1])} | {f(peer[2])} | {f(ratio, 2)} |" + tail)
+        o = s["latency"]["ort"]
+        tail += f" {f(o)} | {f(k1 / o if k1 and o else None, 2)} |" if ort else ""
+        launches = "–" if s["launches"] is None else s["launches"]
+        print(f"| {stem} | {launches} | {f(s['kernel_sum_ms'])} | {f(k0)} | {f(k1)} | {f(peer[1])} | {f(peer[2])} | {f(ratio, 2)} |" + tail)
     def geomean(pairs):
         pairs = [(x, y) for x, y in pairs if x and y]
         return (math.exp(sum(math.log(x / y) for x, y in pairs) / len(pairs)), len(pairs)) if pairs else (None, 0)
@@ -98,6 +118,12 @@ def main():
         g, n = geomean([((r[key] or (None,))[0], (r["autotune1"] or r["autotune0"] or (None, None, None))[2]) for r in rows])
         if n:
             print(f"kairos {label} / PyTorch CUDA graph, geomean over {n} models: {g:.3f}")
+    g, n = geomean([((r["autotune1"] or (None,))[0], r["ort"]) for r in rows])
+    if n:
+        print(f"kairos autotuned / onnxruntime CUDA provider (best fp16 configuration), geomean over {n} models: {g:.3f}")
+    g, n = geomean([(r["ort"], (r["autotune1"] or r["autotune0"] or (None, None, None))[2]) for r in rows])
+    if n:
+        print(f"onnxruntime CUDA provider / PyTorch CUDA graph, geomean over {n} models: {g:.3f}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(report, fh, indent=1)

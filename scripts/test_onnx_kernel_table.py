@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Self-test of scripts/onnx_kernel_table.py on a made-up folder (no GPU, no torch): profiles
-summed by kernel, the slowest launch first, the latency columns and the geometric means."""
+summed by kernel, the slowest launch first, the latency columns, onnxruntime's columns, a model
+without a profile and the geometric means."""
 import io
 import json
 import os
@@ -29,7 +30,9 @@ def main():
                   open(os.path.join(d, "profile-m1.json"), "w"))
         json.dump({"kernels": [kernel(0, "a", "conv2d", 5_000)]}, open(os.path.join(d, "profile-m2.json"), "w"))
         latency(os.path.join(d, "latency-autotune0"), [("m1", 2.0, 1.0), ("m2", 1.0, 1.0)])
-        latency(os.path.join(d, "latency-autotune1"), [("m1", 1.0, 1.0), ("m2", 0.25, 1.0)])
+        latency(os.path.join(d, "latency-autotune1"), [("m1", 1.0, 1.0), ("m2", 0.25, 1.0), ("m3", 0.5, 0.25)])
+        json.dump({"rows": [{"model": "/x/m1.onnx", "best_ms": 2.0}, {"model": "/x/m2.onnx", "best_ms": 0.5},
+                            {"model": "/x/m3.onnx", "best_ms": None}]}, open(os.path.join(d, "ort-latency.json"), "w"))
         out = io.StringIO()
         sys.argv = ["onnx_kernel_table.py", d, "--top", "2", "--json", os.path.join(d, "t.json")]
         with redirect_stdout(out):
@@ -40,9 +43,14 @@ def main():
         lines = text.splitlines()
         first = lines.index(next(l for l in lines if l.startswith("## m1"))) + 2
         assert "reduce" in lines[first] and "60.0 us" in lines[first], lines[first]
-        assert "| m1 | 3 | 0.100 | 2.000 | 1.000 | 3.000 | 1.000 | 1.00 |" in text, text
-        assert "autotuned / PyTorch CUDA graph, geomean over 2 models: 0.500" in text, text
+        assert "| m1 | 3 | 0.100 | 2.000 | 1.000 | 3.000 | 1.000 | 1.00 | 2.000 | 0.50 |" in text, text
+        # m3 has latency but no profile: a row with dashes, and no ## section
+        assert "| m3 | – | – | – | 0.500 | 3.000 | 0.250 | 2.00 | – | – |" in text, text
+        assert "## m3" not in text, text
+        assert "autotuned / PyTorch CUDA graph, geomean over 3 models: 0.794" in text, text
         assert "no autotune / PyTorch CUDA graph, geomean over 2 models: 1.414" in text, text
+        assert "kairos autotuned / onnxruntime CUDA provider (best fp16 configuration), geomean over 2 models: 0.500" in text, text
+        assert "onnxruntime CUDA provider / PyTorch CUDA graph, geomean over 2 models: 1.000" in text, text
         report = json.load(open(os.path.join(d, "t.json")))
         assert report["m2"]["by_kernel"]["conv2d"]["share"] == 1.0
     print("onnx_kernel_table self-test ok")
