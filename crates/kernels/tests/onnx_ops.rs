@@ -201,6 +201,49 @@ fn gpt2_conv1d_reshapes_keep_epilogues_fused() {
     assert_eq!(launches, ["gemm GeluTanh residual false", "gemm None residual true", "eltwise y.output"]);
 }
 
+fn sibling_projections_body(b: &mut OnnxBuilder, i: &[String]) -> String {
+    // BERT's self-attention projections: three nn.Linear on the same input (MatMul + Add each),
+    // split into 2 heads of 8; a fourth linear of another width on the same input is
+    // concatenated to the attention's output.
+    let q = b.matmul_linear(&i[0], "query", 16, 16, 0.3);
+    let k = b.matmul_linear(&i[0], "key", 16, 16, 0.3);
+    let v = b.matmul_linear(&i[0], "value", 16, 16, 0.3);
+    let extra = b.matmul_linear(&i[0], "extra", 16, 24, 0.3);
+    let heads = |b: &mut OnnxBuilder, x: &str, perm: &[i64]| {
+        let x = b.reshape(x, &[2, 6, 2, 8]);
+        b.transpose(&x, perm)
+    };
+    let q = heads(b, &q, &[0, 2, 1, 3]);
+    let kt = heads(b, &k, &[0, 2, 3, 1]);
+    let v = heads(b, &v, &[0, 2, 1, 3]);
+    let s = b.node("MatMul", "scores", &[&q, &kt], vec![]);
+    let p = b.softmax(&s, -1);
+    let o = b.node("MatMul", "context", &[&p, &v], vec![]);
+    let o = b.transpose(&o, &[0, 2, 1, 3]);
+    let o = b.reshape(&o, &[2, 6, 16]);
+    b.concat(&[&o, &extra], -1)
+}
+
+#[test]
+fn sibling_projections_merge_into_one_product_and_match() {
+    let inputs = || vec![f32_input("x", &[2, 6, 16])];
+    check("sibling_projections", inputs(), &[2, 6, 40], sibling_projections_body);
+    for dtype in [DType::F32, DType::F16] {
+        let plan = lowered("sibling_projections", 17, &inputs(), &[2, 6, 40], dtype, sibling_projections_body);
+        let launches = launch_lines(&plan, |l| match &l.kernel {
+            kairos_ir::plan::Kernel::Gemm(p) => Some(format!("gemm n {} bias {}", p.n, p.epilogue.bias)),
+            _ => None,
+        });
+        // The four projections as one product of 16 + 16 + 16 + 24 columns with their biases;
+        // the heads read its slices in place.
+        let gemms: Vec<_> = launches.iter().filter(|l| l.starts_with("gemm")).collect();
+        assert_eq!(gemms, ["gemm n 72 bias true", "gemm n 6 bias false", "gemm n 8 bias false"], "{dtype}: {launches:#?}");
+        // No copy of a slice; in fp16 the model's f32 input is converted once, for the merged product.
+        let copies = launches.iter().filter(|l| l.ends_with(".contiguous")).count();
+        assert_eq!(copies, usize::from(dtype == DType::F16), "{dtype}: {launches:#?}");
+    }
+}
+
 #[test]
 fn convnext_block_end_fuses_through_the_permute() {
     // torchvision's CNBlock: channels-last linear layers between two permutes, then the layer

@@ -52,6 +52,8 @@ pub fn optimize_with(g: &mut Graph, fuse_acts: bool) {
     while views_after_epilogues(g) {
         fuse_epilogues(g, fuse_acts);
     }
+    // After the epilogues: the siblings' biases are in them and concatenate with the weights.
+    merge_sibling_products(g);
     fuse_eltwise(g);
     g.prune();
     g.assert_valid();
@@ -195,6 +197,88 @@ fn patch_convs_as_products(g: &mut Graph) {
         let y4 = g.add(format!("{}.nhwc", n.name), Op::Reshape, vec![y], vec![batch, oh, ow, o], dt);
         g.nodes[id].op = Op::Transpose { perm: vec![0, 3, 1, 2] };
         g.nodes[id].inputs = vec![y4];
+        changed = true;
+    }
+    if changed {
+        g.toposort();
+        g.prune();
+    }
+}
+
+/// Most output columns a merged sibling product may have (a bound on the weight it concatenates:
+/// 3 x 4096 covers the query, key and value projections of every common transformer).
+const SIBLING_PRODUCT_COLUMNS_MAX: usize = 16384;
+
+/// Matrix products that read the same activations with constant weights ([K, N], or [1, .., K, N]:
+/// the importer gives weights the activations' rank) (attention's query,
+/// key and value projections, written as three `nn.Linear` by BERT-style models) become one
+/// product over the weights side by side, [K, N1 + N2 + ..], with the biases side by side in its
+/// epilogue; each original product becomes a slice of its columns, which its readers take as a
+/// strided view (no copy: reshapes into heads and transposes stay views). One launch instead of
+/// three, with three times the columns: at batch 1 the separate products each fill a few CTAs of
+/// the GPU, the merged one more. Products merge only with the same alpha, activation and bias
+/// presence, no residual, fp32 weights, and none of them a graph output.
+fn merge_sibling_products(g: &mut Graph) {
+    let mut groups: HashMap<(NodeId, usize, usize, u32, Act, bool), Vec<NodeId>> = HashMap::new();
+    for (id, n) in g.nodes.iter().enumerate() {
+        let Op::MatMul { epilogue, alpha } = &n.op else { continue };
+        if epilogue.residual || g.is_output(id) || n.inputs.len() != 2 + usize::from(epilogue.bias) {
+            continue;
+        }
+        let (a, w) = (n.inputs[0], n.inputs[1]);
+        let Some(wt) = konst(g, w) else { continue };
+        let rank = wt.shape.len();
+        if rank < 2 || wt.shape[..rank - 2].iter().any(|&d| d != 1) || wt.dtype() != DType::F32 || konst(g, a).is_some() {
+            continue;
+        }
+        let (k, width) = (wt.shape[rank - 2], wt.shape[rank - 1]);
+        if epilogue.bias && konst(g, n.inputs[2]).is_none_or(|b| b.dtype() != DType::F32 || b.len() != width) {
+            continue;
+        }
+        groups.entry((a, rank, k, alpha.to_bits(), epilogue.act.0, epilogue.bias)).or_default().push(id);
+    }
+    let mut changed = false;
+    let mut groups: Vec<_> = groups.into_iter().filter(|(_, ids)| ids.len() > 1).collect();
+    groups.sort_by_key(|(_, ids)| ids[0]);
+    for ((a, rank, k, _, _, bias), ids) in groups {
+        let widths: Vec<usize> = ids.iter().map(|&id| g.nodes[g.nodes[id].inputs[1]].shape[rank - 1]).collect();
+        let n_total: usize = widths.iter().sum();
+        if n_total > SIBLING_PRODUCT_COLUMNS_MAX {
+            continue;
+        }
+        let first = g.nodes[ids[0]].clone();
+        let mut w = vec![0f32; k * n_total];
+        let mut b = Vec::with_capacity(n_total);
+        let mut col = 0;
+        for (&id, &width) in ids.iter().zip(&widths) {
+            let wv = konst(g, g.nodes[id].inputs[1]).expect("grouped weights are constants").to_f32_vec();
+            for r in 0..k {
+                w[r * n_total + col..r * n_total + col + width].copy_from_slice(&wv[r * width..(r + 1) * width]);
+            }
+            if bias {
+                b.extend(konst(g, g.nodes[id].inputs[2]).expect("grouped biases are constants").to_f32_vec());
+            }
+            col += width;
+        }
+        let names: Vec<&str> = ids.iter().map(|&id| g.nodes[id].name.as_str()).collect();
+        let merged_name = format!("{}.merged{}", names[0], names.len());
+        let mut w_shape = vec![1; rank - 2];
+        w_shape.extend([k, n_total]);
+        let wid = g.add_const(format!("{merged_name}.weight"), Tensor::f32(w_shape, w));
+        let mut inputs = vec![a, wid];
+        if bias {
+            inputs.push(g.add_const(format!("{merged_name}.bias"), Tensor::f32(vec![n_total], b)));
+        }
+        let mut shape = first.shape.clone();
+        *shape.last_mut().expect("a product's output has rank >= 2") = n_total;
+        let merged = g.add(merged_name, first.op.clone(), inputs, shape, first.dtype);
+        let axis = first.shape.len() - 1;
+        let mut start = 0;
+        for (&id, &width) in ids.iter().zip(&widths) {
+            g.nodes[id].op = Op::Slice { axis, start, end: start + width };
+            g.nodes[id].inputs = vec![merged];
+            start += width;
+        }
         changed = true;
     }
     if changed {
