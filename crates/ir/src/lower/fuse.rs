@@ -210,9 +210,9 @@ fn patch_convs_as_products(g: &mut Graph) {
 const SIBLING_PRODUCT_COLUMNS_MAX: usize = 16384;
 
 /// Matrix products that read the same activations with constant weights ([K, N], or [1, .., K, N]:
-/// the importer gives weights the activations' rank) (attention's query,
-/// key and value projections, written as three `nn.Linear` by BERT-style models) become one
-/// product over the weights side by side, [K, N1 + N2 + ..], with the biases side by side in its
+/// the importer gives weights the activations' rank), such as attention's query, key and value
+/// projections that BERT-style models write as three `nn.Linear`, become one product over the
+/// weights side by side, [K, N1 + N2 + ..], with the biases side by side in its
 /// epilogue; each original product becomes a slice of its columns, which its readers take as a
 /// strided view (no copy: reshapes into heads and transposes stay views). One launch instead of
 /// three, with three times the columns: at batch 1 the separate products each fill a few CTAs of
