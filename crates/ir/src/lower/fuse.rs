@@ -219,7 +219,18 @@ const SIBLING_PRODUCT_COLUMNS_MAX: usize = 16384;
 /// the GPU, the merged one more. Products merge only with the same alpha, activation and bias
 /// presence, no residual, fp32 weights, and none of them a graph output.
 fn merge_sibling_products(g: &mut Graph) {
-    let mut groups: HashMap<(NodeId, usize, usize, u32, Act, bool), Vec<NodeId>> = HashMap::new();
+    /// What sibling products share: the activations they read, the weights' rank and K, alpha (as
+    /// bits), activation and whether a bias is fused.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+    struct Siblings {
+        a: NodeId,
+        rank: usize,
+        k: usize,
+        alpha_bits: u32,
+        act: Act,
+        bias: bool,
+    }
+    let mut groups: HashMap<Siblings, Vec<NodeId>> = HashMap::new();
     for (id, n) in g.nodes.iter().enumerate() {
         let Op::MatMul { epilogue, alpha } = &n.op else { continue };
         if epilogue.residual || g.is_output(id) || n.inputs.len() != 2 + usize::from(epilogue.bias) {
@@ -235,12 +246,13 @@ fn merge_sibling_products(g: &mut Graph) {
         if epilogue.bias && konst(g, n.inputs[2]).is_none_or(|b| b.dtype() != DType::F32 || b.len() != width) {
             continue;
         }
-        groups.entry((a, rank, k, alpha.to_bits(), epilogue.act.0, epilogue.bias)).or_default().push(id);
+        let key = Siblings { a, rank, k, alpha_bits: alpha.to_bits(), act: epilogue.act.0, bias: epilogue.bias };
+        groups.entry(key).or_default().push(id);
     }
     let mut changed = false;
     let mut groups: Vec<_> = groups.into_iter().filter(|(_, ids)| ids.len() > 1).collect();
     groups.sort_by_key(|(_, ids)| ids[0]);
-    for ((a, rank, k, _, _, bias), ids) in groups {
+    for (Siblings { a, rank, k, bias, .. }, ids) in groups {
         let widths: Vec<usize> = ids.iter().map(|&id| g.nodes[g.nodes[id].inputs[1]].shape[rank - 1]).collect();
         let n_total: usize = widths.iter().sum();
         if n_total > SIBLING_PRODUCT_COLUMNS_MAX {
