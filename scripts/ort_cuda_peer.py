@@ -92,7 +92,7 @@ def measure(ort, model_bytes, feeds, reps, cuda_graph, device):
     if cuda_graph:
         # Captured graphs need fixed output addresses: shapes from one plain run, buffers bound.
         plain = sess.run(None, {k: feeds[k] for k in inputs})
-        outs = []
+        outs = []  # the bound buffers stay alive as long as the session runs
         for meta, val in zip(sess.get_outputs(), plain):
             o = ort.OrtValue.ortvalue_from_shape_and_type(val.shape, val.dtype, device, 0)
             outs.append(o)
