@@ -258,6 +258,7 @@ mod tests {
             first_block_ns: None,
             first_issue_ns: None,
             admit_ns: None,
+            round_ns: None,
         }
     }
 
@@ -280,6 +281,7 @@ mod tests {
             first_block_ns: None,
             first_issue_ns: None,
             admit_ns: None,
+            round_ns: None,
         });
         o.push(Outcome {
             stream: 0,
@@ -290,6 +292,7 @@ mod tests {
             first_block_ns: None,
             first_issue_ns: None,
             admit_ns: None,
+            round_ns: None,
         });
         let m = measure(&s, &o, None);
         let rt = m.group("rt").unwrap();

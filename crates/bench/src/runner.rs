@@ -137,6 +137,10 @@ pub struct Outcome {
     /// From its arrival at the dispatcher until it was admitted (a slot, its input copies enqueued):
     /// the first part of `first_issue_ns` (kairos only).
     pub admit_ns: Option<u64>,
+    /// From its arrival at the dispatcher to the start of the decision round that issued its first
+    /// launch (kairos only): the part of `first_issue_ns` before that round (rounds that did not
+    /// issue it, GPU events handled first); the rest is what the round did before (preemptions).
+    pub round_ns: Option<u64>,
 }
 
 impl Outcome {
@@ -280,6 +284,7 @@ fn generate(
                 first_block_ns: None,
                 first_issue_ns: None,
                 admit_ns: None,
+                round_ns: None,
             });
             sender.push(client);
             target.submit(tag, name, at, s.options())?;
@@ -316,6 +321,7 @@ fn generate(
                     o.first_block_ns = (t.first_start_ns > 0).then(|| t.first_start_ns.saturating_sub(t.arrival_ns));
                     o.first_issue_ns = (t.launches > 0).then(|| t.first_issue_ns.saturating_sub(t.arrival_ns));
                     o.admit_ns = (t.admitted_ns > 0).then(|| t.admitted_ns.saturating_sub(t.arrival_ns));
+                    o.round_ns = (t.launches > 0 && t.first_round_ns > 0).then(|| t.first_round_ns.saturating_sub(t.arrival_ns));
                     o.cold = t.cold_start;
                     Status::Done { done_ns, queue_ns: latency - gpu_ns, gpu_ns }
                 }

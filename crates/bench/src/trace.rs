@@ -55,6 +55,10 @@ pub struct RawFile {
     /// Arrival at the dispatcher to admission, where known (`Outcome::admit_ns`).
     #[serde(default)]
     pub admit_ns: Vec<Option<u64>>,
+    /// Arrival at the dispatcher to the start of the decision round that issued the first launch,
+    /// where known (`Outcome::round_ns`).
+    #[serde(default)]
+    pub round_ns: Vec<Option<u64>>,
 }
 
 impl RawFile {
@@ -79,6 +83,7 @@ impl RawFile {
             first_block_ns: Vec::with_capacity(outcomes.len()),
             first_issue_ns: Vec::with_capacity(outcomes.len()),
             admit_ns: Vec::with_capacity(outcomes.len()),
+            round_ns: Vec::with_capacity(outcomes.len()),
         };
         for o in outcomes {
             f.stream.push(o.stream);
@@ -87,6 +92,7 @@ impl RawFile {
             f.first_block_ns.push(o.first_block_ns);
             f.first_issue_ns.push(o.first_issue_ns);
             f.admit_ns.push(o.admit_ns);
+            f.round_ns.push(o.round_ns);
             let (status, done, queue, gpu, error) = match &o.status {
                 Status::Done { done_ns, queue_ns, gpu_ns } => ("done", Some(*done_ns), Some(*queue_ns), Some(*gpu_ns), None),
                 Status::Rejected(e) => ("rejected", None, None, None, Some(e.clone())),
@@ -247,6 +253,7 @@ impl PeerRun {
                     first_block_ns: None,
                     first_issue_ns: None,
                     admit_ns: None,
+                    round_ns: None,
                 }
             })
             .collect())

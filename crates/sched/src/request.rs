@@ -151,6 +151,12 @@ pub struct Timing {
     pub admitted_ns: u64,
     /// When its first kernel was issued (`admitted_ns` if it had none).
     pub first_issue_ns: u64,
+    /// When the dispatcher's decision round that issued its first kernel began (`admitted_ns` if
+    /// it had none): `first_issue_ns` minus this is what that round did before (preemptions,
+    /// other jobs' launches); this minus `arrival_ns`, the rounds that did not issue it and the
+    /// GPU events handled before the round.
+    #[serde(default)]
+    pub first_round_ns: u64,
     pub done_ns: u64,
     pub launches: u32,
     /// Launches issued behind another launch of the request on its stream (they started when

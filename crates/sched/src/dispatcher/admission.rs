@@ -435,6 +435,7 @@ impl<G: Gpu> Dispatcher<G> {
             arrival_ns,
             admitted_ns: 0,
             first_issue_ns: None,
+            first_round_ns: None,
             inputs,
             slot: None,
             bound,
@@ -443,6 +444,7 @@ impl<G: Gpu> Dispatcher<G> {
             deps_open: Vec::new(),
             issuable: BTreeSet::new(),
             running: BTreeSet::new(),
+            running_unstoppable: 0,
             lane: None,
             lane_tail: None,
             ahead_launches: 0,
@@ -591,6 +593,8 @@ impl<G: Gpu> Dispatcher<G> {
             stream: None,
             last_issue_seq: 0,
             running: None,
+            running_issue_seq: 0,
+            admitted_issue_seq: self.issue_seq,
             cancelled: false,
             widest_sms: m.widest_sms,
         };
@@ -634,6 +638,7 @@ impl<G: Gpu> Dispatcher<G> {
         }
         job.error = Some(reason);
         job.running.clear();
+        job.running_unstoppable = 0;
         job.issuable.clear();
         let issued: Vec<LaunchId> =
             job.states.iter().filter_map(|s| if let LState::Issued(l) = s { Some(*l) } else { None }).collect();
@@ -717,6 +722,7 @@ impl<G: Gpu> Dispatcher<G> {
                                 arrival_ns: job.arrival_ns,
                                 admitted_ns: job.admitted_ns,
                                 first_issue_ns: job.first_issue_ns.unwrap_or(job.admitted_ns),
+                                first_round_ns: job.first_round_ns.unwrap_or(job.admitted_ns),
                                 done_ns: now,
                                 launches: job.states.len() as u32,
                                 chained: job.chained,

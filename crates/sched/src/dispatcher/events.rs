@@ -179,7 +179,9 @@ impl<G: Gpu> Dispatcher<G> {
         }
         if let Some(job) = self.jobs.get_mut(f.job.slot as usize).and_then(|j| j.as_mut()).filter(|j| j.key == f.job) {
             job.in_flight -= 1;
-            job.running.remove(&f.launch);
+            if job.running.remove(&f.launch) && !f.stoppable {
+                job.running_unstoppable -= 1;
+            }
             if f.in_window {
                 job.ahead_launches -= 1;
                 job.ahead_ns = (job.ahead_ns - f.est_ns).max(0.0);

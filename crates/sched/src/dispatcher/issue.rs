@@ -20,6 +20,7 @@ impl<G: Gpu> Dispatcher<G> {
 
     pub(super) fn decide(&mut self, out: &mut Vec<Output>) {
         self.now_ns = self.gpu.now_ns();
+        self.round_ns = self.now_ns;
         for _ in 0..self.cfg.decisions_per_round_max {
             let t0 = self.gpu.now_ns();
             let decision = self.policy.decide(&self.view());
@@ -141,16 +142,31 @@ impl<G: Gpu> Dispatcher<G> {
             // holds until it reports, where a run's launch may have ended already); the job's
             // other launches in flight are preempted one by one.
             let mut result = Ok(());
-            let mut raised = false;
-            let mut launches: Vec<u32> = std::mem::take(&mut job.running).into_iter().chain([launch]).collect();
-            launches.sort_unstable_by(|a, b| b.cmp(a));
-            for l in launches {
-                let LState::Issued(other) = job.states[l as usize] else { continue };
-                let stoppable = self.in_flight.get(&other).is_some_and(|f| f.stoppable);
-                if !stoppable || !raised {
-                    result = result.and(self.gpu.preempt(other));
+            if job.running_unstoppable == 0 {
+                // All of them carry the word: raised once, through the latest (each launch looked
+                // at cost the dispatcher microseconds a preemption with a few hundred in flight).
+                debug_assert!(job.running.iter().all(|&l| match job.states[l as usize] {
+                    LState::Issued(other) => self.in_flight.get(&other).is_none_or(|f| f.stoppable),
+                    _ => true,
+                }));
+                let latest = job.running.last().map_or(launch, |&l| l.max(launch));
+                job.running.clear();
+                if let LState::Issued(other) = job.states[latest as usize] {
+                    result = self.gpu.preempt(other);
                 }
-                raised |= stoppable;
+            } else {
+                let mut raised = false;
+                let mut launches: Vec<u32> = std::mem::take(&mut job.running).into_iter().chain([launch]).collect();
+                launches.sort_unstable_by(|a, b| b.cmp(a));
+                for l in launches {
+                    let LState::Issued(other) = job.states[l as usize] else { continue };
+                    let stoppable = self.in_flight.get(&other).is_some_and(|f| f.stoppable);
+                    if !stoppable || !raised {
+                        result = result.and(self.gpu.preempt(other));
+                    }
+                    raised |= stoppable;
+                }
+                job.running_unstoppable = 0;
             }
             if let Err(e) = result {
                 self.fail(key, e.into(), out);
@@ -159,11 +175,15 @@ impl<G: Gpu> Dispatcher<G> {
             self.refresh(key);
             return true;
         }
+        // `launch` (removed above) is not stoppable.
+        job.running_unstoppable -= 1;
         let mut result = self.gpu.preempt(id);
         let mut ahead = self.in_flight.get(&id).and_then(|f| f.ahead);
         while let Some(a) = ahead {
             let f = &self.in_flight[&a];
-            job.running.remove(&f.launch);
+            if job.running.remove(&f.launch) && !f.stoppable {
+                job.running_unstoppable -= 1;
+            }
             ahead = f.ahead;
             result = result.and(self.gpu.preempt(a));
         }
@@ -371,9 +391,12 @@ impl<G: Gpu> Dispatcher<G> {
         job.states[launch as usize] = LState::Issued(id);
         job.unissued -= 1;
         job.in_flight += 1;
-        job.running.insert(launch);
+        if job.running.insert(launch) && !stoppable {
+            job.running_unstoppable += 1;
+        }
         job.last_issue_seq = self.issue_seq;
         job.first_issue_ns.get_or_insert(t0);
+        job.first_round_ns.get_or_insert(self.round_ns);
         if report_start {
             job.ahead_launches += 1;
             job.ahead_ns += cost;
@@ -419,6 +442,7 @@ impl<G: Gpu> Dispatcher<G> {
                 blocks: 0,
                 first_block,
                 issued_ns: t0,
+                issue_seq: self.issue_seq,
                 first_placed_ns: None,
                 started_ns: None,
                 stream,

@@ -470,6 +470,8 @@ struct Job {
     arrival_ns: u64,
     admitted_ns: u64,
     first_issue_ns: Option<u64>,
+    /// Start of the decision round that issued its first launch (`Timing::first_round_ns`).
+    first_round_ns: Option<u64>,
     /// Input bytes held until the job gets a slot.
     inputs: Vec<Vec<u8>>,
     slot: Option<IoSlot>,
@@ -484,6 +486,9 @@ struct Job {
     issuable: BTreeSet<u32>,
     /// Launches in flight that no one asked to stop.
     running: BTreeSet<u32>,
+    /// Launches in `running` that no stop word stops (issued launch by launch): while there are
+    /// none, one raised stop word stops the job's launches in flight (`apply_preempt`).
+    running_unstoppable: u32,
     /// The stream of the pool this kernel-level job holds while it has launches in flight, and
     /// the last launch issued there (the next one goes `after` it).
     lane: Option<u32>,
@@ -539,6 +544,8 @@ struct InFlight {
     blocks: u64,
     first_block: u32,
     issued_ns: u64,
+    /// The dispatcher's issue counter for this launch (`JobView::running_issue_seq`).
+    issue_seq: u64,
     first_placed_ns: Option<u64>,
     started_ns: Option<u64>,
     stream: u32,
@@ -626,6 +633,8 @@ pub struct Dispatcher<G: Gpu> {
     admit_seq: u64,
     issue_seq: u64,
     now_ns: u64,
+    /// When the current (or last) decision round began (`Timing::first_round_ns`).
+    round_ns: u64,
     /// When the last real-time job left (`View::last_realtime_done_ns`); 0: none yet.
     last_realtime_done_ns: u64,
     /// When a policy that holds work back ([`Policy::holds`]) may decide otherwise, as it said
@@ -770,6 +779,7 @@ impl<G: Gpu> Dispatcher<G> {
             admit_seq: 0,
             issue_seq: 0,
             now_ns: gpu.now_ns(),
+            round_ns: 0,
             last_realtime_done_ns: 0,
             wake_at_ns: None,
             events: Vec::new(),
@@ -1095,6 +1105,13 @@ impl<G: Gpu> Dispatcher<G> {
         view.stream = job.stream;
         view.last_issue_seq = job.last_issue_seq;
         view.running = if job.stream.is_some() { None } else { job.running.first().copied() };
+        view.running_issue_seq = view
+            .running
+            .and_then(|l| match job.states[l as usize] {
+                LState::Issued(id) => self.in_flight.get(&id).map(|f| f.issue_seq),
+                _ => None,
+            })
+            .unwrap_or(0);
         view.cancelled = job.cancelled;
         let tenant = job.options.tenant;
         if tenant_delta != 0 {

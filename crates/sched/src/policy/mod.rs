@@ -114,6 +114,13 @@ pub struct JobView {
     /// Lowest-indexed launch of the job in flight and not asked to stop: what a
     /// [`Decision::Preempt`] can name (`None` for jobs bound to a stream).
     pub running: Option<u32>,
+    /// The dispatcher's issue counter when `running` was issued (0 when none): `reef` preempts
+    /// the best-effort launches issued before a real-time job was admitted, not the padding
+    /// issued after it.
+    pub running_issue_seq: u64,
+    /// The dispatcher's issue counter when the job was admitted: every launch issued since has a
+    /// greater one.
+    pub admitted_issue_seq: u64,
     pub cancelled: bool,
     /// SMs that the widest launch of its model covers at its default CTAs (a full wave: all of
     /// them): what a job must keep free for its kernels never to wait for room (REEF's padding).
@@ -145,6 +152,8 @@ impl JobView {
             stream: None,
             last_issue_seq: 0,
             running: None,
+            running_issue_seq: 0,
+            admitted_issue_seq: 0,
             cancelled: false,
             widest_sms: 0,
         }

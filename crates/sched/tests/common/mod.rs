@@ -761,8 +761,8 @@ impl Policy for Checked {
                 }
             }
             Decision::Preempt { job, launch } => {
-                // Only `reef` with kill preempts: a best-effort job's running launch, while a
-                // real-time job waits with nothing issued.
+                // Only `reef` with kill preempts: a best-effort job's running launch issued before
+                // a real-time job still admitted was (not padding issued since).
                 let PolicyConfig::Reef { kill: true, .. } = self.config else {
                     bad(format!("{}: preempted, but only reef (with kill) preempts", self.name()));
                     return Some(d);
@@ -771,8 +771,13 @@ impl Policy for Checked {
                 if !target.is_some_and(|j| j.class == kairos_sched::Class::BestEffort && j.running == Some(launch)) {
                     bad(format!("reef: preempted launch {launch}, not a best-effort job's running launch"));
                 }
-                if !view.jobs.iter().any(|j| j.class == kairos_sched::Class::RealTime && !j.cancelled && j.is_unstarted()) {
-                    bad("reef: preempted with no real-time job arriving".into());
+                let issued_seq = target.map_or(0, |j| j.running_issue_seq);
+                if !view
+                    .jobs
+                    .iter()
+                    .any(|j| j.class == kairos_sched::Class::RealTime && !j.cancelled && j.admitted_issue_seq >= issued_seq)
+                {
+                    bad("reef: preempted a launch issued after every real-time job still admitted".into());
                 }
             }
             Decision::IssueAll { job, .. } => {

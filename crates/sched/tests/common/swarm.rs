@@ -104,8 +104,11 @@ pub fn run_swarm<G: Gpu>(rng: &mut SmallRng, gpu: G, policy: PolicyConfig, cfg: 
                 ok.insert(r.id);
                 assert!(
                     timing.done_ns >= timing.first_issue_ns
-                        && timing.first_issue_ns >= timing.admitted_ns
-                        && timing.admitted_ns >= timing.arrival_ns
+                        && timing.first_issue_ns >= timing.first_round_ns
+                        && timing.first_round_ns >= timing.admitted_ns
+                        && timing.admitted_ns >= timing.arrival_ns,
+                    "request {:?}: timing out of order: {timing:?}",
+                    r.id
                 );
                 let plan = &plan_of[&r.id];
                 if !r.outputs.is_empty() {
