@@ -118,6 +118,12 @@ pub struct ServeArgs {
     /// Requests each dispatcher holds (waiting or running); more is 429 / RESOURCE_EXHAUSTED.
     #[arg(long, env = "KAIROS_JOBS_MAX", default_value_t = 4096)]
     pub jobs_max: usize,
+    /// Streams in each dispatcher's pool (default: the device's hardware queues, at least 32). A
+    /// kernel-level job holds one while it has launches in flight, so this caps how many run at
+    /// once: on an H200 `--policy edf:0 --stream-count 8` held the tail of an 8-model vision mix
+    /// to 1.22-1.27x the load of PyTorch's CUDA graphs on 8 streams (docs/benchmarks.md).
+    #[arg(long, env = "KAIROS_STREAM_COUNT", value_parser = clap::value_parser!(u32).range(1..=kairos_sched::STREAMS_MAX as i64))]
+    pub stream_count: Option<u32>,
     /// GPU memory for model weights, in MiB, per GPU (DeepPlan): models keep their weights in
     /// pinned host memory and are loaded when a request needs them, least recently used idle
     /// models evicted to make room. Unset: every model's weights stay in GPU memory from its load.
@@ -360,8 +366,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(t) = &tls {
         t.load().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let policy = PolicyConfig::by_name(&args.policy)
-        .with_context(|| format!("unknown policy {}: use fifo, streams, streams-kernel, paella, sjf or rr", args.policy))?;
+    let policy = PolicyConfig::by_name(&args.policy).with_context(|| {
+        format!("unknown policy {}: use one of {} (parameters: `kairos bench list`)", args.policy, PolicyConfig::NAMES.join(", "))
+    })?;
     let mut engine = EngineConfig {
         submit_queue_max: args.submit_queue_max,
         idle_spin_ns: args.idle_spin_us.saturating_mul(1000),
@@ -369,6 +376,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = args.jobs_max;
+    if args.stream_count.is_some() {
+        engine.dispatcher.stream_count = args.stream_count;
+    }
     engine.dispatcher.weight_budget_bytes = args.weight_budget_mib.map(|m| m << 20);
     engine.dispatcher.cold_strategy = args.cold_strategy;
     engine.dispatcher.cold_copy_window_bytes = args.cold_copy_window_kib.saturating_mul(1 << 10);
@@ -506,7 +516,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::without_option;
+    use super::{ServeArgs, without_option};
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn the_stream_pool_is_the_devices_unless_given_and_never_empty() {
+        assert_eq!(Cli::try_parse_from(["serve"]).unwrap().serve.stream_count, None);
+        assert_eq!(Cli::try_parse_from(["serve", "--stream-count", "8"]).unwrap().serve.stream_count, Some(8));
+        for bad in ["0", "129"] {
+            let err = Cli::try_parse_from(["serve", "--stream-count", bad]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{err}");
+        }
+    }
 
     #[test]
     fn a_workers_arguments_drop_the_backend_given() {
