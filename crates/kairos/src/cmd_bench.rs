@@ -223,7 +223,7 @@ pub struct RunArgs {
     /// How the generator reaches kairos.
     #[arg(long, value_enum, env = "KAIROS_BENCH_ENGINE", default_value = "virtual")]
     pub engine: EngineMode,
-    /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
+    /// The simulated GPU (sim backend): h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
     /// Remote engines: client threads (one request in flight each).

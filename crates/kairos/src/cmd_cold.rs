@@ -85,7 +85,7 @@ pub struct ColdArgs {
     /// Forward rate of the simulated secondaries (sim backend), GB/s.
     #[arg(long, env = "KAIROS_SIM_FORWARD_GBPS", default_value_t = 300.0)]
     pub sim_forward_gbps: f64,
-    /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
+    /// The simulated GPU (sim backend): h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
     /// DeepPlan's serving experiment scaled to one GPU instead of single cold inferences: this many

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Simulated GPU: h100-sxm, h100-pcie or h200.
+    /// Simulated GPU: h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub gpu: String,
     /// Requests per run (one run per policy and load).

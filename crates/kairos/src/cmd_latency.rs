@@ -86,7 +86,7 @@ pub struct LatencyArgs {
     /// CUDA device ordinal (cuda backend).
     #[arg(long, env = "KAIROS_DEVICE", default_value_t = 0)]
     pub device: u32,
-    /// The simulated GPU (sim backend): h100-sxm, h100-pcie or h200.
+    /// The simulated GPU (sim backend): h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h200")]
     pub sim_gpu: String,
     /// Measured profiles (the dispatcher's estimates; the simulator's kernel times). Default: the

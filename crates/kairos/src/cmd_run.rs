@@ -37,7 +37,7 @@ pub struct RunArgs {
     /// Also run the model with tract (the independent ONNX oracle) and report the relative error.
     #[arg(long)]
     pub check: bool,
-    /// The simulated GPU: h100-sxm, h100-pcie or h200.
+    /// The simulated GPU: h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
     /// CUDA device ordinal.
@@ -73,7 +73,12 @@ pub fn sim_desc(name: &str) -> Result<kairos_sim::GpuDesc> {
         "h100-sxm" | "h100" => kairos_sim::GpuDesc::h100_sxm(),
         "h100-pcie" => kairos_sim::GpuDesc::h100_pcie(),
         "h200" => kairos_sim::GpuDesc::h200(),
-        other => bail!("unknown simulated GPU '{other}': use h100-sxm, h100-pcie or h200"),
+        // A description of one's own (calibrating one: no rebuild per try); its `key` picks the
+        // measured profiles (data/profiles/<key>/).
+        path if path.ends_with(".json") => kairos_sim::GpuDesc::load(std::path::Path::new(path)).map_err(anyhow::Error::msg)?,
+        other => {
+            bail!("unknown simulated GPU '{other}': use h100-sxm, h100-pcie, h200 or a description file (.json, as data/gpus/)")
+        }
     })
 }
 
@@ -260,4 +265,30 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sim_desc;
+
+    #[test]
+    fn a_simulated_gpu_is_a_builtin_name_or_a_description_file() {
+        assert_eq!(sim_desc("h200").unwrap().key, "h200");
+        let dir = std::env::temp_dir().join(format!("kairos-sim-desc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(include_str!("../../../data/gpus/h200.json")).unwrap();
+        v["name"] = "H200, calibrated here".into();
+        let good = dir.join("mine.json");
+        std::fs::write(&good, v.to_string()).unwrap();
+        let d = sim_desc(good.to_str().unwrap()).unwrap();
+        assert_eq!((d.key.as_str(), d.name.as_str()), ("h200", "H200, calibrated here"));
+        // A description the simulator cannot use is refused with the file's name.
+        v["sm_count"] = 0.into();
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, v.to_string()).unwrap();
+        let e = sim_desc(bad.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("bad.json") && e.contains("sm_count"), "{e}");
+        assert!(sim_desc("h300").unwrap_err().to_string().contains("description file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

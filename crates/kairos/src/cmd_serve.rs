@@ -175,7 +175,7 @@ pub struct ServeArgs {
     /// then the process exits with status 0. 0: cancel at once. A second signal stops at once.
     #[arg(long, env = "KAIROS_DRAIN_TIMEOUT_S", default_value_t = kairos_server::DRAIN_TIMEOUT_S_DEFAULT)]
     pub drain_timeout_s: u64,
-    /// Simulated GPU: h100-sxm, h100-pcie or h200.
+    /// Simulated GPU: h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
     /// Run the CPU reference kernels on the simulator so results are real (`false`: timing only,
