@@ -49,9 +49,8 @@ fn latencies(host_ns: Option<u64>, n: u64) -> Vec<u64> {
 fn a_virtual_run_charges_each_request_the_engines_host_path() {
     let charge = GpuDesc::h100_sxm().latency.request_host_ns;
     assert!(charge > 0, "the H100 SXM description measures the host path");
-    for d in [GpuDesc::h100_pcie(), GpuDesc::h200()] {
-        assert_eq!(d.latency.request_host_ns, 0, "{}: not measured, so not charged", d.name);
-    }
+    assert!(GpuDesc::h200().latency.request_host_ns > 0, "and so does the H200's");
+    assert_eq!(GpuDesc::h100_pcie().latency.request_host_ns, 0, "the H100 PCIe's is not measured, so not charged");
     let base = latencies(None, 5);
     // 0 is no charge: the very same run.
     assert_eq!(latencies(Some(0), 5), base);

@@ -208,7 +208,22 @@ fn kernels_sharing_sms_split_their_slots_and_slow_each_other() {
 
 #[test]
 fn launch_latency_and_notifications_match_the_probe() {
-    let mut gpu = SimGpu::new(GpuDesc::h200(), SimOptions { seed: 42, compute: false, ..SimOptions::default() });
+    // The device probe's raw launch on an H200 (the driver called on the launching thread, no
+    // dispatcher): 3.5 us to the hardware queue, 0.5 to dispatch, 2.0 until the start is seen, no
+    // protocol tail and no dispatcher time per record. The H200's description itself carries the
+    // dispatcher's path (a launcher thread's hop, the protocol's tails, as calibrated on the H100:
+    // data/gpus/h200.json), so the probe's terms are set here.
+    let mut desc = GpuDesc::h200();
+    desc.latency.launch_host_ns = 2_300;
+    desc.latency.launch_latency_ns = 3_500;
+    desc.latency.grid_dispatch_ns = 500;
+    desc.latency.grid_complete_ns = 500;
+    desc.latency.notify_delay_ns = 2_000;
+    desc.latency.event_host_ns = 0;
+    desc.latency.profiled_launch_tail_ns = None;
+    desc.latency.light_launch_tail_ns = None;
+    desc.latency.silent_launch_tail_ns = None;
+    let mut gpu = SimGpu::new(desc, SimOptions { seed: 42, compute: false, ..SimOptions::default() });
     println!("seed 42");
     let k = eltwise_add(256, 256);
     let s = gpu.create_stream(0).unwrap();
