@@ -284,7 +284,7 @@ mod tests {
             next_ready: Some(ready),
             ..JobView::for_test(0, 1, 1, None)
         };
-        let decide = |jobs: &[JobView], idle_realtime_streams: u32| {
+        let decide = |reef: Reef, jobs: &[JobView], idle_realtime_streams: u32| {
             let gpu = GpuView {
                 occupancy: &occupancy,
                 pending_ctas: 0,
@@ -296,34 +296,24 @@ mod tests {
                 idle_realtime_streams,
                 group_jobs: &[],
             };
-            let v = View { now_ns: 1, last_realtime_done_ns: 0, jobs, tenants: &[], gpu };
-            Reef { kill: true, padding: true, be_runs: true, gate_be: true, hold_ns: 0 }.decide(&v)
+            reef.decide(&View { now_ns: 1, last_realtime_done_ns: 0, jobs, tenants: &[], gpu })
         };
+        let stopruns = Reef { kill: true, padding: true, be_runs: true, gate_be: true, hold_ns: 0 };
         // The real-time job's launch first, while a high-priority stream is idle.
         let jobs = [be_old, be_padding, rt];
-        assert_eq!(decide(&jobs, 1), Some(Decision::Issue { job: key(2), launch: 0, ctas: None, sm_mask: None }));
+        let issue_rt = Some(Decision::Issue { job: key(2), launch: 0, ctas: None, sm_mask: None });
+        assert_eq!(decide(stopruns, &jobs, 1), issue_rt);
         // Then (or without a stream for it) the launch issued before its admission stops, and
         // only that one: the padding issued since runs on.
         let rt_started = JobView { next_ready: None, ..rt };
-        assert_eq!(decide(&[be_old, be_padding, rt_started], 1), Some(Decision::Preempt { job: key(0), launch: 3 }));
-        assert_eq!(decide(&jobs, 0), Some(Decision::Preempt { job: key(0), launch: 3 }));
+        let stop_old = Some(Decision::Preempt { job: key(0), launch: 3 });
+        assert_eq!(decide(stopruns, &[be_old, be_padding, rt_started], 1), stop_old);
+        assert_eq!(decide(stopruns, &jobs, 0), stop_old);
         let be_stopped = JobView { running: None, ..be_old };
-        assert_eq!(decide(&[be_stopped, be_padding, rt_started], 1), None);
+        assert_eq!(decide(stopruns, &[be_stopped, be_padding, rt_started], 1), None);
         // Without kill (`+wait`), nothing is preempted.
-        let gpu = GpuView {
-            occupancy: &occupancy,
-            pending_ctas: 0,
-            headroom_ctas: 0,
-            launches_in_flight: 0,
-            launches_in_flight_max: 16,
-            streams: &[],
-            idle_streams: 0,
-            idle_realtime_streams: 0,
-            group_jobs: &[],
-        };
-        let jobs = [be_old, be_padding, rt_started];
-        let v = View { now_ns: 1, last_realtime_done_ns: 0, jobs: &jobs, tenants: &[], gpu };
-        assert_eq!(Reef { kill: false, padding: false, be_runs: false, gate_be: true, hold_ns: 0 }.decide(&v), None);
+        let wait = Reef { kill: false, padding: false, be_runs: false, gate_be: true, hold_ns: 0 };
+        assert_eq!(decide(wait, &[be_old, be_padding, rt_started], 0), None);
     }
 
     #[test]
