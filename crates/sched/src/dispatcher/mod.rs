@@ -1105,8 +1105,10 @@ impl<G: Gpu> Dispatcher<G> {
         view.stream = job.stream;
         view.last_issue_seq = job.last_issue_seq;
         view.running = if job.stream.is_some() { None } else { job.running.first().copied() };
+        // Read only by policies that preempt (`reef`): a lookup per refresh the others need not pay.
         view.running_issue_seq = view
             .running
+            .filter(|_| self.policy.preempts())
             .and_then(|l| match job.states[l as usize] {
                 LState::Issued(id) => self.in_flight.get(&id).map(|f| f.issue_seq),
                 _ => None,
