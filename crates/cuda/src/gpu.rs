@@ -263,6 +263,10 @@ pub struct CudaGpu {
     launchers: Option<Launchers>,
     /// Launch on the caller's thread even with launchers (timed work).
     launch_inline: bool,
+    /// Urgent streams (above the default priority: real-time work) make their driver calls on
+    /// the caller's thread, never behind other streams' calls queued on a launcher thread
+    /// ([`crate::settings::Settings::urgent_launches_inline`]).
+    urgent_inline: bool,
     info: DeviceInfo,
     epoch: Instant,
     /// host_ns = device_ns - device_clock_offset_ns. Calibrated at start, then kept up to date
@@ -485,6 +489,7 @@ impl CudaGpu {
         let mut gpu = CudaGpu {
             launchers: None,
             launch_inline: false,
+            urgent_inline: crate::settings::settings().urgent_launches_inline,
             info,
             epoch,
             device_clock_offset_ns: 0,
@@ -590,6 +595,19 @@ impl CudaGpu {
         self.launchers.as_ref().map_or(0, |l| l.threads())
     }
 
+    /// The launcher threads that make the driver calls of `stream`, if any: none while launches
+    /// are inline, and none for an urgent stream (a higher priority than the default) while
+    /// `urgent_inline`. Every call on one stream takes the same path (a stream's priority never
+    /// changes), so its FIFO order holds. Launcher lanes are shared by streams (stream id modulo
+    /// threads), so a real-time launch posted there waits behind the best-effort calls queued
+    /// before it: measured on an H200 (DISB A, docs/benchmarks.md), that is most of the first
+    /// block's tail (p99 106-185 µs with two launcher threads, 34-49 µs with none).
+    fn launcher_of(&self, stream: StreamId) -> Option<&Launchers> {
+        let urgent = || self.streams.get(stream.0 as usize).is_some_and(|s| s.priority < self.priority_range.0);
+        let inline = self.launch_inline || (self.urgent_inline && urgent());
+        self.launchers.as_ref().filter(|_| !inline)
+    }
+
     /// Host time the launcher threads spent in driver calls so far.
     pub fn launcher_busy_ns(&self) -> u64 {
         self.launchers.as_ref().map_or(0, |l| l.busy_ns())
@@ -636,7 +654,7 @@ impl CudaGpu {
         let addr = self.stop_word_addr(w);
         let raw = self.stream_for(stream, 0)?.raw();
         for (at, value) in [(addr, 0u32), (addr + 4, 0u32)] {
-            match self.launchers.as_ref().filter(|_| !self.launch_inline) {
+            match self.launcher_of(stream) {
                 // Behind the launches posted to the stream's launcher before it.
                 Some(l) => l.post(stream.0, Job::write32(raw, at, value)),
                 // SAFETY: `raw` is a live stream of self; `at` lies in the stop-word buffer, which
@@ -1484,7 +1502,7 @@ impl CudaGpu {
             let timed = self.time_launches;
             let clock = || if timed { Some(Instant::now()) } else { None };
             let took = |t: Option<Instant>| t.map_or(0, |t| t.elapsed().as_nanos() as u64);
-            if let Some(l) = self.launchers.as_ref().filter(|_| !self.launch_inline) {
+            if let Some(l) = self.launcher_of(o.stream) {
                 let t = clock();
                 let job =
                     Job::new(f.f.raw(), stream_raw, grid, threads, dyn_smem_bytes, overlap, id, slot.unwrap_or(u32::MAX), params)
@@ -2651,7 +2669,7 @@ impl Gpu for CudaGpu {
         // partitions, as for a launch).
         let raw = self.stream_for(stream, partition)?.raw();
         let first = LaunchId(self.next_launch);
-        let posted = match self.launchers.as_ref().filter(|_| !self.launch_inline) {
+        let posted = match self.launcher_of(stream) {
             Some(l) => {
                 // Through the stream's launcher, behind the launches posted there before it.
                 l.post(stream.0, Job::graph(exec, raw, first, count));
@@ -2843,6 +2861,7 @@ impl Gpu for CudaGpu {
         fresh.next_copy = self.next_copy;
         fresh.next_run = self.next_run;
         fresh.launch_inline = self.launch_inline;
+        fresh.urgent_inline = self.urgent_inline;
         fresh.time_launches = self.time_launches;
         fresh.quick_builds = self.quick_builds;
         fresh.set_launch_threads(threads)?;

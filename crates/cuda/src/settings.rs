@@ -6,7 +6,7 @@
 //! in the binary) — and installs it once with [`configure`] before it opens a GPU. Until then,
 //! and in a program that never calls [`configure`], the settings are [`Settings::default`]: no
 //! CUBIN cache folder, compilation on every core, progress on stderr, light launches on, two
-//! launcher threads, eight hardware queues.
+//! launcher threads (every stream's launches through them), eight hardware queues.
 
 pub use crate::protocol::StopFlag;
 use std::path::PathBuf;
@@ -52,6 +52,12 @@ pub struct Settings {
     /// Threads making the driver call of each protocol launch ([`crate::launcher`]); 0: every
     /// launch on the caller's thread. `KAIROS_LAUNCH_THREADS` (0 to [`LAUNCH_THREADS_MAX`]).
     pub launch_threads: usize,
+    /// Streams above the default priority (real-time work) make their driver calls on the
+    /// caller's thread even with launcher threads, so a real-time launch never waits behind
+    /// best-effort calls queued there. Off by default (measured on an H200, docs/benchmarks.md
+    /// "Where DISB A's first-block tail came from": it cut DISB A's first-block p99 but raised
+    /// DISB E's and the real-time p99). `KAIROS_URGENT_LAUNCHES=inline` sets it.
+    pub urgent_launches_inline: bool,
     /// Hardware queues the driver gives the context's streams: what it reads from
     /// `CUDA_DEVICE_MAX_CONNECTIONS` (the driver's default is 8; kairos' scripts set 32).
     pub hardware_queues: u32,
@@ -72,6 +78,7 @@ impl Default for Settings {
             overlap_launches: false,
             light_launches: true,
             launch_threads: crate::gpu::LAUNCH_THREADS_DEFAULT,
+            urgent_launches_inline: false,
             hardware_queues: 8,
             stop_flag: StopFlag::Device,
         }
@@ -111,6 +118,7 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "KAIROS_LIGHT_LAUNCHES", meaning: "0: every launch under the full protocol" },
     EnvVar { name: "KAIROS_PREEMPT_FLAG", meaning: "host: preempt flags in host memory, polled (default: device)" },
     EnvVar { name: "KAIROS_LAUNCH_THREADS", meaning: "launcher threads, 0 to 16 (default 2; 0: the dispatcher's thread)" },
+    EnvVar { name: "KAIROS_URGENT_LAUNCHES", meaning: "inline: real-time streams' launches on the caller's thread" },
     EnvVar {
         name: "CUDA_DEVICE_MAX_CONNECTIONS",
         meaning: "the driver's hardware queues (default 8; set 32 for the stream pool)",
@@ -164,6 +172,13 @@ impl Settings {
             s.launch_threads = v.trim().parse::<usize>().ok().filter(|&n| n <= LAUNCH_THREADS_MAX).ok_or_else(|| {
                 bad("KAIROS_LAUNCH_THREADS", &v, format!("a number of launcher threads (0 to {LAUNCH_THREADS_MAX})"))
             })?;
+        }
+        if let Some(v) = get("KAIROS_URGENT_LAUNCHES") {
+            s.urgent_launches_inline = match v.trim() {
+                "inline" => true,
+                "posted" | "" => false,
+                _ => return Err(bad("KAIROS_URGENT_LAUNCHES", &v, "inline or posted")),
+            };
         }
         if let Some(v) = get("KAIROS_PREEMPT_FLAG") {
             s.stop_flag = match v.trim() {
@@ -255,6 +270,7 @@ mod tests {
             ("KAIROS_LAUNCH_THREADS", "0"),
             ("CUDA_DEVICE_MAX_CONNECTIONS", "32"),
             ("KAIROS_PREEMPT_FLAG", "host"),
+            ("KAIROS_URGENT_LAUNCHES", "inline"),
         ])
         .unwrap();
         assert_eq!(s.cache_dir, Some(PathBuf::from("/c")));
@@ -264,12 +280,13 @@ mod tests {
         assert!(!s.run_kernels_plain && s.overlap_launches && !s.light_launches);
         assert_eq!((s.launch_threads, s.hardware_queues), (0, 32));
         assert_eq!(s.stop_flag, StopFlag::Host);
+        assert!(s.urgent_launches_inline);
         // Every variable read is in the table.
         let read = ["KAIROS_CACHE_DIR", "KAIROS_COMPILE_JOBS", "KAIROS_NVRTC_OPTIONS", "KAIROS_PROGRESS", "KAIROS_RUN_KERNELS"];
         for name in read {
             assert!(ENV_VARS.iter().any(|v| v.name == name), "{name}");
         }
-        assert_eq!(ENV_VARS.len(), 10);
+        assert_eq!(ENV_VARS.len(), 11);
     }
 
     #[test]
@@ -284,6 +301,7 @@ mod tests {
             ("KAIROS_LAUNCH_THREADS", "17"),
             ("CUDA_DEVICE_MAX_CONNECTIONS", "0"),
             ("KAIROS_PREEMPT_FLAG", "pcie"),
+            ("KAIROS_URGENT_LAUNCHES", "later"),
         ] {
             let e = from(&[(k, v)]).unwrap_err();
             assert_eq!((e.variable, e.value.as_str()), (k, v));
