@@ -120,8 +120,10 @@ pub struct ServeArgs {
     pub jobs_max: usize,
     /// Streams in each dispatcher's pool (default: the device's hardware queues, at least 32). A
     /// kernel-level job holds one while it has launches in flight, so this caps how many run at
-    /// once: on an H200 `--policy edf:0 --stream-count 8` held the tail of an 8-model vision mix
-    /// to 1.22-1.27x the load of PyTorch's CUDA graphs on 8 streams (docs/benchmarks.md).
+    /// once: on an H200 `--policy edf:0+backfill --stream-count 8` held the tail of an 8-model
+    /// vision mix to 1.22-1.27x the load of PyTorch's CUDA graphs on 8 streams (`edf:0`, which
+    /// the backfill does not change there) and of the 11-model mix to 1.11x, with a lower p99 than
+    /// theirs at every load (docs/benchmarks.md).
     #[arg(long, env = "KAIROS_STREAM_COUNT", value_parser = clap::value_parser!(u32).range(1..=kairos_sched::STREAMS_MAX as i64))]
     pub stream_count: Option<u32>,
     /// GPU memory for model weights, in MiB, per GPU (DeepPlan): models keep their weights in
@@ -296,8 +298,9 @@ pub fn make_backend(
     profiles: Option<PathBuf>,
     autotune: bool,
 ) -> Result<Box<dyn Backend>> {
-    let policy = PolicyConfig::by_name(policy)
-        .with_context(|| format!("unknown policy {policy}: use fifo, streams, streams-kernel, paella, sjf or rr"))?;
+    let policy = PolicyConfig::by_name(policy).with_context(|| {
+        format!("unknown policy {policy}: use one of {} (parameters: `kairos bench list`)", PolicyConfig::NAMES.join(", "))
+    })?;
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
