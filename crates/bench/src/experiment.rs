@@ -160,8 +160,21 @@ pub fn lower_models(
 }
 
 /// A catalog name's architecture and batch size: `resnet50` is batch 1, `resnet50@b8` batch 8
-/// (the name the workload and the results use).
+/// (the name the workload and the results use). A `~TAG` at the end names a copy of the same
+/// model (its own weights, slots and plan: `vgg19~be`, a best-effort copy, see
+/// [`crate::presets::BE_COPY_TAG`]).
 pub fn split_batch(name: &str) -> Result<(&str, usize), Error> {
+    let name = match name.split_once('~') {
+        None => name,
+        Some((base, tag))
+            if !base.is_empty() && !tag.is_empty() && tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+        {
+            base
+        }
+        Some(_) => {
+            return Err(Error::Invalid(format!("model '{name}': a copy is ARCH~TAG with a tag of letters, digits, '_' or '-'")));
+        }
+    };
     match name.split_once("@b") {
         None => Ok((name, 1)),
         Some((arch, b)) => match b.parse::<usize>() {
@@ -435,6 +448,11 @@ mod tests {
     fn model_names_carry_their_batch() {
         assert_eq!(split_batch("resnet50").unwrap(), ("resnet50", 1));
         assert_eq!(split_batch("resnet50@b8").unwrap(), ("resnet50", 8));
+        assert_eq!(split_batch("vgg19~be").unwrap(), ("vgg19", 1));
+        assert_eq!(split_batch("resnet50@b8~be").unwrap(), ("resnet50", 8));
+        for bad in ["~be", "vgg19~", "vgg19~b e", "vgg19~be~x"] {
+            assert!(split_batch(bad).is_err(), "{bad}");
+        }
         for bad in ["resnet50@b0", "resnet50@bx", "@b8", "resnet50@b2000"] {
             assert!(split_batch(bad).is_err(), "{bad}");
         }

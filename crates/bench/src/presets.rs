@@ -147,7 +147,15 @@ pub struct PresetOptions {
     /// `reef-pairs`: the (real-time, best-effort) model pairs, one variant each (default: the 25
     /// pairs of DISB's five models); with `rt_only`, one RT-Only variant per real-time model instead.
     pub pairs: Vec<(String, String)>,
+    /// `disb-*`: best-effort clients request a copy of each model that real-time clients request
+    /// too (`ARCH~be`: its own weights, I/O slots and plan), so a best-effort plan variant (a
+    /// block-time budget) can replace the copy's plan without touching real-time requests, and
+    /// the two classes never wait for each other's slots. Variant `be-copies`.
+    pub be_copies: bool,
 }
+
+/// The tag of a best-effort copy of a model (`PresetOptions::be_copies`): `vgg19~be`.
+pub const BE_COPY_TAG: &str = "~be";
 
 /// Every (real-time, best-effort) pair of DISB's five models, real-time model first in DISB's order.
 pub fn disb_pairs() -> Vec<(String, String)> {
@@ -193,6 +201,7 @@ impl Default for PresetOptions {
             disb_rt_rate_per_s: None,
             azure_trace: None,
             pairs: disb_pairs(),
+            be_copies: false,
         }
     }
 }
@@ -370,8 +379,13 @@ impl Preset {
             Preset::Mix8 => v(&MIX8),
             Preset::PaellaShortLong => v(&["resnet18", "inception_v3"]),
             Preset::PaellaHol => v(&[HOL_MODEL]),
-            Preset::Disb('a' | 'b') => v(&["vgg19", "resnet152"]),
-            Preset::Disb(_) => v(&DISB_MODELS),
+            Preset::Disb(c) => {
+                let mut archs = v(if matches!(c, 'a' | 'b') { &["vgg19", "resnet152"] } else { &DISB_MODELS });
+                if opts.be_copies && !opts.rt_only {
+                    archs.extend(self.best_effort_only_archs(true).into_iter().filter(|m| m.ends_with(BE_COPY_TAG)));
+                }
+                archs
+            }
             Preset::Daris => DARIS_HIGH.iter().chain(DARIS_LOW.iter()).map(|s| s.to_string()).collect(),
             Preset::Coldstart => v(&COLDSTART_MODELS),
             Preset::DeepPlanAzure => DEEPPLAN_AZURE_MODELS.iter().map(|(m, _)| m.to_string()).collect(),
@@ -393,12 +407,13 @@ impl Preset {
     }
 
     /// Models only best-effort clients of a DISB preset request (its best-effort models that none
-    /// of its real-time clients use): the ones a best-effort plan variant may replace without
-    /// touching real-time requests. Empty for the other presets.
-    pub fn best_effort_only_archs(&self) -> Vec<String> {
+    /// of its real-time clients use; with `be_copies`, every best-effort model, shared ones as
+    /// their `~be` copies): the ones a best-effort plan variant may replace without touching
+    /// real-time requests. Empty for the other presets.
+    pub fn best_effort_only_archs(&self, be_copies: bool) -> Vec<String> {
         let Preset::Disb(c) = self else { return Vec::new() };
         let mut w = Workload::default();
-        if disb(&mut w, *c, 1.0, true, None).is_err() {
+        if disb(&mut w, *c, 1.0, true, None, be_copies).is_err() {
             return Vec::new();
         }
         let of = |class: StreamClass| w.streams.iter().filter(move |s| s.class == class).map(|s| s.model.clone());
@@ -473,6 +488,9 @@ impl Preset {
                 }
                 if let Some(r) = opts.disb_rt_rate_per_s {
                     parts.push(format!("rt-rate={r}"));
+                }
+                if opts.be_copies && !opts.rt_only {
+                    parts.push("be-copies".to_string());
                 }
                 vec![parts.join(",")]
             }
@@ -598,10 +616,11 @@ impl Preset {
                 w.stream_with(Stream::new(HOL_MODEL, HOL_MODEL), Arrival::Poisson { rate_per_s: load * capacity });
             }
             Preset::Disb(c) => {
-                let (mut with_be, mut rt_rate) = (true, None);
+                let (mut with_be, mut rt_rate, mut be_copies) = (true, None, false);
                 for part in variant.split(',').filter(|p| !p.is_empty()) {
                     match part.split_once('=') {
                         None if part == "rt-only" => with_be = false,
+                        None if part == "be-copies" => be_copies = true,
                         Some(("rt-rate", r)) => {
                             rt_rate = Some(r.parse::<f64>().ok().filter(|r| r.is_finite() && *r > 0.0).ok_or_else(|| {
                                 Error::Invalid(format!("disb variant '{variant}': rt-rate '{r}' is not a positive rate"))
@@ -609,12 +628,12 @@ impl Preset {
                         }
                         _ => {
                             return Err(Error::Invalid(format!(
-                                "disb variant '{variant}': '{part}' is not rt-only or rt-rate=R (comma-separated)"
+                                "disb variant '{variant}': '{part}' is not rt-only, rt-rate=R or be-copies (comma-separated)"
                             )));
                         }
                     }
                 }
-                disb(&mut w, *c, load, with_be, rt_rate)?
+                disb(&mut w, *c, load, with_be, rt_rate, be_copies)?
             }
             Preset::Daris => {
                 let capacity = calib
@@ -752,8 +771,10 @@ fn disb_text(c: char) -> &'static str {
 }
 
 /// DISB workload `c` at `load`; `with_be` false leaves out its best-effort clients (RT-Only);
-/// `rt_rate` replaces each real-time client's rate (and makes B's uniform).
-fn disb(w: &mut Workload, c: char, load: f64, with_be: bool, rt_rate: Option<f64>) -> Result<(), Error> {
+/// `rt_rate` replaces each real-time client's rate (and makes B's uniform); `be_copies` has the
+/// best-effort clients of a model the real-time ones request too ask for its copy
+/// (`ARCH~be`, [`BE_COPY_TAG`]). Streams keep their names (`M-rt`, `M-be`).
+fn disb(w: &mut Workload, c: char, load: f64, with_be: bool, rt_rate: Option<f64>, be_copies: bool) -> Result<(), Error> {
     let rt = |m: &str| Stream::new(&format!("{m}-rt"), m).with_class(StreamClass::Rt, "rt").with_priority(1);
     let uniform = |rate: f64| {
         let rate = rt_rate.unwrap_or(rate);
@@ -789,8 +810,10 @@ fn disb(w: &mut Workload, c: char, load: f64, with_be: bool, rt_rate: Option<f64
         _ => return Err(Error::Invalid(format!("DISB has workloads a to e, not '{c}'"))),
     };
     if with_be {
+        let rt_models: Vec<String> = w.streams.iter().map(|s| s.model.clone()).collect();
         for m in be_models {
-            w.stream_with(Stream::new(&format!("{m}-be"), m).with_class(StreamClass::Be, "be"), closed.clone());
+            let model = if be_copies && rt_models.iter().any(|r| r == m) { format!("{m}{BE_COPY_TAG}") } else { m.to_string() };
+            w.stream_with(Stream::new(&format!("{m}-be"), &model).with_class(StreamClass::Be, "be"), closed.clone());
         }
     }
     Ok(())
@@ -917,13 +940,49 @@ mod tests {
             let mut want: Vec<&str> = be.iter().copied().filter(|m| !rt.contains(m)).collect();
             want.sort_unstable();
             want.dedup();
-            let mut got = p.best_effort_only_archs();
+            let mut got = p.best_effort_only_archs(false);
             got.sort_unstable();
             assert_eq!(got, want, "{name}");
         }
-        assert_eq!(Preset::Disb('a').best_effort_only_archs(), ["resnet152"]);
-        assert_eq!(Preset::Disb('c').best_effort_only_archs().len(), 4);
-        assert!(Preset::Disb('e').best_effort_only_archs().is_empty());
+        assert_eq!(Preset::Disb('a').best_effort_only_archs(false), ["resnet152"]);
+        assert_eq!(Preset::Disb('c').best_effort_only_archs(false).len(), 4);
+        assert!(Preset::Disb('e').best_effort_only_archs(false).is_empty());
+    }
+
+    #[test]
+    fn best_effort_copies_separate_the_classes_models() {
+        let opts = PresetOptions { be_copies: true, ..PresetOptions::default() };
+        for (name, copies) in [("disb-a", 0), ("disb-b", 0), ("disb-c", 1), ("disb-d", 5), ("disb-e", 5)] {
+            let p = Preset::by_name(name).unwrap();
+            let variant = &p.variants(&opts)[0];
+            assert_eq!(variant, "be-copies", "{name}");
+            let (w, _) = p.workload(1.0, variant, &iso_all(), &Catalog::default(), &opts).unwrap();
+            let models = |class: StreamClass| -> Vec<&str> {
+                w.streams.iter().filter(|s| s.class == class).map(|s| s.model.as_str()).collect()
+            };
+            let (rt, be) = (models(StreamClass::Rt), models(StreamClass::Be));
+            // No model serves both classes; the copies are exactly the shared models, tagged.
+            assert!(rt.iter().all(|m| !be.contains(m)), "{name}: {rt:?} {be:?}");
+            let tagged: Vec<&str> = be.iter().copied().filter(|m| m.ends_with(BE_COPY_TAG)).collect();
+            assert_eq!(tagged.len(), copies, "{name}: {be:?}");
+            assert!(tagged.iter().all(|m| rt.contains(&m.trim_end_matches(BE_COPY_TAG))), "{name}");
+            // Stream names stay DISB's (`M-be`), so tables key them by architecture.
+            assert!(w.streams.iter().filter(|s| s.class == StreamClass::Be).all(|s| s.name.ends_with("-be")));
+            // The preset loads the copies, and every best-effort model is now the best-effort clients' alone.
+            let archs = p.archs(&opts);
+            assert!(w.models().iter().all(|m| archs.contains(m)), "{name}: {archs:?}");
+            let mut alone = p.best_effort_only_archs(true);
+            alone.sort_unstable();
+            let mut want: Vec<&str> = be.clone();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(alone, want, "{name}");
+        }
+        // RT-Only runs have no best-effort clients, so no copies either.
+        let rt_only = PresetOptions { be_copies: true, rt_only: true, ..PresetOptions::default() };
+        let p = Preset::Disb('e');
+        assert_eq!(p.variants(&rt_only), ["rt-only"]);
+        assert!(p.archs(&rt_only).iter().all(|m| !m.ends_with(BE_COPY_TAG)));
     }
 
     #[test]

@@ -30,10 +30,11 @@ fn catalog() -> &'static Catalog {
     static C: OnceLock<Catalog> = OnceLock::new();
     C.get_or_init(|| {
         let profiles = ProfileSet::load_dir(&repo().join("data/profiles/h200")).unwrap();
-        let opts = PresetOptions::default();
+        let (opts, copies) = (PresetOptions::default(), PresetOptions { be_copies: true, ..PresetOptions::default() });
         let mut archs: Vec<String> = Vec::new();
         for n in Preset::NAMES {
-            for a in Preset::by_name(n).unwrap().archs(&opts) {
+            let p = Preset::by_name(n).unwrap();
+            for a in p.archs(&opts).into_iter().chain(p.archs(&copies)) {
                 if !archs.contains(&a) {
                     archs.push(a);
                 }
@@ -186,6 +187,25 @@ fn disb_c_d_e() {
     check_disb("disb-c", &[0.25], 1);
     check_disb("disb-d", &[0.5], 5);
     check_disb("disb-e", &[0.5], 5);
+}
+
+/// `--be-copies`: on DISB E every best-effort client asks for a copy of its model (`ARCH~be`), so
+/// no model serves both classes, and both classes complete under `reef+stopruns` and `streams`.
+#[test]
+fn disb_e_with_best_effort_copies() {
+    let mut opts = small(&["reef+stopruns", "streams"], &[0.5], Length::DurationNs(250_000_000));
+    opts.preset = PresetOptions { be_copies: true, ..PresetOptions::default() };
+    let r = run("disb-e", &opts);
+    check_points(&r, 100_000);
+    assert_eq!(r.points.len(), 2);
+    for p in &r.points {
+        assert_eq!(p.variant, "be-copies", "{}", p.policy);
+        let (rt, be) = (p.metrics.group("rt").expect("rt group"), p.metrics.group("be").expect("be group"));
+        assert!(rt.completed > 0 && be.completed > 0, "{}: {rt:?} {be:?}", p.policy);
+        let copies: Vec<_> = p.metrics.models.iter().filter(|m| m.name.contains("~be")).collect();
+        assert_eq!(copies.len(), 5, "{}: {:?}", p.policy, p.metrics.models.iter().map(|m| &m.name).collect::<Vec<_>>());
+        assert!(copies.iter().all(|m| m.completed > 0 && m.name.ends_with("/be")), "{}: {copies:?}", p.policy);
+    }
 }
 
 #[test]

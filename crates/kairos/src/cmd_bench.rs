@@ -305,12 +305,18 @@ pub struct RunArgs {
     /// DISB's five models (`vgg19+*`); default all 25. With --rt-only, each real-time model alone.
     #[arg(long, value_name = "RT+BE,...")]
     pub pairs: Option<String>,
-    /// disb-*: autotune the models only best-effort clients request under this block-time budget
-    /// (µs): each logical block of theirs takes at most about this long where a tile allows it,
-    /// so preempting them waits less (REEF's preemption floor; `--backend cuda`). Models that
-    /// real-time clients request too keep their fastest tiles.
+    /// disb-*: autotune the best-effort clients' models under this block-time budget (µs): each
+    /// logical block of theirs takes at most about this long where a tile allows it, so
+    /// preempting them waits less (REEF's preemption floor; `--backend cuda`). Implies
+    /// --be-copies: models that real-time clients request too keep their fastest tiles, and
+    /// best-effort clients use a retuned copy of them.
     #[arg(long)]
     pub be_block_budget_us: Option<u64>,
+    /// disb-*: best-effort clients request a copy of each model that real-time clients request
+    /// too (`ARCH~be`: its own weights, I/O slots and plan; variant `be-copies`), so the classes
+    /// never share a model.
+    #[arg(long)]
+    pub be_copies: bool,
     /// coldstart: instances of each model; deepplan-azure: k gives 4k bert_base, 4k roberta_base, k gpt2.
     #[arg(long, default_value_t = 3)]
     pub instances: u32,
@@ -726,6 +732,7 @@ fn preset_options(a: &RunArgs) -> Result<PresetOptions> {
         sigmas: a.sigma.clone(),
         tenant_per_model: a.tenant_per_model,
         rt_only: a.rt_only,
+        be_copies: a.be_copies || a.be_block_budget_us.is_some(),
         disb_rt_rate_per_s: a.rt_rate,
         pairs: match &a.pairs {
             Some(spec) => kairos_bench::presets::parse_pairs(spec).map_err(|e| anyhow::anyhow!("{e}"))?,
@@ -796,7 +803,7 @@ fn run_presets(a: RunArgs) -> Result<()> {
     }
     if let Some(budget_us) = a.be_block_budget_us {
         anyhow::ensure!(a.backend == Backend::Cuda, "--be-block-budget-us needs --backend cuda (it times tiles on the GPU)");
-        let mut be: Vec<String> = presets.iter().flat_map(|(p, _)| p.best_effort_only_archs()).collect();
+        let mut be: Vec<String> = presets.iter().flat_map(|(p, _)| p.best_effort_only_archs(true)).collect();
         be.sort_unstable();
         be.dedup();
         anyhow::ensure!(
