@@ -176,6 +176,37 @@ impl ModelProfile {
         Some((part, dropped))
     }
 
+    /// This profile for `plan` when the plan has the profile's launches (same count, same kernels
+    /// in the same order) retiled: an autotuner's picks differ from run to run, so a plan
+    /// autotuned at load rarely has the block counts of the one `kairos profile` autotuned. Every
+    /// launch keeps its measured whole-GPU time as its estimate (the tiles an autotuner chooses
+    /// between run within a few percent of each other: otherwise the dispatcher starts from
+    /// roofline estimates and cuts its recorded segments from them); a retiled launch takes the
+    /// plan's block count, and its right size becomes unknown (`min_sms` 0, no
+    /// `duration_by_sms`: the dispatcher takes the SMs its grid spreads over). With how many
+    /// launches were retiled. `None` when the launches themselves differ (or the dtype).
+    pub fn retiled_for(&self, plan: &kairos_core::plan::Plan) -> Option<(ModelProfile, usize)> {
+        if self.dtype != plan.dtype || self.kernels.len() != plan.launches.len() {
+            return None;
+        }
+        let mut out = self.clone();
+        let mut retiled = 0;
+        for (i, k) in out.kernels.iter_mut().enumerate() {
+            let l = plan.launches.get(k.launch as usize).filter(|_| k.launch as usize == i)?;
+            if l.kernel.name() != k.kernel {
+                return None;
+            }
+            if l.shape.logical_blocks != k.logical_blocks {
+                retiled += 1;
+                k.logical_blocks = l.shape.logical_blocks;
+                k.ctas = l.shape.logical_blocks.min(k.ctas_per_sm_max.max(1) * self.sm_count);
+                k.min_sms = 0;
+                k.duration_by_sms.clear();
+            }
+        }
+        Some((out, retiled))
+    }
+
     pub fn load(path: &Path) -> Result<ModelProfile, ProfileError> {
         let text = std::fs::read_to_string(path).map_err(|e| ProfileError::Io { what: "read", path: path.into(), source: e })?;
         serde_json::from_str(&text).map_err(|e| ProfileError::Invalid { path: path.into(), source: e })

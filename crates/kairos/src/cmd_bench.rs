@@ -1081,8 +1081,19 @@ pub fn autotune_models(
             && let Some(p) = &spec.profile
             && let Err(e) = p.check_plan(&plan)
         {
-            eprintln!("  {}: profile dropped after autotuning ({e}); roofline estimates, refined online", spec.name);
-            spec.profile = None;
+            spec.profile = match p.retiled_for(&plan) {
+                Some((kept, n)) => {
+                    eprintln!(
+                        "  {}: {n} launches retiled by autotuning: their profiled times kept as estimates, their right sizes unknown",
+                        spec.name
+                    );
+                    Some(kept)
+                }
+                None => {
+                    eprintln!("  {}: profile dropped after autotuning ({e}); roofline estimates, refined online", spec.name);
+                    None
+                }
+            };
         }
         spec.plan = Arc::new(plan);
         catalog.insert(spec);

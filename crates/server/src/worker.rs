@@ -526,15 +526,21 @@ fn load_in_worker(
         Ok(None) => {}
         Err(e) => return Err(Error::InvalidModel(format!("preparing '{name}' for the GPU: {e}"))),
     }
-    // The server matched the profile against the plan before this worker retiled it: a profile
-    // of other tiles would misplace every estimate (the server drops such a profile when it
-    // prepares a plan itself).
-    let profile = profile.filter(|p| match p.check_plan(&plan) {
-        Ok(()) => true,
-        Err(e) => {
-            warn!(gpu, model = %name, "stale profile ignored after preparing the plan: {e}");
-            false
-        }
+    // The server matched the profile against the plan before this worker retiled it: the same
+    // launches on other tiles keep their profiled times (`ModelProfile::retiled_for`); a profile
+    // of other launches would misplace every estimate and is dropped.
+    let profile = profile.and_then(|p| match p.check_plan(&plan) {
+        Ok(()) => Some(p),
+        Err(e) => match p.retiled_for(&plan) {
+            Some((kept, n)) => {
+                info!(gpu, model = %name, "{n} launches retiled at load: their profiled times kept as estimates");
+                Some(kept)
+            }
+            None => {
+                warn!(gpu, model = %name, "stale profile ignored after preparing the plan: {e}");
+                None
+            }
+        },
     });
     let plan = Arc::new(plan);
     let planned = PlannedModel {

@@ -621,9 +621,21 @@ fn registered_profiles_set_the_durations_of_their_plans_launches() {
     let mut partly = SimGpu::new(GpuDesc::h100_sxm(), exact());
     assert_eq!(partly.register_profiles([&plan], &ProfileSet { models: vec![other.clone()] }).unwrap(), 1);
     assert_eq!(partly.registered_kernels(), 1);
+    // Retiled (the autotuner picked other tiles): every launch keeps its time, the retiled one
+    // takes the plan's block count and loses its right size.
+    let (kept, retiled) = other.retiled_for(&plan).expect("the same launches");
+    assert_eq!(retiled, 1);
+    kept.check_plan(&plan).expect("a retiled profile matches the plan");
+    assert_eq!(
+        kept.kernels.iter().map(|k| k.duration_ns).collect::<Vec<_>>(),
+        other.kernels.iter().map(|k| k.duration_ns).collect::<Vec<_>>()
+    );
+    assert_eq!((kept.kernels[1].min_sms, kept.kernels[1].duration_by_sms.len()), (0, 0));
+    assert_eq!(kept.kernels[0], other.kernels[0], "an unchanged launch keeps everything");
     let mut renamed = other.clone();
     renamed.kernels[0].kernel = "softmax".into();
     assert!(renamed.matching_part(&plan).is_none(), "another kernel at a launch: nothing matches");
+    assert!(renamed.retiled_for(&plan).is_none(), "another kernel at a launch: not a retiling");
     let mut none = SimGpu::new(GpuDesc::h100_sxm(), exact());
     assert_eq!(none.register_profiles([&plan], &ProfileSet { models: vec![renamed] }).unwrap(), 0);
     assert_eq!(none.registered_kernels(), 0);
