@@ -782,10 +782,14 @@ pub fn run_all(
     Ok(Report { markdown: md, json })
 }
 
-/// The dispatcher's policy by name.
+/// The dispatcher's policy by name; an unknown name is an error that lists every policy.
 pub fn policy(name: &str) -> Result<PolicyConfig> {
-    PolicyConfig::by_name(name)
-        .ok_or_else(|| anyhow::anyhow!("unknown policy '{name}': use fifo, streams, streams-kernel, paella, sjf or rr"))
+    PolicyConfig::by_name(name).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown policy '{name}': use one of {} (parameters: `kairos bench list`)",
+            PolicyConfig::NAMES.join(", ")
+        )
+    })
 }
 
 #[cfg(test)]

@@ -237,7 +237,7 @@ pub fn run(a: ColdArgs) -> Result<()> {
     if a.reps == 0 || a.reps > REPS_MAX {
         bail!("--reps must be in 1..={REPS_MAX}");
     }
-    PolicyConfig::by_name(&a.policy).with_context(|| format!("unknown policy '{}'", a.policy))?;
+    kairos_bench::latency::policy(&a.policy)?;
     if a.serve_requests == 0 || a.serve_requests > SERVE_REQUESTS_MAX {
         bail!("--serve-requests must be in 1..={SERVE_REQUESTS_MAX}");
     }

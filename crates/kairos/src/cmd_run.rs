@@ -85,9 +85,8 @@ pub fn sim_desc(name: &str) -> Result<kairos_sim::GpuDesc> {
 /// `requests` copies of one request through the dispatcher under `policy`, all at once; the outputs
 /// of the first and the time the last took, after checking that every copy returned the same.
 fn run_dispatched<G: Gpu>(gpu: G, plan: &Plan, inputs: &[Tensor], policy: &str, requests: usize) -> Result<(Vec<Tensor>, f64)> {
-    use kairos_sched::{Config, PolicyConfig, RequestOptions, VirtualDriver};
-    let p = PolicyConfig::by_name(policy)
-        .ok_or_else(|| anyhow::anyhow!("unknown policy '{policy}': use {}", PolicyConfig::NAMES.join(", ")))?;
+    use kairos_sched::{Config, RequestOptions, VirtualDriver};
+    let p = kairos_bench::latency::policy(policy)?;
     let mut d = VirtualDriver::new(Config::default().with_policy(p), gpu)?;
     d.set_checks(true);
     let name = plan.model.clone();

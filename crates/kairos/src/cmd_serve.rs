@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::{ArgAction, Args, ValueEnum};
 use kairos_backends::{CudaBackend, SimBackend, TestFaults};
 use kairos_gpu::profile::ProfileSet;
-use kairos_sched::{EngineConfig, PolicyConfig};
+use kairos_sched::EngineConfig;
 use kairos_server::{Backend, RunningServer, ServerConfig, ShmConfig, StateConfig, WorkerBackend, WorkerSpawn};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -298,9 +298,7 @@ pub fn make_backend(
     profiles: Option<PathBuf>,
     autotune: bool,
 ) -> Result<Box<dyn Backend>> {
-    let policy = PolicyConfig::by_name(policy).with_context(|| {
-        format!("unknown policy {policy}: use one of {} (parameters: `kairos bench list`)", PolicyConfig::NAMES.join(", "))
-    })?;
+    let policy = kairos_bench::latency::policy(policy)?;
     let mut engine = EngineConfig { submit_queue_max, ..EngineConfig::default() };
     engine.dispatcher = engine.dispatcher.with_policy(policy);
     engine.dispatcher.jobs_max = jobs_max;
@@ -369,9 +367,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(t) = &tls {
         t.load().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let policy = PolicyConfig::by_name(&args.policy).with_context(|| {
-        format!("unknown policy {}: use one of {} (parameters: `kairos bench list`)", args.policy, PolicyConfig::NAMES.join(", "))
-    })?;
+    let policy = kairos_bench::latency::policy(&args.policy)?;
     let mut engine = EngineConfig {
         submit_queue_max: args.submit_queue_max,
         idle_spin_ns: args.idle_spin_us.saturating_mul(1000),
