@@ -22,6 +22,7 @@ use crate::launcher::{Failure, Job, Launchers};
 use crate::nvrtc::{self, KernelCache, Variant};
 use crate::protocol::{GATE_WORDS_MAX, Gate, LAUNCH_SLOTS_MAX, Protocol, RING_TIMEOUT_NS, Raise, Record, RingError, StopFlag};
 use crate::safe::{Context, DeviceBuffer, Event, Function, GreenContext, MappedBuffer, Module, Stream};
+use crate::settings::UrgentLaunches;
 use kairos_gpu::idmap::IdMap;
 use kairos_gpu::*;
 use kairos_ir::DType;
@@ -263,10 +264,9 @@ pub struct CudaGpu {
     launchers: Option<Launchers>,
     /// Launch on the caller's thread even with launchers (timed work).
     launch_inline: bool,
-    /// Urgent streams (above the default priority: real-time work) make their driver calls on
-    /// the caller's thread, never behind other streams' calls queued on a launcher thread
-    /// ([`crate::settings::Settings::urgent_launches_inline`]).
-    urgent_inline: bool,
+    /// Where urgent streams (above the default priority: real-time work) make their driver
+    /// calls ([`crate::settings::Settings::urgent_launches`]).
+    urgent_launches: UrgentLaunches,
     info: DeviceInfo,
     epoch: Instant,
     /// host_ns = device_ns - device_clock_offset_ns. Calibrated at start, then kept up to date
@@ -489,7 +489,7 @@ impl CudaGpu {
         let mut gpu = CudaGpu {
             launchers: None,
             launch_inline: false,
-            urgent_inline: crate::settings::settings().urgent_launches_inline,
+            urgent_launches: crate::settings::settings().urgent_launches,
             info,
             epoch,
             device_clock_offset_ns: 0,
@@ -585,7 +585,8 @@ impl CudaGpu {
     pub fn set_launch_threads(&mut self, threads: usize) -> Result<()> {
         self.launchers = None;
         if threads > 0 {
-            self.launchers = Some(Launchers::start(threads, self.ctx.raw()).map_err(GpuError::Invalid)?);
+            let urgent_lane = self.urgent_launches == UrgentLaunches::Lane;
+            self.launchers = Some(Launchers::start(threads, urgent_lane, self.ctx.raw()).map_err(GpuError::Invalid)?);
         }
         Ok(())
     }
@@ -595,17 +596,18 @@ impl CudaGpu {
         self.launchers.as_ref().map_or(0, |l| l.threads())
     }
 
-    /// The launcher threads that make the driver calls of `stream`, if any: none while launches
-    /// are inline, and none for an urgent stream (a higher priority than the default) while
-    /// `urgent_inline`. Every call on one stream takes the same path (a stream's priority never
-    /// changes), so its FIFO order holds. Launcher lanes are shared by streams (stream id modulo
-    /// threads), so a real-time launch posted there waits behind the best-effort calls queued
+    /// The launcher threads and the lane that make the driver calls of `stream`, if any: none
+    /// while launches are inline, and none for an urgent stream (a higher priority than the
+    /// default) under [`UrgentLaunches::Inline`]; the urgent lane for it under
+    /// [`UrgentLaunches::Lane`]. Every call on one stream takes the same path (a stream's
+    /// priority never changes), so its FIFO order holds. Shared lanes serve streams by id modulo
+    /// threads, so a real-time launch posted there waits behind the best-effort calls queued
     /// before it: measured on an H200 (DISB A, docs/benchmarks.md), that is most of the first
     /// block's tail (p99 106-185 µs with two launcher threads, 34-49 µs with none).
-    fn launcher_of(&self, stream: StreamId) -> Option<&Launchers> {
-        let urgent = || self.streams.get(stream.0 as usize).is_some_and(|s| s.priority < self.priority_range.0);
-        let inline = self.launch_inline || (self.urgent_inline && urgent());
-        self.launchers.as_ref().filter(|_| !inline)
+    fn launcher_of(&self, stream: StreamId) -> Option<(&Launchers, usize)> {
+        let urgent = self.streams.get(stream.0 as usize).is_some_and(|s| s.priority < self.priority_range.0);
+        let inline = self.launch_inline || (self.urgent_launches == UrgentLaunches::Inline && urgent);
+        self.launchers.as_ref().filter(|_| !inline).map(|l| (l, l.lane_of(stream.0, urgent)))
     }
 
     /// Host time the launcher threads spent in driver calls so far.
@@ -656,7 +658,7 @@ impl CudaGpu {
         for (at, value) in [(addr, 0u32), (addr + 4, 0u32)] {
             match self.launcher_of(stream) {
                 // Behind the launches posted to the stream's launcher before it.
-                Some(l) => l.post(stream.0, Job::write32(raw, at, value)),
+                Some((l, lane)) => l.post(lane, Job::write32(raw, at, value)),
                 // SAFETY: `raw` is a live stream of self; `at` lies in the stop-word buffer, which
                 // lives as long as self (cuMemFree waits for the device's work, this write included).
                 None => unsafe { driver::stream_write_value32(raw, at, value) }.map_err(drv)?,
@@ -1502,12 +1504,12 @@ impl CudaGpu {
             let timed = self.time_launches;
             let clock = || if timed { Some(Instant::now()) } else { None };
             let took = |t: Option<Instant>| t.map_or(0, |t| t.elapsed().as_nanos() as u64);
-            if let Some(l) = self.launcher_of(o.stream) {
+            if let Some((l, lane)) = self.launcher_of(o.stream) {
                 let t = clock();
                 let job =
                     Job::new(f.f.raw(), stream_raw, grid, threads, dyn_smem_bytes, overlap, id, slot.unwrap_or(u32::MAX), params)
                         .map_err(GpuError::Invalid);
-                let r = job.map(|job| l.post(o.stream.0, job));
+                let r = job.map(|job| l.post(lane, job));
                 return Ok::<_, GpuError>((r, took(t)));
             }
             let stream = &self.streams[o.stream.0 as usize].by_partition[&o.partition.0];
@@ -2670,9 +2672,9 @@ impl Gpu for CudaGpu {
         let raw = self.stream_for(stream, partition)?.raw();
         let first = LaunchId(self.next_launch);
         let posted = match self.launcher_of(stream) {
-            Some(l) => {
+            Some((l, lane)) => {
                 // Through the stream's launcher, behind the launches posted there before it.
-                l.post(stream.0, Job::graph(exec, raw, first, count));
+                l.post(lane, Job::graph(exec, raw, first, count));
                 Ok(())
             }
             // SAFETY: `exec` belongs to a run in self.runs and `raw` to a live stream of self; the
@@ -2861,7 +2863,7 @@ impl Gpu for CudaGpu {
         fresh.next_copy = self.next_copy;
         fresh.next_run = self.next_run;
         fresh.launch_inline = self.launch_inline;
-        fresh.urgent_inline = self.urgent_inline;
+        fresh.urgent_launches = self.urgent_launches;
         fresh.time_launches = self.time_launches;
         fresh.quick_builds = self.quick_builds;
         fresh.set_launch_threads(threads)?;

@@ -37,6 +37,10 @@ pub const LAUNCH_QUEUE_MAX: usize = 1024;
 pub const PARAM_BYTES_MAX: usize = 1024;
 /// How long a launcher keeps spinning after its last job before it parks.
 pub const SPIN_NS: u64 = 2_000_000;
+/// How long the urgent lane keeps spinning after its last job: real-time requests come apart
+/// (DISB A: one every 10 ms), and waking a parked thread costs tens of microseconds, the very
+/// delay the lane exists to remove; it burns a core for at most this long after each.
+pub const URGENT_SPIN_NS: u64 = 100_000_000;
 /// Launches the driver refused, kept until polled.
 pub const FAILURES_MAX: usize = 4096;
 
@@ -230,7 +234,9 @@ struct Lane {
 }
 
 struct Shared {
+    /// The shared lanes (stream id modulo their count), then the urgent lane if any.
     lanes: Vec<Lane>,
+    shared_lanes: usize,
     failures: Mutex<Vec<Failure>>,
     /// Failures waiting in `failures` (changed under its lock, read without it: the poller looks
     /// at every turn).
@@ -252,13 +258,15 @@ struct Ctx(CUcontext);
 unsafe impl Send for Ctx {}
 
 impl Launchers {
-    /// Starts `threads` launchers (1..=LAUNCH_THREADS_MAX) that make `ctx` current.
-    pub fn start(threads: usize, ctx: CUcontext) -> Result<Launchers, String> {
+    /// Starts `threads` launchers (1..=LAUNCH_THREADS_MAX) that make `ctx` current, plus one
+    /// for urgent streams alone with `urgent_lane`.
+    pub fn start(threads: usize, urgent_lane: bool, ctx: CUcontext) -> Result<Launchers, String> {
         if threads == 0 || threads > LAUNCH_THREADS_MAX {
             return Err(format!("{threads} launcher threads: use 1 to {LAUNCH_THREADS_MAX} (0: launch on the caller's thread)"));
         }
         let shared = Arc::new(Shared {
-            lanes: (0..threads)
+            shared_lanes: threads,
+            lanes: (0..threads + urgent_lane as usize)
                 .map(|_| Lane {
                     queue: Padded(Mutex::new(VecDeque::with_capacity(LAUNCH_QUEUE_MAX))),
                     posted: Padded(AtomicU64::new(0)),
@@ -273,10 +281,11 @@ impl Launchers {
         });
         let mut handles = Vec::with_capacity(threads);
         let ctx = Ctx(ctx);
-        for i in 0..threads {
+        for i in 0..shared.lanes.len() {
             let s = Arc::clone(&shared);
+            let name = if i < threads { format!("kairos-launch-{i}") } else { "kairos-launch-rt".to_string() };
             let h = std::thread::Builder::new()
-                .name(format!("kairos-launch-{i}"))
+                .name(name)
                 .spawn(move || {
                     let ctx = ctx;
                     run(&s, i, ctx.0)
@@ -287,14 +296,26 @@ impl Launchers {
         Ok(Launchers { shared, threads: handles })
     }
 
+    /// Launcher threads shared by streams (the urgent lane not counted).
     pub fn threads(&self) -> usize {
-        self.shared.lanes.len()
+        self.shared.shared_lanes
     }
 
-    /// Hands a launch to the launcher of `stream_key` (one launcher per stream key keeps its
-    /// order); waits while that launcher's queue is full.
-    pub fn post(&self, stream_key: u32, job: Job) {
-        let lane = &self.shared.lanes[stream_key as usize % self.shared.lanes.len()];
+    /// Whether urgent streams have a launcher of their own.
+    pub fn has_urgent_lane(&self) -> bool {
+        self.shared.lanes.len() > self.shared.shared_lanes
+    }
+
+    /// The lane of a stream: the urgent lane for an urgent stream if there is one, else one of
+    /// the shared lanes by stream id. A stream keeps its lane (and with it its order) for life.
+    pub fn lane_of(&self, stream_key: u32, urgent: bool) -> usize {
+        if urgent && self.has_urgent_lane() { self.shared.shared_lanes } else { stream_key as usize % self.shared.shared_lanes }
+    }
+
+    /// Hands a launch to launcher `lane` (from [`Launchers::lane_of`]: one launcher per stream
+    /// keeps its order); waits while that launcher's queue is full.
+    pub fn post(&self, lane_index: usize, job: Job) {
+        let lane = &self.shared.lanes[lane_index];
         let mut job = Some(job);
         loop {
             {
@@ -310,7 +331,7 @@ impl Launchers {
             std::hint::spin_loop();
         }
         if lane.parked.load(Ordering::SeqCst) {
-            self.threads[stream_key as usize % self.threads.len()].thread().unpark();
+            self.threads[lane_index].thread().unpark();
         }
     }
 
@@ -360,6 +381,7 @@ impl Drop for Launchers {
 
 fn run(s: &Shared, i: usize, ctx: CUcontext) {
     let lane = &s.lanes[i];
+    let spin = Duration::from_nanos(if i < s.shared_lanes { SPIN_NS } else { URGENT_SPIN_NS });
     // SAFETY: the CudaGpu keeps the context retained until it joins this thread.
     let bound = unsafe { driver::ctx_set_current(ctx) };
     let mut last_work = Instant::now();
@@ -403,7 +425,7 @@ fn run(s: &Shared, i: usize, ctx: CUcontext) {
                 if s.stop.load(Ordering::Acquire) {
                     return;
                 }
-                if last_work.elapsed() < Duration::from_nanos(SPIN_NS) {
+                if last_work.elapsed() < spin {
                     std::hint::spin_loop();
                     continue;
                 }

@@ -41,4 +41,4 @@ pub use autotune::{TuneOptions, autotune_plan};
 pub use gpu::{CudaGpu, HeldTiming, LAUNCH_THREADS_DEFAULT, LaunchCosts, LaunchOptions, read_sm_bitmap};
 pub use nvrtc::Variant;
 pub use profile::profile_plan;
-pub use settings::{Settings, configure, settings};
+pub use settings::{Settings, UrgentLaunches, configure, settings};

@@ -6,7 +6,7 @@
 //! in the binary) — and installs it once with [`configure`] before it opens a GPU. Until then,
 //! and in a program that never calls [`configure`], the settings are [`Settings::default`]: no
 //! CUBIN cache folder, compilation on every core, progress on stderr, light launches on, two
-//! launcher threads (every stream's launches through them), eight hardware queues.
+//! launcher threads shared by streams and one for real-time streams alone, eight hardware queues.
 
 pub use crate::protocol::StopFlag;
 use std::path::PathBuf;
@@ -24,6 +24,18 @@ pub enum ProgressMode {
 }
 
 pub use crate::launcher::LAUNCH_THREADS_MAX;
+
+/// Where real-time (high-priority) streams make their driver calls while there are launcher
+/// threads ([`Settings::urgent_launches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UrgentLaunches {
+    /// Through the launcher threads like every stream (lanes shared by stream id).
+    Posted,
+    /// On the caller's (the dispatcher's) thread.
+    Inline,
+    /// On a launcher thread that only urgent streams use.
+    Lane,
+}
 
 /// Every setting of the CUDA backend that a program may choose.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,12 +64,13 @@ pub struct Settings {
     /// Threads making the driver call of each protocol launch ([`crate::launcher`]); 0: every
     /// launch on the caller's thread. `KAIROS_LAUNCH_THREADS` (0 to [`LAUNCH_THREADS_MAX`]).
     pub launch_threads: usize,
-    /// Streams above the default priority (real-time work) make their driver calls on the
-    /// caller's thread even with launcher threads, so a real-time launch never waits behind
-    /// best-effort calls queued there. Off by default (measured on an H200, docs/benchmarks.md
-    /// "Where DISB A's first-block tail came from": it cut DISB A's first-block p99 but raised
-    /// DISB E's and the real-time p99). `KAIROS_URGENT_LAUNCHES=inline` sets it.
-    pub urgent_launches_inline: bool,
+    /// Where streams above the default priority (real-time work) make their driver calls while
+    /// there are launcher threads: through them like every stream (`posted`), on the caller's
+    /// thread (`inline`), or on a launcher thread of their own (`lane`, the default), so a
+    /// real-time launch never waits behind best-effort calls queued on a shared launcher.
+    /// Measured on an H200: docs/benchmarks.md "Where DISB A's first-block tail came from".
+    /// `KAIROS_URGENT_LAUNCHES=posted|inline|lane`.
+    pub urgent_launches: UrgentLaunches,
     /// Hardware queues the driver gives the context's streams: what it reads from
     /// `CUDA_DEVICE_MAX_CONNECTIONS` (the driver's default is 8; kairos' scripts set 32).
     pub hardware_queues: u32,
@@ -78,7 +91,7 @@ impl Default for Settings {
             overlap_launches: false,
             light_launches: true,
             launch_threads: crate::gpu::LAUNCH_THREADS_DEFAULT,
-            urgent_launches_inline: false,
+            urgent_launches: UrgentLaunches::Lane,
             hardware_queues: 8,
             stop_flag: StopFlag::Device,
         }
@@ -118,7 +131,7 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "KAIROS_LIGHT_LAUNCHES", meaning: "0: every launch under the full protocol" },
     EnvVar { name: "KAIROS_PREEMPT_FLAG", meaning: "host: preempt flags in host memory, polled (default: device)" },
     EnvVar { name: "KAIROS_LAUNCH_THREADS", meaning: "launcher threads, 0 to 16 (default 2; 0: the dispatcher's thread)" },
-    EnvVar { name: "KAIROS_URGENT_LAUNCHES", meaning: "inline: real-time streams' launches on the caller's thread" },
+    EnvVar { name: "KAIROS_URGENT_LAUNCHES", meaning: "posted|inline|lane: real-time streams' launches (default lane)" },
     EnvVar {
         name: "CUDA_DEVICE_MAX_CONNECTIONS",
         meaning: "the driver's hardware queues (default 8; set 32 for the stream pool)",
@@ -174,10 +187,11 @@ impl Settings {
             })?;
         }
         if let Some(v) = get("KAIROS_URGENT_LAUNCHES") {
-            s.urgent_launches_inline = match v.trim() {
-                "inline" => true,
-                "posted" | "" => false,
-                _ => return Err(bad("KAIROS_URGENT_LAUNCHES", &v, "inline or posted")),
+            s.urgent_launches = match v.trim() {
+                "inline" => UrgentLaunches::Inline,
+                "lane" | "" => UrgentLaunches::Lane,
+                "posted" => UrgentLaunches::Posted,
+                _ => return Err(bad("KAIROS_URGENT_LAUNCHES", &v, "posted, inline or lane")),
             };
         }
         if let Some(v) = get("KAIROS_PREEMPT_FLAG") {
@@ -280,7 +294,9 @@ mod tests {
         assert!(!s.run_kernels_plain && s.overlap_launches && !s.light_launches);
         assert_eq!((s.launch_threads, s.hardware_queues), (0, 32));
         assert_eq!(s.stop_flag, StopFlag::Host);
-        assert!(s.urgent_launches_inline);
+        assert_eq!(s.urgent_launches, UrgentLaunches::Inline);
+        assert_eq!(from(&[("KAIROS_URGENT_LAUNCHES", "posted")]).unwrap().urgent_launches, UrgentLaunches::Posted);
+        assert_eq!(from(&[("KAIROS_URGENT_LAUNCHES", "lane")]).unwrap().urgent_launches, UrgentLaunches::Lane);
         // Every variable read is in the table.
         let read = ["KAIROS_CACHE_DIR", "KAIROS_COMPILE_JOBS", "KAIROS_NVRTC_OPTIONS", "KAIROS_PROGRESS", "KAIROS_RUN_KERNELS"];
         for name in read {
