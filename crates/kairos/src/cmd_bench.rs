@@ -370,7 +370,7 @@ pub struct RunArgs {
     #[arg(long, env = "KAIROS_NO_RUNS")]
     pub no_runs: bool,
     /// Kernel-level policies send each job in recorded segments of at least this many µs of
-    /// estimated GPU time (0: launch by launch; default: the dispatcher's, 500).
+    /// estimated GPU time (0: launch by launch; default: the dispatcher's, 1500).
     #[arg(long, env = "KAIROS_RUN_SEGMENT_US")]
     pub run_segment_us: Option<u64>,
     /// Threaded engine: with nothing in flight the dispatcher thread polls its queue for this many

@@ -92,11 +92,15 @@ pub const LOOKAHEAD_LAUNCHES_MAX: u32 = 64;
 pub const LOOKAHEAD_LAUNCHES_DEFAULT: u32 = 8;
 /// Kernel-level jobs in recorded segments (`Config::run_segment_ns`): the default length of a
 /// segment in estimated GPU time, and the cap. A segment is the unit the policy orders: a job
-/// with a segment on the GPU cannot be overtaken before that segment ends. On an H100 (8 vision
-/// models, σ 1.5, 1081–3244 requests/s, docs/benchmarks.md) `paella` in 500 µs segments had the
-/// lowest p99 (4.6–12.9 ms up to 2163 requests/s, against 6.4–82 ms in 200 µs segments and
-/// 4.3–15.6 ms in 1 ms ones); 200 µs ones had the lowest p50 (1.1–1.5 ms against 1.2–2.2 ms).
-pub const RUN_SEGMENT_NS_DEFAULT: u64 = 500_000;
+/// with a segment on the GPU cannot be overtaken before that segment ends, and every segment costs
+/// a driver call, two records and the dispatcher's books. On an H200 with profiled estimates
+/// (docs/benchmarks.md, "Segment length with profiled estimates"; 8- and 11-model vision mixes,
+/// σ 1.5 and 2, PyTorch's CUDA graphs on 8 streams on the same arrivals), 1500 µs segments (about
+/// one a request after the first kernel) had a lower p50 and p99 than 800 and 500 µs ones at every
+/// load, most near capacity (the 11-model mix at 2109 req/s: p99 24 ms under `edf:0+backfill`
+/// against 52 and 82 ms). The 500 µs of before had been tuned on an H100 on roofline estimates,
+/// which made segments ~1.5x longer in GPU time than configured.
+pub const RUN_SEGMENT_NS_DEFAULT: u64 = 1_500_000;
 pub const RUN_SEGMENT_NS_MAX: u64 = 100_000_000;
 /// Default `Config::wake_lead_ns`: a client's wake-up from an eventfd takes tens of microseconds.
 pub const WAKE_LEAD_NS_DEFAULT: u64 = 50_000;
