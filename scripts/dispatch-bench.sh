@@ -107,13 +107,16 @@ if has replay; then
     if [ -f "$src/results.json" ]; then
         mkdir -p "$OUT/serve" && cp -r "$src"/. "$OUT/serve/" && replay "$OUT/serve"
     else
-        # One replay over every folder's traces (the graphs are captured once), merged into each.
-        mkdir -p "$OUT/all-traces"
+        # One replay over every folder's traces (the graphs are captured once; a trace in several
+        # folders replays once), merged into each (only runs of the folder's own traces: traces are
+        # named by preset and load, so runs with other arguments may share a name).
+        tdirs=()
         for d in "$src"/*/; do
             n=$(basename "$d")
-            [ -f "$d/results.json" ] && mkdir -p "$OUT/$n" && cp -r "$d". "$OUT/$n/" && cp "$d"traces/*.json "$OUT/all-traces/"
+            [ -f "$d/results.json" ] || continue
+            rm -rf "${OUT:?}/$n" && mkdir -p "$OUT/$n" && cp -r "$d". "$OUT/$n/" && tdirs+=("$OUT/$n/traces")
         done
-        step serve-peers "${SERVE_PEERS_S:-280}" python3 scripts/peer_replay.py --traces "$OUT/all-traces" \
+        step serve-peers "${SERVE_PEERS_S:-280}" python3 scripts/peer_replay.py --traces "${tdirs[@]}" \
             --modes "${PEER_MODES:-graph:1,graph:4,graph:8,graph-priority:4,streams:4}" --budget-s "${SERVE_PEERS_BUDGET_S:-260}" --out "$OUT/peers.json"
         for d in "$OUT"/serve*/; do
             [ -f "$OUT/peers.json" ] && [ -f "$d/results.json" ] &&

@@ -78,7 +78,10 @@ def trace_files(paths, presets):
             files += [os.path.join(p, f) for f in sorted(os.listdir(p)) if f.endswith(".trace.json")]
         else:
             files.append(p)
-    out = []
+    # A trace given twice (the same arrivals in two runs' folders) is replayed once; two traces of
+    # one name with other contents (runs with other arguments) are both replayed, and `kairos
+    # bench report` merges into each folder the run whose arrivals are its trace's.
+    out, seen = [], set()
     for f in files:
         t = json.load(open(f))
         if t.get("format") != "kairos-trace/1":
@@ -86,6 +89,10 @@ def trace_files(paths, presets):
             continue
         if presets and t["preset"] not in presets:
             continue
+        key = json.dumps(t, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
         out.append((f, t))
     return out
 

@@ -127,8 +127,9 @@ impl Results {
 
     /// Adds the peer's runs as points of the presets whose traces they replayed (measured by the
     /// same code as kairos' points). Trace paths are relative to `traces_dir`. Runs of presets these
-    /// results do not hold (their traces are not in `traces_dir`) are left out. Returns how many
-    /// points were added.
+    /// results do not hold (their traces are not in `traces_dir`) are left out, and so are runs of
+    /// another trace of the same name (their open-loop arrivals are not the trace's: runs with other
+    /// arguments write traces named by preset and load alone). Returns how many points were added.
     pub fn merge_peers(&mut self, peers: &PeerFile, traces_dir: &Path, slo_ns: Option<u64>) -> Result<usize, Error> {
         let mut added = 0;
         let mut cache: BTreeMap<String, TraceFile> = BTreeMap::new();
@@ -146,6 +147,13 @@ impl Results {
             }
             let schedule = t.schedule()?;
             let outcomes = run.outcomes()?;
+            let mut replayed: Vec<(u64, u32)> = outcomes.iter().filter(|o| !o.closed).map(|o| (o.arrival_ns, o.stream)).collect();
+            let mut scheduled = schedule.arrivals.clone();
+            replayed.sort_unstable();
+            scheduled.sort_unstable();
+            if replayed != scheduled {
+                continue; // the replay of another trace of this name
+            }
             if outcomes.iter().any(|o| o.stream as usize >= schedule.workload.streams.len()) {
                 return Err(Error::Invalid(format!("peer run {} / {} names unknown streams", run.trace, run.mode)));
             }

@@ -306,16 +306,20 @@ fn same_seed_same_results_and_peers_merge() {
         wall_s: 1.0,
         started_unix_ms: None,
     };
+    // The replay of another trace of the same name (another run's arguments): other arrivals.
+    let mut other = PeerRun { mode: "other".into(), ..run.clone() };
+    other.arrival_ns[n / 2] += 1;
     let peers = PeerFile {
         format: PEER_FORMAT.into(),
         system: "pytorch".into(),
         version: "test".into(),
         device: "none".into(),
-        runs: vec![run],
+        runs: vec![run, other],
     };
     let mut results = Results::new("test", "simulated", seed());
     results.presets.push(a);
     assert_eq!(results.merge_peers(&peers, &dir.join("traces"), None).unwrap(), 1);
+    assert!(!results.presets[0].points.iter().any(|p| p.policy == "pytorch-other"));
     let p = results.presets[0].points.iter().find(|p| p.system == "pytorch").unwrap();
     assert_eq!(p.policy, "pytorch-single");
     let rt = p.metrics.group("rt").unwrap();
