@@ -40,5 +40,5 @@ pub mod topology;
 pub use autotune::{TuneOptions, autotune_plan};
 pub use gpu::{CudaGpu, HeldTiming, LAUNCH_THREADS_DEFAULT, LaunchCosts, LaunchOptions, read_sm_bitmap};
 pub use nvrtc::Variant;
-pub use profile::profile_plan;
+pub use profile::{profile_plan, profile_plan_with};
 pub use settings::{Settings, UrgentLaunches, configure, settings};

@@ -3,9 +3,11 @@
 //! For each launch of the plan: the median duration on the whole GPU (the device-measured span
 //! from its first CTA's placement record to its LaunchDone, both %globaltimer, so the same clock
 //! serves green-context partitions), its CTAs, registers, shared memory and occupancy as the driver reports them, and
-//! KRISP's right size: the fewest SMs, in steps of the device's partition granularity (8 on
-//! H100/H200), at which the median stays within 5% of the whole GPU's. Smaller SM counts run in
-//! green-context partitions when the device has them, else under an SM mask of that many SMs.
+//! KRISP's right size: the fewest SMs at which the median stays within 5% of the whole GPU's,
+//! found in steps of the device's partition granularity (8 on H100/H200), then SM by SM below the
+//! step that kept the speed ([`kairos_gpu::profile::refine_right_size`]; `refine` false skips it).
+//! Step sizes run in green-context partitions when the device has them, else under an SM mask of
+//! that many SMs; the sizes between steps under masks.
 //! The plan's end-to-end latency is the median of issuing all its launches in order on one stream.
 
 use crate::gpu::CudaGpu;
@@ -132,17 +134,23 @@ pub fn sm_subset(set: &SmMask, n: u32) -> SmMask {
     m
 }
 
-/// Profiles a plan: per-launch durations, resources and right sizes, and the plan's latency.
+/// Profiles a plan: per-launch durations, resources and right sizes (to one SM), and the plan's
+/// latency.
 pub fn profile_plan(gpu: &mut CudaGpu, plan: &Plan, repeats: usize) -> Result<ModelProfile> {
+    profile_plan_with(gpu, plan, repeats, true)
+}
+
+/// [`profile_plan`], with right sizes refined to one SM (`refine`) or left at the partition step.
+pub fn profile_plan_with(gpu: &mut CudaGpu, plan: &Plan, repeats: usize, refine: bool) -> Result<ModelProfile> {
     let repeats = repeats.max(1);
     let inputs: Vec<Tensor> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
     let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
-    let result = profile_with(gpu, plan, &bufs, repeats);
+    let result = profile_with(gpu, plan, &bufs, repeats, refine);
     bufs.free(gpu)?;
     result
 }
 
-fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usize) -> Result<ModelProfile> {
+fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usize, refine: bool) -> Result<ModelProfile> {
     let stream = gpu.utility_stream()?;
     // Warm up: compile modules, fill the arena with real activations.
     run_plan(gpu, plan, bufs, stream)?;
@@ -177,12 +185,24 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
             by_sms.push((count, median(&mut t)));
         }
         let duration_ns = by_sms.last().map(|x| x.1).unwrap_or(0);
-        let min_sms = by_sms
+        let mut min_sms = by_sms
             .iter()
             .filter(|(_, d)| *d as f64 <= duration_ns as f64 * MIN_SMS_SLACK)
             .map(|(s, _)| *s)
             .min()
             .unwrap_or(info.sm_count);
+        // The step below the knee (0: the knee is the smallest step), then SM by SM between them.
+        let below = by_sms.iter().map(|x| x.0).filter(|&s| s < min_sms).max().unwrap_or(0);
+        if refine && min_sms > below + 1 {
+            let (right, points) = kairos_gpu::profile::refine_right_size(min_sms, below, duration_ns, MIN_SMS_SLACK, |n| {
+                let req = LaunchRequest::of_launch(l, &args, sm_subset(&whole, n), PartitionId::WHOLE, stream);
+                let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
+                Ok::<_, GpuError>(median(&mut t))
+            })?;
+            min_sms = right;
+            by_sms.extend(points);
+            by_sms.sort_unstable_by_key(|x| x.0);
+        }
         let ctas = l.shape.logical_blocks.min(res.ctas_per_sm_max * info.sm_count);
         kernels.push(KernelProfile {
             launch: i as u32,

@@ -42,8 +42,9 @@ pub struct KernelProfile {
     pub ctas_per_sm_max: u32,
     /// Fraction of the SM's thread slots one resident CTA set fills (0..1).
     pub occupancy: f64,
-    /// KRISP's right size: the fewest SMs (in partition steps) at which the duration stays within
-    /// 5% of the whole GPU's.
+    /// KRISP's right size: the fewest SMs at which the duration stays within 5% of the whole
+    /// GPU's, searched in partition steps and then SM by SM below the first step that kept it
+    /// ([`refine_right_size`]; profiles made before that stop at the step).
     pub min_sms: u32,
     /// Durations measured at each SM count tried, as (sm_count, duration_ns).
     #[serde(default)]
@@ -249,5 +250,73 @@ impl ProfileSet {
 
     pub fn find(&self, model: &str, dtype: DType, batch: usize) -> Option<&ModelProfile> {
         self.models.iter().find(|m| m.model == model && m.dtype == dtype && m.batch == batch)
+    }
+}
+
+/// KRISP's right size to one SM: `kairos profile` first measures a kernel in steps of the
+/// partition granularity (8 SMs on an H100/H200), which finds `knee`, the fewest SMs of those
+/// steps within `slack` of the whole GPU's `whole_ns`, and `below`, the step under it that was
+/// not. This measures `knee - 1`, `knee - 2`, ... down to `below + 1` (with `measure`, under SM
+/// masks) and stops at the first size that is not within `slack`: a duration curve is not
+/// monotone to the nanosecond, so the right size is the fewest SMs from which every size measured
+/// up to `knee` keeps the speed. Returns the right size and the sizes measured, as (sm_count,
+/// duration_ns), the failing one included (it tells the estimates the curve's slope).
+pub fn refine_right_size<E>(
+    knee: u32,
+    below: u32,
+    whole_ns: u64,
+    slack: f64,
+    mut measure: impl FnMut(u32) -> Result<u64, E>,
+) -> Result<(u32, Vec<(u32, u64)>), E> {
+    let mut right = knee;
+    let mut measured = Vec::new();
+    for sms in (below.saturating_add(1).max(1)..knee).rev() {
+        let d = measure(sms)?;
+        measured.push((sms, d));
+        if d as f64 > whole_ns as f64 * slack {
+            break;
+        }
+        right = sms;
+    }
+    Ok((right, measured))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refine_right_size;
+
+    #[test]
+    fn the_right_size_is_found_to_one_sm_below_the_step() {
+        // Steps of 8: 48 kept the speed, 40 did not.
+        let mut calls = Vec::new();
+        // A kernel with 45 SMs' worth of parallel work: full speed from 45 SMs on.
+        let (right, points) = refine_right_size(48, 40, 100_000, 1.05, |s| {
+            calls.push(s);
+            Ok::<_, ()>(100_000 * 45 / s.min(45) as u64)
+        })
+        .unwrap();
+        // 45 / 43 = 1.047 keeps, 45 / 42 = 1.071 does not.
+        assert_eq!(right, 43);
+        assert_eq!(calls, vec![47, 46, 45, 44, 43, 42], "down from the knee, stopping at the first miss");
+        assert_eq!(points.last(), Some(&(42, 107_142)));
+    }
+
+    #[test]
+    fn a_miss_just_below_the_knee_keeps_the_knee_and_nothing_below_the_step_is_tried() {
+        let mut calls = Vec::new();
+        let (right, points) = refine_right_size(48, 40, 100_000, 1.05, |s| {
+            calls.push(s);
+            Ok::<_, ()>(if s == 47 { 106_000 } else { 100_000 })
+        })
+        .unwrap();
+        assert_eq!((right, points), (48, vec![(47, 106_000)]));
+        // Everything down to the step below keeps the speed: stop at 41, never 40.
+        let (right, points) = refine_right_size(48, 40, 100_000, 1.05, |_| Ok::<_, ()>(100_000)).unwrap();
+        assert_eq!((right, points.len()), (41, 7));
+        // The smallest step kept the speed: down to one SM.
+        let (right, _) = refine_right_size(8, 0, 100_000, 1.05, |_| Ok::<_, ()>(100_000)).unwrap();
+        assert_eq!(right, 1);
+        // A measurement error ends the search with it.
+        assert_eq!(refine_right_size(48, 40, 100_000, 1.05, |_| Err::<u64, _>("lost")), Err("lost"));
     }
 }

@@ -1137,3 +1137,32 @@ fn quick_builds_serve_until_the_optimized_builds_replace_them() {
     drop(g);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kairos profile`'s right sizes to one SM: every kernel's `min_sms` keeps its speed (its
+/// measurement there within the slack of the whole GPU's), lies above the step below the coarse
+/// knee, and the size under it, if the refinement measured it, did not keep the speed; a coarse
+/// profile of the same plan has right sizes in steps only, at or above the refined ones.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
+fn right_sizes_are_refined_to_one_sm() {
+    use kairos_cuda::profile::MIN_SMS_SLACK;
+    let mut gpu = gpu();
+    let m = suite::zoo_model("squeezenet1_1", DType::F16, 1, 32).unwrap();
+    let fine = kairos_cuda::profile_plan_with(&mut gpu, &m.plan, 3, true).unwrap();
+    let coarse = kairos_cuda::profile_plan_with(&mut gpu, &m.plan, 3, false).unwrap();
+    let step = gpu.info().partition_granularity_sms.clamp(1, gpu.info().sm_count);
+    let mut refined = 0;
+    for (f, c) in fine.kernels.iter().zip(&coarse.kernels) {
+        assert!(c.duration_by_sms.iter().all(|x| x.0 % step == 0 || x.0 == gpu.info().sm_count), "{c:?}");
+        assert!(c.min_sms % step == 0 || c.min_sms == gpu.info().sm_count, "{c:?}");
+        assert!(f.duration_by_sms.windows(2).all(|w| w[0].0 < w[1].0), "sorted, one entry a size: {f:?}");
+        let at = |s: u32| f.duration_by_sms.iter().find(|x| x.0 == s).map(|x| x.1);
+        let d = at(f.min_sms).expect("the right size was measured");
+        assert!(d as f64 <= f.duration_ns as f64 * MIN_SMS_SLACK, "{f:?}");
+        if let Some(under) = at(f.min_sms - 1).filter(|_| f.min_sms % step != 1) {
+            assert!(under as f64 > f.duration_ns as f64 * MIN_SMS_SLACK || f.min_sms == 1, "{f:?}");
+        }
+        refined += (f.min_sms % step != 0) as usize;
+    }
+    eprintln!("squeezenet1_1: {refined} of {} right sizes between steps", fine.kernels.len());
+}

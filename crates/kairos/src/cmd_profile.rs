@@ -28,6 +28,11 @@ pub struct ProfileArgs {
     /// time; stored in the same JSON (`layers`).
     #[arg(long)]
     pub layers: bool,
+    /// Right sizes (`min_sms`) in partition steps only (8 SMs on an H100/H200). By default each
+    /// kernel is then measured SM by SM below the step that kept its speed, down to the fewest
+    /// SMs that keep it (at most 7 more timings a kernel).
+    #[arg(long)]
+    pub coarse: bool,
 }
 
 pub fn run(args: ProfileArgs) -> Result<()> {
@@ -40,7 +45,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         eprintln!("autotuned: {} launches retiled", r.launches_changed);
     }
     eprintln!("profiling {} ({} kernels, {}) on {}", plan.model, plan.launches.len(), plan.dtype, gpu.info().name);
-    let mut profile = kairos_cuda::profile_plan(&mut gpu, &plan, args.repeats)?;
+    let mut profile = kairos_cuda::profile_plan_with(&mut gpu, &plan, args.repeats, !args.coarse)?;
     if args.layers {
         eprintln!(
             "layer profile: {} launches twice (weights in GPU memory, then in host memory), {} layers",

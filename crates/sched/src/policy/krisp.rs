@@ -28,7 +28,8 @@
 //! land outside the mask leave at once and the ones inside take the launch's logical blocks, so
 //! a right-sized launch costs what a masked protocol launch costs (no barrier, no ioctl), measured
 //! as it runs. The unit is a group of 8 SMs (the modelled occupancy map's and the green
-//! contexts' granularity; profiles step by 8 SMs), not one CU. KRISP's "Conserved" placement over
+//! contexts' granularity; a right size `kairos profile` found to one SM is rounded up to
+//! whole groups), not one CU. KRISP's "Conserved" placement over
 //! the MI50's 4 shader engines would need the GPC topology: `CudaGpu::probe_gpcs` measures it
 //! (thread-block clusters; on an H200 GPC k holds SMs 2k, 2k+1, 16+2k, ...), but the policy does
 //! not use it yet: groups are taken least loaded first.
