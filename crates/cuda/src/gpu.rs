@@ -585,7 +585,10 @@ impl CudaGpu {
     pub fn set_launch_threads(&mut self, threads: usize) -> Result<()> {
         self.launchers = None;
         if threads > 0 {
-            let urgent_lane = self.urgent_launches == UrgentLaunches::Lane;
+            // The urgent lane spins while real-time work flows: on a host without a core for it
+            // beside the dispatcher and the shared launchers, it would take one from them.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let urgent_lane = self.urgent_launches == UrgentLaunches::Lane && cores >= threads + 2;
             self.launchers = Some(Launchers::start(threads, urgent_lane, self.ctx.raw()).map_err(GpuError::Invalid)?);
         }
         Ok(())

@@ -67,7 +67,9 @@ pub struct Settings {
     /// Where streams above the default priority (real-time work) make their driver calls while
     /// there are launcher threads: through them like every stream (`posted`), on the caller's
     /// thread (`inline`), or on a launcher thread of their own (`lane`, the default), so a
-    /// real-time launch never waits behind best-effort calls queued on a shared launcher.
+    /// real-time launch never waits behind best-effort calls queued on a shared launcher. The lane
+    /// needs a core of its own: on a host with fewer cores than the launcher threads and two,
+    /// urgent streams post to the shared lanes.
     /// Measured on an H200: docs/benchmarks.md "Where DISB A's first-block tail came from".
     /// `KAIROS_URGENT_LAUNCHES=posted|inline|lane`.
     pub urgent_launches: UrgentLaunches,
