@@ -449,8 +449,9 @@ fn markdown(cx: &TableContext, batch: usize, rows: &[Row], peers: Option<&Peers>
         cx.device, cx.dtype, cx.policy, cx.seq_len, cx.date
     ));
     let segments = format!(
-        "each job sent in segments of at least {} us of estimated GPU time, each segment's kernels but its last replayed as a CUDA graph that kairos recorded, its last launched by the dispatcher (`Config::run_segment_ns`)",
-        kairos_sched::RUN_SEGMENT_NS_DEFAULT / 1000
+        "each job sent in segments of at least {} us of estimated GPU time ({} us where streams share hardware queues), each segment's kernels but its last replayed as a CUDA graph that kairos recorded, its last launched by the dispatcher (`Config::run_segment_ns`)",
+        kairos_sched::RUN_SEGMENT_NS_DEFAULT / 1000,
+        kairos_sched::RUN_SEGMENT_NS_SHARED_QUEUES / 1000
     );
     s.push_str(&format!(
         "kairos: p50 and p99 of {} requests one at a time after {} warm-up, {}; {}; {}; {}.",

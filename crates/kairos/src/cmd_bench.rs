@@ -370,7 +370,8 @@ pub struct RunArgs {
     #[arg(long, env = "KAIROS_NO_RUNS")]
     pub no_runs: bool,
     /// Kernel-level policies send each job in recorded segments of at least this many µs of
-    /// estimated GPU time (0: launch by launch; default: the dispatcher's, 1500).
+    /// estimated GPU time (0: launch by launch; default: the dispatcher's, 1500, or 500 where the
+    /// pool's streams outnumber the hardware queues, CUDA_DEVICE_MAX_CONNECTIONS).
     #[arg(long, env = "KAIROS_RUN_SEGMENT_US")]
     pub run_segment_us: Option<u64>,
     /// Threaded engine: with nothing in flight the dispatcher thread polls its queue for this many
@@ -855,7 +856,7 @@ fn run_presets(a: RunArgs) -> Result<()> {
             }
             c.record_runs = !a.no_runs;
             if let Some(us) = a.run_segment_us {
-                c.run_segment_ns = us.saturating_mul(1000);
+                c.run_segment_ns = Some(us.saturating_mul(1000));
             }
             if a.stream_count.is_some() {
                 c.stream_count = a.stream_count;

@@ -296,7 +296,7 @@ fn issue_ahead_hides_the_round_trip_between_a_jobs_kernels() {
         let cfg = Config {
             lookahead_launches_max,
             // Launch by launch: segments (below) replace issue-ahead's launches with runs.
-            run_segment_ns: 0,
+            run_segment_ns: Some(0),
             trace_max: 1 << 16,
             ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
         };
@@ -358,7 +358,7 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
                     let cfg = Config {
                         slots_per_model_max: 3,
                         slots_per_model_prealloc: 2,
-                        run_segment_ns,
+                        run_segment_ns: Some(run_segment_ns),
                         ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
                     };
                     let mut driver = VirtualDriver::new(cfg, gpu).unwrap();
@@ -401,7 +401,10 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
     let measure = |policy: &str, run_segment_ns: u64| {
         let mut gpu = timing_sim(seed);
         gpu.register_plan(&plan, &profile).unwrap();
-        let cfg = Config { run_segment_ns, ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap()) };
+        let cfg = Config {
+            run_segment_ns: Some(run_segment_ns),
+            ..Config::default().with_policy(PolicyConfig::by_name(policy).unwrap())
+        };
         let mut d = VirtualDriver::new(cfg, gpu).unwrap();
         d.set_checks(true);
         // The dispatcher starts from a profile that says 10 us per kernel: it must learn 20.
@@ -432,6 +435,45 @@ fn kernel_level_jobs_go_out_in_recorded_segments() {
     assert!(segmented * 100 <= whole * 105, "segments {segmented} ns vs whole-job {whole} ns");
     assert!(s_seg.launch_call_ns * 5 < s_one.launch_call_ns, "{} vs {} ns", s_seg.launch_call_ns, s_one.launch_call_ns);
     assert!((learned_ns - 800_000.0).abs() < 80_000.0, "the estimates add up to {learned_ns} ns, the GPU takes 800 us");
+}
+
+/// The default segment length: 1500 µs of estimated GPU time while every stream of the pool has a
+/// hardware queue of its own, 500 µs when the pool's streams outnumber the queues (a recorded
+/// segment holds its queue, so the other streams of it would wait behind it); an explicit length
+/// holds either way.
+#[test]
+fn the_default_segment_length_follows_the_hardware_queues() {
+    let seed = seeds(1)[0];
+    eprintln!("the_default_segment_length_follows_the_hardware_queues: seed {seed}");
+    // 48 kernels of 100 us: by the estimates 4.8 ms a job.
+    let k = SyntheticKernel { logical_blocks: 264, threads_per_block: 256, shared_mem_bytes: 0 };
+    let plan = synthetic::layered_plan("m", &[k; 48]);
+    let profile = synthetic::profile_with_durations(&plan, &[100_000; 48], "sim", 132);
+    let segments = |stream_count: u32, run_segment_ns: Option<u64>| {
+        let mut gpu = timing_sim(seed);
+        gpu.register_plan(&plan, &profile).unwrap();
+        assert_eq!(kairos_gpu::Gpu::info(&gpu).hardware_queues, 8);
+        let cfg = Config {
+            stream_count: Some(stream_count),
+            run_segment_ns,
+            ..Config::default().with_policy(PolicyConfig::by_name("paella").unwrap())
+        };
+        let mut d = VirtualDriver::new(cfg, gpu).unwrap();
+        d.load_model(ModelSpec { name: "m".into(), plan: Arc::new(plan.clone()), profile: Some(profile.clone()) }).unwrap();
+        for i in 0..4 {
+            d.submit_at(i * 10_000_000, "m", vec![], RequestOptions { skip_io: true, ..Default::default() });
+        }
+        d.run_until_idle().unwrap();
+        assert!(d.take_records().iter().all(|r| r.result.is_ok()));
+        d.dispatcher().stats().segments_launched / 4
+    };
+    // 4 pool streams and the 4 real-time ones on 8 queues: 1500 us segments (15 kernels).
+    let own = segments(4, None);
+    // 32 pool streams on 8 queues: 500 us segments (5 kernels).
+    let shared = segments(32, None);
+    assert!((2..=4).contains(&own), "{own} segments a job with a queue per stream");
+    assert!((8..=12).contains(&shared), "{shared} segments a job with shared queues");
+    assert_eq!(segments(32, Some(1_500_000)), own, "an explicit length holds on shared queues");
 }
 
 /// The REEF tests' models on the simulated H100: "rt", 20 narrow kernels of 30 µs (264 blocks),

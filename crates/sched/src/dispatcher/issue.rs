@@ -638,12 +638,19 @@ impl<G: Gpu> Dispatcher<G> {
             && (!self.cfg.policy.masks_kernels() || self.partition_segments())
     }
 
-    /// The length of a kernel-level segment in estimated GPU time: `Config::run_segment_ns`, or
-    /// for `krisp+model+green` the longest allowed (a job after its first kernel is one segment).
+    /// The length of a kernel-level segment in estimated GPU time: `Config::run_segment_ns` (by
+    /// default 1500 µs, 500 µs where the pool's streams outnumber the hardware queues: a segment
+    /// holds its queue; the few real-time streams beside the pool are not counted, their work
+    /// stops best-effort segments between kernels under `reef+stopruns`), or for
+    /// `krisp+model+green` the longest allowed (a job after its first kernel is one segment).
     pub(super) fn segment_ns(&self) -> u64 {
         match self.cfg.policy {
             PolicyConfig::Krisp { unit: RightSizeUnit::Model, .. } => crate::RUN_SEGMENT_NS_MAX,
-            _ => self.cfg.run_segment_ns,
+            _ => self.cfg.run_segment_ns.unwrap_or(if self.pool_streams > self.hw_queues {
+                crate::RUN_SEGMENT_NS_SHARED_QUEUES
+            } else {
+                crate::RUN_SEGMENT_NS_DEFAULT
+            }),
         }
     }
 

@@ -101,8 +101,10 @@ pub struct Config {
     /// still picks, segment by segment, whose work goes out next (SRPT, fairness, the occupancy
     /// gate), and a job's next segment waits on its lane behind the running one (issue-ahead
     /// counts a segment's whole estimate). 0, `record_runs` off, a policy that preempts, or a
-    /// decision that sets CTAs or an SM mask: launch by launch. See `issue.rs`.
-    pub run_segment_ns: u64,
+    /// decision that sets CTAs or an SM mask: launch by launch. `None`: [`RUN_SEGMENT_NS_DEFAULT`]
+    /// when every stream of the pool has a hardware queue of its own, [`RUN_SEGMENT_NS_SHARED_QUEUES`]
+    /// when the pool's streams outnumber the queues. See `issue.rs`.
+    pub run_segment_ns: Option<u64>,
     /// A request asking for an early wake-up ([`RequestOptions::notify_before_done`]) gets
     /// [`Output::AlmostDone`] once its estimated remaining GPU time is at most this, or when only
     /// its last launch is left, whatever the policy.
@@ -180,7 +182,7 @@ impl Default for Config {
             lookahead_launches_max: LOOKAHEAD_LAUNCHES_DEFAULT,
             cta_records: false,
             record_runs: true,
-            run_segment_ns: RUN_SEGMENT_NS_DEFAULT,
+            run_segment_ns: None,
             wake_lead_ns: WAKE_LEAD_NS_DEFAULT,
             launch_ctas_max: None,
             stream_count: None,
@@ -233,11 +235,8 @@ impl Config {
         if self.lookahead_ns > LOOKAHEAD_NS_MAX {
             return Err(Error::InvalidInput(format!("lookahead_ns = {} must be at most {LOOKAHEAD_NS_MAX}", self.lookahead_ns)));
         }
-        if self.run_segment_ns > RUN_SEGMENT_NS_MAX {
-            return Err(Error::InvalidInput(format!(
-                "run_segment_ns = {} must be at most {RUN_SEGMENT_NS_MAX}",
-                self.run_segment_ns
-            )));
+        if let Some(n) = self.run_segment_ns.filter(|&n| n > RUN_SEGMENT_NS_MAX) {
+            return Err(Error::InvalidInput(format!("run_segment_ns = {n} must be at most {RUN_SEGMENT_NS_MAX}")));
         }
         if let Some(s) = self.stream_count {
             check("stream_count", s as u64, STREAMS_MAX as u64)?;

@@ -150,7 +150,7 @@ pub fn random_config(rng: &mut SmallRng, policy: PolicyConfig) -> Config {
         wake_lead_ns: [0, 50_000][rng.random_range(0..2)],
         trace_max: 1 << 20,
         record_runs: rng.random_bool(0.7),
-        run_segment_ns: [0, 1_000, 20_000, 200_000][rng.random_range(0..4)],
+        run_segment_ns: Some([0, 1_000, 20_000, 200_000][rng.random_range(0..4)]),
         ..Config::default()
     }
 }
