@@ -309,7 +309,7 @@ impl Launchers {
     /// The lane of a stream: the urgent lane for an urgent stream if there is one, else one of
     /// the shared lanes by stream id. A stream keeps its lane (and with it its order) for life.
     pub fn lane_of(&self, stream_key: u32, urgent: bool) -> usize {
-        if urgent && self.has_urgent_lane() { self.shared.shared_lanes } else { stream_key as usize % self.shared.shared_lanes }
+        lane_for(stream_key, urgent, self.shared.shared_lanes, self.has_urgent_lane())
     }
 
     /// Hands a launch to launcher `lane` (from [`Launchers::lane_of`]: one launcher per stream
@@ -379,6 +379,12 @@ impl Drop for Launchers {
     }
 }
 
+/// [`Launchers::lane_of`]: the lane after the `shared` ones for an urgent stream when there is
+/// one, else a shared lane by stream key.
+fn lane_for(stream_key: u32, urgent: bool, shared: usize, urgent_lane: bool) -> usize {
+    if urgent && urgent_lane { shared } else { stream_key as usize % shared.max(1) }
+}
+
 fn run(s: &Shared, i: usize, ctx: CUcontext) {
     let lane = &s.lanes[i];
     let spin = Duration::from_nanos(if i < s.shared_lanes { SPIN_NS } else { URGENT_SPIN_NS });
@@ -444,6 +450,16 @@ fn run(s: &Shared, i: usize, ctx: CUcontext) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urgent_streams_have_a_lane_of_their_own_when_there_is_one() {
+        // Two shared lanes and the urgent one (index 2).
+        assert_eq!((0..6).map(|k| lane_for(k, false, 2, true)).collect::<Vec<_>>(), [0, 1, 0, 1, 0, 1]);
+        assert!((0..6).all(|k| lane_for(k, true, 2, true) == 2), "every urgent stream on the urgent lane");
+        // No urgent lane: urgent streams share the lanes by key like every stream.
+        assert_eq!((0..4).map(|k| lane_for(k, true, 2, false)).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        assert_eq!(lane_for(5, false, 1, true), 0);
+    }
 
     #[test]
     fn parameters_are_laid_out_at_16_byte_boundaries_and_kept_whole() {
