@@ -19,8 +19,16 @@ use kairos_ir::{DType, Tensor};
 
 /// A launch counts as right-sized at the fewest SMs whose duration is within this factor of the whole GPU's.
 pub const MIN_SMS_SLACK: f64 = 1.05;
+/// `kairos profile` prints a progress line at most this often.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// A launch whose profile alone takes this long is named on stderr.
+const SLOW_LAUNCH: std::time::Duration = std::time::Duration::from_secs(2);
 /// Launches a plan run keeps in flight.
 const QUEUE_DEPTH: usize = 256;
+/// Launches a plan's first run keeps in flight ([`warm_up_plan`]). With 256, `kairos profile
+/// densenet121 --batch 32` on an H200 overflowed the 65 536-record notification ring during the
+/// warm-up (2965 records dropped, 8 launches lost) and then waited for ever for the lost launches.
+const WARM_UP_QUEUE_DEPTH: usize = 8;
 
 /// Deterministic inputs of sensible magnitude: floats in [-1, 1), i64 ids in [0, 100).
 pub fn synthetic_input(t: &IoTensor, seed: u64) -> Tensor {
@@ -86,6 +94,17 @@ impl PlanBuffers {
 /// Issues every launch of the plan in order on `stream` and waits for the last; returns the
 /// host-observed nanoseconds from the first issue to the last `LaunchDone`.
 pub fn run_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: StreamId) -> Result<u64> {
+    run_plan_in_flight(gpu, plan, bufs, stream, QUEUE_DEPTH)
+}
+
+/// [`run_plan`] for a plan's first run in this process, with at most [`WARM_UP_QUEUE_DEPTH`]
+/// launches in flight: a first launch of a kernel loads its module inside the launch call, and
+/// while the host is there the launches in flight keep writing notifications nobody reads.
+pub fn warm_up_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: StreamId) -> Result<u64> {
+    run_plan_in_flight(gpu, plan, bufs, stream, WARM_UP_QUEUE_DEPTH)
+}
+
+fn run_plan_in_flight(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: StreamId, depth: usize) -> Result<u64> {
     let whole = gpu.info().partitions[0].sms;
     let mut args = Vec::new();
     let mut events = Vec::new();
@@ -93,7 +112,7 @@ pub fn run_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: Stre
     let (mut next, mut done) = (0usize, 0usize);
     let mut pending = std::collections::HashSet::new();
     while done < plan.launches.len() {
-        while next < plan.launches.len() && next - done < QUEUE_DEPTH {
+        while next < plan.launches.len() && next - done < depth.max(1) {
             let l = &plan.launches[next];
             bufs.bases.resolve_all(&l.args, &mut args);
             let id = gpu.launch(&LaunchRequest::of_launch(l, &args, whole, PartitionId::WHOLE, stream))?;
@@ -110,6 +129,16 @@ pub fn run_plan(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, stream: Stre
                     return Err(GpuError::Driver(format!("launch {} stopped at block {next_block} unasked", launch.0)));
                 }
                 done += 1;
+            }
+            // A launch whose end the ring dropped never reports LaunchDone: an error, not a wait
+            // for ever.
+            if let GpuEvent::LaunchLost { launch, .. } = *e
+                && pending.contains(&launch)
+            {
+                return Err(GpuError::Driver(format!(
+                    "launch {} of {}'s plan run was lost (the notification ring overflowed)",
+                    launch.0, plan.model
+                )));
             }
         }
         if events.is_empty() {
@@ -153,7 +182,7 @@ pub fn profile_plan_with(gpu: &mut CudaGpu, plan: &Plan, repeats: usize, refine:
 fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usize, refine: bool) -> Result<ModelProfile> {
     let stream = gpu.utility_stream()?;
     // Warm up: compile modules, fill the arena with real activations.
-    run_plan(gpu, plan, bufs, stream)?;
+    warm_up_plan(gpu, plan, bufs, stream)?;
     let mut lat: Vec<u64> = (0..repeats.max(3)).map(|_| run_plan(gpu, plan, bufs, stream)).collect::<Result<_>>()?;
     let latency_ns = median(&mut lat);
 
@@ -175,7 +204,23 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
     }
     let mut kernels = Vec::new();
     let mut args = Vec::new();
+    let started = std::time::Instant::now();
+    let mut last_line = started;
     for (i, l) in plan.launches.iter().enumerate() {
+        // Progress on stderr for long profiles: a line every PROGRESS_EVERY, naming the next launch,
+        // and one for any launch that alone took SLOW_LAUNCH.
+        if last_line.elapsed() >= PROGRESS_EVERY {
+            eprintln!(
+                "profiling {}: {i}/{} launches in {:.1} s; next {} ({})",
+                plan.model,
+                plan.launches.len(),
+                started.elapsed().as_secs_f64(),
+                l.name,
+                l.kernel.name()
+            );
+            last_line = std::time::Instant::now();
+        }
+        let launch_started = std::time::Instant::now();
         let res = gpu.kernel_resources(&l.kernel, l.dtype, &l.shape)?;
         bufs.bases.resolve_all(&l.args, &mut args);
         let mut by_sms = Vec::new();
@@ -204,6 +249,19 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
             by_sms.sort_unstable_by_key(|x| x.0);
         }
         let ctas = l.shape.logical_blocks.min(res.ctas_per_sm_max * info.sm_count);
+        if launch_started.elapsed() >= SLOW_LAUNCH {
+            eprintln!(
+                "profiling {}: launch {i} {} ({}, {} logical blocks) took {:.1} s over {} sizes (whole GPU {:.1} us, slowest size {:.1} us)",
+                plan.model,
+                l.name,
+                l.kernel.name(),
+                l.shape.logical_blocks,
+                launch_started.elapsed().as_secs_f64(),
+                by_sms.len(),
+                duration_ns as f64 / 1e3,
+                by_sms.iter().map(|x| x.1).max().unwrap_or(0) as f64 / 1e3
+            );
+        }
         kernels.push(KernelProfile {
             launch: i as u32,
             name: l.name.clone(),
@@ -229,5 +287,55 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
         latency_ns,
         kernels,
         layers: None,
+        placements: None,
     })
+}
+
+/// The GPCs `kairos profile --placements` places SM sets over: the probe's sets of at least
+/// [`PLACEMENT_GPC_SMS_MIN`] SMs (on an H200 the probe leaves 8 SMs in pairs that never shared a
+/// cluster; they are left out rather than counted as GPCs of 2).
+pub const PLACEMENT_GPC_SMS_MIN: u32 = 8;
+
+/// KRISP's Fig. 6 on this GPU: every launch of `plan` timed (median of `repeats`) under software
+/// masks of each of `sizes` SMs placed each [`SmPlacement`](kairos_gpu::profile::SmPlacement) way
+/// over `gpcs` ([`CudaGpu::probe_gpcs`]). A size the GPCs cannot hold is skipped with a note on
+/// stderr.
+pub fn profile_placements(
+    gpu: &mut CudaGpu,
+    plan: &Plan,
+    repeats: usize,
+    gpcs: &[SmMask],
+    sizes: &[u32],
+) -> Result<kairos_gpu::profile::PlacementProfile> {
+    use kairos_gpu::profile::{PlacementPoint, PlacementProfile, SmPlacement, place_sms};
+    let repeats = repeats.max(1);
+    let gpcs: Vec<SmMask> = gpcs.iter().copied().filter(|g| g.count() >= PLACEMENT_GPC_SMS_MIN).collect();
+    let inputs: Vec<Tensor> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
+    let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
+    let result = (|| {
+        let stream = gpu.utility_stream()?;
+        warm_up_plan(gpu, plan, &bufs, stream)?;
+        let whole = gpu.info().partitions[0].sms;
+        let mut points = Vec::new();
+        let mut args = Vec::new();
+        for &n in sizes {
+            for how in SmPlacement::ALL {
+                let Some(mask) = place_sms(&whole, &gpcs, n, how) else {
+                    eprintln!("placements: {n} SMs do not fit {how:?} over {} GPCs; skipped", gpcs.len());
+                    continue;
+                };
+                let mut duration_ns = Vec::with_capacity(plan.launches.len());
+                for l in &plan.launches {
+                    bufs.bases.resolve_all(&l.args, &mut args);
+                    let req = LaunchRequest::of_launch(l, &args, mask, PartitionId::WHOLE, stream);
+                    let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
+                    duration_ns.push(median(&mut t));
+                }
+                points.push(PlacementPoint { sm_count: n, placement: how, sms: mask.iter().collect(), duration_ns });
+            }
+        }
+        Ok(PlacementProfile { gpcs: gpcs.iter().map(|g| g.iter().collect()).collect(), points })
+    })();
+    bufs.free(gpu)?;
+    result
 }

@@ -31,3 +31,23 @@ fn committed_profiles_load_and_are_consistent() {
     assert!(models > 0, "no profile under {}", root.display());
     println!("{models} committed profiles checked");
 }
+
+/// The batch-8/16/32 profiles (data/profiles/h200-batches, `kairos profile --batch N`, no
+/// autotuning) match the plans today's lowering makes at those batches (a profile of other
+/// launches is dropped at load as stale), checked on the models quickest to lower.
+#[test]
+fn batch_profiles_match_todays_plans() {
+    use kairos_ir::DType;
+    use kairos_ir::model::ModelSpec;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/profiles/h200-batches");
+    let set = ProfileSet::load_dir(&dir).unwrap();
+    let mut checked = 0;
+    for (model, batch) in [("squeezenet1_1", 8), ("squeezenet1_1", 16), ("squeezenet1_1", 32), ("resnet18", 16)] {
+        let p = set.find(model, DType::F16, batch).unwrap_or_else(|| panic!("no {model}@b{batch} in {}", dir.display()));
+        let plan = ModelSpec { batch, dtype: DType::F16, ..ModelSpec::new(model) }.plan().unwrap();
+        p.check_plan(&plan).unwrap_or_else(|e| panic!("{model}@b{batch}: {e}"));
+        assert_eq!(p.batch, batch);
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+}

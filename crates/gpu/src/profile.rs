@@ -65,6 +65,9 @@ pub struct ModelProfile {
     /// DeepPlan's per-layer profile (`kairos profile --layers`), for cold-start plans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<LayerProfile>,
+    /// Kernel times on SM sets placed over the GPCs (`kairos profile --placements`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placements: Option<PlacementProfile>,
 }
 
 /// What a cold start costs layer by layer (DeepPlan, EuroSys'23, Sec. 4.3.1): every launch's time
@@ -160,7 +163,8 @@ impl ModelProfile {
         if self.dtype != plan.dtype || self.kernels.len() != plan.launches.len() {
             return None;
         }
-        let mut part = ModelProfile { kernels: Vec::with_capacity(self.kernels.len()), layers: None, ..self.clone() };
+        let mut part =
+            ModelProfile { kernels: Vec::with_capacity(self.kernels.len()), layers: None, placements: None, ..self.clone() };
         let mut dropped = 0;
         for k in &self.kernels {
             let l = plan.launches.get(k.launch as usize)?;
@@ -281,9 +285,169 @@ pub fn refine_right_size<E>(
     Ok((right, measured))
 }
 
+/// Where the SMs of a set of one size lie over the GPCs (KRISP §IV-B, Fig. 6 and 7, whose MI50
+/// has 4 shader engines of 15 CUs; an H100/H200 has 8 GPCs of 16 or 18 SMs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmPlacement {
+    /// The first n SM ids: what a profile's sizes and software masks use. On an H100/H200 the ids
+    /// interleave over the GPCs two at a time (GPC k holds 2k, 2k+1, 16+2k, ...), so this is
+    /// close to `Distributed`.
+    FirstIds,
+    /// Evenly over every GPC, one SM of each in turn (KRISP's "Distributed", the hardware's own
+    /// spread).
+    Distributed,
+    /// GPC after GPC, the largest first (KRISP's "Packed").
+    Packed,
+    /// The fewest GPCs that hold n SMs, evenly over them (KRISP's "Conserved", its choice).
+    Conserved,
+}
+
+impl SmPlacement {
+    pub const ALL: [SmPlacement; 4] =
+        [SmPlacement::FirstIds, SmPlacement::Distributed, SmPlacement::Packed, SmPlacement::Conserved];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SmPlacement::FirstIds => "first_ids",
+            SmPlacement::Distributed => "distributed",
+            SmPlacement::Packed => "packed",
+            SmPlacement::Conserved => "conserved",
+        }
+    }
+}
+
+/// `n` SMs placed `how` over `gpcs` (disjoint SM sets, one a GPC, in the order given; SMs of
+/// `whole` in no GPC are used only by `FirstIds`). None when the SMs asked for are not there.
+pub fn place_sms(whole: &crate::SmMask, gpcs: &[crate::SmMask], n: u32, how: SmPlacement) -> Option<crate::SmMask> {
+    let mut out = crate::SmMask::EMPTY;
+    if n == 0 {
+        return Some(out);
+    }
+    // Largest first, the given order among equals (a stable sort).
+    let mut by_size: Vec<Vec<u32>> = gpcs.iter().map(|g| g.iter().collect()).collect();
+    by_size.sort_by_key(|g| std::cmp::Reverse(g.len()));
+    let take_round_robin = |sets: &[Vec<u32>], out: &mut crate::SmMask| {
+        let mut taken = 0u32;
+        for i in 0.. {
+            let before = taken;
+            for g in sets {
+                if taken < n && i < g.len() {
+                    out.insert(g[i]);
+                    taken += 1;
+                }
+            }
+            if taken == n || taken == before {
+                break;
+            }
+        }
+        taken == n
+    };
+    let ok = match how {
+        SmPlacement::FirstIds => {
+            for sm in whole.iter().take(n as usize) {
+                out.insert(sm);
+            }
+            out.count() == n
+        }
+        SmPlacement::Distributed => {
+            let sets: Vec<Vec<u32>> = gpcs.iter().map(|g| g.iter().collect()).collect();
+            take_round_robin(&sets, &mut out)
+        }
+        SmPlacement::Packed => {
+            for sm in by_size.iter().flatten().take(n as usize) {
+                out.insert(*sm);
+            }
+            out.count() == n
+        }
+        SmPlacement::Conserved => {
+            let mut held = 0usize;
+            let k = by_size.iter().position(|g| {
+                held += g.len();
+                held >= n as usize
+            });
+            k.is_some_and(|k| take_round_robin(&by_size[..=k], &mut out))
+        }
+    };
+    ok.then_some(out)
+}
+
+/// `kairos profile --placements`: every kernel of a plan timed on SM sets of a few sizes placed
+/// each [`SmPlacement`] way over the device's GPCs, as software masks (KRISP's Fig. 6 on Hopper).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacementProfile {
+    /// The GPCs used, as SM ids (the probe's sets of at least 8 SMs).
+    pub gpcs: Vec<Vec<u32>>,
+    pub points: Vec<PlacementPoint>,
+}
+
+/// One size and placement: each launch's median duration on it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacementPoint {
+    pub sm_count: u32,
+    pub placement: SmPlacement,
+    /// The SMs used.
+    pub sms: Vec<u32>,
+    /// In plan order, one a launch.
+    pub duration_ns: Vec<u64>,
+}
+
+impl PlacementPoint {
+    pub fn kernel_time_ns(&self) -> u64 {
+        self.duration_ns.iter().sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::refine_right_size;
+    use super::{SmPlacement, place_sms};
+    use crate::SmMask;
+
+    /// Four GPCs of 4, 4, 6 and 2 SMs whose ids interleave as an H200's do.
+    fn gpcs() -> (SmMask, Vec<SmMask>) {
+        let sets: [&[u32]; 4] = [&[0, 4, 8, 12], &[1, 5, 9, 13], &[2, 6, 10, 14, 3, 7], &[11, 15]];
+        let g: Vec<SmMask> = sets
+            .iter()
+            .map(|s| {
+                let mut m = SmMask::EMPTY;
+                s.iter().for_each(|&x| m.insert(x));
+                m
+            })
+            .collect();
+        (SmMask::first(16), g)
+    }
+
+    fn ids(m: SmMask) -> Vec<u32> {
+        m.iter().collect()
+    }
+
+    #[test]
+    fn placements_spread_pack_and_conserve_over_the_gpcs() {
+        let (whole, g) = gpcs();
+        assert_eq!(ids(place_sms(&whole, &g, 5, SmPlacement::FirstIds).unwrap()), vec![0, 1, 2, 3, 4]);
+        // One of each GPC in turn: 0, 1, 2 (the third GPC's lowest), 11, then 4.
+        assert_eq!(ids(place_sms(&whole, &g, 5, SmPlacement::Distributed).unwrap()), vec![0, 1, 2, 4, 11]);
+        // The largest GPC (6 SMs) whole, then one of the next largest (the first of the 4s).
+        assert_eq!(ids(place_sms(&whole, &g, 7, SmPlacement::Packed).unwrap()), vec![0, 2, 3, 6, 7, 10, 14]);
+        // 7 SMs need two GPCs (6 + 4): 4 from the 6, 3 from the 4, taken in turn.
+        let c = place_sms(&whole, &g, 7, SmPlacement::Conserved).unwrap();
+        assert_eq!(c.count(), 7);
+        assert_eq!(c.intersect(&g[2]).count(), 4);
+        assert_eq!(c.intersect(&g[0]).count(), 3);
+        // 6 fit in one GPC: Conserved is Packed there.
+        assert_eq!(place_sms(&whole, &g, 6, SmPlacement::Conserved), place_sms(&whole, &g, 6, SmPlacement::Packed));
+        for how in SmPlacement::ALL {
+            for n in 0..=16 {
+                let m = place_sms(&whole, &g, n, how).unwrap();
+                assert_eq!(m.count(), n, "{how:?} {n}");
+            }
+            assert_eq!(place_sms(&whole, &g, 17, how), None, "{how:?}: more SMs than there are");
+        }
+        // SMs in no GPC count only for FirstIds.
+        assert_eq!(place_sms(&SmMask::first(20), &g, 17, SmPlacement::Distributed), None);
+        assert_eq!(place_sms(&SmMask::first(20), &g, 17, SmPlacement::FirstIds).map(|m| m.count()), Some(17));
+    }
 
     #[test]
     fn the_right_size_is_found_to_one_sm_below_the_step() {

@@ -187,6 +187,7 @@ pub fn profile_with_durations(plan: &Plan, durations_ns: &[u64], device: &str, s
         latency_ns: durations_ns.iter().sum(),
         kernels,
         layers: None,
+        placements: None,
     }
 }
 

@@ -44,6 +44,7 @@ fn cold_starts_answer_what_resident_models_answer() {
             latency_ns: 0,
             kernels: vec![],
             layers: Some(layers),
+            placements: None,
         };
         for policy in ["fifo", "paella"] {
             let resident = {

@@ -1166,3 +1166,34 @@ fn right_sizes_are_refined_to_one_sm() {
     }
     eprintln!("squeezenet1_1: {refined} of {} right sizes between steps", fine.kernels.len());
 }
+
+/// `kairos profile --placements`: every size and placement timed for every launch, on the SMs
+/// its placement names (inside the probed GPCs, the right count), and KRISP's shapes where they
+/// differ: 16 SMs packed lie in one GPC, distributed in every GPC.
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-suite.sh runs it with --include-ignored"]
+fn placements_time_every_launch_on_each_placement() {
+    use kairos_gpu::profile::SmPlacement;
+    let mut gpu = gpu();
+    if gpu.info().arch.as_str() < "sm_90" {
+        println!("{}: no thread-block clusters before sm_90, no GPC probe", gpu.info().arch);
+        return;
+    }
+    let m = suite::zoo_model("squeezenet1_1", DType::F16, 1, 32).unwrap();
+    let gpcs = gpu.probe_gpcs(4).unwrap();
+    let p = kairos_cuda::profile::profile_placements(&mut gpu, &m.plan, 3, &gpcs, &[16, 32]).unwrap();
+    assert_eq!(p.points.len(), 8, "2 sizes x 4 placements");
+    let in_gpc = |sm: &u32| p.gpcs.iter().position(|g| g.contains(sm));
+    for pt in &p.points {
+        assert_eq!(pt.sms.len() as u32, pt.sm_count, "{:?}", pt.placement);
+        assert_eq!(pt.duration_ns.len(), m.plan.launches.len());
+        assert!(pt.duration_ns.iter().all(|&d| d > 0), "{:?} {}: a launch not timed", pt.placement, pt.sm_count);
+        let used: std::collections::BTreeSet<usize> = pt.sms.iter().filter_map(in_gpc).collect();
+        match (pt.placement, pt.sm_count) {
+            (SmPlacement::Packed | SmPlacement::Conserved, 16) => assert_eq!(used.len(), 1, "{pt:?}"),
+            (SmPlacement::Distributed, _) => assert_eq!(used.len(), p.gpcs.len(), "{pt:?}"),
+            _ => {}
+        }
+        println!("{:>3} SMs {:<12} {:>9.3} ms", pt.sm_count, pt.placement.label(), pt.kernel_time_ns() as f64 / 1e6);
+    }
+}

@@ -1129,6 +1129,7 @@ pub fn layer_profile_catalog(catalog: &mut kairos_bench::runner::Catalog, device
             latency_ns: 0,
             kernels: vec![],
             layers: None,
+            placements: None,
         });
         profile.layers = Some(layers);
         catalog.insert(spec);

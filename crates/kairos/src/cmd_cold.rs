@@ -547,6 +547,7 @@ fn profile_of(plan: &Plan, layers: &LayerProfile, device: String) -> ModelProfil
         latency_ns: 0,
         kernels: vec![],
         layers: Some(layers.clone()),
+        placements: None,
     }
 }
 

@@ -33,6 +33,15 @@ pub struct ProfileArgs {
     /// SMs that keep it (at most 7 more timings a kernel).
     #[arg(long)]
     pub coarse: bool,
+    /// Also time every kernel on SM sets of `--placement-sizes` SMs placed four ways over the
+    /// GPCs (the first SM ids, spread over every GPC, packed GPC after GPC, the fewest GPCs
+    /// evenly: KRISP's Fig. 6), after probing the GPCs with thread-block clusters (sm_90 and
+    /// later); stored in the same JSON (`placements`) with a table on stdout.
+    #[arg(long)]
+    pub placements: bool,
+    /// SM counts `--placements` measures.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64")]
+    pub placement_sizes: Vec<u32>,
 }
 
 pub fn run(args: ProfileArgs) -> Result<()> {
@@ -61,6 +70,18 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         eprintln!("layer profile took {:.2} s", layers.profiling_ns as f64 / 1e9);
         profile.layers = Some(layers);
     }
+    if args.placements {
+        let gpcs = gpu.probe_gpcs(4).context("--placements probes the GPCs with thread-block clusters (sm_90 and later)")?;
+        eprintln!(
+            "placements: {} GPC sets probed ({:?} SMs); {} sizes x 4 placements x {} kernels",
+            gpcs.len(),
+            gpcs.iter().map(|g| g.count()).collect::<Vec<_>>(),
+            args.placement_sizes.len(),
+            plan.launches.len()
+        );
+        profile.placements =
+            Some(kairos_cuda::profile::profile_placements(&mut gpu, &plan, args.repeats, &gpcs, &args.placement_sizes)?);
+    }
     println!(
         "{:>4} {:<10} {:>10} {:>6} {:>5} {:>7} {:>6} {:>7}  name",
         "#", "kernel", "us", "ctas", "regs", "smem", "occ", "min_sms"
@@ -84,8 +105,71 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         profile.latency_ns as f64 / 1e6,
         profile.kernel_time_ns() as f64 / 1e6
     );
+    if let Some(p) = &profile.placements {
+        print!("{}", placement_table(p));
+    }
     let path = args.output.unwrap_or_else(|| PathBuf::from(format!("{}_{}_b{}.json", plan.model, plan.dtype, spec.batch)));
     profile.save(&path).map_err(anyhow::Error::msg)?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// `--placements` as a table: per size and placement, the plan's summed kernel time, over the
+/// first-ids placement's, and how many launches are more than 5 % slower or faster than there.
+fn placement_table(p: &kairos_gpu::profile::PlacementProfile) -> String {
+    use kairos_gpu::profile::SmPlacement;
+    use std::fmt::Write;
+    let mut out = format!(
+        "placements over {} GPCs ({:?} SMs)\n{:>5} {:<12} {:>12} {:>10} {:>8} {:>8}\n",
+        p.gpcs.len(),
+        p.gpcs.iter().map(|g| g.len()).collect::<Vec<_>>(),
+        "SMs",
+        "placement",
+        "kernel ms",
+        "x first",
+        ">5% slo",
+        ">5% fas"
+    );
+    for pt in &p.points {
+        let base = p.points.iter().find(|b| b.sm_count == pt.sm_count && b.placement == SmPlacement::FirstIds);
+        let (ratio, slower, faster) = match base {
+            Some(b) => {
+                let pairs = pt.duration_ns.iter().zip(&b.duration_ns);
+                let slower = pairs.clone().filter(|(d, b)| **d as f64 > **b as f64 * 1.05).count();
+                let faster = pairs.filter(|(d, b)| (**d as f64) * 1.05 < **b as f64).count();
+                (pt.kernel_time_ns() as f64 / b.kernel_time_ns().max(1) as f64, slower, faster)
+            }
+            None => (f64::NAN, 0, 0),
+        };
+        let _ = writeln!(
+            out,
+            "{:>5} {:<12} {:>12.3} {:>10.3} {:>8} {:>8}",
+            pt.sm_count,
+            pt.placement.label(),
+            pt.kernel_time_ns() as f64 / 1e6,
+            ratio,
+            slower,
+            faster
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use kairos_gpu::profile::{PlacementPoint, PlacementProfile, SmPlacement};
+
+    #[test]
+    fn the_placement_table_compares_each_placement_with_the_first_ids_at_its_size() {
+        let pt = |placement, duration_ns: Vec<u64>| PlacementPoint { sm_count: 16, placement, sms: vec![], duration_ns };
+        let p = PlacementProfile {
+            gpcs: vec![vec![0, 2], vec![1, 3]],
+            points: vec![pt(SmPlacement::FirstIds, vec![100, 100, 100]), pt(SmPlacement::Packed, vec![110, 100, 90])],
+        };
+        let t = super::placement_table(&p);
+        let packed = t.lines().find(|l| l.contains("packed")).unwrap();
+        let cols: Vec<&str> = packed.split_whitespace().collect();
+        assert_eq!(cols, vec!["16", "packed", "0.000", "1.000", "1", "1"], "{t}");
+        assert!(t.starts_with("placements over 2 GPCs ([2, 2] SMs)"), "{t}");
+    }
 }

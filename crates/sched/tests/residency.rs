@@ -91,6 +91,7 @@ fn profile_with_cheap_early_layers(plan: &Plan) -> ModelProfile {
         latency_ns: 0,
         kernels: vec![],
         layers: Some(LayerProfile { launches, layers, profiling_ns: 0 }),
+        placements: None,
     }
 }
 

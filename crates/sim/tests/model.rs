@@ -584,6 +584,7 @@ fn registered_profiles_set_the_durations_of_their_plans_launches() {
             })
             .collect(),
         layers: None,
+        placements: None,
     };
     // The profile's kernel-by-kernel latency exceeds the kernels' sum: without a tail set by the
     // description, each launch completes that excess, spread evenly, after its last CTA leaves

@@ -183,6 +183,7 @@ pub fn write_profile(repo: &std::path::Path, model: &str, kernel_ns: u64) {
             })
             .collect(),
         layers: None,
+        placements: None,
     };
     let dir = repo.join(model);
     profile.save(&dir.join("profile.json")).unwrap();
