@@ -34,20 +34,30 @@ fn committed_profiles_load_and_are_consistent() {
 
 /// The batch-8/16/32 profiles (data/profiles/h200-batches, `kairos profile --batch N`, no
 /// autotuning) match the plans today's lowering makes at those batches (a profile of other
-/// launches is dropped at load as stale), checked on the models quickest to lower.
+/// launches is dropped at load as stale), checked on the models quickest to lower; so do the
+/// H200's bert_base profile (re-measured 2026-11-30) and distilbert's, made from it by
+/// scripts/profile_from_identical_kernels.py.
 #[test]
-fn batch_profiles_match_todays_plans() {
+fn profiles_of_todays_lowering_match_its_plans() {
     use kairos_ir::DType;
     use kairos_ir::model::ModelSpec;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/profiles/h200-batches");
-    let set = ProfileSet::load_dir(&dir).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/profiles");
+    let batches = ProfileSet::load_dir(&root.join("h200-batches")).unwrap();
+    let h200 = ProfileSet::load_dir(&root.join("h200")).unwrap();
     let mut checked = 0;
-    for (model, batch) in [("squeezenet1_1", 8), ("squeezenet1_1", 16), ("squeezenet1_1", 32), ("resnet18", 16)] {
-        let p = set.find(model, DType::F16, batch).unwrap_or_else(|| panic!("no {model}@b{batch} in {}", dir.display()));
+    for (set, model, batch) in [
+        (&batches, "squeezenet1_1", 8),
+        (&batches, "squeezenet1_1", 16),
+        (&batches, "squeezenet1_1", 32),
+        (&batches, "resnet18", 16),
+        (&h200, "bert_base", 1),
+        (&h200, "distilbert", 1),
+    ] {
+        let p = set.find(model, DType::F16, batch).unwrap_or_else(|| panic!("no {model}@b{batch} under {}", root.display()));
         let plan = ModelSpec { batch, dtype: DType::F16, ..ModelSpec::new(model) }.plan().unwrap();
         p.check_plan(&plan).unwrap_or_else(|e| panic!("{model}@b{batch}: {e}"));
         assert_eq!(p.batch, batch);
         checked += 1;
     }
-    assert_eq!(checked, 4);
+    assert_eq!(checked, 6);
 }
