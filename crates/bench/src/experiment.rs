@@ -15,7 +15,7 @@ use crate::report::{Point, PresetResults};
 use crate::runner::{Catalog, RunOptions, run};
 use crate::target::{Completion, Target};
 use crate::trace::{TraceFile, TraceModel};
-use kairos_gpu::profile::ProfileSet;
+use kairos_gpu::profile::{ModelProfile, ProfileSet};
 use kairos_gpu::synthetic;
 use kairos_ir::DType;
 use kairos_sched::{Config, ModelSpec, PolicyConfig, RequestOptions, STREAMS_MAX};
@@ -186,14 +186,52 @@ pub fn split_batch(name: &str) -> Result<(&str, usize), Error> {
 
 /// Gives the simulator the measured (or synthetic) kernel times of every model with a profile.
 pub fn register_on_sim(sim: &mut kairos_sim::SimGpu, catalog: &Catalog) -> Result<usize, Error> {
+    register_on_sim_scaled(sim, catalog, &|_| None)
+}
+
+/// [`register_on_sim`], every launch for which `scale` gives a factor timed that much faster or
+/// slower (its duration and its durations by SM count; the profile's latency keeps its per-launch
+/// overhead): what a GPU that autotuned the plans runs, from an autotune table's tuned and plan
+/// times per shape (`kairos bench run --sim-autotune`). Only the simulated GPU's times change; the
+/// dispatcher's estimates stay the profile's, as on a GPU that keeps profiled times for retiled
+/// launches.
+pub fn register_on_sim_scaled(
+    sim: &mut kairos_sim::SimGpu,
+    catalog: &Catalog,
+    scale: &dyn Fn(&kairos_ir::plan::Launch) -> Option<f64>,
+) -> Result<usize, Error> {
     let mut n = 0;
     for s in catalog.specs() {
         if let Some(p) = catalog.sim_timing(s) {
-            sim.register_plan(&s.plan, p).map_err(|e| Error::Model { model: s.name.clone(), message: e.to_string() })?;
+            let scaled = scaled_profile(p, &s.plan, scale);
+            sim.register_plan(&s.plan, &scaled).map_err(|e| Error::Model { model: s.name.clone(), message: e.to_string() })?;
             n += 1;
         }
     }
     Ok(n)
+}
+
+/// `profile` with each launch's times multiplied by `scale(launch)` where it gives a factor.
+pub fn scaled_profile(
+    profile: &ModelProfile,
+    plan: &kairos_ir::plan::Plan,
+    scale: &dyn Fn(&kairos_ir::plan::Launch) -> Option<f64>,
+) -> ModelProfile {
+    let mut p = profile.clone();
+    let before: u64 = p.kernels.iter().map(|k| k.duration_ns).sum();
+    for k in &mut p.kernels {
+        let Some(f) = plan.launches.get(k.launch as usize).and_then(scale).filter(|f| f.is_finite() && *f > 0.0) else {
+            continue;
+        };
+        let times = |d: u64| ((d as f64 * f).round() as u64).max(1);
+        k.duration_ns = times(k.duration_ns);
+        for x in &mut k.duration_by_sms {
+            x.1 = times(x.1);
+        }
+    }
+    let after: u64 = p.kernels.iter().map(|k| k.duration_ns).sum();
+    p.latency_ns = (p.latency_ns + after).saturating_sub(before);
+    p
 }
 
 /// Waits for one completion (at most `timeout_ns` on the target's clock).
@@ -456,5 +494,32 @@ mod tests {
         for bad in ["resnet50@b0", "resnet50@bx", "@b8", "resnet50@b2000"] {
             assert!(split_batch(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_scaled_profile_times_the_launches_given_a_factor_and_keeps_the_overhead() {
+        let plan = synthetic::chain_plan("chain", 3, 64);
+        let mut p = synthetic::profile_with_durations(&plan, &[100_000, 200_000, 300_000], "sim", 132);
+        p.latency_ns = 700_000; // 100 us of launch overhead beside 600 us of kernels
+        p.kernels[1].duration_by_sms = vec![(66, 390_000), (132, 200_000)];
+        // The second launch tuned to 3/4 of its time, the third given a factor that is not one.
+        let second = plan.launches[1].name.clone();
+        let third = plan.launches[2].name.clone();
+        let scale = move |l: &kairos_ir::plan::Launch| {
+            if l.name == second {
+                Some(0.75)
+            } else if l.name == third {
+                Some(f64::NAN)
+            } else {
+                None
+            }
+        };
+        let s = scaled_profile(&p, &plan, &scale);
+        assert_eq!(s.kernels.iter().map(|k| k.duration_ns).collect::<Vec<_>>(), vec![100_000, 150_000, 300_000]);
+        assert_eq!(s.kernels[1].duration_by_sms, vec![(66, 292_500), (132, 150_000)]);
+        assert_eq!(s.latency_ns, 650_000, "the 100 us of overhead stay");
+        // Still the plan's profile: a simulator takes it.
+        let mut sim = kairos_sim::SimGpu::new(kairos_sim::GpuDesc::h200(), kairos_sim::SimOptions::timing_only(1));
+        assert_eq!(sim.register_plan(&plan, &s).unwrap(), 3);
     }
 }

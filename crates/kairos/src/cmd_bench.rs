@@ -226,6 +226,12 @@ pub struct RunArgs {
     /// The simulated GPU (sim backend): h100-sxm, h100-pcie, h200, or a description file (.json, as data/gpus/).
     #[arg(long, env = "KAIROS_SIM_GPU", default_value = "h100-sxm")]
     pub sim_gpu: String,
+    /// Sim backend: time every launch whose shape an autotune table (a GPU's `autotune-*.json`
+    /// cache file, e.g. data/autotune/h200.json) tuned as the tuned tiles ran there (its profiled
+    /// time times tuned over plan time), as a GPU that autotunes at load does; the dispatcher's
+    /// estimates stay the profiles'.
+    #[arg(long)]
+    pub sim_autotune: Option<PathBuf>,
     /// Remote engines: client threads (one request in flight each).
     #[arg(long, env = "KAIROS_BENCH_CLIENTS", default_value_t = 64)]
     pub clients: usize,
@@ -882,7 +888,8 @@ fn run_presets(a: RunArgs) -> Result<()> {
             // The threaded engine's host path per request, which the simulated GPU does not see.
             let host_ns = desc.latency.request_host_ns;
             let mut gpu = kairos_sim::SimGpu::new(desc, kairos_sim::SimOptions::timing_only(a.seed));
-            bx::register_on_sim(&mut gpu, &catalog)?;
+            let scale = tuned_time_scale(a.sim_autotune.as_deref())?;
+            bx::register_on_sim_scaled(&mut gpu, &catalog, &scale)?;
             let mut target = VirtualTarget::new(gpu, true).with_request_host_ns(host_ns);
             sweep_all(&mut target, &presets, &catalog, &sweep, a.seed, &a.out)?
         }
@@ -892,9 +899,10 @@ fn run_presets(a: RunArgs) -> Result<()> {
             );
             let desc = sim_desc(&a.sim_gpu)?;
             let (seed, cat) = (a.seed, Arc::new(catalog.clone()));
+            let scale = tuned_time_scale(a.sim_autotune.as_deref())?;
             let factory = move || {
                 let mut g = kairos_sim::SimGpu::new(desc.clone(), kairos_sim::SimOptions::timing_only(seed));
-                bx::register_on_sim(&mut g, &cat).map_err(|e| kairos_gpu::GpuError::Invalid(e.to_string()))?;
+                bx::register_on_sim_scaled(&mut g, &cat, &scale).map_err(|e| kairos_gpu::GpuError::Invalid(e.to_string()))?;
                 Ok(g)
             };
             sweep_all(&mut EngineTarget::new(factory, EngineConfig::default(), true), &presets, &catalog, &sweep, a.seed, &a.out)?
@@ -1270,4 +1278,51 @@ fn report(a: ReportArgs) -> Result<()> {
         eprintln!("merged {n} peer runs from {}", p.display());
     }
     write_results(&results, &a.out.unwrap_or(dir), a.per_model)
+}
+
+/// `--sim-autotune`: per launch, the tuned time over the plan's time of its shape in the table
+/// (none without a table, for shapes it lacks, and for entries without a plan time).
+fn tuned_time_scale(
+    table: Option<&std::path::Path>,
+) -> Result<impl Fn(&kairos_ir::plan::Launch) -> Option<f64> + Clone + Send + Sync + 'static> {
+    let table = match table {
+        Some(p) => Some(Arc::new(kairos_cuda::autotune::TuneTable::load(p).map_err(|e| anyhow::anyhow!("--sim-autotune: {e}"))?)),
+        None => None,
+    };
+    if let Some(t) = &table {
+        eprintln!("simulator: kernel times of the {} shapes tuned in the {} table", t.entries.len(), t.device);
+    }
+    Ok(move |l: &kairos_ir::plan::Launch| {
+        let e = table.as_ref()?.entries.get(&kairos_cuda::autotune::shape_key(&l.kernel, l.dtype)?)?;
+        (e.plan_duration_ns > 0 && e.duration_ns > 0).then(|| e.duration_ns as f64 / e.plan_duration_ns as f64)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use kairos_cuda::autotune::{TileChoice, TuneEntry, TuneTable, shape_key};
+
+    #[test]
+    fn the_sim_autotune_scale_is_tuned_over_plan_time_for_the_shapes_the_table_holds() {
+        let plan = kairos_ir::model::ModelSpec { dtype: kairos_ir::DType::F16, ..kairos_ir::model::ModelSpec::new("resnet18") }
+            .plan()
+            .unwrap();
+        let mut keyed = plan.launches.iter().filter_map(|l| shape_key(&l.kernel, l.dtype).map(|k| (l, k)));
+        let (tuned, key) = keyed.next().expect("resnet18 has tunable convolutions");
+        let other = keyed.find(|(_, k)| *k != key).expect("a second tunable shape").0;
+        let choice = TileChoice { tile_m: 64, tile_n: 64, threads: 128, smem_bytes: 0 };
+        let mut table = TuneTable { device: "test".into(), ..TuneTable::default() };
+        table.entries.insert(key, TuneEntry { choice, duration_ns: 30, plan_duration_ns: 40, block_ns: 0 });
+        let dir = std::env::temp_dir().join(format!("kairos-sim-autotune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("table.json");
+        table.save(&path).unwrap();
+        let scale = super::tuned_time_scale(Some(&path)).unwrap();
+        assert_eq!(scale(tuned), Some(0.75));
+        assert_eq!(scale(other), None, "a shape the table lacks keeps its time");
+        assert_eq!(super::tuned_time_scale(None).unwrap()(tuned), None, "no table, no scaling");
+        let missing = super::tuned_time_scale(Some(&dir.join("none.json"))).err().unwrap().to_string();
+        assert!(missing.contains("--sim-autotune") && missing.contains("none.json"), "{missing}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
