@@ -171,12 +171,27 @@ pub fn profile_plan(gpu: &mut CudaGpu, plan: &Plan, repeats: usize) -> Result<Mo
 
 /// [`profile_plan`], with right sizes refined to one SM (`refine`) or left at the partition step.
 pub fn profile_plan_with(gpu: &mut CudaGpu, plan: &Plan, repeats: usize, refine: bool) -> Result<ModelProfile> {
-    let repeats = repeats.max(1);
+    with_synthetic_buffers(gpu, plan, |gpu, bufs| profile_with(gpu, plan, bufs, repeats.max(1), refine))
+}
+
+/// Runs `f` with the plan's buffers in device memory, filled with [`synthetic_input`]s, and frees
+/// them after, whatever `f` returned.
+fn with_synthetic_buffers<T>(
+    gpu: &mut CudaGpu,
+    plan: &Plan,
+    f: impl FnOnce(&mut CudaGpu, &PlanBuffers) -> Result<T>,
+) -> Result<T> {
     let inputs: Vec<Tensor> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
     let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
-    let result = profile_with(gpu, plan, &bufs, repeats, refine);
+    let result = f(gpu, &bufs);
     bufs.free(gpu)?;
     result
+}
+
+/// The median device-measured span of `repeats` runs of one launch.
+fn median_span(gpu: &mut CudaGpu, req: &LaunchRequest<'_>, repeats: usize) -> Result<u64> {
+    let mut t: Vec<u64> = (0..repeats.max(1)).map(|_| gpu.time_span(req)).collect::<Result<_>>()?;
+    Ok(median(&mut t))
 }
 
 fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usize, refine: bool) -> Result<ModelProfile> {
@@ -226,8 +241,7 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
         let mut by_sms = Vec::new();
         for &(count, partition, mask) in &places {
             let req = LaunchRequest::of_launch(l, &args, mask, partition, stream);
-            let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
-            by_sms.push((count, median(&mut t)));
+            by_sms.push((count, median_span(gpu, &req, repeats)?));
         }
         let duration_ns = by_sms.last().map(|x| x.1).unwrap_or(0);
         let mut min_sms = by_sms
@@ -241,8 +255,7 @@ fn profile_with(gpu: &mut CudaGpu, plan: &Plan, bufs: &PlanBuffers, repeats: usi
         if refine && min_sms > below + 1 {
             let (right, points) = kairos_gpu::profile::refine_right_size(min_sms, below, duration_ns, MIN_SMS_SLACK, |n| {
                 let req = LaunchRequest::of_launch(l, &args, sm_subset(&whole, n), PartitionId::WHOLE, stream);
-                let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
-                Ok::<_, GpuError>(median(&mut t))
+                median_span(gpu, &req, repeats)
             })?;
             min_sms = right;
             by_sms.extend(points);
@@ -308,13 +321,10 @@ pub fn profile_placements(
     sizes: &[u32],
 ) -> Result<kairos_gpu::profile::PlacementProfile> {
     use kairos_gpu::profile::{PlacementPoint, PlacementProfile, SmPlacement, place_sms};
-    let repeats = repeats.max(1);
     let gpcs: Vec<SmMask> = gpcs.iter().copied().filter(|g| g.count() >= PLACEMENT_GPC_SMS_MIN).collect();
-    let inputs: Vec<Tensor> = plan.inputs.iter().enumerate().map(|(i, t)| synthetic_input(t, i as u64 + 1)).collect();
-    let bufs = PlanBuffers::new(gpu, plan, &inputs, MemKind::Device)?;
-    let result = (|| {
+    with_synthetic_buffers(gpu, plan, |gpu, bufs| {
         let stream = gpu.utility_stream()?;
-        warm_up_plan(gpu, plan, &bufs, stream)?;
+        warm_up_plan(gpu, plan, bufs, stream)?;
         let whole = gpu.info().partitions[0].sms;
         let mut points = Vec::new();
         let mut args = Vec::new();
@@ -328,14 +338,11 @@ pub fn profile_placements(
                 for l in &plan.launches {
                     bufs.bases.resolve_all(&l.args, &mut args);
                     let req = LaunchRequest::of_launch(l, &args, mask, PartitionId::WHOLE, stream);
-                    let mut t: Vec<u64> = (0..repeats).map(|_| gpu.time_span(&req)).collect::<Result<_>>()?;
-                    duration_ns.push(median(&mut t));
+                    duration_ns.push(median_span(gpu, &req, repeats)?);
                 }
                 points.push(PlacementPoint { sm_count: n, placement: how, sms: mask.iter().collect(), duration_ns });
             }
         }
         Ok(PlacementProfile { gpcs: gpcs.iter().map(|g| g.iter().collect()).collect(), points })
-    })();
-    bufs.free(gpu)?;
-    result
+    })
 }
